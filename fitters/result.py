@@ -51,6 +51,8 @@ class FitResult:
         params: fitted parameters by name (units in the fitter's docstring).
         samples: observations used by the last fit (after anomaly rejection).
         r2: coefficient of determination of the last fit (nan when not fitted).
+        covariance: covariance matrix of the parameters in ``params`` order (None when unknown);
+            used to propagate errors to derived quantities (e.g. R'(h) interval, MODEL.md §4).
         extra: fitter-specific diagnostics (e.g. anomaly count), plain floats/strings only.
     """
 
@@ -59,6 +61,7 @@ class FitResult:
     params: dict[str, Estimate] = field(default_factory=dict)
     samples: int = 0
     r2: float = math.nan
+    covariance: tuple[tuple[float, ...], ...] | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
