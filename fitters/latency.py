@@ -1,0 +1,573 @@
+"""Load-aware prefill latency and the load/compute overlap α (MODEL.md §3.2, §6, §7 last paragraph).
+
+Chip time (§7) is what the hardware spends on a request; latency is a second layer on top of it.
+Per request, the prefill latency under load is modelled as
+
+    L_prefill(h) = c(running)·P_chip(h) + T_load − α·min(T_load, T_compute)
+
+with
+    P_chip(h)   = T_fixed_prefill + T_compute(h)                 unloaded prefill chip time [s]
+    T_fixed_prefill = coef.t_step                                  one engine step [s]
+    T_compute(h) = k_ffn·M + k_attn·(M·H + M²/2)                   coef.compute_time(isl, h) [s]
+    c(running)  = c0 + c1·running                                  contention factor, c0, c1 ≥ 0 [1]
+    T_load      = h_load·ISL·S_kv / B_load                         model.load_time [s]
+    α ∈ [0, 1]                                                     share of min(T_load, T_compute)
+                                                                   hidden by overlap [1]
+
+The loaded KV transfer is not multiplied by c: it runs on the host→HBM link, not on the shared
+chip. Only (1−α)·T_load is visible in latency (busy time cannot see an asynchronous load), so α
+is fitted here, on window-mean ``request_prefill_time_seconds`` in steps with h_load > 0
+(MODEL.md §3.2) and is conditional on the B_load passed in — the caller publishes whether that
+bandwidth was measured or configured.
+
+The model is linear in (c0, c1, α):
+
+    y − T_load = c0·P + c1·P·r − α·m,    y = prefill_time_mean, r = running, m = min(T_load, T_compute)
+
+and is fitted with ``scipy.optimize.least_squares`` (bounds c0, c1 ≥ 0, 0 ≤ α ≤ 1, soft-L1 loss),
+each step weighted by its number of finished requests (the variance of a window mean falls
+like 1/n). The chip-time coefficients are inputs, not fitted here: they come from the chip-time
+fit (fitters/chiptime.py) and change as it converges, so :class:`LatencyFitter` keeps the raw
+samples and refits from them with whichever coefficients it is given.
+
+Two published TTFTs come out of this module (MODEL.md §7):
+- ``kind="service"``: :func:`service_ttft`, the seed's unloaded TTFT from chip time (c ≡ 1).
+- ``kind="load_aware"``: :func:`predict_prefill_latency` (add the observed queue time for TTFT).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from fitters.model import ChipTimeCoefficients, load_time, ttft_unified
+from fitters.observation import Observation
+from fitters.result import Estimate, FitResult, Status
+
+__all__ = [
+    "LatencySample",
+    "LatencyFitter",
+    "fit_latency",
+    "predict_prefill_latency",
+    "service_ttft",
+    "REASON_NO_LOADED_HITS",
+]
+
+REASON_NO_LOADED_HITS = "no loaded hits (h_load = 0 in every step): α cannot be seen"
+
+# 1 − R² of a regressor against the others (columns scaled to unit norm) below which it is
+# treated as collinear: its coefficient would be pure noise.
+_COLLINEAR_TOL = 1e-10
+# Relative spread of num_requests_running below which it "never varied".
+_RUNNING_TOL = 1e-9
+
+
+# --- samples ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LatencySample:
+    """The numbers of one step that the latency fit needs (MODEL.md §2, §3.2, §7).
+
+    Attributes:
+        t: unix time of the step's later scrape [s].
+        y: mean ``request_prefill_time_seconds`` of the requests finished in the step [s].
+        isl: mean prompt length N in the step [tokens].
+        h: token-level hit ratio h = h_dev + h_load [1].
+        h_load: loaded (connector/offload) hit ratio, a fraction of queried tokens [1].
+        running: mean ``num_requests_running`` of the step's two scrapes [1].
+        weight: requests finished in the step (> 0), the weight of its mean [1].
+    """
+
+    t: float
+    y: float
+    isl: float
+    h: float
+    h_load: float
+    running: float
+    weight: float
+
+    @classmethod
+    def from_observation(cls, obs: Observation) -> "LatencySample | None":
+        """Build a sample from one step, or None when the step cannot inform the fit.
+
+        None unless ``requests_finished`` > 0 and ``prefill_time_mean``, ``hit_ratio``,
+        ``hit_ratio_loaded``, ``isl`` and ``running`` are all known and finite, and the step
+        carries no ``anomaly_hint``. Physically impossible values are also rejected rather than
+        clipped: y < 0, isl ≤ 0, h outside [0, 1], h_load outside [0, h], running < 0.
+        """
+        if obs.anomaly_hint:
+            return None
+        n = obs.requests_finished
+        if n is None or not math.isfinite(n) or n <= 0:
+            return None
+        y, h, h_load, isl, running = (
+            obs.prefill_time_mean,
+            obs.hit_ratio,
+            obs.hit_ratio_loaded,
+            obs.isl,
+            obs.running,
+        )
+        values = (y, h, h_load, isl, running)
+        if any(v is None or not math.isfinite(v) for v in values):
+            return None
+        assert y is not None and h is not None and h_load is not None  # narrowed above
+        assert isl is not None and running is not None
+        if y < 0 or isl <= 0 or not (0.0 <= h <= 1.0) or not (0.0 <= h_load <= h) or running < 0:
+            return None
+        return cls(t=obs.t, y=y, isl=isl, h=h, h_load=h_load, running=running, weight=float(n))
+
+
+# --- prediction ---------------------------------------------------------------------------
+
+
+def _check_hits(isl: float, h: float, h_load: float) -> None:
+    if not (isl >= 0 and math.isfinite(isl)):
+        raise ValueError(f"isl must be a finite number ≥ 0 tokens, got {isl!r}")
+    if not (0.0 <= h <= 1.0):
+        raise ValueError(f"hit ratio h must be in [0, 1], got {h!r}")
+    if not (0.0 <= h_load <= h):
+        raise ValueError(f"h_load must be in [0, h] = [0, {h}], got {h_load!r}")
+
+
+def _load_and_compute(
+    coef: ChipTimeCoefficients,
+    isl: float,
+    h: float,
+    h_load: float,
+    kv_bytes_per_token: float | None,
+    load_bandwidth: float | None,
+) -> tuple[float, float] | None:
+    """(T_load, T_compute) [s]; None when loaded hits exist but S_kv or B_load is unknown."""
+    t_compute = coef.compute_time(isl, h)
+    if h_load <= 0:
+        return 0.0, t_compute
+    if kv_bytes_per_token is None or load_bandwidth is None:
+        return None
+    return load_time(h_load, isl, kv_bytes_per_token, load_bandwidth), t_compute
+
+
+def service_ttft(
+    coef: ChipTimeCoefficients,
+    isl: float,
+    h: float,
+    h_load: float = 0.0,
+    alpha: float | None = 0.0,
+    kv_bytes_per_token: float | None = None,
+    load_bandwidth: float | None = None,
+) -> float | None:
+    """The seed's unloaded TTFT from chip time, ``kind="service"`` [s] (MODEL.md §3.2, §7).
+
+    TTFT = T_fixed + T_load + T_compute − α·min(T_load, T_compute) via
+    :func:`fitters.model.ttft_unified`, with T_fixed = ``coef.t_step`` (one engine step: an
+    unloaded prefill of one request runs in one step when it fits the token budget) and
+    T_compute = ``coef.compute_time(isl, h)``. No queueing, no contention.
+
+    Args:
+        isl: prompt length N [tokens]; h: total hit ratio [1]; h_load: loaded share [1], ≤ h.
+        alpha: overlap α in [0, 1]; kv_bytes_per_token: per-GPU S_kv [bytes];
+            load_bandwidth: B_load [bytes/s].
+    Returns:
+        seconds, or None when h_load > 0 and α, S_kv or B_load is unknown (None).
+    Raises:
+        ValueError: h outside [0, 1], h_load outside [0, h], α outside [0, 1], B_load ≤ 0.
+    """
+    _check_hits(isl, h, h_load)
+    lc = _load_and_compute(coef, isl, h, h_load, kv_bytes_per_token, load_bandwidth)
+    if lc is None:
+        return None
+    t_load, t_compute = lc
+    if t_load > 0 and alpha is None:
+        return None
+    a = 0.0 if alpha is None else alpha
+    if not (0.0 <= a <= 1.0):
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    return ttft_unified(coef.t_step, t_load, t_compute, a)
+
+
+def predict_prefill_latency(
+    coef: ChipTimeCoefficients,
+    c0: float,
+    c1: float,
+    running: float,
+    isl: float,
+    h: float,
+    h_load: float = 0.0,
+    alpha: float | None = None,
+    kv_bytes_per_token: float | None = None,
+    load_bandwidth: float | None = None,
+) -> float | None:
+    """Load-aware prefill latency of one request, ``kind="load_aware"`` [s] (MODEL.md §7, §3.2).
+
+    L = (c0 + c1·running)·(t_step + T_compute) + T_load − α·min(T_load, T_compute).
+    For the load-aware TTFT add the observed queue time (``request_queue_time_seconds``).
+
+    Args:
+        c0, c1: fitted contention factor c = c0 + c1·running [1, 1/request].
+        running: ``num_requests_running`` at which to predict [1].
+        isl, h, h_load, alpha, kv_bytes_per_token, load_bandwidth: as in :func:`service_ttft`.
+    Returns:
+        seconds, or None when h_load > 0 and α, S_kv or B_load is unknown (None).
+    Raises:
+        ValueError: as :func:`service_ttft`.
+    """
+    _check_hits(isl, h, h_load)
+    lc = _load_and_compute(coef, isl, h, h_load, kv_bytes_per_token, load_bandwidth)
+    if lc is None:
+        return None
+    t_load, t_compute = lc
+    if t_load > 0 and alpha is None:
+        return None
+    a = 0.0 if alpha is None else alpha
+    if not (0.0 <= a <= 1.0):
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    contention = c0 + c1 * running
+    return contention * (coef.t_step + t_compute) + t_load - a * min(t_load, t_compute)
+
+
+# --- fitting ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Solution:
+    values: np.ndarray
+    covariance: np.ndarray
+    predicted: np.ndarray  # of z = y − T_load
+    f_scale: float
+
+
+def _solve(design: np.ndarray, z: np.ndarray, w: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> _Solution:
+    """Weighted, bounded, robust linear least squares  z ≈ design·θ.
+
+    Two passes: plain least squares gives a start and the residual scale (1.4826·MAD of the
+    weighted residuals), then soft-L1 with that f_scale so a few outlier steps cannot bend the
+    fit. Covariance as scipy's curve_fit does it: s²·(JᵀJ)⁻¹ with s² = 2·cost/(n − p), J the
+    loss-modified Jacobian; inf when J is rank deficient.
+    """
+    sw = np.sqrt(w / w.mean())  # weights normalised so f_scale is per typical step
+    a = design * sw[:, None]
+    b = z * sw
+
+    def fun(theta: np.ndarray) -> np.ndarray:
+        return a @ theta - b
+
+    def jac(theta: np.ndarray) -> np.ndarray:
+        return a
+
+    x0 = np.clip(np.ones(design.shape[1]) * 0.5, lower, upper)
+    first = least_squares(fun, x0, jac=jac, bounds=(lower, upper), method="trf", x_scale="jac")
+    res0 = first.fun
+    mad = float(np.median(np.abs(res0 - np.median(res0))))
+    floor = 1e-9 * float(np.median(np.abs(b))) + 1e-15  # noiseless data: keep f_scale > 0
+    f_scale = max(1.4826 * mad, floor)
+    robust = least_squares(
+        fun, first.x, jac=jac, bounds=(lower, upper), method="trf", x_scale="jac",
+        loss="soft_l1", f_scale=f_scale,
+    )
+    n, p = a.shape
+    _, s, vt = np.linalg.svd(robust.jac, full_matrices=False)
+    threshold = np.finfo(float).eps * max(robust.jac.shape) * s[0] if s.size else 0.0
+    if s.size < p or np.any(s <= threshold) or n <= p:
+        cov = np.full((p, p), np.inf)
+    else:
+        cov = (vt.T / s**2) @ vt * (2.0 * robust.cost / (n - p))
+    return _Solution(values=robust.x, covariance=cov, predicted=design @ robust.x, f_scale=f_scale)
+
+
+def _collinear(design: np.ndarray, w: np.ndarray, j: int) -> bool:
+    """True when column j of the weighted design is (numerically) a combination of the others."""
+    a = design * np.sqrt(w)[:, None]
+    norms = np.linalg.norm(a, axis=0)
+    if norms[j] == 0 or not np.isfinite(norms[j]):
+        return True
+    a = a / np.where(norms > 0, norms, 1.0)
+    others = np.delete(a, j, axis=1)
+    if others.shape[1] == 0:
+        return False
+    coef, *_ = np.linalg.lstsq(others, a[:, j], rcond=None)
+    resid = a[:, j] - others @ coef
+    return float(resid @ resid) < _COLLINEAR_TOL
+
+
+def _weighted_r2(y: np.ndarray, yhat: np.ndarray, w: np.ndarray) -> float:
+    if y.size < 2:
+        return math.nan
+    mean = float(np.average(y, weights=w))
+    ss_tot = float(np.sum(w * (y - mean) ** 2))
+    if ss_tot <= 0:
+        return math.nan
+    return 1.0 - float(np.sum(w * (y - yhat) ** 2)) / ss_tot
+
+
+def _stderr(cov: np.ndarray, i: int) -> float:
+    v = float(cov[i, i])
+    return math.sqrt(v) if math.isfinite(v) and v >= 0 else math.nan
+
+
+def _check_inputs(coef: ChipTimeCoefficients, kv: float | None, bw: float | None) -> None:
+    for name in ("t_step", "k_ffn", "k_attn"):
+        v = getattr(coef, name)
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"chip-time coefficient {name} must be finite and ≥ 0, got {v!r}")
+    if kv is not None and not (math.isfinite(kv) and kv > 0):
+        raise ValueError(f"kv_bytes_per_token must be finite and > 0 bytes, got {kv!r}")
+    if bw is not None and not (math.isfinite(bw) and bw > 0):
+        raise ValueError(f"load_bandwidth must be finite and > 0 bytes/s, got {bw!r}")
+
+
+def _missing_reason(kv: float | None, bw: float | None) -> str:
+    missing = [
+        name
+        for name, v in (("kv_bytes_per_token (S_kv)", kv), ("load_bandwidth (B_load)", bw))
+        if v is None
+    ]
+    return (
+        f"T_load unknown: {' and '.join(missing)} not known while steps have loaded hits "
+        "(h_load > 0): α cannot be fitted"
+    )
+
+
+def fit_latency(
+    samples: Iterable[LatencySample],
+    coef: ChipTimeCoefficients,
+    kv_bytes_per_token: float | None,
+    load_bandwidth: float | None,
+    min_samples: int = 8,
+) -> tuple[FitResult, FitResult]:
+    """Fit the load-aware prefill latency layer and the overlap α (MODEL.md §3.2, §6, §7).
+
+    Model (module docstring): y − T_load = c0·P + c1·P·running − α·min(T_load, T_compute),
+    least_squares with bounds c0, c1 ≥ 0, 0 ≤ α ≤ 1, soft-L1 loss, weights = requests finished.
+
+    Args:
+        samples: per-step :class:`LatencySample` (any order).
+        coef: chip-time coefficients (t_step, k_ffn, k_attn used) from the §7 fit.
+        kv_bytes_per_token: per-GPU S_kv [bytes], None = unknown.
+        load_bandwidth: B_load [bytes/s] (measured if exported, else configured), None = unknown.
+        min_samples: fewest steps for either fit.
+
+    Returns:
+        ``(load_aware, overlap)``.
+
+        load_aware: params "c0" [1] and "c1" [1/request] with stderr; covariance 2×2 in that
+        order; r2 = weighted R² of predicted vs observed prefill latency on the steps used;
+        samples = steps used. insufficient_data below ``min_samples`` steps. When
+        ``num_requests_running`` never varied, c1 is not_identifiable with value 0 (fixed, its
+        covariance row/column 0) and c0 alone absorbs the contention at that concurrency.
+        extra: "alpha_fitted" ("yes"/"no"), "loaded_steps", "running_min", "running_max", "f_scale".
+
+        overlap: param "alpha" [1] with stderr, covariance 1×1; samples = steps with
+        h_load > 0; r2 on those steps. Status:
+        not_identifiable (:data:`REASON_NO_LOADED_HITS`) when no step has h_load > 0;
+        not_identifiable naming what is missing when S_kv or B_load is None while loaded hits
+        exist; not_identifiable when min(T_load, T_compute) is zero or collinear with the
+        chip-time regressors; insufficient_data when fewer than ``min_samples`` steps have
+        h_load > 0 (α is then still fitted jointly, as a nuisance, so those steps inform c0/c1);
+        else ok. Whenever α is not_identifiable, (c0, c1) are fitted on the h_load = 0 steps
+        only (their load term is 0).
+
+    Raises:
+        ValueError: negative or non-finite chip-time coefficients, or a given S_kv / B_load
+            that is not finite and > 0.
+    """
+    _check_inputs(coef, kv_bytes_per_token, load_bandwidth)
+    all_samples = list(samples)
+    loaded = [s for s in all_samples if s.h_load > 0]
+    unloaded = [s for s in all_samples if s.h_load <= 0]
+
+    alpha_fail: tuple[Status, str] | None = None
+    alpha_weak: tuple[Status, str] | None = None  # fitted, but not publishable
+    if not loaded:
+        alpha_fail = (Status.NOT_IDENTIFIABLE, REASON_NO_LOADED_HITS)
+    elif kv_bytes_per_token is None or load_bandwidth is None:
+        alpha_fail = (Status.NOT_IDENTIFIABLE, _missing_reason(kv_bytes_per_token, load_bandwidth))
+    elif len(loaded) < min_samples:
+        alpha_weak = (
+            Status.INSUFFICIENT_DATA,
+            f"only {len(loaded)} steps with loaded hits (h_load > 0); need ≥ {min_samples}",
+        )
+
+    if alpha_fail is None:
+        arrays = _arrays(all_samples, coef, kv_bytes_per_token, load_bandwidth)
+        design, names = _design(arrays, with_alpha=True)
+        if _collinear(design, arrays["w"], names.index("alpha")):
+            alpha_fail = (
+                Status.NOT_IDENTIFIABLE,
+                "min(T_load, T_compute) is zero or collinear with the chip-time regressors in "
+                "the loaded steps: α cannot be separated from the contention factor",
+            )
+    fit_set = all_samples if alpha_fail is None else unloaded
+    with_alpha = alpha_fail is None
+
+    def overlap_failed(default_reason: str) -> FitResult:
+        status, reason = alpha_fail or alpha_weak or (Status.INSUFFICIENT_DATA, default_reason)
+        return FitResult.failed(status, reason, samples=len(loaded))
+
+    if len(fit_set) < max(min_samples, 1):
+        which = "steps" if with_alpha else "steps without loaded hits (h_load = 0)"
+        reason = f"only {len(fit_set)} {which} with finished requests; need ≥ {min_samples}"
+        return (
+            FitResult.failed(Status.INSUFFICIENT_DATA, reason, samples=len(fit_set)),
+            overlap_failed("load-aware fit has insufficient data"),
+        )
+
+    arrays = _arrays(fit_set, coef, kv_bytes_per_token, load_bandwidth)
+    r = arrays["r"]
+    running_varies = float(np.ptp(r)) > _RUNNING_TOL * max(1.0, float(np.max(np.abs(r))))
+    design, names = _design(arrays, with_alpha=with_alpha, with_c1=running_varies)
+    if _collinear(design, arrays["w"], names.index("c0")):
+        reason = "prefill chip time t_step + T_compute is 0 in every step: c0 cannot be fitted"
+        return (
+            FitResult.failed(Status.NOT_IDENTIFIABLE, reason, samples=len(fit_set)),
+            overlap_failed("load-aware fit not identifiable"),
+        )
+    bounds = {"c0": (0.0, np.inf), "c1": (0.0, np.inf), "alpha": (0.0, 1.0)}
+    lower = np.array([bounds[n][0] for n in names])
+    upper = np.array([bounds[n][1] for n in names])
+    sol = _solve(design, arrays["z"], arrays["w"], lower, upper)
+    idx = {n: i for i, n in enumerate(names)}
+
+    y_hat = sol.predicted + arrays["t_load"]
+    params = {"c0": Estimate(float(sol.values[idx["c0"]]), _stderr(sol.covariance, idx["c0"]))}
+    cov2 = np.zeros((2, 2))
+    cov2[0, 0] = sol.covariance[idx["c0"], idx["c0"]]
+    if running_varies:
+        params["c1"] = Estimate(float(sol.values[idx["c1"]]), _stderr(sol.covariance, idx["c1"]))
+        cov2[0, 1] = cov2[1, 0] = sol.covariance[idx["c0"], idx["c1"]]
+        cov2[1, 1] = sol.covariance[idx["c1"], idx["c1"]]
+    else:
+        params["c1"] = Estimate(
+            0.0,
+            math.nan,
+            Status.NOT_IDENTIFIABLE,
+            f"num_requests_running never varied (always {float(r[0]):g}): the contention slope "
+            "cannot be seen; c0 is the contention factor at that concurrency",
+        )
+    load_aware = FitResult(
+        status=Status.OK,
+        params=params,
+        samples=len(fit_set),
+        r2=_weighted_r2(arrays["y"], y_hat, arrays["w"]),
+        covariance=tuple(tuple(float(v) for v in row) for row in cov2),
+        extra={
+            "alpha_fitted": "yes" if with_alpha else "no",
+            "loaded_steps": float(len(loaded)),
+            "running_min": float(np.min(r)),
+            "running_max": float(np.max(r)),
+            "f_scale": float(sol.f_scale),
+        },
+    )
+
+    if not with_alpha:
+        return load_aware, overlap_failed("")
+    ia = idx["alpha"]
+    mask = arrays["h_load"] > 0
+    alpha_est = Estimate(float(sol.values[ia]), _stderr(sol.covariance, ia))
+    status, reason = alpha_weak or (Status.OK, "")
+    overlap = FitResult(
+        status=status,
+        reason=reason,
+        params={"alpha": alpha_est},
+        samples=len(loaded),
+        r2=_weighted_r2(arrays["y"][mask], y_hat[mask], arrays["w"][mask]),
+        covariance=((float(sol.covariance[ia, ia]),),),
+        extra={"samples_total": float(len(fit_set))},
+    )
+    return load_aware, overlap
+
+
+def _arrays(
+    samples: Sequence[LatencySample],
+    coef: ChipTimeCoefficients,
+    kv: float | None,
+    bw: float | None,
+) -> dict[str, np.ndarray]:
+    """Per-step arrays: y, w, r, h_load, P = t_step + T_compute, T_load, m, z = y − T_load."""
+    y = np.array([s.y for s in samples], dtype=float)
+    t_compute = np.array([coef.compute_time(s.isl, s.h) for s in samples], dtype=float)
+    if kv is None or bw is None:
+        t_load = np.zeros_like(y)  # only h_load = 0 steps reach here
+    else:
+        t_load = np.array([load_time(s.h_load, s.isl, kv, bw) for s in samples], dtype=float)
+    return {
+        "y": y,
+        "w": np.array([s.weight for s in samples], dtype=float),
+        "r": np.array([s.running for s in samples], dtype=float),
+        "h_load": np.array([s.h_load for s in samples], dtype=float),
+        "p": coef.t_step + t_compute,
+        "t_load": t_load,
+        "m": np.minimum(t_load, t_compute),
+        "z": y - t_load,
+    }
+
+
+def _design(arrays: dict[str, np.ndarray], with_alpha: bool, with_c1: bool = True) -> tuple[np.ndarray, list[str]]:
+    cols, names = [arrays["p"]], ["c0"]
+    if with_c1:
+        cols.append(arrays["p"] * arrays["r"])
+        names.append("c1")
+    if with_alpha:
+        cols.append(-arrays["m"])
+        names.append("alpha")
+    return np.column_stack(cols), names
+
+
+# --- online -------------------------------------------------------------------------------
+
+
+class LatencyFitter:
+    """Online load-aware latency / overlap fitter over a bounded ring buffer (MODEL.md §6, §7).
+
+    Memory: at most ``capacity`` :class:`LatencySample` (default 720 = 2 h of 10-s steps); the
+    oldest is dropped first. Nothing is fitted in :meth:`update`; :meth:`result` refits from the
+    stored samples because the chip-time coefficients it depends on keep moving while the §7
+    fit converges. The last result is cached and reused while the samples, ``coef``,
+    ``kv_bytes_per_token`` and ``load_bandwidth`` are unchanged (compared by value).
+    """
+
+    def __init__(self, capacity: int = 720, min_samples: int = 8) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be ≥ 1")
+        if min_samples < 1:
+            raise ValueError("min_samples must be ≥ 1")
+        self.capacity = capacity
+        self.min_samples = min_samples
+        self._buf: deque[LatencySample] = deque(maxlen=capacity)
+        self._version = 0
+        self._cache_key: tuple[object, ...] | None = None
+        self._cache: tuple[FitResult, FitResult] | None = None
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    @property
+    def samples(self) -> tuple[LatencySample, ...]:
+        """The stored samples, oldest first."""
+        return tuple(self._buf)
+
+    def update(self, obs: Observation) -> bool:
+        """Store the step's sample; False when the step is unusable (see LatencySample.from_observation)."""
+        sample = LatencySample.from_observation(obs)
+        if sample is None:
+            return False
+        self._buf.append(sample)
+        self._version += 1
+        return True
+
+    def result(
+        self,
+        coef: ChipTimeCoefficients,
+        kv_bytes_per_token: float | None,
+        load_bandwidth: float | None,
+    ) -> tuple[FitResult, FitResult]:
+        """``(load_aware, overlap)`` as :func:`fit_latency` on the stored samples."""
+        key = (self._version, coef, kv_bytes_per_token, load_bandwidth)
+        if self._cache is not None and self._cache_key == key:
+            return self._cache
+        out = fit_latency(self._buf, coef, kv_bytes_per_token, load_bandwidth, self.min_samples)
+        self._cache_key, self._cache = key, out
+        return out

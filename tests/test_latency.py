@@ -1,0 +1,265 @@
+"""Tests of fitters/latency.py (MODEL.md §3.2, §6, §7 load-aware layer).
+
+Synthetic steps are generated here from known parameters; every expected value is a generating
+parameter or a hand computation.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fitters.latency import (
+    REASON_NO_LOADED_HITS,
+    LatencyFitter,
+    LatencySample,
+    fit_latency,
+    predict_prefill_latency,
+    service_ttft,
+)
+from fitters.model import ChipTimeCoefficients
+from fitters.observation import Observation
+from fitters.result import Status
+
+# t_step 20 ms, 50 µs per miss token, 1e-8 s per token² of attention work.
+COEF = ChipTimeCoefficients(t_step=0.02, k_ffn=5e-5, k_attn=1e-8, k_dec=0.0, k_ctx=0.0)
+S_KV = 500_000.0  # bytes/token/GPU
+B_LOAD = 5e9  # bytes/s → T_load = 1e-4 s per loaded token, same order as k_ffn + attention
+C0, C1 = 1.1, 0.05
+
+
+def _obs(t, isl, h_dev, h_load, running, y, finished=10.0, anomaly="", loaded_known=True) -> Observation:
+    n_req = finished
+    q = isl * n_req
+    miss = (1.0 - h_dev - h_load) * q
+    return Observation(
+        t=t,
+        dt=10.0,
+        busy=True,
+        steps=100.0,
+        queried_tokens=q,
+        hit_tokens_device=h_dev * q,
+        hit_tokens_loaded=h_load * q if loaded_known else None,
+        miss_tokens=miss,
+        attention_work=None,
+        generation_tokens=100.0 * n_req,
+        decode_context_tokens=None,
+        isl=isl,
+        osl=100.0,
+        requests_finished=finished,
+        prefill_time_mean=y,
+        running=running,
+        anomaly_hint=anomaly,
+    )
+
+
+def _truth(isl, h, h_load, running, alpha, c0=C0, c1=C1):
+    """Generating model, written out independently of the code under test."""
+    m_tok = (1.0 - h) * isl
+    h_tok = h * isl
+    t_compute = 5e-5 * m_tok + 1e-8 * (m_tok * h_tok + m_tok * m_tok / 2.0)
+    t_load = h_load * isl * S_KV / B_LOAD
+    return (c0 + c1 * running) * (0.02 + t_compute) + t_load - alpha * min(t_load, t_compute), t_load, t_compute
+
+
+def _make(
+    n,
+    alpha,
+    *,
+    seed=7,
+    noise=0.02,
+    loaded_share=1.0,
+    running_const=None,
+    c0=C0,
+    c1=C1,
+):
+    """n synthetic steps; a `loaded_share` fraction has h_load > 0, the rest h_load = 0."""
+    rng = np.random.default_rng(seed)
+    out, sides = [], [0, 0]
+    for i in range(n):
+        isl = float(rng.uniform(1000, 8000))
+        loaded = rng.uniform() < loaded_share
+        h_load = float(rng.uniform(0.05, 0.6)) if loaded else 0.0
+        h_dev = float(rng.uniform(0.0, 0.95 - h_load))
+        running = float(running_const if running_const is not None else rng.uniform(1, 32))
+        finished = float(rng.integers(1, 20))
+        y, t_load, t_compute = _truth(isl, h_dev + h_load, h_load, running, alpha, c0, c1)
+        if h_load > 0:
+            sides[t_load < t_compute] += 1
+        y *= 1.0 + noise * rng.standard_normal()
+        out.append(_obs(float(i), isl, h_dev, h_load, running, y, finished))
+    return out, sides
+
+
+def _samples(obs):
+    return [s for s in (LatencySample.from_observation(o) for o in obs) if s is not None]
+
+
+# --- α ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0, 1.0])
+def test_alpha_recovered(alpha):
+    obs, sides = _make(600, alpha)  # α's sd over seeds ≈ 0.01 at 600 steps: ±0.05 is ~5σ
+    assert min(sides) > 100  # min(T_load, T_compute) takes both sides in many steps
+    load_aware, overlap = fit_latency(_samples(obs), COEF, S_KV, B_LOAD)
+    assert overlap.status is Status.OK, overlap.reason
+    a = overlap.value("alpha")
+    assert a is not None and abs(a - alpha) <= 0.05
+    assert math.isfinite(overlap.params["alpha"].stderr)
+    assert overlap.samples == 600
+    assert load_aware.ok
+    assert abs(load_aware.value("c0") - C0) <= 0.05
+    assert abs(load_aware.value("c1") - C1) <= 0.005
+    assert load_aware.r2 > 0.95
+
+
+def test_alpha_not_identifiable_without_loaded_hits():
+    obs, _ = _make(100, 0.6, loaded_share=0.0)
+    load_aware, overlap = fit_latency(_samples(obs), COEF, S_KV, B_LOAD)
+    assert overlap.status is Status.NOT_IDENTIFIABLE
+    assert overlap.reason == "no loaded hits (h_load = 0 in every step): α cannot be seen"
+    assert REASON_NO_LOADED_HITS == overlap.reason
+    assert overlap.value("alpha") is None
+    # c0, c1 still fitted from the unloaded steps.
+    assert load_aware.ok and load_aware.samples == 100
+    assert abs(load_aware.value("c0") - C0) <= 0.05
+    assert abs(load_aware.value("c1") - C1) <= 0.005
+
+
+@pytest.mark.parametrize(
+    "kv, bw, names",
+    [(None, B_LOAD, ["kv_bytes_per_token"]), (S_KV, None, ["load_bandwidth"]), (None, None, ["kv_bytes", "load_bandwidth"])],
+)
+def test_alpha_not_identifiable_without_t_load(kv, bw, names):
+    obs, _ = _make(200, 0.6, loaded_share=0.5)
+    n_unloaded = sum(1 for o in obs if o.hit_tokens_loaded == 0)
+    load_aware, overlap = fit_latency(_samples(obs), COEF, kv, bw)
+    assert overlap.status is Status.NOT_IDENTIFIABLE
+    for name in names:
+        assert name in overlap.reason
+    # Only h_load = 0 steps fitted; their load term is 0, so c0, c1 come out unbiased.
+    assert load_aware.ok and load_aware.samples == n_unloaded
+    assert load_aware.extra["alpha_fitted"] == "no"
+    assert abs(load_aware.value("c0") - C0) <= 0.05
+    assert abs(load_aware.value("c1") - C1) <= 0.005
+
+
+def test_alpha_insufficient_data_few_loaded_steps():
+    obs, _ = _make(100, 0.6, loaded_share=0.03, seed=3)
+    n_loaded = sum(1 for o in obs if o.hit_tokens_loaded > 0)
+    assert 0 < n_loaded < 8
+    load_aware, overlap = fit_latency(_samples(obs), COEF, S_KV, B_LOAD)
+    assert overlap.status is Status.INSUFFICIENT_DATA
+    assert overlap.value("alpha") is None
+    assert load_aware.ok and load_aware.samples == 100
+
+
+# --- contention ---------------------------------------------------------------------------
+
+
+def test_c0_c1_recovered_with_stderr_and_covariance():
+    obs, _ = _make(300, 0.6, seed=11)
+    load_aware, _ = fit_latency(_samples(obs), COEF, S_KV, B_LOAD)
+    c0, c1 = load_aware.params["c0"], load_aware.params["c1"]
+    assert abs(c0.value - C0) <= 0.05 and abs(c1.value - C1) <= 0.005
+    assert 0 < c0.stderr < 0.05 and 0 < c1.stderr < 0.005
+    cov = load_aware.covariance
+    assert len(cov) == 2 and all(len(row) == 2 for row in cov)
+    assert cov[0][0] == pytest.approx(c0.stderr**2) and cov[1][1] == pytest.approx(c1.stderr**2)
+
+
+def test_c1_not_identifiable_when_running_constant():
+    obs, _ = _make(120, 0.6, running_const=8.0)
+    load_aware, overlap = fit_latency(_samples(obs), COEF, S_KV, B_LOAD)
+    assert load_aware.status is Status.OK
+    c1 = load_aware.params["c1"]
+    assert c1.status is Status.NOT_IDENTIFIABLE and c1.value == 0.0
+    assert load_aware.value("c1") is None
+    # c0 absorbs the contention at running = 8: 1.1 + 0.05·8 = 1.5.
+    assert abs(load_aware.value("c0") - 1.5) <= 0.05
+    assert overlap.ok and abs(overlap.value("alpha") - 0.6) <= 0.05
+
+
+def test_robust_to_a_few_outlier_steps():
+    obs, _ = _make(300, 0.6, seed=5)
+    bad = [
+        _obs(o.t, o.isl, o.hit_ratio_device, o.hit_ratio_loaded, o.running, o.prefill_time_mean * 3.0, o.requests_finished)
+        if i % 30 == 0 else o
+        for i, o in enumerate(obs)
+    ]
+    load_aware, overlap = fit_latency(_samples(bad), COEF, S_KV, B_LOAD)
+    assert abs(overlap.value("alpha") - 0.6) <= 0.05
+    assert abs(load_aware.value("c0") - C0) <= 0.05
+
+
+# --- data sufficiency, samples, ring buffer ------------------------------------------------
+
+
+def test_insufficient_data_below_min_samples():
+    obs, _ = _make(5, 0.6)
+    load_aware, overlap = fit_latency(_samples(obs), COEF, S_KV, B_LOAD, min_samples=8)
+    assert load_aware.status is Status.INSUFFICIENT_DATA and load_aware.samples == 5
+    assert overlap.status is Status.INSUFFICIENT_DATA
+    load_aware, overlap = fit_latency([], COEF, S_KV, B_LOAD)
+    assert load_aware.status is Status.INSUFFICIENT_DATA
+    assert overlap.status is Status.NOT_IDENTIFIABLE
+
+
+def test_sample_rejection():
+    ok = _obs(1.0, 2000.0, 0.2, 0.1, 4.0, 0.3)
+    assert LatencySample.from_observation(ok) == LatencySample(
+        t=1.0, y=0.3, isl=2000.0, h=pytest.approx(0.3), h_load=pytest.approx(0.1), running=4.0, weight=10.0
+    )
+    assert LatencySample.from_observation(_obs(1.0, 2000.0, 0.2, 0.1, 4.0, 0.3, finished=0.0)) is None
+    assert LatencySample.from_observation(_obs(1.0, 2000.0, 0.2, 0.1, 4.0, 0.3, anomaly="reset")) is None
+    assert LatencySample.from_observation(_obs(1.0, 2000.0, 0.2, 0.1, 4.0, None)) is None
+    assert LatencySample.from_observation(_obs(1.0, 2000.0, 0.2, 0.1, None, 0.3)) is None
+    assert LatencySample.from_observation(_obs(1.0, 2000.0, 0.2, 0.1, 4.0, math.nan)) is None
+    assert LatencySample.from_observation(_obs(1.0, 2000.0, 0.2, 0.1, 4.0, 0.3, loaded_known=False)) is None
+
+
+def test_ring_buffer_bounded_and_cached():
+    fitter = LatencyFitter(capacity=50, min_samples=8)
+    obs, _ = _make(200, 0.6)
+    assert all(fitter.update(o) for o in obs)
+    assert not fitter.update(_obs(999.0, 2000.0, 0.2, 0.1, 4.0, 0.3, finished=0.0))
+    assert len(fitter) == 50
+    assert fitter.samples[0].t == 150.0 and fitter.samples[-1].t == 199.0
+    first = fitter.result(COEF, S_KV, B_LOAD)
+    assert first[0].samples == 50
+    assert fitter.result(COEF, S_KV, B_LOAD) is first  # unchanged inputs: cached
+    other = ChipTimeCoefficients(0.02, 6e-5, 1e-8, 0.0, 0.0)
+    assert fitter.result(other, S_KV, B_LOAD) is not first  # coefficients moved: refit
+    fitter.update(obs[0])
+    assert fitter.result(other, S_KV, B_LOAD) is not first
+
+
+# --- predictions, by hand ------------------------------------------------------------------
+
+
+def test_service_ttft_and_prediction_by_hand():
+    # N = 4000, h = 0.5 (h_load = 0.3): M = H = 2000.
+    # T_compute = 5e-5·2000 + 1e-8·(2000·2000 + 2000²/2) = 0.1 + 1e-8·6e6 = 0.16 s
+    # T_load    = 0.3·4000·500000 / 5e9 = 1200·1e-4 = 0.12 s;  min = 0.12 s
+    # service   = 0.02 + 0.12 + 0.16 − 0.6·0.12 = 0.228 s
+    # load-aware, running 10: c = 1.1 + 0.05·10 = 1.6;  1.6·(0.02 + 0.16) + 0.12 − 0.072 = 0.336 s
+    assert service_ttft(COEF, 4000, 0.5, 0.3, 0.6, S_KV, B_LOAD) == pytest.approx(0.228)
+    assert predict_prefill_latency(COEF, 1.1, 0.05, 10, 4000, 0.5, 0.3, 0.6, S_KV, B_LOAD) == pytest.approx(0.336)
+    # No loaded hits: service = 0.02 + 0.16 = 0.18 s; load-aware = 1.6·0.18 = 0.288 s.
+    assert service_ttft(COEF, 4000, 0.5) == pytest.approx(0.18)
+    assert predict_prefill_latency(COEF, 1.1, 0.05, 10, 4000, 0.5) == pytest.approx(0.288)
+    # α = 1: service = 0.02 + max(0.12, 0.16) = 0.18 s.
+    assert service_ttft(COEF, 4000, 0.5, 0.3, 1.0, S_KV, B_LOAD) == pytest.approx(0.18)
+
+
+def test_predictions_unknown_when_load_term_unknown():
+    assert service_ttft(COEF, 4000, 0.5, 0.3, 0.6, None, B_LOAD) is None
+    assert service_ttft(COEF, 4000, 0.5, 0.3, None, S_KV, B_LOAD) is None
+    assert predict_prefill_latency(COEF, 1.1, 0.05, 10, 4000, 0.5, 0.3, None, S_KV, B_LOAD) is None
+    assert predict_prefill_latency(COEF, 1.1, 0.05, 10, 4000, 0.5, 0.3, 0.6, S_KV, None) is None
+    with pytest.raises(ValueError):
+        service_ttft(COEF, 4000, 0.5, 0.6, 0.5, S_KV, B_LOAD)  # h_load > h
+    with pytest.raises(ValueError):
+        service_ttft(COEF, 4000, 0.5, 0.3, 1.5, S_KV, B_LOAD)  # α > 1
