@@ -1,0 +1,332 @@
+"""The bathtub: revenue per machine-second against hit ratio, both forms (MODEL.md §4, seed 002).
+
+Pure math on already fitted parameters: no state, no I/O. ``linear`` is the seed's form
+R(h) = TPS0·P_miss·(1-a·h)·(1-(1-ρ)·h)/(1-h) with closed-form bottom and break-even;
+``chip_time`` is R(h) = (P_miss·M + P_hit·H + P_out·OSL) / t_chip(h) from the §7 chip-time model,
+which tends to a finite value as h → 1, so its valley may have no exit.
+Hit ratios are fractions in [0, 1]; prices are per token; revenue is price per machine-second.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import brentq, minimize_scalar
+
+from fitters.model import (
+    CHIP_TIME_TERMS,
+    ChipTimeCoefficients,
+    breakeven_linear,
+    decode_context_per_token,
+    revenue_chip_time,
+    revenue_linear,
+    revenue_slope_chip_time,
+    revenue_slope_linear,
+    valley_bottom_linear,
+)
+
+Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+LINEAR_H_MAX = 0.99  # right end of the linear form's default grid: R → ∞ as h → 1
+_REL_STEP = 1e-5  # central-difference step, relative to the quantity it perturbs
+
+
+@dataclass(frozen=True)
+class BathtubCurve:
+    """One bathtub evaluated at the current operating point (MODEL.md §4).
+
+    Attributes:
+        form: "linear" or "chip_time" (the metric label ``form``).
+        h_now: current token-level hit ratio [1].
+        revenue_now: R(h_now) [price/s per machine].
+        revenue_zero: R(0) [price/s per machine].
+        slope_now: dR/dh at h_now [price/s per unit h].
+        slope_ci: (lo, hi) 95 % interval of slope_now by the delta method from the fit covariance;
+            None when no covariance was given.
+        h_star: valley bottom; None when there is no valley (R'(0) ≥ 0).
+        h_even: the h > h_star where R climbs back to R(0); None when no valley or no exit.
+        exit: when a valley exists, whether R climbs back to R(0) before h_max; None otherwise.
+        valley_active: slope_now < 0 and the upper end of slope_ci < 0 (False when slope_ci is None).
+        curve: ((h, R(h)), ...) on the grid, for dashboards.
+    """
+
+    form: str
+    h_now: float
+    revenue_now: float
+    revenue_zero: float
+    slope_now: float
+    slope_ci: tuple[float, float] | None
+    h_star: float | None
+    h_even: float | None
+    exit: bool | None
+    valley_active: bool
+    curve: tuple[tuple[float, float], ...]
+
+
+def _grid(grid: int | Sequence[float], h_max: float) -> np.ndarray:
+    """An int means that many evenly spaced points on [0, h_max]; a sequence is used as given."""
+    if isinstance(grid, (int, np.integer)):
+        if grid < 2:
+            raise ValueError("grid must have at least 2 points")
+        return np.linspace(0.0, h_max, grid)
+    return np.asarray(grid, dtype=float)
+
+
+def _cov(cov, n: int) -> np.ndarray | None:
+    if cov is None:
+        return None
+    c = np.asarray(cov, dtype=float)
+    if c.shape != (n, n):
+        raise ValueError(f"cov must be {n}x{n}, got shape {c.shape}")
+    return c
+
+
+def _central_gradient(f: Callable[[np.ndarray], float], x: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """∂f/∂x_j by central differences; a zero step means f does not depend on x_j (gradient 0)."""
+    g = np.zeros(len(x))
+    for j, s in enumerate(steps):
+        if s == 0.0:
+            continue
+        up, dn = x.copy(), x.copy()
+        up[j] += s
+        dn[j] -= s
+        g[j] = (f(up) - f(dn)) / (2.0 * s)
+    return g
+
+
+def _interval(value: float, grad: np.ndarray, cov: np.ndarray | None) -> tuple[float, float] | None:
+    """value ± Z95·sqrt(gᵀΣg) (delta method); a slightly non-PSD Σ is clipped to variance 0."""
+    if cov is None:
+        return None
+    half = Z95 * math.sqrt(max(float(grad @ cov @ grad), 0.0))
+    return float(value - half), float(value + half)
+
+
+def _active(slope: float, ci: tuple[float, float] | None) -> bool:
+    return bool(ci is not None and slope < 0.0 and ci[1] < 0.0)
+
+
+def bathtub_linear(
+    tps0: float,
+    a: float,
+    cov,
+    h_now: float,
+    p_miss: float,
+    rho: float,
+    grid: int | Sequence[float] = 50,
+) -> BathtubCurve:
+    """The seed's linear bathtub at h_now (MODEL.md §4 ``linear`` form, seed 002 §3).
+
+    Args:
+        tps0: miss throughput at h = 0 [tokens/s]; a: miss slope [1] (TPS_miss = TPS0·(1-a·h)).
+        cov: 2×2 covariance of (tps0, a), array-like (units (tokens/s)², tokens/s, 1), or None.
+        h_now: current hit ratio, 0 ≤ h_now < 1. p_miss: miss-token price (TPS0·P_miss > 0 is
+            assumed, so R'(0) < 0 ⇔ a > ρ); rho: P_hit / P_miss [1].
+        grid: number of evenly spaced curve points on [0, LINEAR_H_MAX], or explicit h values (< 1).
+
+    Bottom and break-even are the closed forms h* = 1 - sqrt(ρ(1-a)/(a(1-ρ))) and
+    h_even = (a-ρ)/(a(1-ρ)); when ρ < a < 1 the valley always exits (R → ∞ as h → 1).
+    Outside that range a valley (R'(0) < 0, i.e. a > ρ) can still exist when ρ ≤ 0 or a ≥ 1; R then
+    never turns back up inside [0, 1), so h_star and h_even are None and exit is False.
+    slope_ci: delta method with the exact gradient of R'(h_now) in (tps0, a) (R' is bilinear in them).
+
+    Raises ValueError if h_now is outside [0, 1) or cov is not 2×2.
+    """
+    if not 0.0 <= h_now < 1.0:
+        raise ValueError("h_now must be in [0, 1) for the linear form")
+    c = _cov(cov, 2)
+
+    def slope(x: np.ndarray) -> float:
+        return revenue_slope_linear(h_now, x[0], x[1], p_miss, rho)
+
+    slope_now = float(slope(np.array([tps0, a], dtype=float)))
+    ci = None
+    if c is not None:
+        x = np.array([tps0, a], dtype=float)
+        # R' is linear in each parameter, so central differences are exact up to rounding.
+        g = _central_gradient(slope, x, np.array([max(abs(tps0), 1.0) * _REL_STEP, _REL_STEP]))
+        ci = _interval(slope_now, g, c)
+
+    h_star = h_even = exit_ = None
+    if a > rho:  # R'(0) = TPS0·P_miss·(ρ - a) < 0, as TPS0·P_miss > 0
+        h_star = valley_bottom_linear(a, rho)
+        h_even = breakeven_linear(a, rho)
+        exit_ = h_even is not None
+    hs = _grid(grid, LINEAR_H_MAX)
+    curve = tuple((float(h), float(revenue_linear(float(h), tps0, a, p_miss, rho))) for h in hs)
+    return BathtubCurve(
+        form="linear",
+        h_now=float(h_now),
+        revenue_now=float(revenue_linear(h_now, tps0, a, p_miss, rho)),
+        revenue_zero=float(revenue_linear(0.0, tps0, a, p_miss, rho)),
+        slope_now=slope_now,
+        slope_ci=ci,
+        h_star=h_star,
+        h_even=h_even,
+        exit=exit_,
+        valley_active=_active(slope_now, ci),
+        curve=curve,
+    )
+
+
+def _coef_steps(coef: ChipTimeCoefficients, t_fixed: float, isl: float, osl: float) -> np.ndarray:
+    """Central-difference steps for the 5 coefficients (CHIP_TIME_TERMS order).
+
+    Each step moves t_chip(0) by _REL_STEP relative, so s/token and s/token² terms are resolved
+    alike. A coefficient whose regressor is 0 gets step 0 (gradient 0): t_step always, because
+    T_fixed is given; k_dec and k_ctx when OSL = 0.
+    """
+    regressors = np.array([0.0, isl, isl * isl / 2.0, osl, osl * decode_context_per_token(isl, osl)])
+    t0 = coef.t_chip(isl, osl, 0.0, t_fixed)
+    safe = np.where(regressors != 0.0, regressors, 1.0)
+    return np.where(regressors != 0.0, _REL_STEP * t0 / safe, 0.0)
+
+
+def _check_chip(coef: ChipTimeCoefficients, t_fixed: float, isl: float, osl: float, hs: np.ndarray) -> None:
+    if isl <= 0:
+        raise ValueError("isl must be > 0 tokens")
+    t = [coef.t_chip(isl, osl, float(h), t_fixed) for h in hs]
+    if not all(v > 0.0 for v in t):
+        raise ValueError("t_chip must be > 0 s on the whole h range")
+
+
+def bathtub_chip_time(
+    coef: ChipTimeCoefficients,
+    cov,
+    t_fixed: float,
+    isl: float,
+    osl: float,
+    h_now: float,
+    p_miss: float,
+    p_hit: float,
+    p_out: float,
+    h_max: float | None = None,
+    grid: int | Sequence[float] = 50,
+) -> BathtubCurve:
+    """The exact chip-time bathtub at the current ISL/OSL (MODEL.md §4 ``chip_time`` form, §7).
+
+    R(h) = (P_miss·(1-h)·ISL + P_hit·h·ISL + P_out·OSL) / t_chip(h) [price/s], with
+    t_chip(h) = T_fixed + k_ffn·M + k_attn·(M·H + M²/2) + OSL·(k_dec + k_ctx·(ISL + OSL/2)) [s].
+
+    Args:
+        coef: fitted chip-time coefficients (units in ChipTimeCoefficients).
+        cov: 5×5 covariance of the coefficients in CHIP_TIME_TERMS order, array-like, or None.
+        t_fixed: hit-independent chip time per request [s], treated as exact (so t_step's variance
+            does not enter the interval).
+        isl, osl: current mean prompt / output length [tokens]; isl > 0.
+        h_now: current hit ratio in [0, h_max]. p_miss, p_hit, p_out: prices per token.
+        h_max: right end of the h range; default 1 - 1/ISL (the last prompt token is never a hit).
+        grid: number of evenly spaced curve points on [0, h_max], or explicit h values.
+
+    h_star: bounded scalar minimisation of R on [0, h_max] when R'(0) < 0 (R is unimodal there: the
+    numerator of R' is a quadratic increasing in h while revenue is positive); it equals h_max when
+    R still falls at h_max. h_even: brentq on R(h) - R(0) over [h_star, h_max] when R(h_max) ≥ R(0);
+    otherwise exit is False and h_even None ("the valley has no exit").
+    slope_ci: delta method, numerical gradient of R'(h_now) in the 5 coefficients × cov.
+
+    Raises ValueError if isl ≤ 0, h_max is not in (0, 1], h_now is not in [0, h_max], cov is not
+    5×5, or t_chip ≤ 0 anywhere on [0, h_max].
+    """
+    if isl <= 0:
+        raise ValueError("isl must be > 0 tokens")
+    if h_max is None:
+        h_max = 1.0 - 1.0 / isl
+    if not 0.0 < h_max <= 1.0:
+        raise ValueError("h_max must be in (0, 1]")
+    if not 0.0 <= h_now <= h_max:
+        raise ValueError("h_now must be in [0, h_max]")
+    c = _cov(cov, len(CHIP_TIME_TERMS))
+    hs = _grid(grid, h_max)
+    # t_chip is concave in h (k_attn ≥ 0), so its minimum on [0, h_max] is at an end.
+    _check_chip(coef, t_fixed, isl, osl, np.array([0.0, h_max]))
+
+    def rev(h: float) -> float:
+        return revenue_chip_time(h, isl, osl, coef, t_fixed, p_miss, p_hit, p_out)
+
+    def slope_of(x: np.ndarray) -> float:
+        return revenue_slope_chip_time(h_now, isl, osl, ChipTimeCoefficients(*x), t_fixed, p_miss, p_hit, p_out)
+
+    x0 = np.array(coef.as_tuple(), dtype=float)
+    slope_now = float(slope_of(x0))
+    ci = None
+    if c is not None:
+        ci = _interval(slope_now, _central_gradient(slope_of, x0, _coef_steps(coef, t_fixed, isl, osl)), c)
+
+    r0 = rev(0.0)
+    h_star = h_even = exit_ = None
+    if revenue_slope_chip_time(0.0, isl, osl, coef, t_fixed, p_miss, p_hit, p_out) < 0.0:
+        res = minimize_scalar(rev, bounds=(0.0, h_max), method="bounded", options={"xatol": 1e-10})
+        h_star = float(res.x)
+        if rev(h_max) < r0:
+            h_star = h_max if rev(h_max) < rev(h_star) else h_star  # still falling at the wall
+            exit_ = False
+        else:
+            exit_ = True
+            h_even = float(brentq(lambda h: rev(h) - r0, h_star, h_max, xtol=1e-12))
+    return BathtubCurve(
+        form="chip_time",
+        h_now=float(h_now),
+        revenue_now=float(rev(h_now)),
+        revenue_zero=float(r0),
+        slope_now=slope_now,
+        slope_ci=ci,
+        h_star=h_star,
+        h_even=h_even,
+        exit=exit_,
+        valley_active=_active(slope_now, ci),
+        curve=tuple((float(h), float(rev(float(h)))) for h in hs),
+    )
+
+
+def derived_miss_slope(
+    coef: ChipTimeCoefficients,
+    cov,
+    t_fixed: float,
+    isl: float,
+    osl: float,
+    h_lo: float,
+    h_hi: float,
+    n: int = 41,
+) -> tuple[float, float, float]:
+    """The chip-time model's equivalent of seed 002's line ("derived a", MODEL.md §4, §7).
+
+    Least-squares line through TPS_miss(h) = (1-h)·ISL / t_chip(h) [miss tokens per busy second,
+    decode included] at n evenly spaced h on [h_lo, h_hi] (use the h range of the direct data).
+
+    Args:
+        coef, cov: chip-time coefficients and their 5×5 covariance (CHIP_TIME_TERMS order) or None.
+        t_fixed: hit-independent chip time per request [s], treated as exact.
+        isl, osl: current mean prompt / output length [tokens].
+        h_lo, h_hi: the h range, 0 ≤ h_lo < h_hi ≤ 1. n: grid points, ≥ 2.
+
+    Returns:
+        (tps0, a, a_stderr): intercept [tokens/s], a = -slope/intercept [1], and the 1-sigma
+        standard error of a by numerical gradient in the coefficients × cov (nan when cov is None).
+
+    Raises ValueError if h_hi ≤ h_lo, the range leaves [0, 1], n < 2, isl ≤ 0, cov is not 5×5, or
+    t_chip ≤ 0 somewhere on the grid.
+    """
+    if h_hi <= h_lo:
+        raise ValueError("h_hi must be > h_lo")
+    if h_lo < 0.0 or h_hi > 1.0:
+        raise ValueError("h range must lie in [0, 1]")
+    if n < 2:
+        raise ValueError("n must be >= 2")
+    c = _cov(cov, len(CHIP_TIME_TERMS))
+    hs = np.linspace(h_lo, h_hi, n)
+    _check_chip(coef, t_fixed, isl, osl, hs)
+
+    def fit(x: np.ndarray) -> tuple[float, float]:
+        k = ChipTimeCoefficients(*x)
+        tps = [(1.0 - h) * isl / k.t_chip(isl, osl, float(h), t_fixed) for h in hs]
+        slope, intercept = np.polyfit(hs, tps, 1)
+        return float(intercept), float(-slope / intercept)
+
+    x0 = np.array(coef.as_tuple(), dtype=float)
+    tps0, a = fit(x0)
+    a_stderr = math.nan
+    if c is not None:
+        g = _central_gradient(lambda x: fit(x)[1], x0, _coef_steps(coef, t_fixed, isl, osl))
+        a_stderr = math.sqrt(max(float(g @ c @ g), 0.0))
+    return tps0, a, a_stderr
