@@ -1,0 +1,128 @@
+"""Every ``kvhit_*`` metric name, its HELP text and its label keys — defined once, here.
+
+Convention (Prometheus naming): base units as suffix (``_seconds``, ``_bytes``, ``_ratio`` for
+0–1 fractions, ``_total`` only on counters, ``_info`` for value-1 label carriers); no ``_rate``.
+TPM keeps the seeds' unit, tokens per minute (MODEL.md §3.4). Every series carries
+``model_name`` and ``target`` unless it describes the scrape itself (``target`` only).
+HELP states the unit and the estimator. Unknown values are absent, never 0 (MODEL.md §6).
+README, rules and dashboards are checked against this module by tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODEL = ("model_name", "target")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    type: str = "gauge"  # gauge | counter
+    section: str = ""  # MODEL.md section the value comes from
+
+
+_ALL: list[Metric] = []
+
+
+def _m(name: str, help: str, labels: tuple[str, ...] = MODEL, type: str = "gauge", section: str = "") -> Metric:
+    m = Metric(name, help, labels, type, section)
+    _ALL.append(m)
+    return m
+
+
+# --- scrape health ---------------------------------------------------------------------
+UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
+SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
+SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
+                   "(refused, timeout, http_<code>, too_large, parse, error).", ("target", "reason"), "counter")
+LAST_SUCCESS = _m("kvhit_last_success_timestamp_seconds", "Unix time of the last successful scrape [s].", ("target",))
+ENGINE_INFO = _m("kvhit_engine_info", "Engine detected in the target's exposition (value 1); reason says why "
+                 "it is unsupported or empty.", ("target", "engine", "reason"))
+UNKNOWN_INFO = _m("kvhit_unknown_info", "A signal kvhit cannot know for this model (value 1), with the reason; "
+                  "the signal's own series is absent.", MODEL + ("signal", "reason"))
+
+# --- observed over the publish window (MODEL.md §1, §2) ----------------------------------
+WINDOW = _m("kvhit_window_seconds", "Length of the publish window the observed values cover [s] "
+            "(window_seconds once enough history exists).", section="§1")
+HIT_RATIO = _m("kvhit_hit_ratio", "Token-level prefix-cache hit ratio over the publish window, "
+               "Δhits/Δqueries; source=device (HBM), loaded (KV connector/offload), all = sum [ratio].",
+               MODEL + ("source",), section="§2")
+ISL = _m("kvhit_isl_tokens", "Mean prompt length (ISL) of requests finished in the publish window, "
+         "Δsum/Δcount of vllm:request_prompt_tokens [tokens].", section="§2")
+OSL = _m("kvhit_osl_tokens", "Mean output length (OSL) of requests finished in the publish window [tokens].", section="§2")
+OBSERVED_TTFT = _m("kvhit_observed_ttft_seconds", "Mean TTFT (includes queueing) of the publish window, "
+                   "Δsum/Δcount of vllm:time_to_first_token_seconds [s].", section="§2")
+TPM = _m("kvhit_tpm_tokens_per_minute", "Delivered TPM counts cached input, physical TPM only computed tokens; "
+         "basis=observed from counters over the publish window, predicted = capacity from the chip-time "
+         "model at the current h, ISL, OSL; per=gpu divides by tp*pp [tokens/min].",
+         MODEL + ("kind", "basis", "per"), section="§3.4")
+
+# --- fits (MODEL.md §4, §6, §7, §3.2) -----------------------------------------------------
+FIT_STATUS = _m("kvhit_fit_status", "1 for the current status of each fit (ok, insufficient_data, "
+                "insufficient_variation, not_identifiable), 0 for the others.", MODEL + ("fit", "status"), section="§6")
+FIT_SAMPLES = _m("kvhit_fit_samples", "Observations (steps) used by the last fit [1].", MODEL + ("fit",), section="§6")
+FIT_R2 = _m("kvhit_fit_r2", "Coefficient of determination of the last fit [1].", MODEL + ("fit",), section="§6")
+CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficient (robust NNLS on busy steps): "
+               "step = s per engine step, miss_token = s per computed prompt token, attention = s per unit of "
+               "M*H+M^2/2, decode_token = s per generated token, decode_context = s per KV token read by decode.",
+               MODEL + ("term",), section="§7")
+CHIP_COEF_STDERR = _m("kvhit_chip_time_coefficient_stderr_seconds", "Standard error of each chip-time coefficient "
+                      "(same unit as the coefficient).", MODEL + ("term",), section="§7")
+FIXED_TIME = _m("kvhit_fixed_time_seconds", "T_fixed: hit-independent chip time per request, T_step x observed "
+                "engine steps per request in the publish window [s].", section="§7")
+TPS0 = _m("kvhit_miss_tps0_tokens_per_second", "TPS0, miss-token throughput at h=0 of TPS_miss(h)=TPS0*(1-a*h); "
+          "method=direct (robust line through busy-step miss tokens per busy second, current ISL bucket) or "
+          "derived (line through the chip-time model's M/t_chip(h)) [tokens/s].", MODEL + ("method",), section="§4")
+MISS_SLOPE = _m("kvhit_miss_slope", "a in TPS_miss(h)=TPS0*(1-a*h); method=direct or derived (never averaged) [1].",
+                MODEL + ("method",), section="§4")
+MISS_SLOPE_STDERR = _m("kvhit_miss_slope_stderr", "Standard error of a [1].", MODEL + ("method",), section="§4")
+MISS_SLOPE_BUCKET = _m("kvhit_miss_slope_isl_bucket_tokens", "ISL bucket [lower, upper) of the direct miss-slope "
+                       "fit being published [tokens].", MODEL + ("bound",), section="§4")
+MISS_SLOPE_ANOMALIES = _m("kvhit_miss_slope_anomalous_steps", "Busy steps flagged as tail-chunk anomalies and left "
+                          "out of the direct miss-slope fit [1].", section="§4")
+OVERLAP = _m("kvhit_overlap_ratio", "alpha: share of min(T_load, T_compute) hidden by overlap, fitted on prefill "
+             "latency in steps with loaded hits [ratio].", section="§3.2")
+OVERLAP_STDERR = _m("kvhit_overlap_ratio_stderr", "Standard error of alpha [ratio].", section="§3.2")
+LOAD_BANDWIDTH = _m("kvhit_load_bandwidth_bytes_per_second", "B_load used for T_load; source=measured (vLLM KV "
+                    "offload load bytes/time) or configured [bytes/s].", MODEL + ("source",), section="§3.2")
+KV_BYTES = _m("kvhit_kv_bytes_per_token", "S_kv, per-token per-GPU KV bytes from the configured geometry [bytes].",
+              section="§3.6")
+CONTENTION = _m("kvhit_contention_factor", "c(running) = c0 + c1*running: prefill latency over unloaded prefill "
+                "chip time at the current num_requests_running [1].", section="§7")
+
+# --- predictions ------------------------------------------------------------------------
+TARGET_HIT_RATIO = _m("kvhit_target_hit_ratio", "The configured what-if hit ratio (label hit_ratio=\"target\") [ratio].")
+PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the current or target hit ratio: "
+                    "kind=service is the unloaded chip-time TTFT of seed 000 (T_fixed+T_load+T_compute-T_overlap); "
+                    "load_aware adds queueing and contention at the current concurrency [s].",
+                    MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
+REVENUE = _m("kvhit_revenue_per_second", "R(h) at the current hit ratio, revenue per machine-second in configured "
+             "price units (form=linear: seed 002 with the direct a; chip_time: from the §7 model) [price/s].",
+             MODEL + ("form",), section="§4")
+REVENUE_SLOPE = _m("kvhit_revenue_slope", "dR/dh at the current hit ratio [price/s per unit h]; negative = "
+                   "more hits earn less.", MODEL + ("form",), section="§4")
+REVENUE_SLOPE_BOUND = _m("kvhit_revenue_slope_bound", "95 % interval of dR/dh from the fit covariance "
+                         "[price/s per unit h].", MODEL + ("form", "bound"), section="§4")
+BATHTUB = _m("kvhit_bathtub_revenue_per_second", "The bathtub curve R(h) sampled at fixed hit ratios (label "
+             "hit_ratio) for dashboards [price/s].", MODEL + ("form", "hit_ratio"), section="§4")
+VALLEY_BOTTOM = _m("kvhit_valley_bottom_hit_ratio", "h*, the hit ratio where R(h) is lowest; absent when "
+                   "R'(0) >= 0 (no valley) [ratio].", MODEL + ("form",), section="§4")
+VALLEY_BREAKEVEN = _m("kvhit_valley_breakeven_hit_ratio", "h_even > h*, where R climbs back to R(0); absent "
+                      "when there is no valley or no exit [ratio].", MODEL + ("form",), section="§4")
+VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1, 0 when the valley has no "
+                 "exit; absent without a valley.", MODEL + ("form",), section="§4")
+VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper end of its 95 % interval below 0, "
+                   "else 0; uses the chip_time form when its fit is ok, else linear (label form).",
+                   MODEL + ("form",), section="§4")
+
+ALL: tuple[Metric, ...] = tuple(_ALL)
+BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
+
+# Label values used across the collector, rules and dashboards.
+FITS = ("chip_time", "miss_slope", "overlap", "load_aware")
+CHIP_TERMS = {"t_step": "step", "k_ffn": "miss_token", "k_attn": "attention", "k_dec": "decode_token",
+              "k_ctx": "decode_context"}
+FORMS = ("linear", "chip_time")
+BATHTUB_GRID = tuple(round(i / 20, 2) for i in range(20))  # 0.00 … 0.95

@@ -1,0 +1,126 @@
+"""Step / window deltas → :class:`fitters.observation.Observation` (MODEL.md §2, §7).
+
+The mapping from vLLM counters to the model's variables lives here, once:
+Δq = Δqueries, Δk = Δhits, Δe = Δexternal hits; ΔM = Δq − Δk − Δe (computed prompt tokens);
+ΔW_attn = n·(M̄·H̄ + M̄²/2) with n = Δq/ISL; ΔC_dec = ΔG·(ISL + OSL/2); busy when both scrapes
+show running requests and the engine stepped.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from exporter.window import Delta
+from fitters.model import attention_work, decode_context_per_token
+from fitters.observation import Observation
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a delta alone does not say, from the snapshot and earlier steps.
+
+    Attributes:
+        hit_unit: "tokens" or "blocks" (0.7–0.8 counters); blocks are converted by block_size.
+        block_size: tokens per KV block from ``cache_config_info`` (None when absent).
+        unknown: signal → reason from the parser (e.g. "hit_ratio", "hit_ratio_loaded").
+        isl, osl: latest known mean prompt/output length [tokens], used when no request
+            finished inside the step.
+    """
+
+    hit_unit: str = "tokens"
+    block_size: float | None = None
+    unknown: Mapping[str, str] | None = None
+    isl: float | None = None
+    osl: float | None = None
+
+
+def mean_length(delta: Delta, hist: str) -> float | None:
+    """Mean per-request length from a request-length histogram's Δsum/Δcount [tokens]."""
+    h = delta.histograms.get(hist)
+    return None if h is None else h.mean
+
+
+def hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None, float | None]:
+    """(Δqueried, Δdevice hits, Δloaded hits) in tokens; None = unknown (MODEL.md §2).
+
+    Loaded hits are 0 only when the engine has no connector/offload (no reason in
+    ``ctx.unknown``); block counts are scaled by the block size, unknown without it.
+    """
+    unknown = ctx.unknown or {}
+    if "hit_ratio" in unknown:
+        return None, None, None
+    q, k = delta.counters.get("queries"), delta.counters.get("hits")
+    scale = 1.0
+    if ctx.hit_unit == "blocks":
+        if ctx.block_size is None:
+            return None, None, None
+        scale = ctx.block_size
+    q = None if q is None else q * scale
+    k = None if k is None else k * scale
+    if "external_hits" in delta.counters:
+        e = delta.counters["external_hits"]
+    else:
+        e = None if "hit_ratio_loaded" in unknown else 0.0
+    return q, k, e
+
+
+def observe(delta: Delta, ctx: Context) -> Observation:
+    """Build the :class:`Observation` of one step (or window) delta (MODEL.md §7).
+
+    ISL/OSL are the means of requests finished in the delta, else ``ctx.isl``/``ctx.osl``.
+    Raises nothing: unknown inputs become None fields.
+    """
+    q, k, e = hit_tokens(delta, ctx)
+    isl = mean_length(delta, "request_prompt_tokens") or ctx.isl
+    osl = mean_length(delta, "request_generation_tokens") or ctx.osl
+    g = delta.counters.get("generation_tokens", 0.0)
+    steps_h = delta.histograms.get("iteration_tokens")
+    steps = steps_h.count if steps_h is not None else 0.0
+
+    miss = attn = None
+    if q is not None and k is not None and e is not None:
+        miss = max(0.0, q - k - e)
+        if isl and q > 0:
+            h = (k + e) / q
+            attn = (q / isl) * attention_work(isl, h)
+    elif "prompt_local_compute" in delta.counters:
+        miss = delta.counters["prompt_local_compute"]
+    ctx_tokens = g * decode_context_per_token(isl, osl) if isl is not None and osl is not None else None
+
+    r0, r1 = delta.start.get("running"), delta.end.get("running")
+    busy = bool(r0 and r1 and r0 > 0 and r1 > 0 and steps > 0 and delta.resets == 0)
+    prefill = delta.histograms.get("prefill_time")
+    hint = ""
+    if delta.resets:
+        hint = "counter reset"
+    elif delta.counters.get("preemptions", 0.0) > 0 and "external_hits" not in delta.counters:
+        hint = "preemptions inflate prefix-cache hits before vLLM 0.11.1"
+    return Observation(
+        t=delta.t1,
+        dt=delta.dt,
+        busy=busy,
+        steps=steps,
+        queried_tokens=q,
+        hit_tokens_device=k,
+        hit_tokens_loaded=e,
+        miss_tokens=miss,
+        attention_work=attn,
+        generation_tokens=g,
+        decode_context_tokens=ctx_tokens,
+        isl=isl,
+        osl=osl,
+        requests_finished=prefill.count if prefill is not None else 0.0,
+        prefill_time_mean=_mean(delta, "prefill_time"),
+        queue_time_mean=_mean(delta, "queue_time"),
+        ttft_mean=_mean(delta, "ttft"),
+        running=None if r0 is None or r1 is None else (r0 + r1) / 2.0,
+        waiting=delta.end.get("waiting"),
+        anomaly_hint=hint,
+    )
+
+
+def _mean(delta: Delta, hist: str) -> float | None:
+    h = delta.histograms.get(hist)
+    m = None if h is None else h.mean
+    return m if m is not None and math.isfinite(m) else None

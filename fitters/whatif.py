@@ -1,0 +1,134 @@
+"""A fitted model frozen into plain numbers, and what-if predictions from it.
+
+:class:`FittedModel` is what ``/api/v1/analysis`` exports and ``kvhit predict --fit FILE`` loads:
+the §7 chip-time coefficients, the load-aware layer (contention, queue), α and the geometry
+needed for T_load, and the prices. :meth:`FittedModel.predict` answers "what if h, ISL, OSL
+were …" with the same functions the live analyzer uses (MODEL.md §3.2, §3.4, §4, §7).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from fitters.latency import predict_prefill_latency, service_ttft
+from fitters.model import ChipTimeCoefficients, revenue_chip_time, tpm_delivered, tpm_physical
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What-if outputs at one (h, ISL, OSL); None = cannot be predicted (reason in the fit).
+
+    ttft_service / ttft_load_aware [s]; tpm_* [tokens/min] per instance and per GPU;
+    revenue [price/s per machine] (chip_time form); t_chip [s per request].
+    """
+
+    hit_ratio: float
+    isl: float
+    osl: float
+    t_chip: float
+    ttft_service: float | None
+    ttft_load_aware: float | None
+    tpm_delivered: float
+    tpm_physical: float
+    tpm_delivered_per_gpu: float
+    tpm_physical_per_gpu: float
+    revenue: float
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """Everything needed to predict, as plain numbers (JSON-serialisable).
+
+    Attributes:
+        t_step, k_ffn, k_attn, k_dec, k_ctx: chip-time coefficients (MODEL.md §7).
+        steps_per_request: engine steps per request observed in the publish window; T_fixed =
+            t_step × steps_per_request [steps].
+        c0, c1: contention factor c = c0 + c1·running (None when the load-aware fit is not ok).
+        running: num_requests_running at which load-aware predictions are made [1].
+        queue_time: mean queue time of the publish window [s] (None when unknown).
+        alpha: overlap α (None when not identifiable).
+        hit_load_share: h_load / h at the current operating point (scales a what-if h) [1].
+        kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].
+        gpus: tp × pp; p_miss, p_hit, p_out: prices per token.
+    """
+
+    t_step: float
+    k_ffn: float
+    k_attn: float
+    k_dec: float
+    k_ctx: float
+    steps_per_request: float
+    c0: float | None = None
+    c1: float | None = None
+    running: float | None = None
+    queue_time: float | None = None
+    alpha: float | None = None
+    hit_load_share: float = 0.0
+    kv_bytes_per_token: float | None = None
+    load_bandwidth: float | None = None
+    gpus: int = 1
+    p_miss: float = 1e-6
+    p_hit: float = 1e-7
+    p_out: float = 0.0
+
+    @property
+    def coefficients(self) -> ChipTimeCoefficients:
+        return ChipTimeCoefficients(self.t_step, self.k_ffn, self.k_attn, self.k_dec, self.k_ctx)
+
+    @property
+    def t_fixed(self) -> float:
+        """T_fixed = T_step × steps per request [s] (MODEL.md §7)."""
+        return self.t_step * self.steps_per_request
+
+    def predict(self, hit_ratio: float, isl: float, osl: float) -> Prediction:
+        """Predict at (h, ISL, OSL).
+
+        Raises:
+            ValueError: h outside [0, 1) or non-positive ISL / negative OSL.
+        """
+        if not (0.0 <= hit_ratio < 1.0) or not isl > 0 or osl < 0:
+            raise ValueError("need 0 <= hit_ratio < 1, isl > 0, osl >= 0")
+        coef = self.coefficients
+        h_load = hit_ratio * self.hit_load_share
+        t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)
+        ttft_s = service_ttft(coef, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token, self.load_bandwidth)
+        ttft_l = None
+        if self.c0 is not None and self.c1 is not None and self.running is not None and self.queue_time is not None:
+            prefill = predict_prefill_latency(coef, self.c0, self.c1, self.running, isl, hit_ratio, h_load,
+                                              self.alpha, self.kv_bytes_per_token, self.load_bandwidth)
+            ttft_l = None if prefill is None else self.queue_time + prefill
+        delivered = tpm_delivered(isl, osl, t_chip)
+        physical = tpm_physical(isl, osl, hit_ratio, t_chip)
+        return Prediction(
+            hit_ratio=hit_ratio, isl=isl, osl=osl, t_chip=t_chip,
+            ttft_service=ttft_s, ttft_load_aware=ttft_l,
+            tpm_delivered=delivered, tpm_physical=physical,
+            tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
+            revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out),
+        )
+
+    def to_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FittedModel":
+        """Load from :meth:`to_dict` output.
+
+        Raises:
+            ValueError: wrong schema version, missing or non-finite required fields.
+        """
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ValueError(f"fit schema_version must be {SCHEMA_VERSION}")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        try:
+            model = cls(**kwargs)
+        except TypeError as exc:
+            raise ValueError(f"fit is missing fields: {exc}") from None
+        for name in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx", "steps_per_request"):
+            v = getattr(model, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"fit field {name} must be a finite number >= 0")
+        return model
