@@ -1,0 +1,259 @@
+"""Online fit of the chip-time model (MODEL.md §7, fitting rules §6).
+
+    Δt_busy ≈ T_step·Δsteps + k_ffn·ΔM + k_attn·ΔW_attn + k_dec·ΔG + k_ctx·ΔC_dec
+
+One row per busy step (an :class:`~fitters.observation.Observation` with ``busy`` set). Units:
+Δt_busy [s], Δsteps [1], ΔM, ΔG [tokens], ΔW_attn [tokens²], ΔC_dec [tokens·tokens]; the
+coefficients carry the matching [s per unit] (see :class:`fitters.model.ChipTimeCoefficients`).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares, nnls
+
+from .model import CHIP_TIME_TERMS, ChipTimeCoefficients
+from .observation import Observation
+from .result import Estimate, FitResult, Status
+
+# What each coefficient multiplies, in words, for reasons.
+_COLUMN_WORDS = {
+    "t_step": "engine steps",
+    "k_ffn": "miss tokens",
+    "k_attn": "attention work",
+    "k_dec": "decode tokens",
+    "k_ctx": "decode context",
+}
+# Keep-order when columns are collinear: the simpler term survives (MODEL.md §6).
+_KEEP_ORDER = ("t_step", "k_ffn", "k_dec", "k_attn", "k_ctx")
+# Why a known pair is collinear, appended to the reason so an operator knows what to vary.
+_HINTS = {
+    ("k_ctx", ("k_dec",)): "ISL and OSL never varied",
+    ("k_attn", ("k_ffn",)): "h and ISL never varied",
+    ("k_dec", ("t_step",)): "decode tokens per engine step never varied",
+}
+# Uncentred R² of a column regressed on the kept ones above which it is not identifiable.
+COLLINEAR_R2 = 0.999
+# Residuals beyond this many robust sigmas are outliers: down-weighted by the loss, left out
+# of R² and the covariance.
+OUTLIER_SIGMAS = 3.5
+_MAD_TO_SIGMA = 1.4826
+
+
+def design_row(obs: Observation) -> np.ndarray | None:
+    """Regressors of one step, shape (5,): [steps, miss_tokens, attention_work,
+    generation_tokens, decode_context_tokens] in CHIP_TIME_TERMS order (MODEL.md §7).
+
+    None unless the step is usable: busy, no ``anomaly_hint``, Δt > 0 and all five regressors
+    known, finite and ≥ 0.
+    """
+    if not obs.busy or obs.anomaly_hint or not (math.isfinite(obs.dt) and obs.dt > 0):
+        return None
+    values = _regressors(obs)
+    if any(v is None for v in values):
+        return None
+    row = np.array(values, dtype=float)
+    if not np.all(np.isfinite(row)) or np.any(row < 0):
+        return None
+    return row
+
+
+def _regressors(obs: Observation) -> tuple[float | None, ...]:
+    """The step's five regressors in CHIP_TIME_TERMS order (None where unknown)."""
+    return (obs.steps, obs.miss_tokens, obs.attention_work, obs.generation_tokens, obs.decode_context_tokens)
+
+
+def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) -> FitResult:
+    """Robust non-negative fit of the §7 chip-time model to busy steps (MODEL.md §7, §6). Pure.
+
+    Unusable steps (see :func:`design_row`) are skipped. Method: columns scaled to unit RMS;
+    all-zero or (near-)collinear columns dropped (uncentred R² of the column regressed on the
+    simpler kept columns > ``COLLINEAR_R2``; keep-order t_step, k_ffn, k_dec, k_attn, k_ctx);
+    residuals relative to each step's size (busy-time noise grows with Δt); NNLS start;
+    ``least_squares`` with bounds (0, ∞) and a soft_l1 loss whose f_scale is the MAD of the
+    NNLS residuals, so an odd step does not bend the fit.
+
+    Returns a FitResult with params in CHIP_TIME_TERMS order ("t_step" [s/step], "k_ffn"
+    [s/token], "k_attn" [s/token²], "k_dec" [s/token], "k_ctx" [s/(token·token)]), all ≥ 0.
+    A dropped term has value 0, stderr nan and status not_identifiable with a reason; the kept
+    terms then carry the combined prediction, which stays valid. ``covariance`` is 5×5 in that
+    order (rows/columns of dropped terms are 0: they are fixed at 0), from s²·(JᵀJ)⁻¹ over the
+    inlier rows. ``samples`` = usable rows (all enter the robust fit); ``r2`` is the uncentred
+    R² (1 - Σr²/Σy², the model has no intercept) over inliers;
+    ``extra``: "outliers" (rows beyond OUTLIER_SIGMAS robust σ of the relative residual),
+    "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design).
+    Status insufficient_data below ``min_samples`` usable rows, else ok.
+    """
+    return _fit_rows([(r, o.dt) for o in observations if (r := design_row(o)) is not None], min_samples)
+
+
+def _fit_rows(rows: Sequence[tuple[np.ndarray, float]], min_samples: int) -> FitResult:
+    """The fit of :func:`fit_chip_time` on (design row (5,), Δt_busy [s]) pairs."""
+    n = len(rows)
+    if n < max(min_samples, 1):
+        return FitResult.failed(
+            Status.INSUFFICIENT_DATA, f"{n} usable busy steps, need at least {min_samples}", samples=n
+        )
+    x = np.array([r for r, _ in rows])
+    y = np.array([dt for _, dt in rows])
+    # Unit-RMS columns: coefficients span ~8 orders of magnitude (k_attn vs T_step).
+    x_scale = np.sqrt(np.mean(x * x, axis=0))
+    xs = x / np.where(x_scale > 0, x_scale, 1.0)
+
+    kept, dropped = _identifiable_columns(xs, x_scale)
+    if n <= len(kept):
+        return FitResult.failed(
+            Status.INSUFFICIENT_DATA, f"{n} usable busy steps for {len(kept)} terms", samples=n
+        )
+    a = xs[:, kept]
+    # Relative residuals: busy-time noise grows with Δt (a 10-s step jitters more than a 1-s one),
+    # so rows are divided by their size: by Δt for the NNLS start, then by the start's prediction
+    # (weights that do not depend on the row's own noise).
+    p0, _ = nnls(a / y[:, None], np.ones(n))
+    size = np.maximum(a @ p0, 0.01 * float(np.median(y)))
+    aw, yw = a / size[:, None], y / size
+    sigma0 = robust_sigma(aw @ p0 - yw)
+    fit = least_squares(
+        lambda p: aw @ p - yw, p0, jac=lambda p: aw, bounds=(0.0, np.inf), loss="soft_l1", f_scale=sigma0
+    )
+    p = fit.x
+    resid = aw @ p - yw
+    inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
+    n_in = int(inlier.sum())
+    a_in = aw[inlier]
+    dof = n_in - len(kept)
+    s2 = float(resid[inlier] @ resid[inlier]) / dof if dof > 0 else math.nan
+    cov_s = s2 * np.linalg.pinv(a_in.T @ a_in)
+
+    # Back to physical units: β_j = p_j/x_scale_j.
+    unscale = 1.0 / x_scale[kept]
+    beta = p * unscale
+    cov = cov_s * np.outer(unscale, unscale)
+
+    full_cov = np.zeros((len(CHIP_TIME_TERMS), len(CHIP_TIME_TERMS)))
+    full_cov[np.ix_(kept, kept)] = cov
+    params: dict[str, Estimate] = {}
+    for j, name in enumerate(CHIP_TIME_TERMS):
+        if j in kept:
+            i = kept.index(j)
+            params[name] = Estimate(value=float(beta[i]), stderr=math.sqrt(max(float(cov[i, i]), 0.0)))
+        else:
+            params[name] = Estimate(value=0.0, status=Status.NOT_IDENTIFIABLE, reason=dropped[j])
+
+    pred = x[inlier] @ np.array([params[name].value for name in CHIP_TIME_TERMS])
+    y_in = y[inlier]
+    # Uncentred: no intercept, and Δt is mostly the fixed scrape interval, so a centred R² would
+    # measure scrape jitter, not the model.
+    r2 = 1.0 - float(np.sum((y_in - pred) ** 2)) / float(y_in @ y_in)
+    return FitResult(
+        status=Status.OK,
+        params=params,
+        samples=n,
+        r2=r2,
+        covariance=tuple(tuple(float(v) for v in row) for row in full_cov),
+        extra={
+            "outliers": n - n_in,
+            "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
+            "condition_number": float(np.linalg.cond(a)),
+        },
+    )
+
+
+def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int], dict[int, str]]:
+    """Column indices to fit (ascending) and, for the others, why not (MODEL.md §6).
+
+    Columns are admitted in _KEEP_ORDER; one whose uncentred R² on the admitted ones exceeds
+    COLLINEAR_R2 is dropped (uncentred because the model has no intercept).
+    """
+    kept: list[int] = []
+    dropped: dict[int, str] = {}
+    for name in _KEEP_ORDER:
+        j = CHIP_TIME_TERMS.index(name)
+        if x_scale[j] == 0:
+            dropped[j] = f"{name}: no {_COLUMN_WORDS[name]} in any usable step"
+            continue
+        col = xs[:, j]
+        if kept:
+            basis = xs[:, kept]
+            coef, *_ = np.linalg.lstsq(basis, col, rcond=None)
+            resid = col - basis @ coef
+            r2 = 1.0 - float(resid @ resid) / float(col @ col)
+            if r2 > COLLINEAR_R2:
+                # Unit-RMS columns: |coef| is each partner's share of the explanation.
+                big = np.abs(coef) >= 0.05 * np.max(np.abs(coef))
+                partners = tuple(CHIP_TIME_TERMS[k] for k, b in zip(kept, big) if b)
+                reason = (
+                    f"{_COLUMN_WORDS[name]} collinear with "
+                    f"{' + '.join(_COLUMN_WORDS[k] for k in partners)} (R² {r2:.5f})"
+                )
+                hint = _HINTS.get((name, partners))
+                dropped[j] = f"{reason}: {hint}" if hint else reason
+                continue
+        kept.append(j)
+    return sorted(kept), dropped
+
+
+def robust_sigma(r: np.ndarray) -> float:
+    """1.4826·MAD of relative residuals r, shape (n,) [1]; floored at 1e-9 so a noiseless fit
+    still has a positive scale (f_scale of a robust loss, outlier threshold)."""
+    mad = float(np.median(np.abs(r - np.median(r))))
+    return max(_MAD_TO_SIGMA * mad, 1e-9)
+
+
+def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
+    """Predicted Δt_busy [s] of one step from its five regressors (MODEL.md §7).
+
+    A regressor may be unknown (None) only where its coefficient is 0 (e.g. a not-identifiable
+    term). Raises ValueError otherwise.
+    """
+    total = 0.0
+    for name, k, v in zip(CHIP_TIME_TERMS, coef.as_tuple(), _regressors(obs)):
+        if k == 0.0:
+            continue
+        if v is None:
+            raise ValueError(f"observation lacks the regressor of {name}")
+        total += k * v
+    return total
+
+
+class ChipTimeFitter:
+    """Online §7 chip-time fit over the latest busy steps (MODEL.md §7, §6).
+
+    Memory bound: a ring buffer (``collections.deque(maxlen=capacity)``) of the design rows of
+    the last ``capacity`` usable steps, 6 floats each (default 720 rows = 24 min of 2-s scrapes).
+    The fit is refitted lazily: :meth:`result` refits only when new rows arrived since the last
+    call. Nothing is learned at construction.
+    """
+
+    def __init__(self, capacity: int = 720, min_samples: int = 10) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be ≥ 1")
+        self.capacity = capacity
+        self.min_samples = min_samples
+        self._rows: deque[tuple[np.ndarray, float]] = deque(maxlen=capacity)
+        self._cached: FitResult | None = None
+
+    def update(self, obs: Observation) -> bool:
+        """Add one step; True if it was usable (see :func:`design_row`) and stored."""
+        row = design_row(obs)
+        if row is None:
+            return False
+        self._rows.append((row, obs.dt))
+        self._cached = None
+        return True
+
+    def result(self) -> FitResult:
+        """The fit over the buffered rows (see :func:`fit_chip_time`); cached until new data."""
+        if self._cached is None:
+            self._cached = _fit_rows(self._rows, self.min_samples)
+        return self._cached
+
+    def coefficients(self) -> ChipTimeCoefficients | None:
+        """Fitted coefficients when the fit is ok (not-identifiable terms as 0), else None."""
+        res = self.result()
+        if not res.ok:
+            return None
+        return ChipTimeCoefficients(*(res.params[n].value if res.params[n].ok else 0.0 for n in CHIP_TIME_TERMS))

@@ -1,0 +1,230 @@
+"""Tests of the §7 chip-time fit (MODEL.md §7, §6).
+
+Synthetic busy steps are generated here from known coefficients: each step carries a mix of
+prefill requests (varying h, ISL) and decode tokens (varying OSL), its busy time is the model's
+plus 2 % multiplicative noise, and a few steps are gross outliers (×3, e.g. a stall).
+Every expected value is a generating parameter.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import pytest
+from scipy.optimize import nnls
+
+from fitters.chiptime import ChipTimeFitter, design_row, fit_chip_time, predict_busy_time
+from fitters.model import CHIP_TIME_TERMS, ChipTimeCoefficients
+from fitters.observation import Observation
+from fitters.result import Status
+
+TRUE = ChipTimeCoefficients(t_step=5e-3, k_ffn=2e-4, k_attn=5e-8, k_dec=4e-3, k_ctx=1e-7)
+NOISE = 0.02
+# Relative tolerance per term: the small terms carry less of Δt and are less well determined.
+TOL = {"t_step": 0.05, "k_ffn": 0.05, "k_attn": 0.10, "k_dec": 0.05, "k_ctx": 0.25}
+
+
+def true_busy_time(steps: float, m: float, w: float, g: float, c: float, coef: ChipTimeCoefficients = TRUE) -> float:
+    return coef.t_step * steps + coef.k_ffn * m + coef.k_attn * w + coef.k_dec * g + coef.k_ctx * c
+
+
+def make_steps(
+    rng: np.random.Generator,
+    n: int,
+    isls=(256.0, 1024.0, 3000.0, 8192.0),
+    osls=(64.0, 256.0, 1024.0),
+    noise: float = NOISE,
+    outliers: int = 0,
+    prefill: bool = True,
+    t0: float = 0.0,
+) -> list[Observation]:
+    """n busy 2-s-ish steps; the first ``outliers`` take 3× their model busy time."""
+    out = []
+    for i in range(n):
+        isl, osl = float(rng.choice(isls)), float(rng.choice(osls))
+        h = rng.uniform(0.0, 0.9)
+        n_req = int(rng.integers(1, 6)) if prefill else 0
+        queried = n_req * isl
+        hits = math.floor(h * queried)
+        m = queried - hits
+        m_bar, h_bar = (m / n_req, hits / n_req) if n_req else (0.0, 0.0)
+        w = n_req * (m_bar * h_bar + m_bar * m_bar / 2.0)  # §7 estimate of ΔW_attn
+        g = float(rng.integers(50, 600))
+        c = g * (isl + osl / 2.0)  # §7 ΔC_dec
+        steps = float(rng.integers(40, 250))
+        dt = true_busy_time(steps, m, w, g, c) * (1.0 + noise * rng.standard_normal())
+        if i < outliers:
+            dt *= 3.0
+        out.append(
+            Observation(
+                t=t0 + 2.0 * i,
+                dt=dt,
+                busy=True,
+                steps=steps,
+                queried_tokens=queried,
+                hit_tokens_device=float(hits),
+                hit_tokens_loaded=0.0,
+                miss_tokens=m,
+                attention_work=w,
+                generation_tokens=g,
+                decode_context_tokens=c,
+                isl=isl,
+                osl=osl,
+            )
+        )
+    return out
+
+
+def noiseless_time(obs: Observation) -> float:
+    return true_busy_time(
+        obs.steps, obs.miss_tokens, obs.attention_work, obs.generation_tokens, obs.decode_context_tokens
+    )
+
+
+def test_recovers_known_coefficients_despite_outliers():
+    rng = np.random.default_rng(11)
+    obs = make_steps(rng, 400, outliers=6)
+    res = fit_chip_time(obs)
+
+    assert res.status is Status.OK, res.reason
+    assert res.samples == 400
+    assert 6 <= res.extra["outliers"] <= 10  # the six stalls, and few clean steps
+    assert res.r2 > 0.999  # uncentred; 2 % noise leaves ~4e-4
+    for name, true in zip(CHIP_TIME_TERMS, TRUE.as_tuple()):
+        est = res.params[name]
+        assert est.status is Status.OK
+        assert est.value == pytest.approx(true, rel=TOL[name]), name
+        assert abs(est.value - true) < 4 * est.stderr, name  # stderr is honest
+    cov = np.array(res.covariance)
+    assert cov.shape == (5, 5) and np.allclose(cov, cov.T)
+    assert np.sqrt(np.diag(cov)) == pytest.approx([res.params[n].stderr for n in CHIP_TIME_TERMS])
+
+
+def test_outliers_would_bend_a_plain_nnls():
+    """Guard that the stalls above matter: plain NNLS misses some term beyond its tolerance."""
+    obs = make_steps(np.random.default_rng(11), 400, outliers=6)
+    x = np.array([design_row(o) for o in obs])
+    scale = np.sqrt(np.mean(x * x, axis=0))
+    p, _ = nnls(x / scale, np.array([o.dt for o in obs]))
+    misses = [abs(v / t - 1.0) > TOL[n] for n, v, t in zip(CHIP_TIME_TERMS, p / scale, TRUE.as_tuple())]
+    assert any(misses)
+
+
+def test_predicts_held_out_steps():
+    fitter = ChipTimeFitter()
+    for o in make_steps(np.random.default_rng(12), 400, outliers=4):
+        fitter.update(o)
+    coef = fitter.coefficients()
+    assert coef is not None
+    held_out = make_steps(np.random.default_rng(13), 100, noise=0.0, t0=1e4)
+    errors = np.array([predict_busy_time(coef, o) / noiseless_time(o) - 1.0 for o in held_out])
+    assert np.max(np.abs(errors)) < 0.03
+    total = sum(predict_busy_time(coef, o) for o in held_out) / sum(noiseless_time(o) for o in held_out)
+    assert total == pytest.approx(1.0, abs=0.01)
+
+
+def test_constant_isl_osl_makes_ctx_not_identifiable_but_prediction_holds():
+    isl, osl = 2048.0, 256.0
+    obs = make_steps(np.random.default_rng(14), 300, isls=(isl,), osls=(osl,), outliers=3)
+    fitter = ChipTimeFitter()
+    for o in obs:
+        fitter.update(o)
+    res = fitter.result()
+
+    assert res.status is Status.OK
+    ctx = res.params["k_ctx"]
+    assert ctx.status is Status.NOT_IDENTIFIABLE
+    assert ctx.value == 0.0
+    assert "ISL and OSL never varied" in ctx.reason
+    assert res.value("k_ctx") is None
+    # k_dec carries the combined per-token decode cost.
+    combined = TRUE.k_dec + TRUE.k_ctx * (isl + osl / 2.0)
+    assert res.value("k_dec") == pytest.approx(combined, rel=0.05)
+    assert np.array(res.covariance)[4].tolist() == [0.0] * 5
+
+    coef = fitter.coefficients()
+    assert coef.k_ctx == 0.0
+    held_out = make_steps(np.random.default_rng(15), 100, isls=(isl,), osls=(osl,), noise=0.0)
+    errors = [predict_busy_time(coef, o) / noiseless_time(o) - 1.0 for o in held_out]
+    assert max(abs(e) for e in errors) < 0.03
+
+
+def test_no_prefill_leaves_prefill_terms_not_identifiable():
+    obs = make_steps(np.random.default_rng(16), 100, prefill=False)
+    res = fit_chip_time(obs)
+    assert res.status is Status.OK
+    for name in ("k_ffn", "k_attn"):
+        assert res.params[name].status is Status.NOT_IDENTIFIABLE
+        assert res.params[name].reason
+    assert res.value("t_step") == pytest.approx(TRUE.t_step, rel=0.05)
+    assert res.value("k_dec") == pytest.approx(TRUE.k_dec, rel=0.05)
+
+
+def test_few_samples_is_insufficient_data():
+    fitter = ChipTimeFitter(min_samples=10)
+    assert fitter.result().status is Status.INSUFFICIENT_DATA  # nothing learned at construction
+    for o in make_steps(np.random.default_rng(17), 9):
+        fitter.update(o)
+    res = fitter.result()
+    assert res.status is Status.INSUFFICIENT_DATA
+    assert res.samples == 9
+    assert fitter.coefficients() is None
+
+
+def test_unusable_steps_are_skipped():
+    o = make_steps(np.random.default_rng(18), 1)[0]
+    fitter = ChipTimeFitter()
+    assert design_row(o).tolist() == [
+        o.steps, o.miss_tokens, o.attention_work, o.generation_tokens, o.decode_context_tokens
+    ]
+    for bad in (
+        dataclasses.replace(o, busy=False),
+        dataclasses.replace(o, anomaly_hint="counter reset"),
+        dataclasses.replace(o, attention_work=None),
+        dataclasses.replace(o, decode_context_tokens=math.nan),
+    ):
+        assert design_row(bad) is None
+        assert not fitter.update(bad)
+    assert fitter.update(o)
+
+
+def test_ring_buffer_bounded_and_result_cached():
+    fitter = ChipTimeFitter(capacity=50)
+    for o in make_steps(np.random.default_rng(19), 200):
+        fitter.update(o)
+    first = fitter.result()
+    assert first.samples == 50
+    assert fitter.result() is first  # no new data, no refit
+    fitter.update(make_steps(np.random.default_rng(20), 1)[0])
+    assert fitter.result() is not first
+    assert fitter.result().samples == 50
+
+
+def test_online_fitter_equals_pure_fit():
+    obs = make_steps(np.random.default_rng(21), 80)
+    fitter = ChipTimeFitter()
+    for o in obs:
+        fitter.update(o)
+    assert fitter.result().params == fit_chip_time(obs).params
+
+
+def test_predict_requires_regressors_of_nonzero_terms():
+    o = make_steps(np.random.default_rng(22), 1)[0]
+    no_ctx = dataclasses.replace(o, decode_context_tokens=None)
+    with pytest.raises(ValueError):
+        predict_busy_time(TRUE, no_ctx)
+    zero_ctx = dataclasses.replace(TRUE, k_ctx=0.0)
+    expected = noiseless_time(o) - TRUE.k_ctx * o.decode_context_tokens
+    assert predict_busy_time(zero_ctx, no_ctx) == pytest.approx(expected)
+
+
+def test_fit_on_full_buffer_is_fast():
+    obs = make_steps(np.random.default_rng(23), 720, outliers=5)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fit_chip_time(obs)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.05

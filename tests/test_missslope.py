@@ -1,0 +1,203 @@
+"""Tests of the direct miss-slope estimator (MODEL.md §4 ``linear`` form, seed 002).
+
+Synthetic busy steps are generated here from known (TPS0, a) with 2 % multiplicative noise;
+tail-chunk steps dip 20 %, 40 % and 70 % below the line at h ≈ 0.2, 0.4 and 0.7 (seed 002).
+Every expected value is a generating parameter.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import pytest
+
+from fitters.missslope import MissSlopeFitter, fit_miss_slope, isl_bucket
+from fitters.observation import Observation
+from fitters.result import Status
+
+TPS0 = 6000.0  # miss tokens per busy second at h = 0
+NOISE = 0.02
+# (h centre, fraction of the line lost) of the tail-chunk dips, seed 002
+DIPS = ((0.2, 0.2), (0.4, 0.4), (0.7, 0.7))
+DIPS_PER_CENTRE = 5
+
+
+def step(t: float, h: float, tps: float, isl: float, dt: float = 2.0, **kw) -> Observation:
+    """A busy step with hit ratio h and TPS_miss = tps, consistent counters."""
+    miss = tps * dt
+    queried = miss / (1.0 - h)
+    return Observation(
+        t=t,
+        dt=dt,
+        busy=kw.pop("busy", True),
+        steps=100.0,
+        queried_tokens=queried,
+        hit_tokens_device=queried - miss,
+        hit_tokens_loaded=0.0,
+        miss_tokens=miss,
+        attention_work=None,
+        generation_tokens=200.0,
+        decode_context_tokens=None,
+        isl=isl,
+        osl=128.0,
+        **kw,
+    )
+
+
+def sweep(rng: np.random.Generator, a: float, n: int = 200, dips: bool = True):
+    """(h, tps, is_dip) of n clean steps with h uniform in [0, 0.9] plus the tail-chunk dips."""
+    h = rng.uniform(0.0, 0.9, n)
+    is_dip = np.zeros(n, dtype=bool)
+    loss = np.zeros(n)
+    if dips:
+        hd = np.concatenate([c + rng.uniform(-0.005, 0.005, DIPS_PER_CENTRE) for c, _ in DIPS])
+        h = np.concatenate([h, hd])
+        loss = np.concatenate([loss, np.repeat([f for _, f in DIPS], DIPS_PER_CENTRE)])
+        is_dip = np.concatenate([is_dip, np.ones(len(hd), dtype=bool)])
+    order = rng.permutation(len(h))  # dips interleaved in time with clean steps
+    h, loss, is_dip = h[order], loss[order], is_dip[order]
+    tps = TPS0 * (1.0 - a * h) * (1.0 - loss) * (1.0 + NOISE * rng.standard_normal(len(h)))
+    return h, tps, is_dip
+
+
+@pytest.mark.parametrize("a", [0.2, 0.5, 0.8])
+def test_recovers_a_and_flags_tail_chunk_dips(a):
+    rng = np.random.default_rng(20 + int(a * 10))
+    h, tps, is_dip = sweep(rng, a)
+    fitter = MissSlopeFitter()
+    for i, (hi, ti) in enumerate(zip(h, tps)):
+        assert fitter.update(step(2.0 * i, hi, ti, isl=1500.0))
+    res = fitter.result()
+
+    assert res.status is Status.OK, res.reason
+    assert res.value("a") == pytest.approx(a, abs=0.02)
+    assert res.value("tps0") == pytest.approx(TPS0, rel=0.02)
+    assert abs(res.value("a") - a) < 4 * res.params["a"].stderr
+    assert (res.extra["isl_bucket_lo"], res.extra["isl_bucket_hi"]) == (1024, 2048)
+
+    flagged = set(fitter.anomaly_times())
+    dip_times = {2.0 * i for i in np.flatnonzero(is_dip)}
+    assert dip_times <= flagged  # every tail-chunk step flagged
+    assert len(flagged - dip_times) <= 2  # and (almost) no clean step: one-sided 3.5 σ
+    assert res.extra["anomalies"] == len(flagged)
+    assert res.samples == len(h) - len(flagged)
+    assert res.extra["h_min"] == pytest.approx(h.min()) and res.extra["h_max"] == pytest.approx(h.max())
+
+
+def test_dips_would_bend_a_plain_line():
+    """Guard that the dips above are strong enough to matter: ordinary LS misses a by > 0.02."""
+    rng = np.random.default_rng(25)
+    h, tps, _ = sweep(rng, 0.5)
+    b1, b0 = np.polyfit(h, tps, 1)
+    assert abs(-b1 / b0 - 0.5) > 0.02
+    assert fit_miss_slope(h, tps).value("a") == pytest.approx(0.5, abs=0.02)
+
+
+def test_covariance_matches_stderr():
+    rng = np.random.default_rng(3)
+    h, tps, _ = sweep(rng, 0.5)
+    res = fit_miss_slope(h, tps)
+    cov = np.array(res.covariance)
+    assert cov.shape == (2, 2)
+    assert np.allclose(cov, cov.T)
+    assert math.sqrt(cov[0, 0]) == pytest.approx(res.params["tps0"].stderr)
+    assert math.sqrt(cov[1, 1]) == pytest.approx(res.params["a"].stderr)
+    assert 0.0 < res.r2 <= 1.0
+
+
+def test_clean_line_flags_nothing():
+    rng = np.random.default_rng(4)
+    h, tps, _ = sweep(rng, 0.5, dips=False)
+    res = fit_miss_slope(h, tps)
+    assert res.extra["anomalies"] <= 1
+    assert res.value("a") == pytest.approx(0.5, abs=0.02)
+
+
+def test_constant_h_is_insufficient_variation():
+    rng = np.random.default_rng(5)
+    h = 0.5 + rng.uniform(-0.02, 0.02, 100)
+    tps = TPS0 * (1 - 0.5 * h) * (1 + NOISE * rng.standard_normal(100))
+    res = fit_miss_slope(h, tps)
+    assert res.status is Status.INSUFFICIENT_VARIATION
+    assert "h barely moved" in res.reason
+    assert res.value("a") is None
+
+
+def test_few_samples_is_insufficient_data():
+    h = np.array([0.1, 0.3, 0.5, 0.7, 0.9])
+    res = fit_miss_slope(h, TPS0 * (1 - 0.5 * h), min_samples=8)
+    assert res.status is Status.INSUFFICIENT_DATA
+    assert res.samples == 5
+
+    fitter = MissSlopeFitter()
+    assert fitter.result().status is Status.INSUFFICIENT_DATA  # nothing learned at construction
+    for i, hi in enumerate(h):
+        fitter.update(step(i, hi, TPS0 * (1 - 0.5 * hi), isl=1000.0))
+    assert fitter.result().status is Status.INSUFFICIENT_DATA
+
+
+def test_isl_buckets_fitted_separately():
+    rng = np.random.default_rng(6)
+    short_a, long_a = 0.3, 0.7
+    fitter = MissSlopeFitter()
+    t = 0.0
+    for hi in rng.uniform(0.0, 0.9, 150):
+        t += 2.0
+        fitter.update(step(t, hi, TPS0 * (1 - short_a * hi) * (1 + NOISE * rng.standard_normal()), isl=700.0))
+        t += 2.0
+        fitter.update(step(t, hi, 0.5 * TPS0 * (1 - long_a * hi) * (1 + NOISE * rng.standard_normal()), isl=3000.0))
+
+    assert set(fitter.buckets()) == {(512, 1024), (2048, 4096)}
+    assert fitter.result(isl=700.0).value("a") == pytest.approx(short_a, abs=0.02)
+    assert fitter.result(isl=3000.0).value("a") == pytest.approx(long_a, abs=0.02)
+    assert fitter.result(isl=3000.0).value("tps0") == pytest.approx(0.5 * TPS0, rel=0.02)
+    assert fitter.result().extra["isl_bucket_lo"] == 2048  # latest step had ISL 3000
+    assert fitter.buckets()[(512, 1024)].value("a") == pytest.approx(short_a, abs=0.02)
+    assert fitter.result(isl=100.0).status is Status.INSUFFICIENT_DATA
+
+
+def test_isl_bucket_edges():
+    assert isl_bucket(1) == (1, 2)
+    assert isl_bucket(1024) == (1024, 2048)
+    assert isl_bucket(1023.9) == (512, 1024)
+    assert isl_bucket(3000) == (2048, 4096)
+    for bad in (0.0, 0.5, -3.0, math.nan, math.inf):
+        with pytest.raises(ValueError):
+            isl_bucket(bad)
+
+
+def test_unusable_steps_rejected():
+    fitter = MissSlopeFitter()
+    assert not fitter.update(step(0, 0.5, TPS0, isl=1000.0, busy=False))
+    assert not fitter.update(step(0, 0.5, TPS0, isl=1000.0, anomaly_hint="counter reset"))
+    assert not fitter.update(dataclasses.replace(step(0, 0.5, TPS0, isl=1000.0), hit_tokens_loaded=None))  # h unknown
+    assert not fitter.update(step(0, 0.5, TPS0, isl=0.0))
+    assert fitter.buckets() == {}
+
+
+def test_ring_buffer_bounded_per_bucket():
+    rng = np.random.default_rng(8)
+    fitter = MissSlopeFitter(capacity_per_bucket=50)
+    h, tps, _ = sweep(rng, 0.5, n=300, dips=False)
+    for i, (hi, ti) in enumerate(zip(h, tps)):
+        fitter.update(step(i, hi, ti, isl=1000.0))
+    res = fitter.result()
+    assert res.samples + res.extra["anomalies"] == 50
+
+
+def test_shape_mismatch_raises():
+    with pytest.raises(ValueError):
+        fit_miss_slope(np.zeros(10), np.zeros(9))
+
+
+def test_fit_is_fast():
+    rng = np.random.default_rng(9)
+    h, tps, _ = sweep(rng, 0.5, n=512)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fit_miss_slope(h, tps)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.05
