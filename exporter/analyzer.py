@@ -25,6 +25,10 @@ from fitters.result import Estimate, FitResult, Status
 from fitters.whatif import FittedModel, Prediction
 
 
+# Hit ratios at which the bathtub curves are published (stable label values for dashboards).
+BATHTUB_GRID = tuple(i / 20 for i in range(20)) + (0.97, 0.99)
+
+
 @dataclass(frozen=True)
 class ModelAnalysis:
     """Everything kvhit knows about one ``model_name`` now. None = unknown (see ``unknown``).
@@ -113,13 +117,16 @@ class Analyzer:
         self._state: dict[str, _ModelState] = {}
         self._cache: Analysis | None = None
         self._last: Snapshot | None = None
+        self.last_observations: dict[str, Observation] = {}  # the latest ingest's steps
 
     def ingest(self, snap: Snapshot) -> dict[str, Observation]:
-        """Add one snapshot. Returns model → the step's Observation.
+        """Add one snapshot. Returns model → the step's Observation (also kept in
+        ``last_observations``).
 
         Raises:
             ValueError: the snapshot is not newer than the previous one (nothing changes).
         """
+        self.last_observations: dict[str, Observation] = {}
         deltas = self.windows.push(snap)
         self._last = snap
         self._cache = None
@@ -132,6 +139,7 @@ class Analyzer:
             st.slope.update(obs)
             st.latency.update(obs)
             out[model] = obs
+        self.last_observations = out
         for model in list(self._state):
             if model not in snap.models:
                 del self._state[model]
@@ -177,7 +185,7 @@ class Analyzer:
 
         chip = st.chip.result()
         coef = st.chip.coefficients()
-        slope = st.slope.result(isl) if isl else st.slope.result()
+        slope = st.slope.result(isl) if isl is not None and isl >= 1 else st.slope.result()
         if coef is not None:
             load_aware, overlap = st.latency.result(coef, kv, bandwidth[0] if bandwidth else None)
         else:
@@ -189,7 +197,7 @@ class Analyzer:
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             isl=isl, osl=osl, observed_ttft=wobs.ttft_mean, tpm_observed=tpm, fits=fits,
             load_bandwidth=bandwidth, kv_bytes_per_token=kv,
-            anomalies=len(st.slope.anomaly_times()),
+            anomalies=int(slope.extra.get("anomalies", 0)),
         )
         h_now = hit.get("all")
         steps_per_request = _steps_per_request(w)
@@ -197,13 +205,14 @@ class Analyzer:
         if coef is None or h_now is None or isl is None or osl is None or steps_per_request is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, hit, kv, bandwidth)
-        preds = {"current": fitted.predict(min(h_now, 1 - 1 / isl), isl, osl)}
+        preds = {"current": fitted.predict(h_now, isl, osl)}
         if cfg.target_hit_ratio is not None:
             preds["target"] = fitted.predict(cfg.target_hit_ratio, isl, osl)
         bathtubs = dict(linear)
+        h_max = 1 - 1 / isl  # the last prompt token is never a hit
         bathtubs["chip_time"] = bathtub_chip_time(
-            coef, chip.covariance, fitted.t_fixed, isl, osl, min(h_now, 1 - 1 / isl),
-            cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out)
+            coef, chip.covariance, fitted.t_fixed, isl, osl, min(h_now, h_max),
+            cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max])
         derived = {}
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
         if isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
@@ -220,7 +229,8 @@ class Analyzer:
         if tps0 is None or a is None or h_now is None or h_now >= 1:
             return {}
         p = self.config.prices
-        return {"linear": bathtub_linear(tps0, a, slope.covariance, h_now, p.p_miss, p.hit_price_ratio)}
+        return {"linear": bathtub_linear(tps0, a, slope.covariance, h_now, p.p_miss, p.hit_price_ratio,
+                                         grid=BATHTUB_GRID)}
 
     def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float, fits: dict[str, FitResult],
                 wobs: Observation, hit: dict[str, float], kv: float | None,

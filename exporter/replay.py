@@ -1,0 +1,137 @@
+"""Offline replay of a recorded trace through the whole pipeline, plus per-phase validation.
+
+The trace's own timestamps drive windows and rates (never the wall clock). When the trace
+has ``phases.json``, every phase is summarised: measured h = Δhits/Δqueries over the steps
+inside the phase, busy steps and busy (chip) time, and the chip-time model refitted with that
+phase's steps left out predicting the phase's total busy time (MODEL.md §7).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from exporter.config import Config
+from exporter.runner import Runner
+from exporter.sources import Trace
+from fitters.chiptime import fit_chip_time, predict_busy_time
+from fitters.model import ChipTimeCoefficients
+from fitters.observation import Observation
+
+
+@dataclass(frozen=True)
+class PhaseSummary:
+    """One phase of a recorded trace (a step belongs to it when both scrapes fall inside).
+
+    Attributes:
+        name: phase name from phases.json; designed_hit_ratio: what the driver intended.
+        steps, busy_steps: steps inside the phase / busy ones.
+        hit_ratio: measured Δhits/Δqueries over the phase's steps (None without queries).
+        busy_seconds: Σ Δt of busy steps [s].
+        predicted_busy_seconds: Σ predicted Δt_busy from the fit without this phase [s].
+        busy_error: predicted/observed − 1 (None when not computable).
+        miss_tps: mean TPS_miss over busy steps [tokens/s].
+        prefill_seconds: mean observed request_prefill_time_seconds of the phase [s].
+    """
+
+    name: str
+    designed_hit_ratio: float | None
+    steps: int
+    busy_steps: int
+    hit_ratio: float | None
+    busy_seconds: float
+    predicted_busy_seconds: float | None
+    busy_error: float | None
+    miss_tps: float | None
+    prefill_seconds: float | None
+
+
+@dataclass
+class ReplayResult:
+    runner: Runner
+    steps: list[tuple[str, Observation]] = field(default_factory=list)
+    phases: dict[str, list[PhaseSummary]] = field(default_factory=dict)  # model → summaries
+
+
+class TraceClock:
+    """"Now" for a replay: the timestamp of the snapshot being replayed (never the wall clock)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def replay(trace: Trace, config: Config, target: str,
+           on_step: Callable[[int, float, dict[str, Observation]], None] | None = None,
+           on_start: Callable[[Runner], None] | None = None) -> ReplayResult:
+    """Feed every snapshot of ``trace`` through a :class:`Runner` on the trace's clock.
+
+    ``on_start(runner)`` is called once before the first snapshot (e.g. to serve it);
+    ``on_step(index, timestamp, observations)`` after each snapshot (printing / pacing).
+    Returns the runner (for the final analysis), every step observation and per-phase
+    summaries per model.
+    """
+    clock = TraceClock()
+    runner = Runner(config, target, clock=clock)
+    if on_start is not None:
+        on_start(runner)
+    result = ReplayResult(runner)
+    for i, (t, text) in enumerate(trace.snapshots):
+        clock.t = t
+        runner.ingest_text(t, text)
+        obs = runner.analyzer.last_observations
+        result.steps.extend(obs.items())
+        if on_step is not None:
+            on_step(i, t, obs)
+    if trace.phases:
+        for model in sorted({m for m, _ in result.steps}):
+            steps = [o for m, o in result.steps if m == model]
+            result.phases[model] = summarise_phases(steps, trace.phases)
+    return result
+
+
+def phase_steps(steps: list[Observation], phase: dict) -> list[Observation]:
+    """Steps whose both scrapes fall inside [start_ms, end_ms] of the phase (MODEL.md §7)."""
+    start, end = phase["start_ms"] / 1000.0, phase["end_ms"] / 1000.0
+    return [o for o in steps if o.t - o.dt >= start and o.t <= end]
+
+
+def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[PhaseSummary]:
+    """Per-phase summaries with leave-one-phase-out busy-time prediction."""
+    out = []
+    for phase in phases:
+        inside = phase_steps(steps, phase)
+        ids = {id(o) for o in inside}
+        busy = [o for o in inside if o.busy]
+        q = sum(o.queried_tokens or 0.0 for o in inside if o.queried_tokens is not None)
+        hits = [o for o in inside if o.queried_tokens is not None and o.hit_tokens_device is not None]
+        h = None
+        if hits and q > 0 and all(o.hit_tokens_loaded is not None for o in hits):
+            h = sum(o.hit_tokens_device + o.hit_tokens_loaded for o in hits) / q
+        busy_s = sum(o.dt for o in busy)
+        fit = fit_chip_time([o for o in steps if id(o) not in ids])
+        predicted = err = None
+        if fit.ok and busy:
+            coef = ChipTimeCoefficients(*(fit.params[k].value for k in fit.params))
+            try:
+                predicted = sum(predict_busy_time(coef, o) for o in busy)
+                err = predicted / busy_s - 1.0 if busy_s > 0 else None
+            except ValueError:
+                predicted = None
+        tps = [o.miss_tps for o in busy if o.miss_tps is not None]
+        prefill = [o.prefill_time_mean for o in inside if o.prefill_time_mean is not None]
+        out.append(PhaseSummary(
+            name=phase.get("name", "?"), designed_hit_ratio=phase.get("intended_hit_ratio"),
+            steps=len(inside), busy_steps=len(busy), hit_ratio=h, busy_seconds=busy_s,
+            predicted_busy_seconds=predicted, busy_error=err,
+            miss_tps=sum(tps) / len(tps) if tps else None,
+            prefill_seconds=sum(prefill) / len(prefill) if prefill else None,
+        ))
+    return out
+
+
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    """Format a number for tables; unknown → '-'."""
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
