@@ -36,7 +36,8 @@ def _m(name: str, help: str, labels: tuple[str, ...] = MODEL, type: str = "gauge
 UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
-                   "(refused, timeout, http_<code>, too_large, parse, error).", ("target", "reason"), "counter")
+                   "(refused, timeout, http_<code>, too_large, parse, out_of_order, internal, error) [scrapes].",
+                   ("target", "reason"), "counter")
 LAST_SUCCESS = _m("kvhit_last_success_timestamp_seconds", "Unix time of the last successful scrape [s].", ("target",))
 ENGINE_INFO = _m("kvhit_engine_info", "Engine detected in the target's exposition (value 1); reason says why "
                  "it is unsupported or empty.", ("target", "engine", "reason"))
@@ -63,13 +64,15 @@ TPM = _m("kvhit_tpm_tokens_per_minute", "Delivered TPM counts cached input, phys
 FIT_STATUS = _m("kvhit_fit_status", "1 for the current status of each fit (ok, insufficient_data, "
                 "insufficient_variation, not_identifiable), 0 for the others.", MODEL + ("fit", "status"), section="§6")
 FIT_SAMPLES = _m("kvhit_fit_samples", "Observations (steps) used by the last fit [1].", MODEL + ("fit",), section="§6")
-FIT_R2 = _m("kvhit_fit_r2", "Coefficient of determination of the last fit [1].", MODEL + ("fit",), section="§6")
+FIT_R2 = _m("kvhit_fit_r2", "Coefficient of determination of the last fit (chip_time: uncentred, the model has "
+            "no intercept) [1].", MODEL + ("fit",), section="§6")
 CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficient (robust NNLS on busy steps): "
                "step = s per engine step, miss_token = s per computed prompt token, attention = s per unit of "
-               "M*H+M^2/2, decode_token = s per generated token, decode_context = s per KV token read by decode.",
+               "M*H+M^2/2, decode_token = s per generated token, decode_context = s per KV token read by decode "
+               "[s per unit of the term].",
                MODEL + ("term",), section="§7")
 CHIP_COEF_STDERR = _m("kvhit_chip_time_coefficient_stderr_seconds", "Standard error of each chip-time coefficient "
-                      "(same unit as the coefficient).", MODEL + ("term",), section="§7")
+                      "[s per unit of the term, as the coefficient].", MODEL + ("term",), section="§7")
 FIXED_TIME = _m("kvhit_fixed_time_seconds", "T_fixed: hit-independent chip time per request, T_step x observed "
                 "engine steps per request in the publish window [s].", section="§7")
 TPS0 = _m("kvhit_miss_tps0_tokens_per_second", "TPS0, miss-token throughput at h=0 of TPS_miss(h)=TPS0*(1-a*h); "
