@@ -151,6 +151,30 @@ def _load_and_compute(
     return load_time(h_load, isl, kv_bytes_per_token, load_bandwidth), t_compute
 
 
+def _load_compute_alpha(
+    coef: ChipTimeCoefficients,
+    isl: float,
+    h: float,
+    h_load: float,
+    alpha: float | None,
+    kv_bytes_per_token: float | None,
+    load_bandwidth: float | None,
+) -> tuple[float, float, float] | None:
+    """(T_load, T_compute, α to apply) shared by both TTFT layers; None when loaded hits need an
+    unknown α, S_kv or B_load. Raises ValueError as :func:`service_ttft`."""
+    _check_hits(isl, h, h_load)
+    lc = _load_and_compute(coef, isl, h, h_load, kv_bytes_per_token, load_bandwidth)
+    if lc is None:
+        return None
+    t_load, t_compute = lc
+    if t_load > 0 and alpha is None:
+        return None
+    a = 0.0 if alpha is None else alpha
+    if not (0.0 <= a <= 1.0):
+        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    return t_load, t_compute, a
+
+
 def service_ttft(
     coef: ChipTimeCoefficients,
     isl: float,
@@ -176,16 +200,10 @@ def service_ttft(
     Raises:
         ValueError: h outside [0, 1], h_load outside [0, h], α outside [0, 1], B_load ≤ 0.
     """
-    _check_hits(isl, h, h_load)
-    lc = _load_and_compute(coef, isl, h, h_load, kv_bytes_per_token, load_bandwidth)
-    if lc is None:
+    parts = _load_compute_alpha(coef, isl, h, h_load, alpha, kv_bytes_per_token, load_bandwidth)
+    if parts is None:
         return None
-    t_load, t_compute = lc
-    if t_load > 0 and alpha is None:
-        return None
-    a = 0.0 if alpha is None else alpha
-    if not (0.0 <= a <= 1.0):
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    t_load, t_compute, a = parts
     return ttft_unified(coef.t_step, t_load, t_compute, a)
 
 
@@ -215,16 +233,10 @@ def predict_prefill_latency(
     Raises:
         ValueError: as :func:`service_ttft`.
     """
-    _check_hits(isl, h, h_load)
-    lc = _load_and_compute(coef, isl, h, h_load, kv_bytes_per_token, load_bandwidth)
-    if lc is None:
+    parts = _load_compute_alpha(coef, isl, h, h_load, alpha, kv_bytes_per_token, load_bandwidth)
+    if parts is None:
         return None
-    t_load, t_compute = lc
-    if t_load > 0 and alpha is None:
-        return None
-    a = 0.0 if alpha is None else alpha
-    if not (0.0 <= a <= 1.0):
-        raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
+    t_load, t_compute, a = parts
     contention = c0 + c1 * running
     return contention * (coef.t_step + t_compute) + t_load - a * min(t_load, t_compute)
 
