@@ -87,8 +87,9 @@ class ModelSignals:
         counters: canonical counter name → value (see :data:`COUNTERS`).
         histograms: canonical histogram name → :class:`Histogram`.
         gauges: canonical gauge name → value (aggregated as in :data:`GAUGES`).
-        created: canonical counter/histogram name → its ``_created`` timestamp [unix s] (max over
-            engines); a change means the engine restarted.
+        created: ``_created`` timestamp [unix s] per series, keyed ``<exposed base>{<labels
+            other than model_name and pid>}``, e.g. ``prefix_cache_queries{engine="0"}``; a series
+            present at two scrapes whose timestamp changed means the engine restarted.
         hit_unit: "tokens" or "blocks" (0.7–0.8 ``gpu_prefix_cache_*``), "" when no hit counter.
         unknown: signal → reason it is unknown (e.g. "hit_ratio").
     """
@@ -202,14 +203,10 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
             if "engine" in s.labels:
                 b.declared.add("engine label")
             if name.endswith("_created"):
-                b.add("created", name[: -len("_created")], "", _model_only(s.labels), float(s.value))
+                b.add("created", name[: -len("_created")], "", s.labels, float(s.value))
             else:
                 _classify(b, name, s.labels, float(s.value))
     return _assemble(b, timestamp)
-
-
-def _model_only(labels: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in labels.items() if k in ("model_name", "engine")}
 
 
 def _classify(b: _Builder, name: str, labels: Mapping[str, str], value: float) -> None:
@@ -298,12 +295,16 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
             for model, hist in h.items():
                 hists.setdefault(model, {}).setdefault(canon, hist)
 
+    # Per series, not per family: a labelled series created later (a new label value appearing,
+    # e.g. a new ``transfer_type``) would otherwise change the family's max and fake a restart.
     created: dict[str, dict[str, float]] = {}
     for (kind, base, _), slot in b.series.items():
         if kind != "created":
             continue
         for model, rows in _by_model(slot).items():
-            created.setdefault(model, {})[base] = max(v for _, v in rows)
+            for labels, value in rows:
+                rest = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "model_name")
+                created.setdefault(model, {})[f"{base}{{{rest}}}"] = value
 
     models = {}
     for model in set(counters) | set(gauges) | set(hists):
@@ -318,7 +319,9 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
             hit_unit=hit_unit.get(model, ""),
             unknown=MappingProxyType(unknown),
         )
-    return Snapshot(timestamp, era, "", MappingProxyType(models), MappingProxyType(b.cache_config))
+    reason = "" if models else ("vLLM samples present but none of the signals kvhit reads (prefix-cache and "
+                                "token counters, scheduler gauges, request histograms with a _count)")
+    return Snapshot(timestamp, era, reason, MappingProxyType(models), MappingProxyType(b.cache_config))
 
 
 def _era(b: _Builder) -> str:
@@ -331,21 +334,26 @@ def _era(b: _Builder) -> str:
 
 
 def _histograms(b: _Builder, exposed: str) -> dict[str, Histogram]:
+    """Histograms per model, summed over the series (engines) that have a ``_count``.
+
+    Sum and buckets add up over exactly those series: a ``_sum`` missing for one of them makes
+    the sum unknown (NaN), a bucket edge missing for one of them is left out — never a sum of
+    one engine's count with another engine's buckets.
+    """
     parts = {part: slot for (kind, base, part), slot in b.series.items() if kind == "hist" and base == exposed}
-    if "count" not in parts:
+    counts = parts.get("count")
+    if not counts:
         return {}
+    sums = parts.get("sum", {})
+    edges = [(float(part[3:]), slot) for part, slot in parts.items() if part.startswith("le=")]
+    series: dict[str, list[tuple]] = {}  # model → keys of its series with a _count
+    for key in counts:
+        series.setdefault(dict(key).get("model_name", ""), []).append(key)
     out: dict[str, Histogram] = {}
-    sums = {m: sum(v for _, v in rows) for m, rows in _by_model(parts.get("sum", {})).items()}
-    for model, rows in _by_model(parts["count"]).items():
-        buckets: list[tuple[float, float]] = []
-        for part, slot in parts.items():
-            if part.startswith("le="):
-                le = float(part[3:])
-                rows_le = _by_model(slot).get(model)
-                if rows_le:
-                    buckets.append((le, sum(v for _, v in rows_le)))
-        out[model] = Histogram(sum=sums.get(model, math.nan), count=sum(v for _, v in rows),
-                               buckets=tuple(sorted(buckets)))
+    for model, keys in series.items():
+        total = math.fsum(sums[k] for k in keys) if all(k in sums for k in keys) else math.nan
+        buckets = sorted((le, math.fsum(slot[k] for k in keys)) for le, slot in edges if all(k in slot for k in keys))
+        out[model] = Histogram(sum=total, count=math.fsum(counts[k] for k in keys), buckets=tuple(buckets))
     return out
 
 

@@ -1,0 +1,468 @@
+"""exporter/parse.py against the real /metrics samples in tests/data/samples/ (INDEX.md) and small
+synthetic expositions written here (MODEL.md §2; reference vllm-metrics.md §1, §2, §4.2, §7).
+
+Every expected value was read off the sample file by hand; the comment next to it says which
+line(s) it comes from and how it was aggregated. None is copied from the parser's output.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from exporter.parse import Histogram, ParseError, parse_exposition
+
+SAMPLES = Path(__file__).parent / "data" / "samples"
+T = 1_700_000_000.0  # scrape time handed to the parser; not in the files
+
+
+def sample(prefix: str):
+    (path,) = SAMPLES.glob(f"{prefix}_*.prom")
+    return parse_exposition(path.read_text(encoding="utf-8"), T)
+
+
+def _no_timestamp_as_data(snap) -> None:
+    """No counter, gauge or histogram value looks like a unix timestamp (a `_created` or
+    `lora_requests_info` value, ~1.7e9, read as data)."""
+    for sig in snap.models.values():
+        for v in list(sig.counters.values()) + list(sig.gauges.values()):
+            assert v < 1e9
+        for h in sig.histograms.values():
+            assert h.count < 1e9 and not (h.sum >= 1e9)
+
+
+# --- every file has an outcome -------------------------------------------------------------
+
+# prefix → (engine, substring the reason must contain ("" = must be empty), model_names)
+OUTCOMES = {
+    # only a TTFT histogram (no era marker, no engine label); its _count was cut → nothing readable
+    "01": ("vllm", "none of the signals", set()),
+    # HELP "currently running on GPU", gpu_prefix_cache_hit_rate, num_requests_swapped → V0
+    "02": ("vllm_v0", "", {"Qwen/Qwen2.5-Coder-1.5B-Instruct"}),
+    # HELP "in model execution batches" + declared gpu_prefix_cache_queries_total → V1
+    "03": ("vllm_v1", "", {"Qwen/Qwen2.5-Coder-32B-Instruct"}),
+    # only request_params_max_tokens buckets, no engine label, no HELP → era unknown; not a signal
+    "04": ("vllm", "none of the signals", set()),
+    "05": ("vllm_v1", "", {"zai-org/GLM-4.5"}),
+    # engine="0" label → V1; request_params_n is not a signal kvhit reads
+    "06": ("vllm_v1", "none of the signals", set()),
+    "08": ("vllm_v1", "", {"/models/qwen3-8b"}),
+    # time_in_queue_requests (deprecated V0 family) → V0; only sql-lora's TTFT has a _count
+    "09": ("vllm_v0", "", {"sql-lora"}),
+    "11": ("sglang", "unsupported engine: sglang", set()),
+    "12": ("sglang", "unsupported engine: sglang", set()),
+    "14": ("sglang", "unsupported engine: sglang", set()),
+    "15": ("sglang", "unsupported engine: sglang", set()),
+    "16": ("lmcache", "unsupported engine: lmcache", set()),
+    "17": ("lmcache", "unsupported engine: lmcache", set()),
+    # declares vllm:avg_generation_throughput_toks_per_s (0.2.x/V0 only) with no sample
+    "19": ("vllm_v0", "no samples", set()),
+    # HELP/TYPE only; HELP "currently running on GPU", gpu_prefix_cache_hit_rate declared → V0
+    "20": ("vllm_v0", "no samples", set()),
+    # HELP "in model execution batches" → V1
+    "21": ("vllm_v1", "", {"meta-llama/Llama-3.1-8B-Instruct"}),
+    "23": ("unknown", "no vLLM metrics", set()),
+    "24": ("sglang", "unsupported engine: sglang", set()),
+    "25": ("vllm_v1", "", {"tiny"}),
+}
+
+
+def test_every_sample_file_has_an_outcome():
+    prefixes = {p.name.split("_", 1)[0] for p in SAMPLES.glob("*.prom")}
+    assert prefixes == set(OUTCOMES)
+
+
+@pytest.mark.parametrize("prefix", sorted(OUTCOMES))
+def test_sample_engine_reason_models(prefix):
+    engine, reason, models = OUTCOMES[prefix]
+    snap = sample(prefix)
+    assert snap.timestamp == T
+    assert snap.engine == engine
+    if reason:
+        assert reason in snap.reason
+    else:
+        assert snap.reason == ""
+    assert set(snap.models) == models
+    assert snap.supported == engine.startswith("vllm")
+    _no_timestamp_as_data(snap)
+
+
+# --- vLLM files, value by value ------------------------------------------------------------
+
+
+def test_02_v0_hit_rate_gauge_minus_one_and_hit_ratio_unknown():
+    snap = sample("02")
+    m = snap.models["Qwen/Qwen2.5-Coder-1.5B-Instruct"]
+    # counters (no engine label, one series each): prompt 148.0, generation 955.0, preemptions 0.0
+    assert dict(m.counters) == {"prompt_tokens": 148.0, "generation_tokens": 955.0, "preemptions": 0.0}
+    # running 0.0, waiting 0.0, gpu_cache_usage_perc 0.0 (the V0 name of kv usage),
+    # gpu_prefix_cache_hit_rate -1.0 (= no data) read as it is, not dropped or clamped
+    assert dict(m.gauges) == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0, "v0_hit_rate": -1.0}
+    # iteration_tokens_total: _sum 1103 and buckets up to le=96, but no _count (cut) → unknown
+    assert m.histograms == {}
+    # V0: only the lifetime, block-level gauge → the token hit ratio cannot be windowed
+    reason = m.unknown["hit_ratio"]
+    assert "gpu_prefix_cache_hit_rate" in reason and "lifetime" in reason and "block" in reason
+    assert m.hit_unit == ""  # no hit counter at all
+    assert m.created == {}  # V0 disabled _created series
+    # cache_config_info has no HELP line and no model_name; block_size="16"
+    assert snap.cache_config["block_size"] == "16"
+    assert snap.cache_config["enable_prefix_caching"] == "False"
+
+
+def test_03_early_v1_gauges_without_engine_label_process_metrics_ignored():
+    m = sample("03").models["Qwen/Qwen2.5-Coder-32B-Instruct"]
+    # running 0.0, waiting 0.0, gpu_cache_usage_perc 0.0
+    assert dict(m.gauges) == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+    # process_cpu_seconds_total 439.72 is not a vLLM counter; the gpu_prefix_cache_queries_total
+    # value line was cut after its TYPE line → no counter, no hit unit, hit ratio unknown
+    assert dict(m.counters) == {}
+    assert m.hit_unit == ""
+    assert "hit_ratio" in m.unknown
+
+
+def test_05_created_kept_apart_from_data_queries_in_tokens():
+    snap = sample("05")
+    m = snap.models["zai-org/GLM-4.5"]
+    # queries: vllm:prefix_cache_queries_total{engine="0"} 32.0 (the only engine)
+    # hits: prefix_cache_hits_total is not in the excerpt; the deprecated
+    #   gpu_prefix_cache_hits_total{engine="0"} 0.0 counts the same tokens in 0.10 → 0.0
+    assert dict(m.counters) == {"queries": 32.0, "hits": 0.0}
+    # HELP of prefix_cache_queries: "in terms of number of queried tokens"
+    assert m.hit_unit == "tokens"
+    # kv_cache_usage_perc 9.75010481363281e-06 (scientific notation)
+    assert dict(m.gauges) == {"kv_usage": pytest.approx(9.75010481363281e-06, rel=1e-12)}
+    # the two *_created gauges are not data but kept per series for restart detection
+    assert dict(m.created) == {
+        'gpu_prefix_cache_queries{engine="0"}': 1.7537953269352946e09,
+        'gpu_prefix_cache_hits{engine="0"}': 1.7537953269353123e09,
+    }
+    # hits and queries known → hit ratio known; no external counters and no cache_config_info
+    assert "hit_ratio" not in m.unknown
+    assert "hit_ratio_loaded" in m.unknown
+
+
+def test_prefix_cache_wins_over_deprecated_gpu_prefix_cache():
+    # both families exposed with different values (0.10): only prefix_cache_* is used
+    text = """\
+# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks. DEPRECATED
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 999.0
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 555.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 32.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 16.0
+"""
+    m = parse_exposition(text, T).models["m"]
+    assert dict(m.counters) == {"queries": 32.0, "hits": 16.0}
+    assert m.hit_unit == "tokens"  # from prefix_cache_queries' HELP, not the deprecated one's
+
+
+def test_06_histogram_created_recorded_never_data():
+    snap = sample("06")
+    # request_params_n (count 4, sum 4) is not a signal kvhit reads → no model at all
+    assert snap.models == {}
+    # with one counter kvhit reads added, the model exists and both _created gauges of the file
+    # are kept per series, with their engine label
+    extra = 'vllm:prefix_cache_queries_total{engine="0",model_name="zai-org/GLM-4.5"} 32.0\n'
+    text = (next(SAMPLES.glob("06_*.prom")).read_text() + extra)
+    m = parse_exposition(text, T).models["zai-org/GLM-4.5"]
+    assert dict(m.counters) == {"queries": 32.0}
+    assert dict(m.gauges) == {} and dict(m.histograms) == {}
+    assert dict(m.created) == {
+        'request_max_num_generation_tokens{engine="0"}': 1.7537953269356403e09,
+        'request_params_n{engine="0"}': 1.753795326935825e09,
+    }
+
+
+def test_08_dp2_partial_paste_only_complete_series_summed():
+    m = sample("08").models["/models/qwen3-8b"]
+    # request_generation_tokens: only engine 0 has a _count (3.0); engine 1's buckets (le 1…1000)
+    # lost their _count in the paste, so they are not added to engine 0's count.
+    # Engine 0's buckets in the excerpt: le=20000 → 3.0, +Inf → 3.0. No _sum anywhere → NaN.
+    h = m.histograms["request_generation_tokens"]
+    assert h.count == 3.0
+    assert math.isnan(h.sum)
+    assert h.buckets == ((20000.0, 3.0), (math.inf, 3.0))
+    # TTFT and decode time: engine 1 buckets only, no _count → unknown, not 0
+    assert set(m.histograms) == {"request_generation_tokens"}
+    assert dict(m.counters) == {} and dict(m.gauges) == {}
+
+
+DP2 = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2000"} 1.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="/models/qwen3-8b"} 3.0
+vllm:num_requests_running{engine="1",model_name="/models/qwen3-8b"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="/models/qwen3-8b"} 2.0
+vllm:num_requests_waiting{engine="1",model_name="/models/qwen3-8b"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="/models/qwen3-8b"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="/models/qwen3-8b"} 0.5
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="/models/qwen3-8b"} 300.0
+vllm:prefix_cache_queries_total{engine="1",model_name="/models/qwen3-8b"} 100.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="/models/qwen3-8b"} 120.0
+vllm:prefix_cache_hits_total{engine="1",model_name="/models/qwen3-8b"} 20.0
+# TYPE vllm:request_generation_tokens histogram
+vllm:request_generation_tokens_bucket{engine="0",le="100.0",model_name="/models/qwen3-8b"} 1.0
+vllm:request_generation_tokens_bucket{engine="0",le="1000.0",model_name="/models/qwen3-8b"} 3.0
+vllm:request_generation_tokens_bucket{engine="0",le="+Inf",model_name="/models/qwen3-8b"} 3.0
+vllm:request_generation_tokens_count{engine="0",model_name="/models/qwen3-8b"} 3.0
+vllm:request_generation_tokens_sum{engine="0",model_name="/models/qwen3-8b"} 1250.0
+vllm:request_generation_tokens_bucket{engine="1",le="100.0",model_name="/models/qwen3-8b"} 0.0
+vllm:request_generation_tokens_bucket{engine="1",le="1000.0",model_name="/models/qwen3-8b"} 1.0
+vllm:request_generation_tokens_bucket{engine="1",le="+Inf",model_name="/models/qwen3-8b"} 1.0
+vllm:request_generation_tokens_count{engine="1",model_name="/models/qwen3-8b"} 1.0
+vllm:request_generation_tokens_sum{engine="1",model_name="/models/qwen3-8b"} 400.0
+"""
+
+
+def test_dp2_complete_series_summed_over_engines():
+    # file 08's label set, with every engine's histogram complete
+    snap = parse_exposition(DP2, T)
+    assert snap.engine == "vllm_v1"
+    m = snap.models["/models/qwen3-8b"]
+    # counters summed: queries 300 + 100 = 400; hits 120 + 20 = 140
+    assert dict(m.counters) == {"queries": 400.0, "hits": 140.0}
+    # running 3 + 1 = 4, waiting 2 + 0 = 2 (summed); kv usage max(0.25, 0.5) = 0.5
+    assert dict(m.gauges) == {"running": 4.0, "waiting": 2.0, "kv_usage": 0.5}
+    # histogram: count 3 + 1 = 4, sum 1250 + 400 = 1650,
+    # buckets le=100: 1 + 0 = 1; le=1000: 3 + 1 = 4; +Inf: 3 + 1 = 4
+    h = m.histograms["request_generation_tokens"]
+    assert h == Histogram(sum=1650.0, count=4.0, buckets=((100.0, 1.0), (1000.0, 4.0), (math.inf, 4.0)))
+    # cache_config_info: engine 0's labels even though engine 1's line comes first
+    assert snap.cache_config["num_gpu_blocks"] == "2000"
+
+
+def test_histogram_sum_unknown_when_one_engine_lacks_it():
+    # engine 1's _sum line removed: 1250 + ? is unknown, not 1250
+    text = DP2.replace('vllm:request_generation_tokens_sum{engine="1",model_name="/models/qwen3-8b"} 400.0\n', "")
+    h = parse_exposition(text, T).models["/models/qwen3-8b"].histograms["request_generation_tokens"]
+    assert h.count == 4.0 and math.isnan(h.sum)
+
+
+def test_09_model_names_kept_apart():
+    snap = sample("09")
+    m = snap.models["sql-lora"]
+    # sql-lora TTFT: buckets le 2.5, 5, 7.5, 10, +Inf all 1.0, _count 1.0, no _sum
+    h = m.histograms["ttft"]
+    assert h.count == 1.0
+    assert math.isnan(h.sum)
+    assert h.buckets == ((2.5, 1.0), (5.0, 1.0), (7.5, 1.0), (10.0, 1.0), (math.inf, 1.0))
+    # the base model's TTFT buckets (le=0.04 → 2.0 …) have no _count and must not leak into
+    # sql-lora; request_prompt_tokens has _sum 5 / 10 but no _count → unknown for both
+    assert set(m.histograms) == {"ttft"}
+    assert "meta-llama/Llama-2-7b-hf" not in snap.models
+    assert "gpu_prefix_cache_hit_rate" in m.unknown["hit_ratio"]  # V0
+
+
+def test_two_models_counters_kept_apart():
+    text = """\
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="base"} 1000.0
+vllm:prompt_tokens_total{model_name="sql-lora"} 7.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="base"} 2.0
+vllm:num_requests_running{model_name="sql-lora"} 1.0
+"""
+    snap = parse_exposition(text, T)
+    assert dict(snap.models["base"].counters) == {"prompt_tokens": 1000.0}
+    assert dict(snap.models["sql-lora"].counters) == {"prompt_tokens": 7.0}
+    assert snap.models["base"].gauges["running"] == 2.0
+    assert snap.models["sql-lora"].gauges["running"] == 1.0
+
+
+def test_21_docs_example_ttft_without_inf_bucket():
+    m = sample("21").models["meta-llama/Llama-3.1-8B-Instruct"]
+    # generation_tokens_total 27453.0; request_success_total is not read
+    assert dict(m.counters) == {"generation_tokens": 27453.0}
+    assert dict(m.gauges) == {"running": 8.0}
+    # TTFT buckets as printed (no +Inf: elided by the doc), _count 140, no _sum
+    h = m.histograms["ttft"]
+    assert h.count == 140.0 and math.isnan(h.sum)
+    assert h.buckets == ((0.001, 0.0), (0.005, 0.0), (0.01, 0.0), (0.02, 13.0), (0.04, 97.0),
+                         (0.06, 123.0), (0.08, 138.0), (0.1, 140.0))
+    assert "hit_ratio" in m.unknown
+
+
+def test_25_vllm_032_full_snapshot():
+    snap = sample("25")
+    m = snap.models["tiny"]
+    # one engine (engine="0" everywhere), so each value is the single series' value
+    assert dict(m.counters) == {
+        "queries": 5_346_304.0,            # prefix_cache_queries_total 5.346304e+06
+        "hits": 4_131_168.0,               # prefix_cache_hits_total 4.131168e+06
+        "external_queries": 0.0,           # external_prefix_cache_queries_total 0.0
+        "external_hits": 0.0,              # external_prefix_cache_hits_total 0.0
+        "prompt_tokens": 5_346_304.0,      # prompt_tokens_total 5.346304e+06
+        "generation_tokens": 143_690.0,    # generation_tokens_total 143690.0
+        "preemptions": 0.0,                # num_preemptions_total 0.0
+        "prompt_local_compute": 1_215_136.0,  # prompt_tokens_by_source_total{source="local_compute"}
+    }
+    # cross-check of the file itself: local_compute + local_cache_hit + external_kv_transfer
+    # = 1,215,136 + 4,131,168 + 0 = 5,346,304 = prompt tokens = queries
+    assert 1_215_136 + 4_131_168 + 0 == 5_346_304
+    # mm_cache_* (items), prompt_tokens_cached, estimated_* and http_* are not read (checked above)
+    assert m.hit_unit == "tokens"
+    assert dict(m.gauges) == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+
+    hs = m.histograms
+    assert set(hs) == {"iteration_tokens", "prefill_time", "decode_time", "queue_time", "ttft",
+                       "request_tpot", "itl", "e2e", "request_prompt_tokens",
+                       "request_generation_tokens", "prefill_kv_computed_tokens"}
+    # (count, sum) from each family's _count / _sum lines
+    expected = {
+        "iteration_tokens": (57301.0, 1_358_826.0),
+        "prefill_time": (3242.0, 653.0443655060021),
+        "decode_time": (3242.0, 1037.1640762029988),
+        "queue_time": (3242.0, 25.125562603994013),
+        "ttft": (3242.0, 942.6592826843262),
+        "request_tpot": (3242.0, 27.675260010775695),
+        "itl": (140_448.0, 1037.1640762029988),        # inter_token_latency_seconds
+        "e2e": (3242.0, 1979.198920249939),
+        "request_prompt_tokens": (3242.0, 5_346_304.0),  # = prompt_tokens_total
+        "request_generation_tokens": (3242.0, 143_690.0),  # = generation_tokens_total
+        "prefill_kv_computed_tokens": (3242.0, 1_215_136.0),  # = local_compute
+    }
+    for name, (count, total) in expected.items():
+        assert (hs[name].count, hs[name].sum) == (count, total), name
+    # iteration_tokens_total buckets: 1 → 775, 8 → 54892, 16 → 54892, 32 → 54892, 64 → 55234,
+    # 128 → 55738, 256 → 56089, 512 → 56291, 1024 → 56776, 2048 → 57193, 4096/8192/16384/+Inf → 57301
+    assert hs["iteration_tokens"].buckets == (
+        (1.0, 775.0), (8.0, 54892.0), (16.0, 54892.0), (32.0, 54892.0), (64.0, 55234.0),
+        (128.0, 55738.0), (256.0, 56089.0), (512.0, 56291.0), (1024.0, 56776.0),
+        (2048.0, 57193.0), (4096.0, 57301.0), (8192.0, 57301.0), (16384.0, 57301.0),
+        (math.inf, 57301.0))
+    pf = dict(hs["prefill_time"].buckets)
+    assert (pf[0.3], pf[0.5], pf[0.8], pf[1.0], pf[1.5], pf[math.inf]) == (2701.0, 2901.0, 3160.0, 3164.0,
+                                                                           3242.0, 3242.0)
+    assert dict(hs["request_prompt_tokens"].buckets)[2000.0] == 1263.0
+    assert dict(hs["prefill_kv_computed_tokens"].buckets)[100.0] == 1511.0
+
+    # cache_config_info: block_size "32", num_gpu_blocks 65536, 65536 · 32 = 2,097,152 tokens
+    assert snap.cache_config["block_size"] == "32"
+    assert snap.cache_config["kv_cache_size_tokens"] == "2097152"
+    assert 65536 * 32 == int(snap.cache_config["kv_cache_size_tokens"])
+    # external counters present (and kv_offloading_size="None") → h_load known (= 0), h known
+    assert dict(m.unknown) == {}
+    # _created kept per series, never as data
+    assert m.created['prefix_cache_queries{engine="0"}'] == 1.795997200109768e09
+    assert m.created['prompt_tokens_by_source{engine="0",source="local_compute"}'] == 1.7959972001099494e09
+
+
+# --- synthetic cases -----------------------------------------------------------------------
+
+
+def test_pid_duplicated_gauge_is_one_value_not_a_sum():
+    # vLLM 0.9.2–0.11.0 multiprocess bug: one series per API-server pid
+    text = """\
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="101"} 0.2
+vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="102"} 0.3
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m",pid="101"} 3.0
+vllm:num_requests_running{engine="0",model_name="m",pid="102"} 3.0
+vllm:num_requests_running{engine="1",model_name="m",pid="101"} 2.0
+"""
+    m = parse_exposition(text, T).models["m"]
+    # kv usage: max(0.2, 0.3) = 0.3 (not 0.5)
+    assert m.gauges["kv_usage"] == 0.3
+    # running: engine 0 = max over pids(3, 3) = 3; summed over engines 3 + 2 = 5 (not 8)
+    assert m.gauges["running"] == 5.0
+
+
+def test_underscore_prefix_and_counter_without_total():
+    # llm-d-inference-sim style: Go integers, model_name before le, counters without _total;
+    # plus the vllm_ spelling of the namespace
+    text = """\
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries{model_name="sim"} 40
+vllm:prefix_cache_hits{model_name="sim"} 8
+vllm_generation_tokens_total{model_name="sim"} 12
+vllm_num_requests_running{model_name="sim"} 2
+vllm_request_prompt_tokens_bucket{model_name="sim",le="20"} 1
+vllm_request_prompt_tokens_bucket{model_name="sim",le="+Inf"} 2
+vllm_request_prompt_tokens_sum{model_name="sim"} 50
+vllm_request_prompt_tokens_count{model_name="sim"} 2
+"""
+    snap = parse_exposition(text, T)
+    assert snap.engine == "vllm_v1"  # prefix_cache_queries is a V1 family
+    m = snap.models["sim"]
+    assert dict(m.counters) == {"queries": 40.0, "hits": 8.0, "generation_tokens": 12.0}
+    assert m.gauges["running"] == 2.0
+    assert m.histograms["request_prompt_tokens"] == Histogram(50.0, 2.0, ((20.0, 1.0), (math.inf, 2.0)))
+
+
+def test_help_queried_blocks_gives_block_unit():
+    # vLLM 0.7–0.8: gpu_prefix_cache_* counted blocks; HELP says so
+    text = """\
+# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks.
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{model_name="m"} 12.0
+# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached blocks.
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{model_name="m"} 3.0
+"""
+    snap = parse_exposition(text, T)
+    assert snap.engine == "vllm_v1"
+    m = snap.models["m"]
+    assert m.hit_unit == "blocks"
+    assert dict(m.counters) == {"queries": 12.0, "hits": 3.0}
+
+
+def test_nan_and_inf_samples_dropped():
+    text = """\
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN
+vllm:num_requests_waiting{engine="0",model_name="m"} +Inf
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} +Inf
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 5.0
+vllm:generation_tokens_total{engine="0",model_name="m"} -Inf
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} NaN
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 4.0
+"""
+    m = parse_exposition(text, T).models["m"]
+    assert dict(m.gauges) == {"running": 2.0}  # NaN usage and +Inf waiting dropped
+    assert dict(m.counters) == {"hits": 5.0}  # +Inf queries and -Inf generation dropped
+    h = m.histograms["prefill_time"]
+    assert h.count == 4.0 and math.isnan(h.sum)  # NaN sum → unknown
+    assert "hit_ratio" in m.unknown  # queries unknown
+
+
+def test_engine_label_alone_marks_v1():
+    # a counter that exists in both eras, with the engine label (0.8.3+) → V1
+    text = 'vllm:prompt_tokens_total{engine="0",model_name="m"} 5.0\n'
+    assert parse_exposition(text, T).engine == "vllm_v1"
+    # the same line without it names no era
+    assert parse_exposition('vllm:prompt_tokens_total{model_name="m"} 5.0\n', T).engine == "vllm"
+
+
+@pytest.mark.parametrize("body", [
+    '<html><body>SECRET-BODY-MARKER login</body></html>\n',
+    'vllm:num_requests_running{model_name="SECRET-BODY-MARKER"} not_a_number\n',
+    'vllm:num_requests_running{model_name="SECRET-BODY-MARKER" 1.0\n',
+])
+def test_malformed_body_raises_parse_error_without_body(body):
+    with pytest.raises(ParseError) as info:
+        parse_exposition(body, T)
+    assert isinstance(info.value, ValueError)
+    assert "SECRET-BODY-MARKER" not in str(info.value)
+    assert "SECRET-BODY-MARKER" not in repr(info.value)
+    # the parser's own exception (which quotes the line) is not chained for a traceback to print
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_empty_body_is_not_an_error():
+    snap = parse_exposition("", T)
+    assert snap.engine == "unknown" and snap.models == {} and "no vLLM metrics" in snap.reason

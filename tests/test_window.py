@@ -1,0 +1,384 @@
+"""exporter/window.py (steps, publish windows, Prometheus-increase()-like resets; MODEL.md §1) and
+exporter/observe.py (delta → Observation; MODEL.md §2, §7), against values worked by hand.
+
+Snapshots are built from ModelSignals directly or by parsing short expositions written here.
+Every expected value is derived in a comment; none is copied from the code's output.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from exporter.observe import Context, observe
+from exporter.parse import Histogram, ModelSignals, Snapshot, parse_exposition
+from exporter.window import Delta, HistogramDelta, Windows, add_deltas, step_delta
+
+
+def sig(counters=None, histograms=None, gauges=None, created=None, unknown=None, hit_unit="tokens"):
+    return ModelSignals(counters=dict(counters or {}), histograms=dict(histograms or {}),
+                        gauges=dict(gauges or {}), created=dict(created or {}),
+                        hit_unit=hit_unit, unknown=dict(unknown or {}))
+
+
+def snap(t, **models):
+    return Snapshot(timestamp=float(t), engine="vllm_v1", reason="", models=models)
+
+
+# --- step_delta ----------------------------------------------------------------------------
+
+
+def test_plain_increase():
+    prev = sig({"queries": 100.0, "hits": 40.0}, gauges={"running": 2.0})
+    cur = sig({"queries": 160.0, "hits": 70.0}, gauges={"running": 5.0})
+    d = step_delta(prev, cur, 10.0, 12.0)
+    # 160 − 100 = 60; 70 − 40 = 30
+    assert dict(d.counters) == {"queries": 60.0, "hits": 30.0}
+    assert (d.t0, d.t1, d.dt, d.resets, d.steps) == (10.0, 12.0, 2.0, 0, 1)
+    assert d.start == {"running": 2.0} and d.end == {"running": 5.0}
+
+
+def test_counter_down_is_restart_for_the_whole_model():
+    # queries went 1000 → 120: the engine restarted. As Prometheus increase() counts a reset, the
+    # increase is the current value; hits and generation went up but restarted too (same process):
+    # their increases are their current values 30 and 600, not 30 − 10 = 20 and 600 − 500 = 100.
+    prev = sig({"queries": 1000.0, "hits": 10.0, "generation_tokens": 500.0})
+    cur = sig({"queries": 120.0, "hits": 30.0, "generation_tokens": 600.0})
+    d = step_delta(prev, cur, 0.0, 5.0)
+    assert dict(d.counters) == {"queries": 120.0, "hits": 30.0, "generation_tokens": 600.0}
+    assert d.resets == 1
+
+
+def test_changed_created_is_restart_even_when_value_went_up():
+    key = 'prefix_cache_queries{engine="0"}'
+    prev = sig({"queries": 100.0}, created={key: 1000.0})
+    cur = sig({"queries": 150.0}, created={key: 2000.0})
+    d = step_delta(prev, cur, 0.0, 5.0)
+    # restarted at 2000 and counted 150 since: increase 150, not 150 − 100 = 50
+    assert d.counters == {"queries": 150.0}
+    assert d.resets == 1
+    # unchanged created → plain increase 50
+    same = step_delta(prev, sig({"queries": 150.0}, created={key: 1000.0}), 0.0, 5.0)
+    assert same.counters == {"queries": 50.0} and same.resets == 0
+
+
+EXPO = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{{engine="0",model_name="m"}} {created}
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_created gauge
+vllm:spec_decode_num_accepted_tokens_per_pos_created{{engine="0",model_name="m",position="0"}} 1000.0
+"""
+
+
+def test_created_from_parsed_expositions():
+    a = parse_exposition(EXPO.format(q=100.0, created=1000.0), 0.0).models["m"]
+    b = parse_exposition(EXPO.format(q=150.0, created=2000.0), 5.0).models["m"]
+    d = step_delta(a, b, 0.0, 5.0)
+    assert d.counters == {"queries": 150.0} and d.resets == 1  # created 1000 → 2000: restart
+
+
+def test_series_created_later_is_not_a_restart():
+    # a labelled series that appears later (here position="3", created at 1500) has a later
+    # _created than its family's first series; nothing restarted: plain increase 150 − 100 = 50
+    a = parse_exposition(EXPO.format(q=100.0, created=1000.0), 0.0).models["m"]
+    later = ('vllm:spec_decode_num_accepted_tokens_per_pos_created'
+             '{engine="0",model_name="m",position="3"} 1500.0\n')
+    b = parse_exposition(EXPO.format(q=150.0, created=1000.0) + later, 5.0).models["m"]
+    d = step_delta(a, b, 0.0, 5.0)
+    assert d.counters == {"queries": 50.0} and d.resets == 0
+
+
+def test_histogram_bucket_deltas():
+    prev = sig(histograms={"prefill_time": Histogram(3.0, 6.0, ((0.1, 2.0), (1.0, 5.0), (math.inf, 6.0)))})
+    cur = sig(histograms={"prefill_time": Histogram(7.5, 11.0, ((0.1, 3.0), (0.5, 7.0), (1.0, 9.0),
+                                                                 (math.inf, 11.0)))})
+    h = step_delta(prev, cur, 0.0, 2.0).histograms["prefill_time"]
+    # Δsum 7.5 − 3 = 4.5; Δcount 11 − 6 = 5; buckets 3−2 = 1, 9−5 = 4, 11−6 = 5;
+    # le=0.5 exists only in the later scrape → no delta for it
+    assert h == HistogramDelta(4.5, 5.0, ((0.1, 1.0), (1.0, 4.0), (math.inf, 5.0)))
+    # mean of the 5 new observations: 4.5 / 5 = 0.9; share ≤ 1.0 s: 4 / 5 = 0.8
+    assert h.mean == pytest.approx(0.9)
+    assert h.fraction_at_most(1.0) == pytest.approx(0.8)
+
+
+def test_histogram_count_down_is_restart():
+    prev = sig({"queries": 10.0}, histograms={"ttft": Histogram(40.0, 100.0, ((1.0, 90.0), (math.inf, 100.0)))})
+    cur = sig({"queries": 20.0}, histograms={"ttft": Histogram(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))})
+    d = step_delta(prev, cur, 0.0, 5.0)
+    # count 100 → 3: restart → histogram increase = current (1.5, 3, buckets 2, 3) and the counter,
+    # although it went up 10 → 20, counts from zero: 20
+    assert d.histograms["ttft"] == HistogramDelta(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))
+    assert d.counters == {"queries": 20.0}
+    assert d.resets == 1
+
+
+def test_signal_in_one_snapshot_only_is_absent_not_zero():
+    prev = sig({"queries": 10.0, "hits": 4.0}, histograms={"ttft": Histogram(1.0, 2.0)})
+    cur = sig({"queries": 30.0, "external_hits": 5.0}, histograms={"prefill_time": Histogram(1.0, 2.0)})
+    d = step_delta(prev, cur, 0.0, 5.0)
+    # hits only before, external_hits only after → unknown (absent); queries 30 − 10 = 20
+    assert d.counters == {"queries": 20.0}
+    assert d.histograms == {}
+
+
+# --- HistogramDelta, add_deltas --------------------------------------------------------------
+
+
+def test_histogram_delta_mean_and_fraction():
+    h = HistogramDelta(4.0, 10.0, ((0.1, 2.0), (0.5, 6.0), (1.0, 9.0), (math.inf, 10.0)))
+    assert h.mean == pytest.approx(0.4)  # 4.0 / 10
+    assert h.fraction_at_most(0.5) == pytest.approx(0.6)  # 6 / 10
+    assert h.fraction_at_most(0.7) == pytest.approx(0.6)  # largest edge ≤ 0.7 is 0.5: lower bound
+    assert h.fraction_at_most(1e9) == pytest.approx(0.9)  # largest edge ≤ 1e9 is 1.0 (not +Inf) → 9/10
+    assert h.fraction_at_most(math.inf) == pytest.approx(1.0)  # +Inf edge → 10/10
+    assert h.fraction_at_most(0.05) is None  # no edge at or below 0.05
+    empty = HistogramDelta(0.0, 0.0, ((1.0, 0.0),))
+    assert empty.mean is None and empty.fraction_at_most(1.0) is None
+    assert HistogramDelta(math.nan, 3.0).mean is None
+
+
+def test_add_deltas_sums():
+    a = Delta(0.0, 10.0, {"queries": 10.0, "hits": 4.0},
+              {"ttft": HistogramDelta(1.0, 2.0, ((0.5, 1.0), (1.0, 2.0), (math.inf, 2.0)))},
+              start={"running": 1.0}, end={"running": 2.0})
+    b = Delta(10.0, 20.0, {"queries": 5.0},
+              {"ttft": HistogramDelta(3.0, 4.0, ((1.0, 3.0), (math.inf, 4.0)))},
+              start={"running": 2.0}, end={"running": 7.0}, resets=1)
+    s = add_deltas([a, b])
+    # queries 10 + 5 = 15; hits missing in b → unknown over the whole interval
+    assert s.counters == {"queries": 15.0}
+    # ttft: sum 1 + 3 = 4, count 2 + 4 = 6, edges common to both: 1.0 → 2 + 3 = 5, +Inf → 2 + 4 = 6
+    assert s.histograms["ttft"] == HistogramDelta(4.0, 6.0, ((1.0, 5.0), (math.inf, 6.0)))
+    assert (s.t0, s.t1, s.dt, s.steps, s.resets) == (0.0, 20.0, 20.0, 2, 1)
+    assert s.start == {"running": 1.0} and s.end == {"running": 7.0}
+
+
+# --- Windows ------------------------------------------------------------------------------
+
+
+def counter_snap(t, q):
+    return snap(t, m=sig({"queries": float(q)}))
+
+
+def test_publish_window_base_is_newest_snapshot_at_least_window_older():
+    w = Windows(30.0)
+    for t in range(0, 101, 10):
+        w.push(counter_snap(t, 10 * t))  # queries = 10·t
+    d = w.window("m")
+    # latest 100; newest snapshot ≤ 100 − 30 = 70 is t=70 → covers 70..100, 3 steps,
+    # queries 1000 − 700 = 300
+    assert (d.t0, d.t1, d.dt, d.steps) == (70.0, 100.0, 30.0, 3)
+    assert d.counters == {"queries": 300.0}
+
+
+def test_window_irregular_intervals():
+    w = Windows(30.0)
+    for t in (0, 25, 50, 65, 100):
+        w.push(counter_snap(t, t))
+    d = w.window("m")
+    # newest snapshot ≤ 100 − 30 = 70 is t=65 → 65..100 (35 s, one step), queries 100 − 65 = 35
+    assert (d.t0, d.t1, d.steps) == (65.0, 100.0, 1)
+    assert d.counters == {"queries": 35.0}
+
+
+def test_window_before_full_history_uses_the_span_there_is():
+    w = Windows(30.0)
+    assert w.push(counter_snap(0, 0)) == {}
+    assert w.window("m") is None  # one snapshot: no interval yet
+    w.push(counter_snap(10, 5))
+    d = w.window("m")
+    assert (d.t0, d.t1, d.dt, d.counters) == (0.0, 10.0, 10.0, {"queries": 5.0})
+    w.push(counter_snap(20, 12))
+    d = w.window("m")
+    assert (d.t0, d.t1, d.steps, d.counters) == (0.0, 20.0, 2, {"queries": 12.0})  # 12 − 0
+    w.push(counter_snap(30, 20))
+    # latest 30: newest ≤ 0 is t=0 → still 0..30
+    assert (w.window("m").t0, w.window("m").counters) == (0.0, {"queries": 20.0})
+    w.push(counter_snap(40, 31))
+    # latest 40: newest ≤ 10 is t=10 → 10..40, 31 − 5 = 26
+    assert (w.window("m").t0, w.window("m").counters) == (10.0, {"queries": 26.0})
+
+
+def test_window_counts_a_reset_like_prometheus_increase():
+    w = Windows(30.0)
+    # queries: 0, 100, 200, then restart → 50, then 150
+    for t, q in ((0, 0), (10, 100), (20, 200), (30, 50), (40, 150)):
+        w.push(counter_snap(t, q))
+    d = w.window("m")
+    # window 10..40: (200 − 100) + 50 (reset: current value) + (150 − 50) = 100 + 50 + 100 = 250
+    assert (d.t0, d.t1) == (10.0, 40.0)
+    assert d.counters == {"queries": 250.0}
+    assert d.resets == 1
+
+
+def test_push_returns_step_deltas():
+    w = Windows(60.0)
+    w.push(counter_snap(0, 10))
+    out = w.push(counter_snap(2, 25))
+    assert set(out) == {"m"}
+    assert (out["m"].t0, out["m"].t1, out["m"].counters) == (0.0, 2.0, {"queries": 15.0})  # 25 − 10
+
+
+def test_model_appearing_and_disappearing():
+    w = Windows(60.0)
+    a, b = sig({"queries": 1.0}), sig({"queries": 2.0})
+    w.push(snap(0, a=a))
+    out = w.push(snap(10, a=a, b=b))
+    # b is new at t=10: no step for it yet
+    assert set(out) == {"a"} and w.models() == ["a"] and w.window("b") is None
+    out = w.push(snap(20, a=a, b=b))
+    assert set(out) == {"a", "b"} and w.models() == ["a", "b"]
+    assert (w.window("b").t0, w.window("b").t1) == (10.0, 20.0)
+    # a disappears at t=30: its window is over
+    w.push(snap(30, b=b))
+    assert w.models() == ["b"] and w.window("a") is None
+    # a comes back at t=40: a new history starts, nothing from before t=30 is reused
+    assert set(w.push(snap(40, a=a, b=b))) == {"b"}
+    w.push(snap(50, a=a, b=b))
+    assert (w.window("a").t0, w.window("a").t1, w.window("a").steps) == (40.0, 50.0, 1)
+
+
+def test_out_of_order_snapshot_rejected_and_changes_nothing():
+    w = Windows(30.0)
+    for t in (0, 10, 20, 30):
+        w.push(counter_snap(t, t))
+    before = w.window("m")
+    with pytest.raises(ValueError):
+        w.push(counter_snap(25, 999))  # older
+    with pytest.raises(ValueError):
+        w.push(counter_snap(30, 999))  # duplicate time
+    assert w.last.timestamp == 30.0
+    assert w.window("m") == before
+    # the next valid snapshot steps from t=30 (value 30): 40 − 30 = 10
+    out = w.push(counter_snap(40, 40))
+    assert (out["m"].t0, out["m"].counters) == (30.0, {"queries": 10.0})
+
+
+def test_memory_bounded():
+    w = Windows(30.0)
+    interval = 10.0
+    for i in range(2000):
+        w.push(counter_snap(i * interval, i))
+        d = w.window("m")
+        if d is not None:
+            assert d.steps <= 30.0 / interval + 1  # steps kept ≤ window/interval + 1
+    assert w.window("m").steps == 3  # 19960..19990: exactly window/interval
+
+
+def test_window_seconds_must_be_positive():
+    with pytest.raises(ValueError):
+        Windows(0.0)
+
+
+# --- observe -------------------------------------------------------------------------------
+
+
+def _busy_delta(**over):
+    kw = dict(
+        t0=100.0, t1=102.0,
+        counters={"queries": 4000.0, "hits": 2400.0, "external_hits": 600.0, "generation_tokens": 100.0},
+        histograms={
+            "request_prompt_tokens": HistogramDelta(4000.0, 4.0),
+            "request_generation_tokens": HistogramDelta(200.0, 4.0),
+            "iteration_tokens": HistogramDelta(4100.0, 50.0),
+            "prefill_time": HistogramDelta(2.0, 4.0),
+            "queue_time": HistogramDelta(0.4, 4.0),
+            "ttft": HistogramDelta(3.0, 4.0),
+        },
+        start={"running": 3.0, "waiting": 0.0}, end={"running": 5.0, "waiting": 1.0},
+    )
+    kw.update(over)
+    return Delta(**kw)
+
+
+def test_observe_by_hand():
+    o = observe(_busy_delta(), Context())
+    # ΔM = Δq − Δk − Δe = 4000 − 2400 − 600 = 1000
+    assert (o.queried_tokens, o.hit_tokens_device, o.hit_tokens_loaded) == (4000.0, 2400.0, 600.0)
+    assert o.miss_tokens == 1000.0
+    # ISL = 4000 / 4 = 1000; OSL = 200 / 4 = 50
+    assert (o.isl, o.osl) == (1000.0, 50.0)
+    # h = (2400 + 600) / 4000 = 0.75; n = Δq / ISL = 4; M̄ = 0.25·1000 = 250, H̄ = 750
+    # ΔW_attn = n·(M̄·H̄ + M̄²/2) = 4·(187,500 + 31,250) = 4·218,750 = 875,000
+    assert o.attention_work == pytest.approx(875_000.0)
+    # ΔC_dec = ΔG·(ISL + OSL/2) = 100·(1000 + 25) = 102,500
+    assert o.decode_context_tokens == pytest.approx(102_500.0)
+    assert o.generation_tokens == 100.0
+    # busy: running 3 and 5 > 0, Δsteps = 50 > 0
+    assert o.busy and o.steps == 50.0
+    assert (o.t, o.dt) == (102.0, 2.0)
+    assert o.running == 4.0 and o.waiting == 1.0  # (3 + 5)/2; waiting at the later scrape
+    assert o.requests_finished == 4.0
+    # means: 2.0/4 = 0.5, 0.4/4 = 0.1, 3.0/4 = 0.75
+    assert (o.prefill_time_mean, o.queue_time_mean, o.ttft_mean) == pytest.approx((0.5, 0.1, 0.75))
+    # h_dev = 2400/4000 = 0.6, h_load = 600/4000 = 0.15, h = 0.75; TPS_miss = 1000 / 2 = 500
+    assert (o.hit_ratio_device, o.hit_ratio_loaded, o.hit_ratio) == pytest.approx((0.6, 0.15, 0.75))
+    assert o.miss_tps == pytest.approx(500.0)
+    assert o.anomaly_hint == ""
+
+
+@pytest.mark.parametrize("start,end,steps", [
+    ({"running": 0.0}, {"running": 5.0}, 50.0),  # idle at the first scrape
+    ({"running": 3.0}, {"running": 0.0}, 50.0),  # idle at the second
+    ({"running": 3.0}, {"running": 5.0}, 0.0),   # engine did not step
+    ({}, {"running": 5.0}, 50.0),                # running unknown at one end
+])
+def test_busy_needs_running_at_both_scrapes_and_steps(start, end, steps):
+    hists = dict(_busy_delta().histograms)
+    hists["iteration_tokens"] = HistogramDelta(100.0, steps)
+    o = observe(_busy_delta(start=start, end=end, histograms=hists), Context())
+    assert not o.busy
+    assert o.miss_tps is None
+
+
+def test_no_iteration_histogram_is_not_busy():
+    hists = {k: v for k, v in _busy_delta().histograms.items() if k != "iteration_tokens"}
+    o = observe(_busy_delta(histograms=hists), Context())
+    assert o.steps == 0.0 and not o.busy
+
+
+def test_blocks_scaled_by_block_size():
+    d = _busy_delta(counters={"queries": 10.0, "hits": 4.0})
+    o = observe(d, Context(hit_unit="blocks", block_size=16.0))
+    # 10 blocks · 16 = 160 tokens queried, 4 · 16 = 64 hit; no connector reason → loaded 0
+    assert (o.queried_tokens, o.hit_tokens_device, o.hit_tokens_loaded) == (160.0, 64.0, 0.0)
+    assert o.miss_tokens == 96.0  # 160 − 64 − 0
+    # without a block size, blocks cannot be turned into tokens: unknown, not 10 or 0
+    o = observe(d, Context(hit_unit="blocks", block_size=None))
+    assert (o.queried_tokens, o.hit_tokens_device, o.miss_tokens) == (None, None, None)
+
+
+def test_loaded_hits_unknown_when_parser_gave_a_reason():
+    d = _busy_delta(counters={"queries": 4000.0, "hits": 2400.0, "generation_tokens": 100.0})
+    o = observe(d, Context(unknown={"hit_ratio_loaded": "no external_prefix_cache_* counters"}))
+    assert o.hit_tokens_loaded is None
+    assert o.hit_ratio_device == pytest.approx(0.6)  # 2400 / 4000, still known
+    assert o.hit_ratio_loaded is None and o.hit_ratio is None
+    # ΔM = Δq − Δk − Δe cannot be formed; no prompt_tokens_by_source fallback in this delta
+    assert o.miss_tokens is None and o.attention_work is None
+    # without the reason, no external counter means no connector: loaded hits 0 (MODEL.md §2)
+    o = observe(d, Context(unknown={}))
+    assert o.hit_tokens_loaded == 0.0 and o.miss_tokens == 1600.0  # 4000 − 2400 − 0
+
+
+def test_miss_from_local_compute_when_hits_unknown():
+    d = _busy_delta(counters={"prompt_local_compute": 700.0, "generation_tokens": 100.0})
+    o = observe(d, Context(unknown={"hit_ratio": "no prefix_cache_queries/hits counters"}))
+    assert o.queried_tokens is None and o.miss_tokens == 700.0
+
+
+def test_reset_step_carries_anomaly_hint():
+    prev = sig({"queries": 1000.0, "hits": 500.0}, gauges={"running": 2.0},
+               histograms={"iteration_tokens": Histogram(900.0, 300.0)})
+    cur = sig({"queries": 40.0, "hits": 10.0}, gauges={"running": 2.0},
+              histograms={"iteration_tokens": Histogram(60.0, 20.0)})
+    d = step_delta(prev, cur, 0.0, 2.0)
+    o = observe(d, Context())
+    assert d.resets == 1
+    assert o.anomaly_hint != ""
+    # restart: increases are the current values, 40 and 10
+    assert (o.queried_tokens, o.hit_tokens_device) == (40.0, 10.0)
+    assert not o.busy  # a reset step is not used as busy time
