@@ -74,7 +74,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     q, k, e = hit_tokens(delta, ctx)
     isl = mean_length(delta, "request_prompt_tokens") or ctx.isl
     osl = mean_length(delta, "request_generation_tokens") or ctx.osl
-    g = delta.counters.get("generation_tokens", 0.0)
+    g = delta.counters.get("generation_tokens")  # None = unknown, never 0
     steps_h = delta.histograms.get("iteration_tokens")
     steps = steps_h.count if steps_h is not None else 0.0
 
@@ -86,7 +86,9 @@ def observe(delta: Delta, ctx: Context) -> Observation:
             attn = (q / isl) * attention_work(isl, h)
     elif "prompt_local_compute" in delta.counters:
         miss = delta.counters["prompt_local_compute"]
-    ctx_tokens = g * decode_context_per_token(isl, osl) if isl is not None and osl is not None else None
+    ctx_tokens = None
+    if g is not None and isl is not None and osl is not None:
+        ctx_tokens = g * decode_context_per_token(isl, osl)
 
     r0, r1 = delta.start.get("running"), delta.end.get("running")
     busy = bool(r0 and r1 and r0 > 0 and r1 > 0 and steps > 0 and delta.resets == 0)

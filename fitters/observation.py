@@ -26,7 +26,7 @@ class Observation:
             has no connector/offload; None = unknown (MODEL.md §2).
         miss_tokens: ΔM, prompt tokens computed = queried − device hits − loaded hits [tokens].
         attention_work: ΔW_attn = Σ(M·H + M²/2) over the step's requests [tokens²] (§7).
-        generation_tokens: ΔG [tokens].
+        generation_tokens: ΔG [tokens] (None = unknown).
         decode_context_tokens: ΔC_dec ≈ ΔG·(ISL + OSL/2), KV tokens read by decode [tokens].
         isl, osl: mean prompt / output length per request in the step (or the latest known) [tokens].
         requests_finished: Δcount of finished requests (prefill-time histogram) [1].
@@ -48,7 +48,7 @@ class Observation:
     hit_tokens_loaded: float | None
     miss_tokens: float | None
     attention_work: float | None
-    generation_tokens: float
+    generation_tokens: float | None
     decode_context_tokens: float | None
     isl: float | None
     osl: float | None
