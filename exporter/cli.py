@@ -140,7 +140,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _config(args, window_seconds=args.window_seconds)
     trace = load_trace(args.path)
     t0 = trace.snapshots[0][0]
-    print(STEP_HEADER)
+    if not args.quiet:
+        print(STEP_HEADER)
 
     def on_step(i, t, obs):
         for model, o in obs.items():

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import requests
+from urllib3.exceptions import ReadTimeoutError
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _PROM_FILE = re.compile(r"(?:^|/)(\d{10,16})\.prom$")
@@ -69,8 +70,12 @@ class LiveSource:
                         raise ScrapeError("timeout", f"body not complete within {self.timeout}s from {self.url}")
                     chunks.append(chunk)
         except requests.ConnectionError as exc:
-            reason = "timeout" if isinstance(exc, requests.ReadTimeout) else "refused"
-            raise ScrapeError(reason, f"cannot reach {self.url}: {type(exc).__name__}") from None
+            # ConnectTimeout is a ConnectionError, and a read timeout while streaming the body
+            # surfaces as ConnectionError(urllib3 ReadTimeoutError): both are timeouts.
+            timed_out = isinstance(exc, requests.Timeout) or any(isinstance(a, ReadTimeoutError) for a in exc.args)
+            if timed_out:
+                raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {self.url}") from None
+            raise ScrapeError("refused", f"cannot reach {self.url}: {type(exc).__name__}") from None
         except requests.Timeout:
             raise ScrapeError("timeout", f"no answer within {self.timeout}s from {self.url}") from None
         except requests.RequestException as exc:

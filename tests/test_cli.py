@@ -1,0 +1,455 @@
+"""The ``kvhit`` command line as a user runs it: subprocesses of ``python -m exporter.cli``.
+
+Order matters for speed only (each test is independent): ``replay`` starts in the background with
+the module and overlaps the mostly idle ``run`` test; the CPU-heavy ``demo`` runs last.
+
+- ``replay`` with every output flag, then ``predict`` from the saved fit, one predicted value
+  checked against MODEL.md §7/§3.4 written out by hand;
+- ``demo`` served on a free 127.0.0.1 port while it runs;
+- ``run`` against a fake vLLM served here (the real trace's files, one per request), then with the
+  target gone: health, error counting, staleness (MODEL.md §6: never a frozen number), SIGTERM;
+- configuration errors: exit code 2 and one stderr line naming the key.
+
+Every server binds 127.0.0.1 on a free port. Subprocesses get an environment without KVHIT_*.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
+KVHIT = [sys.executable, "-m", "exporter.cli"]
+MODEL_NAME = "tiny"
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVHIT_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(status, body); (0, "") when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0, ""
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, dict(s.labels), s.value) for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    for n, lab, v in samples(text):
+        if n == name and all(lab.get(k) == w for k, w in labels.items()):
+            return v
+    return None
+
+
+def model_series(text: str) -> list[str]:
+    return [n for n, lab, _ in samples(text) if "model_name" in lab]
+
+
+def counter_sum(text: str, name: str, model: str = MODEL_NAME) -> float:
+    """Σ over engines of one vLLM counter, read from raw exposition text (not kvhit's parser)."""
+    total = 0.0
+    for n, lab, v in samples(text):
+        if n == name and lab.get("model_name") == model:
+            total += v
+    return total
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([*KVHIT, *args], capture_output=True, text=True, env=env or clean_env(), timeout=timeout)
+
+
+# ---- run against a fake vLLM ---------------------------------------------------------------
+
+
+def _trace_texts() -> tuple[list[str], list[dict], list[int]]:
+    """(texts, phases, unix_ms stamps) of the trace, texts in time order."""
+    files, phases = {}, []
+    with tarfile.open(TRACE, "r:gz") as tar:
+        for m in tar:  # archive order: a gzip stream cannot seek back cheaply
+            if m.isfile() and m.name.endswith(".prom"):
+                files[int(Path(m.name).stem)] = tar.extractfile(m).read().decode()
+            elif m.name.endswith("phases.json"):
+                phases = json.loads(tar.extractfile(m).read())["phases"]
+    stamps = sorted(files)
+    return [files[ms] for ms in stamps], phases, stamps
+
+
+class FakeVllm:
+    """Serves ``texts`` one per request on 127.0.0.1; after the last one, repeats it."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts, self.served = texts, []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                i = min(len(owner.served), len(owner.texts) - 1)
+                owner.served.append(i)
+                body = owner.texts[i].encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_run_against_fake_target_then_target_gone():
+    texts, phases, stamps = _trace_texts()
+    a1 = phases[1]
+    start = next(i for i, ms in enumerate(stamps) if ms >= a1["start_ms"])
+    served_texts = texts[start:start + 10]  # 20 s of phase A1 (designed h 0.3)
+    # Hand Δhits/Δqueries over the files kvhit will see (the last one repeats: no increase).
+    first, last = served_texts[0], served_texts[-1]
+    dk = counter_sum(last, "vllm:prefix_cache_hits_total") - counter_sum(first, "vllm:prefix_cache_hits_total")
+    dq = counter_sum(last, "vllm:prefix_cache_queries_total") - counter_sum(first, "vllm:prefix_cache_queries_total")
+    assert dq > 0
+    expected_h = dk / dq
+
+    fake = FakeVllm(served_texts)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    interval = 0.2
+    proc = subprocess.Popen([*KVHIT, "run", "--target", fake.url, "--interval", str(interval),
+                             "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    stopped = False
+    try:
+        # 1. live: wait until kvhit has seen every file (10 files at ~0.25 s ≈ 2.5 s).
+        # Per-model values are hidden whenever the last good scrape is > 2 intervals old, which a
+        # starved CPU can cause between two scrapes: wait for a fresh rendering with them.
+        deadline, body, h, ready = time.monotonic() + 40, "", None, False
+        while time.monotonic() < deadline:
+            status, body = get(base + "/metrics")
+            h = value(body, "kvhit_hit_ratio", model_name=MODEL_NAME, source="all", target=fake.url)
+            if status == 200 and len(fake.served) > len(served_texts) + 2 and h is not None:
+                ready = get(base + "/readyz")[0] == 200
+                if ready:
+                    break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        assert fake.served[:len(served_texts)] == list(range(len(served_texts)))
+        assert value(body, "kvhit_up", target=fake.url) == 1.0
+        assert h is not None and h == pytest.approx(expected_h, rel=0, abs=1e-9)
+        assert abs(h - a1["intended_hit_ratio"]) > 1e-3  # measured, not designed
+        assert ready  # /readyz 200 while scrapes are fresh
+        assert get(base + "/healthz")[0] == 200
+        status, pbody = get(base + "/api/v1/predict?hit_ratio=0.5&isl=2048&osl=32")
+        assert status in (200, 400), (status, pbody)
+        pdoc = json.loads(pbody)
+        if status == 200:
+            assert pdoc["model_name"] == MODEL_NAME and pdoc["prediction"]["tpm_delivered"] > 0
+        else:
+            assert pdoc["error"]
+        assert get(base + "/api/v1/predict?isl=2048")[0] == 400  # hit_ratio is required
+
+        # 2. the target goes away: connection refused.
+        fake.stop()
+        stopped = True
+        t_stop = time.time()
+        deadline = time.monotonic() + 20
+        checked_stale = 0
+        saw_down = False
+        while time.monotonic() < deadline:
+            t_req = time.time()
+            status, body = get(base + "/metrics")
+            if status != 200:  # a starved machine may miss the client timeout; not kvhit's fault
+                continue
+            last_success = value(body, "kvhit_last_success_timestamp_seconds", target=fake.url)
+            assert last_success is not None and last_success <= t_stop
+            if t_req - last_success > 2 * interval:
+                # Older than two intervals: no per-model value may be shown (never stale).
+                assert model_series(body) == [], model_series(body)[:5]
+                checked_stale += 1
+            refused = value(body, "kvhit_scrape_errors_total", target=fake.url, reason="refused")
+            if value(body, "kvhit_up", target=fake.url) == 0.0 and refused and refused > 0:
+                saw_down = True
+            if saw_down and checked_stale >= 5 and time.time() - t_stop > 1.5:
+                break
+            time.sleep(0.05)
+        assert saw_down
+        assert checked_stale >= 5
+        assert get(base + "/readyz")[0] == 503
+        assert get(base + "/healthz")[0] == 200
+        assert proc.poll() is None  # the sidecar stays alive with its target down
+
+        # 3. SIGTERM ends it cleanly.
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=10)
+        assert rc == 0, proc.stderr.read()
+        assert "refused" in proc.stderr.read()  # the failure was logged (once per reason change)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if not stopped:
+            fake.stop()
+
+
+class StallingServer:
+    """127.0.0.1 server that sends headers and a few body bytes, then stalls (or never answers)."""
+
+    def __init__(self, send_headers: bool) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/metrics"
+        self.send_headers, self.conns = send_headers, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                c, _ = self.sock.accept()
+                self.conns.append(c)
+                c.recv(65536)
+                if self.send_headers:
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nvllm:x 1\n")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("send_headers", [False, True], ids=["no_headers", "body_stalls"])
+def test_scrape_timeout_is_labelled_timeout_not_refused(send_headers):
+    """Regression: a read timeout while streaming the body (requests raises ConnectionError
+    wrapping urllib3's ReadTimeoutError) was counted as reason="refused"."""
+    from exporter.sources import LiveSource, ScrapeError
+
+    srv = StallingServer(send_headers)
+    try:
+        with pytest.raises(ScrapeError) as info:
+            LiveSource(srv.url, timeout=0.3).fetch()
+        assert info.value.reason == "timeout", str(info.value)
+    finally:
+        srv.close()
+
+
+# ---- configuration errors ------------------------------------------------------------------
+
+TARGET_ARGS = ("--target", "http://127.0.0.1:9/metrics")
+
+
+@pytest.fixture(scope="module")
+def config_errors(tmp_path_factory) -> dict[str, tuple[int, str]]:
+    """Each bad ``kvhit run`` launched at once (they are independent): case → (exit code, stderr).
+
+    A run that starts instead of refusing is killed after 60 s and reported with code None.
+    """
+    d = tmp_path_factory.mktemp("config")
+    (d / "unknown.yaml").write_text("interval: 1\nbogus_key: 3\n")
+    (d / "rho.yaml").write_text("prices:\n  hit_price_ratio: 1.5\n")
+    listen = ("--listen", "127.0.0.1:%d")
+    cases = {
+        "unknown_key": (("--config", str(d / "unknown.yaml"), *TARGET_ARGS, *listen), {}),
+        "hit_price_ratio": (("--config", str(d / "rho.yaml"), *TARGET_ARGS, *listen), {}),
+        "env_interval": ((*TARGET_ARGS, *listen), {"KVHIT_INTERVAL": "-1"}),
+        "listen": ((*TARGET_ARGS, "--listen", "nonsense"), {}),
+        "no_target": (listen, {}),
+    }
+    procs = {}
+    for name, (args, env) in cases.items():
+        args = tuple(a % free_port() if "%d" in a else a for a in args)
+        procs[name] = subprocess.Popen([*KVHIT, "run", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, env=clean_env(**env))
+    out = {}
+    for name, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=60)
+            out[name] = (proc.returncode, err)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            out[name] = (None, err)
+    return out
+
+
+def _refused(config_errors, case: str) -> str:
+    """Exit code 2 and exactly one stderr line; returns that line."""
+    code, err = config_errors[case]
+    assert code == 2, (case, code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_unknown_yaml_key_exits_2(config_errors):
+    assert "bogus_key" in _refused(config_errors, "unknown_key")
+
+
+def test_hit_price_ratio_out_of_range_exits_2(config_errors):
+    assert "prices.hit_price_ratio" in _refused(config_errors, "hit_price_ratio")
+
+
+def test_negative_interval_from_env_exits_2(config_errors):
+    assert "interval" in _refused(config_errors, "env_interval")
+
+
+def test_bad_listen_exits_2(config_errors):
+    assert "listen" in _refused(config_errors, "listen")
+
+
+def test_run_without_target_exits_2(config_errors):
+    assert "target" in _refused(config_errors, "no_target")
+
+
+# ---- replay + predict ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def replay_in_background(tmp_path_factory):
+    """Start ``kvhit replay`` (~5 s of CPU) when the module starts, so that it overlaps the mostly
+    idle ``run`` test below; :func:`replayed` waits for it."""
+    d = tmp_path_factory.mktemp("replay")
+    out = {"json": d / "replay.json", "fit": d / "fit.json", "metrics": d / "metrics.prom"}
+    proc = subprocess.Popen([*KVHIT, "replay", str(TRACE), "--quiet", "--json", str(out["json"]),
+                             "--save-fit", str(out["fit"]), "--metrics-out", str(out["metrics"])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def replayed(replay_in_background):
+    proc, out = replay_in_background
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), out
+
+
+def test_replay_exits_0_and_prints_phases_and_final_fit(replayed):
+    done, out = replayed
+    assert done.returncode == 0, done.stderr
+    assert "phases of tiny" in done.stdout
+    assert "TPSmiss Δsteps" not in done.stdout  # --quiet: no per-step table, not even its header
+    for name in ("A0_hit0.0", "A5_hit0.97", "B0_hit0.97", "B5_hit0.0"):
+        assert name in done.stdout
+    assert "final fit" in done.stdout
+    assert "fit chip_time  ok" in done.stdout
+    assert "miss slope a: direct=" in done.stdout
+
+
+def test_replay_json_outputs(replayed):
+    _, out = replayed
+    doc = json.loads(out["json"].read_text())
+    assert set(doc) >= {"steps", "phases", "analysis"}
+    assert len(doc["steps"]) > 300 and doc["steps"][0]["model_name"] == MODEL_NAME
+    assert [p["name"] for p in doc["phases"][MODEL_NAME]][:2] == ["A0_hit0.0", "A1_hit0.3"]
+    assert len(doc["phases"][MODEL_NAME]) == 12
+    assert doc["analysis"]["schema_version"] == 1 and MODEL_NAME in doc["analysis"]["models"]
+    fit_doc = json.loads(out["fit"].read_text())
+    assert fit_doc["models"][MODEL_NAME]["fit"]["schema_version"] == 1
+    text = out["metrics"].read_text()
+    assert value(text, "kvhit_up") == 1.0
+    assert value(text, "kvhit_hit_ratio", model_name=MODEL_NAME, source="all") is not None
+
+
+def test_predict_matches_hand_computation(replayed):
+    _, out = replayed
+    h, isl, osl = 0.5, 2048.0, 32.0
+    done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", str(h), "--isl", "2048", "--osl", "32")
+    assert done.returncode == 0, done.stderr
+    pred = json.loads(done.stdout)
+    assert pred["model_name"] == MODEL_NAME
+    p = pred["prediction"]
+    for key in ("ttft_service", "ttft_load_aware", "tpm_delivered", "tpm_physical"):
+        assert isinstance(p[key], float) and math.isfinite(p[key]) and p[key] > 0, key
+
+    # MODEL.md §7 per request and §3.4, written out from the saved coefficients.
+    f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    m, hh = (1 - h) * isl, h * isl
+    t_chip = (f["t_step"] * f["steps_per_request"] + f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
+              + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2)))
+    assert p["t_chip"] == pytest.approx(t_chip, rel=1e-12)
+    assert p["tpm_delivered"] == pytest.approx((isl + osl) * 60 / t_chip, rel=1e-12)
+    assert p["tpm_physical"] == pytest.approx((isl * (1 - h) + osl) * 60 / t_chip, rel=1e-12)
+    # Caching raises delivered throughput over the h = 0 prediction of the same fit.
+    t0 = f["t_step"] * f["steps_per_request"] + f["k_ffn"] * isl + f["k_attn"] * isl * isl / 2 \
+        + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2))
+    assert t_chip < t0
+
+
+# ---- demo ----------------------------------------------------------------------------------
+
+
+def test_demo_serves_while_replaying():
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([*KVHIT, "demo", "--speed", "400", "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    seen = {"up": False, "hit_ratio": False, "healthz": False, "analysis": False}
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not all(seen.values()):
+            status, body = get(base + "/metrics", timeout=3)
+            if status == 200:
+                seen["up"] |= value(body, "kvhit_up", target="demo") == 1.0
+                seen["hit_ratio"] |= value(body, "kvhit_hit_ratio", model_name=MODEL_NAME, source="all") is not None
+                status, _ = get(base + "/healthz", timeout=3)
+                seen["healthz"] |= status == 200
+                status, body = get(base + "/api/v1/analysis", timeout=3)
+                if status == 200:
+                    doc = json.loads(body)
+                    seen["analysis"] |= doc["schema_version"] == 1 and doc["target"] == "demo"
+            time.sleep(0.05)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert all(seen.values()), seen
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("t=")]
+    assert len(lines) >= 3 and len(set(ln.split(" h=")[1] for ln in lines)) >= 3  # evolving
+    assert "final fit:" in stdout and "fit chip_time  ok" in stdout

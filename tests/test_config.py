@@ -1,0 +1,121 @@
+"""kvhit configuration: precedence YAML < KVHIT_* env < flags, HF config.json geometry, defaults.
+
+KV sizes are worked by hand (MODEL.md §3.6): S_kv = 2·L·max(1, n_kv/tp)·d_head·b_elem.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter.config import Config, ConfigError, load_config
+
+
+def _yaml(tmp_path, text: str) -> str:
+    p = tmp_path / "kvhit.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+# ---- precedence ------------------------------------------------------------------------------
+
+
+def test_precedence_yaml_env_flags_top_level_key(tmp_path):
+    path = _yaml(tmp_path, "interval: 1\nlisten: 127.0.0.1:1111\n")
+    env = {"KVHIT_INTERVAL": "2", "KVHIT_LISTEN": "127.0.0.1:2222"}
+    flags = {"interval": 3.0, "listen": "127.0.0.1:3333"}
+    assert load_config(path, environ={}).interval == 1.0
+    assert load_config(path, environ=env).interval == 2.0
+    assert load_config(path, environ=env, flags=flags).interval == 3.0
+    assert load_config(path, environ={}).listen == "127.0.0.1:1111"
+    assert load_config(path, environ=env).listen == "127.0.0.1:2222"
+    assert load_config(path, environ=env, flags=flags).listen == "127.0.0.1:3333"
+    # A flag left unset (None) does not hide the lower layers.
+    assert load_config(path, environ=env, flags={"interval": None}).interval == 2.0
+    # Env alone and flags alone over the defaults.
+    assert load_config(None, environ={"KVHIT_INTERVAL": "7"}).interval == 7.0
+    assert load_config(None, environ={}, flags={"interval": 9.0}).interval == 9.0
+
+
+def test_precedence_nested_key(tmp_path):
+    path = _yaml(tmp_path, "prices:\n  hit_price_ratio: 0.2\n  miss_per_million: 3\n")
+    env = {"KVHIT_PRICES_HIT_PRICE_RATIO": "0.25"}
+    flags = {"prices": {"hit_price_ratio": 0.5}}
+    assert load_config(path, environ={}).prices.hit_price_ratio == 0.2
+    assert load_config(path, environ=env).prices.hit_price_ratio == 0.25
+    got = load_config(path, environ=env, flags=flags).prices
+    assert got.hit_price_ratio == 0.5
+    assert got.miss_per_million == 3.0  # the sibling from YAML survives the merge
+
+
+def test_env_overrides_yaml_geometry(tmp_path):
+    path = _yaml(tmp_path, "model:\n  layers: 32\n  kv_heads: 8\n  head_dim: 128\n  tp: 1\n")
+    assert load_config(path, environ={}).model.kv_bytes_per_token() == 131072
+    assert load_config(path, environ={"KVHIT_MODEL_TP": "4"}).model.kv_bytes_per_token() == 32768
+
+
+def test_unknown_env_variable_and_key_named(tmp_path):
+    with pytest.raises(ConfigError, match="KVHIT_NOPE"):
+        load_config(None, environ={"KVHIT_NOPE": "1"})
+    with pytest.raises(ConfigError, match="model.nope"):
+        load_config(_yaml(tmp_path, "model:\n  nope: 1\n"), environ={})
+    with pytest.raises(ConfigError, match="interval"):
+        load_config(None, environ={"KVHIT_INTERVAL": "-1"})
+    with pytest.raises(ConfigError, match="prices.hit_price_ratio"):
+        load_config(None, environ={}, flags={"prices": {"hit_price_ratio": 1.5}})
+    # Variables without the KVHIT_ prefix are not kvhit's business.
+    assert load_config(None, environ={"PATH": "/bin", "KVHITX": "1"}).interval == 5.0
+
+
+# ---- HF config.json geometry (MODEL.md §3.6) --------------------------------------------------
+
+
+@pytest.fixture
+def hf_config(tmp_path) -> str:
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                             "hidden_size": 4096, "torch_dtype": "bfloat16"}))
+    return str(p)
+
+
+def test_hf_config_geometry_tp1(hf_config):
+    g = load_config(None, environ={}, flags={"model": {"hf_config": hf_config}}).model
+    assert (g.layers, g.kv_heads, g.head_dim) == (32, 8, 4096 // 32)
+    assert g.head_dim == 128
+    # 2 (K and V) · 32 layers · 8 KV heads · 128 · 2 bytes = 131072 bytes per token
+    assert g.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2 == 131072
+
+
+def test_hf_config_geometry_tp4(hf_config):
+    g = load_config(None, environ={}, flags={"model": {"hf_config": hf_config, "tp": 4}}).model
+    # 8 KV heads over 4 ranks = 2 per GPU: 2 · 32 · 2 · 128 · 2 = 32768 bytes per token per GPU
+    assert g.kv_bytes_per_token() == 2 * 32 * 2 * 128 * 2 == 32768
+    assert g.gpus == 4
+
+
+def test_hf_config_explicit_key_wins(hf_config, tmp_path):
+    path = _yaml(tmp_path, f"model:\n  hf_config: {hf_config}\n  kv_heads: 32\n")
+    g = load_config(path, environ={}).model
+    assert (g.layers, g.kv_heads, g.head_dim) == (32, 32, 128)
+    assert g.kv_bytes_per_token() == 2 * 32 * 32 * 128 * 2
+
+
+def test_hf_config_unreadable_names_key(tmp_path):
+    with pytest.raises(ConfigError, match="model.hf_config"):
+        load_config(None, environ={}, flags={"model": {"hf_config": str(tmp_path / "missing.json")}})
+
+
+# ---- defaults ------------------------------------------------------------------------------
+
+
+def test_defaults():
+    cfg = load_config(None, environ={})
+    assert cfg == Config()
+    assert cfg.listen == "0.0.0.0:9471"
+    assert cfg.interval == 5.0
+    assert cfg.window_seconds == 60.0
+    assert cfg.prices.hit_price_ratio == 0.1
+    assert cfg.prices.miss_per_million == 1.0
+    assert cfg.prices.output_per_million == 0.0
+    assert cfg.target is None
+    assert cfg.model.kv_bytes_per_token() is None  # unknown until geometry is configured

