@@ -47,13 +47,19 @@ OUTCOMES = {
     "05": ("vllm_v1", "", {"zai-org/GLM-4.5"}),
     # engine="0" label → V1; request_params_n is not a signal kvhit reads
     "06": ("vllm_v1", "none of the signals", set()),
-    "08": ("vllm_v1", "", {"/models/qwen3-8b"}),
+    # every histogram of the paste misses its _count on one of the two engines → DP totals unknown
+    "08": ("vllm_v1", "complete for every data-parallel engine", set()),
     # time_in_queue_requests (deprecated V0 family) → V0; only sql-lora's TTFT has a _count
     "09": ("vllm_v0", "", {"sql-lora"}),
-    "11": ("sglang", "unsupported engine: sglang", set()),
-    "12": ("sglang", "unsupported engine: sglang", set()),
-    "14": ("sglang", "unsupported engine: sglang", set()),
-    "15": ("sglang", "unsupported engine: sglang", set()),
+    # SGLang is read through exporter/engines.py (tests/test_engines.py has the values):
+    # 0.3.x label name= → the model; prompt_tokens_total and max_total_num_tokens are read
+    "11": ("sglang", "", {"/models/meta-llama/Llama-3.2-3B/"}),
+    # WIP build: num_requests_running/waiting, token_usage, cache_hit_rate (percent) gauges
+    "12": ("sglang", "", {"google/gemma-2-9b-it"}),
+    # 0.5.1: num_running_reqs / token_usage with tp_rank, pp_rank labels
+    "14": ("sglang", "", {"Qwen-32B"}),
+    # sglang_ prefix (smg sidecar): cache_hit_rate gauge and realtime_tokens_total{mode=prefill_compute}
+    "15": ("sglang", "", {"meta-llama/Llama-3.1-8B-Instruct"}),
     "16": ("lmcache", "unsupported engine: lmcache", set()),
     "17": ("lmcache", "unsupported engine: lmcache", set()),
     # declares vllm:avg_generation_throughput_toks_per_s (0.2.x/V0 only) with no sample
@@ -63,7 +69,8 @@ OUTCOMES = {
     # HELP "in model execution batches" → V1
     "21": ("vllm_v1", "", {"meta-llama/Llama-3.1-8B-Instruct"}),
     "23": ("unknown", "no vLLM metrics", set()),
-    "24": ("sglang", "unsupported engine: sglang", set()),
+    # P/D decode node: num_running_reqs 0.0 (num_transfer_failed_reqs_total is not read)
+    "24": ("sglang", "", {"/models/deepseek-ai__DeepSeek-R1"}),
     "25": ("vllm_v1", "", {"tiny"}),
 }
 
@@ -84,7 +91,7 @@ def test_sample_engine_reason_models(prefix):
     else:
         assert snap.reason == ""
     assert set(snap.models) == models
-    assert snap.supported == engine.startswith("vllm")
+    assert snap.supported == (engine.startswith("vllm") or engine == "sglang")
     _no_timestamp_as_data(snap)
 
 
@@ -179,18 +186,16 @@ def test_06_histogram_created_recorded_never_data():
     }
 
 
-def test_08_dp2_partial_paste_only_complete_series_summed():
-    m = sample("08").models["/models/qwen3-8b"]
+def test_08_dp2_partial_paste_no_partial_sums():
+    snap = sample("08")
     # request_generation_tokens: only engine 0 has a _count (3.0); engine 1's buckets (le 1…1000)
-    # lost their _count in the paste, so they are not added to engine 0's count.
-    # Engine 0's buckets in the excerpt: le=20000 → 3.0, +Inf → 3.0. No _sum anywhere → NaN.
-    h = m.histograms["request_generation_tokens"]
-    assert h.count == 3.0
-    assert math.isnan(h.sum)
-    assert h.buckets == ((20000.0, 3.0), (math.inf, 3.0))
-    # TTFT and decode time: engine 1 buckets only, no _count → unknown, not 0
-    assert set(m.histograms) == {"request_generation_tokens"}
-    assert dict(m.counters) == {} and dict(m.gauges) == {}
+    # lost their _count in the paste. Engine 0's 3 requests are not the model's total (engine 1
+    # finished at least 1: its le=500 bucket is 1.0), so the DP total is unknown, not 3.
+    # TTFT and decode time: engine 1 buckets only, no _count → unknown, not 0.
+    assert snap.models == {}
+    # one request_generation_tokens series incomplete (engine 1 lacks it); TTFT and decode time
+    # have no complete engine at all (nothing to sum, nothing reported as incomplete)
+    assert snap.quirks == {"engine_incomplete": 1}
 
 
 DP2 = """\
@@ -370,16 +375,20 @@ def test_pid_duplicated_gauge_is_one_value_not_a_sum():
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="101"} 0.2
 vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="102"} 0.3
+vllm:kv_cache_usage_perc{engine="1",model_name="m",pid="101"} 0.1
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m",pid="101"} 3.0
 vllm:num_requests_running{engine="0",model_name="m",pid="102"} 3.0
 vllm:num_requests_running{engine="1",model_name="m",pid="101"} 2.0
 """
-    m = parse_exposition(text, T).models["m"]
-    # kv usage: max(0.2, 0.3) = 0.3 (not 0.5)
+    snap = parse_exposition(text, T)
+    m = snap.models["m"]
+    # kv usage: engine 0 = max over pids(0.2, 0.3) = 0.3 (not 0.5); max over engines(0.3, 0.1) = 0.3
     assert m.gauges["kv_usage"] == 0.3
     # running: engine 0 = max over pids(3, 3) = 3; summed over engines 3 + 2 = 5 (not 8)
     assert m.gauges["running"] == 5.0
+    # duplicates collapsed: kv usage engine 0 (pid 102 after 101), running engine 0 (pid 102)
+    assert snap.quirks == {"pid_duplicate": 2}
 
 
 def test_underscore_prefix_and_counter_without_total():
