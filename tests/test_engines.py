@@ -1,0 +1,170 @@
+"""SGLang and llm-d-inference-sim read onto kvhit's signals (exporter/engines.py, MODEL.md §2;
+reference vllm-metrics.md §6.1, §6.3).
+
+The SGLang samples in tests/data/samples/ are single scrapes; a token hit ratio is a ratio of
+counter increases, so each test takes a real sample as the first scrape and the same text with
+known increments (written out here) as the second. Expected ratios are worked by hand.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.analyzer import Analyzer
+from exporter.config import Config
+from exporter.parse import parse_exposition
+
+SAMPLES = Path(__file__).parent / "data" / "samples"
+T0, T1 = 1_700_000_000.0, 1_700_000_010.0
+
+
+def _text(prefix: str) -> str:
+    (path,) = SAMPLES.glob(f"{prefix}_*.prom")
+    return path.read_text(encoding="utf-8")
+
+
+def _window(first: str, second: str):
+    """Analysis of the model(s) after two scrapes 10 s apart (default configuration)."""
+    a = Analyzer(Config())
+    a.ingest(parse_exposition(first, T0))
+    a.ingest(parse_exposition(second, T1))
+    return a.analysis()
+
+
+SMG = ('engine_type="unified",mode="{mode}",model_name="meta-llama/Llama-3.1-8B-Instruct",moe_ep_rank="0",'
+       'pp_rank="0",tp_rank="0",worker_addr="grpc://127.0.0.1:8001"')
+
+
+def test_15_smg_realtime_tokens_hit_ratio_and_batch_gauge_ignored():
+    base = _text("15")
+    # sample 15 exports realtime_tokens_total{mode="prefill_compute"} 55 only (the paste ends there)
+    # → alone it says nothing about hits
+    alone = parse_exposition(base, T0).models["meta-llama/Llama-3.1-8B-Instruct"]
+    assert "prefill_cache" in alone.unknown["hit_ratio"] and "cache_hit_rate" in alone.unknown["hit_ratio"]
+    # first scrape: + prefill_cache 165; second: compute 55 → 100 (+45), cache 165 → 320 (+155),
+    # and the per-batch gauge jumps from 0 to 1 (100 %)
+    first = base + f"sglang_realtime_tokens_total{{{SMG.format(mode='prefill_cache')}}} 165\n"
+    second = (base.replace("} 55", "} 100").replace("sglang_cache_hit_rate{", "sglang_cache_hit_rate_x{")
+              + f"sglang_realtime_tokens_total{{{SMG.format(mode='prefill_cache')}}} 320\n"
+              + 'sglang_cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 1\n')
+    analysis = _window(first, second)
+    assert analysis.engine == "sglang" and analysis.engine_reason == ""
+    m = analysis.models["meta-llama/Llama-3.1-8B-Instruct"]
+    # Δqueries = 45 + 155 = 200, Δhits = 155 → h = 155/200 = 0.775 (the gauge's 1.0 is not used);
+    # no HiCache family → nothing is loaded: h_load = 0, h = h_dev
+    assert m.hit_ratio == pytest.approx({"device": 0.775, "loaded": 0.0, "all": 0.775}, rel=1e-12)
+    assert "hit_ratio" not in m.unknown
+
+
+def test_14_tp_replicas_counted_once_dp_ranks_summed():
+    # sample 14's label set with DP attention on (every series gains dp_rank; dp 1 is a copy of
+    # the file's dp 0 on tp_rank 2) and the counters SGLang 0.5 exports: tp_rank 0 and 1 of one
+    # DP rank report the same batch; dp_rank 0 and 1 serve different requests
+    sample = _text("14")
+    both = (sample.replace('pp_rank="0",tp_rank="0"', 'dp_rank="0",pp_rank="0",tp_rank="0"')
+          + "".join(line.replace('pp_rank="0",tp_rank="0"', 'dp_rank="1",pp_rank="0",tp_rank="2"') + "\n"
+                    for line in sample.splitlines() if not line.startswith("#")))
+
+    def scrape(c0: int, p0: int, c1: int, p1: int) -> str:
+        lines = [both]
+        for dp, tps, cache, comp in (("0", ("0", "1"), c0, p0), ("1", ("2", "3"), c1, p1)):
+            for tp in tps:
+                for mode, v in (("prefill_cache", cache), ("prefill_compute", comp)):
+                    lines.append(f'sglang:realtime_tokens_total{{dp_rank="{dp}",engine_type="unified",mode="{mode}",'
+                                 f'model_name="Qwen-32B",pp_rank="0",tp_rank="{tp}"}} {v}.0')
+        return "\n".join(lines) + "\n"
+
+    snap = parse_exposition(scrape(900, 100, 800, 200), T0)
+    sig = snap.models["Qwen-32B"]
+    # hits = 900 (dp 0) + 800 (dp 1), each once although two TP ranks export it = 1700
+    # queries = (900 + 100) + (800 + 200) = 2000
+    assert dict(sig.counters) == {"hits": 1700.0, "queries": 2000.0}
+    assert set(sig.engines) == {"0", "1"}  # dp_rank became vLLM's data-parallel engine label
+    # second scrape: dp 0 cache +100 (1000), dp 1 compute +100 (300): Δhits 100, Δqueries 200 → 0.5
+    m = _window(scrape(900, 100, 800, 200), scrape(1000, 100, 800, 300)).models["Qwen-32B"]
+    assert m.hit_ratio["all"] == pytest.approx(100 / 200, rel=1e-12)
+    # running: num_running_reqs 1.0 per DP rank, summed = 2.0; token_usage 0.0 on both → max 0.0
+    assert dict(snap.models["Qwen-32B"].gauges) == {"running": 2.0, "kv_usage": 0.0}
+
+
+def test_11_name_label_cached_tokens_against_prompt_tokens():
+    base = _text("11")
+    label = 'name="/models/meta-llama/Llama-3.2-3B/"'
+    first = base + f"sglang:cached_tokens_total{{{label}}} 1000.0\n"
+    # prompt_tokens_total 230794 → 234794 (+4000), cached 1000 → 4000 (+3000): h = 3000/4000 = 0.75
+    second = base.replace("230794.0", "234794.0") + f"sglang:cached_tokens_total{{{label}}} 4000.0\n"
+    m = _window(first, second).models["/models/meta-llama/Llama-3.2-3B/"]
+    assert m.hit_ratio == pytest.approx({"device": 0.75, "loaded": 0.0, "all": 0.75}, rel=1e-12)
+    # the file's own signals: prompt tokens and the KV pool size max_total_num_tokens 570979
+    sig = parse_exposition(base, T0).models["/models/meta-llama/Llama-3.2-3B/"]
+    assert dict(sig.counters) == {"prompt_tokens": 230794.0}
+    assert dict(sig.gauges) == {"kv_capacity_tokens": 570979.0}
+
+
+def test_12_percent_gauge_normalised_but_never_the_hit_ratio():
+    sig = parse_exposition(_text("12"), T0).models["google/gemma-2-9b-it"]
+    # sglang:cache_hit_rate 87.58777633289988 > 1 → a percent → 0.8758777633289988; kept only as
+    # the last batch's rate; num_requests_running 0.0, num_requests_waiting 0.0 (preferred over
+    # queue_req 0.0), token_usage 0.0
+    assert sig.gauges["batch_hit_rate"] == pytest.approx(0.8758777633289988, rel=1e-15)
+    assert dict(sig.gauges) == pytest.approx({"running": 0.0, "waiting": 0.0, "kv_usage": 0.0,
+                                              "batch_hit_rate": 0.8758777633289988})
+    # cached_token / new_token are per-batch gauges of that build: no token counter → unknown
+    assert sig.counters == {}
+    assert "cache_hit_rate gauge" in sig.unknown["hit_ratio"]
+
+
+HICACHE = 'sglang:hicache_host_used_tokens{model_name="m"} 5.0\nsglang:num_running_reqs{model_name="m"} 1.0\n'
+
+
+def test_hicache_needs_the_cache_source_split():
+    rt = ('sglang:realtime_tokens_total{{mode="prefill_cache",model_name="m"}} {0}\n'
+          'sglang:realtime_tokens_total{{mode="prefill_compute",model_name="m"}} {1}\n')
+    sig = parse_exposition(HICACHE + rt.format(10, 10), T0).models["m"]
+    assert "HiCache" in sig.unknown["hit_ratio"]  # host hits hide inside prefill_cache
+
+    def split(device: int, host: int, prompt: int) -> str:
+        return (HICACHE + rt.format(1, 1)
+                + f'sglang:cached_tokens_total{{cache_source="device",model_name="m"}} {device}\n'
+                + f'sglang:cached_tokens_total{{cache_source="host",model_name="m"}} {host}\n'
+                + f'sglang:cached_tokens_total{{cache_source="total",model_name="m"}} {device + host}\n'
+                + f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}\n')
+
+    # Δdevice 600, Δhost 200, Δprompt 1000 → h_dev 0.6, h_load 0.2, h 0.8
+    m = _window(split(100, 0, 1000), split(700, 200, 2000)).models["m"]
+    assert m.hit_ratio == pytest.approx({"device": 0.6, "loaded": 0.2, "all": 0.8}, rel=1e-12)
+
+
+SIM = """\
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits{{model_name="sim"}} {hits}
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries{{model_name="sim"}} {queries}
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{model_name="sim"}} {queries}
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="sim"}} 2
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{model_name="sim"}} 0.25
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",num_gpu_blocks="1000"}} 1
+"""
+
+
+def test_llm_d_inference_sim_counters_without_total():
+    # llm-d-inference-sim (Mar–Aug 2026): vllm:prefix_cache_hits / _queries without _total,
+    # model_name only, cache_config_info with block_size and num_gpu_blocks only
+    snap = parse_exposition(SIM.format(hits=300, queries=1000), T0)
+    assert snap.engine == "vllm_v1"  # prefix_cache_queries proves V1
+    assert dict(snap.models["sim"].counters) == {"hits": 300.0, "queries": 1000.0, "prompt_tokens": 1000.0}
+    # Δhits 450, Δqueries 600 → h = 0.75; cache_config_info has no kv_offloading_size → no
+    # offload → h_load = 0
+    m = _window(SIM.format(hits=300, queries=1000), SIM.format(hits=750, queries=1600)).models["sim"]
+    assert m.hit_ratio == pytest.approx({"device": 0.75, "loaded": 0.0, "all": 0.75}, rel=1e-12)
+
+
+def test_lmcache_stays_unsupported():
+    snap = parse_exposition(_text("16"), T0)
+    assert (snap.engine, snap.models) == ("lmcache", {})
+    assert snap.reason == "unsupported engine: lmcache"
