@@ -1,0 +1,206 @@
+"""When prefix caching pays: prefill share, speedup and the seed-003 verdict (MODEL.md §5). 
+
+    prefill_share = P̄ / (P̄ + D̄)            speedup ≈ 1 / (1 − h · prefill_share)
+
+Verdict states (seed 003 §2 and "落地建议" 2), first match wins:
+
+=========================  ==================================================================
+state                      rule
+=========================  ==================================================================
+thrash_risk                recent h > 0.85 and the per-minute h jitters (population σ ≥ 0.05
+                           over the last 15 minutes) while KV usage nears full (max ≥ 0.90)
+not_paying                 h < 0.25 over the history (24 h once that much exists)
+dedicated_pool_worth_it    h > 0.60 and prefill share > 0.40 over the history
+diminishing_returns        h > 0.85 over the history (the remaining suffix must be computed)
+linear                     otherwise: throughput gain ≈ h × prefill share
+=========================  ==================================================================
+
+Choices where MODEL.md is silent: the 24-hour history is a per-minute rollup (bounded); until
+24 hours are covered the verdict is *provisional* (label ``provisional="true"``) but still
+given on the history there is. "Recent" is the last 15 minutes. Thrash needs the KV usage
+gauge: without it thrash is not asserted. ``diminishing_returns`` is the seed's > 85 % zone when
+no other state applies (the issue's list has four states; h = 0.95 with a small prefill share
+is not "linear").
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from .model import caching_speedup, prefill_share
+
+STATES = ("not_paying", "linear", "dedicated_pool_worth_it", "diminishing_returns", "thrash_risk")
+NOT_PAYING_H = 0.25
+DEDICATED_H = 0.60
+DEDICATED_SHARE = 0.40
+THRASH_H = 0.85
+THRASH_JITTER = 0.05
+THRASH_KV_USAGE = 0.90
+RECENT_MINUTES = 15
+HISTORY_SECONDS = 24 * 3600.0
+
+
+@dataclass
+class _Minute:
+    minute: int
+    first_t0: float
+    queries: float = 0.0
+    hits: float = 0.0
+    prefill_sum: float = 0.0
+    prefill_count: float = 0.0
+    decode_sum: float = 0.0
+    decode_count: float = 0.0
+    kv_usage_max: float | None = None
+
+
+class HitRollup:
+    """Per-minute sums of Δqueries, Δhits (device + loaded), prefill/decode time sums and counts,
+    and the max KV usage, over at most ``minutes`` minutes (default 1440 = 24 h).
+
+    Memory bound: a ``deque(maxlen=minutes)``; minutes older than the newest minute − ``minutes``
+    are also dropped when traffic had gaps. A step is attributed to the minute of its end.
+    """
+
+    def __init__(self, minutes: int = 1440, bucket_seconds: float = 60.0) -> None:
+        if minutes < 1 or bucket_seconds <= 0:
+            raise ValueError("need minutes >= 1 and bucket_seconds > 0")
+        self.minutes = minutes
+        self.bucket_seconds = bucket_seconds
+        self._buf: deque[_Minute] = deque(maxlen=minutes)
+        self._t: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    def update(self, t0: float, t1: float, queried: float | None, hits: float | None,
+               prefill: tuple[float, float] | None = None, decode: tuple[float, float] | None = None,
+               kv_usage: float | None = None) -> None:
+        """Add one step [t0, t1]: Δqueried and Δhits tokens (None = unknown, not added),
+        prefill / decode = (Δsum [s], Δcount) of the request time histograms, KV usage [0–1]
+        at the step's end."""
+        minute = int(math.floor(t1 / self.bucket_seconds))
+        if self._buf and minute < self._buf[-1].minute:
+            return  # out of order: the rollup only moves forward
+        if not self._buf or self._buf[-1].minute != minute:
+            self._buf.append(_Minute(minute, t0))
+        m = self._buf[-1]
+        if queried is not None and hits is not None and queried >= 0 and hits >= 0:
+            m.queries += queried
+            m.hits += hits
+        if prefill is not None and decode is not None and all(map(math.isfinite, (*prefill, *decode))):
+            m.prefill_sum += prefill[0]
+            m.prefill_count += prefill[1]
+            m.decode_sum += decode[0]
+            m.decode_count += decode[1]
+        if kv_usage is not None and math.isfinite(kv_usage):
+            m.kv_usage_max = kv_usage if m.kv_usage_max is None else max(m.kv_usage_max, kv_usage)
+        self._t = t1
+        while self._buf and self._buf[0].minute <= minute - self.minutes:
+            self._buf.popleft()
+
+    def _recent(self, minutes: int | None) -> list[_Minute]:
+        if not self._buf:
+            return []
+        if minutes is None:
+            return list(self._buf)
+        last = self._buf[-1].minute
+        return [m for m in self._buf if m.minute > last - minutes]
+
+    def span_seconds(self) -> float:
+        """Time the rollup covers [s] (0 when empty)."""
+        if not self._buf or self._t is None:
+            return 0.0
+        return self._t - self._buf[0].first_t0
+
+    def provisional(self) -> bool:
+        """True until the rollup covers 24 h (less one bucket of slack)."""
+        return self.span_seconds() < min(HISTORY_SECONDS, self.minutes * self.bucket_seconds) - self.bucket_seconds
+
+    def hit_ratio(self, minutes: int | None = None) -> float | None:
+        """Σhits / Σqueries over the last ``minutes`` (default all) [1]; None without queries."""
+        ms = self._recent(minutes)
+        q = math.fsum(m.queries for m in ms)
+        return math.fsum(m.hits for m in ms) / q if q > 0 else None
+
+    def prefill_share(self, minutes: int | None = None) -> float | None:
+        """P̄/(P̄+D̄) from the summed request prefill / decode times [1]; None without requests."""
+        ms = self._recent(minutes)
+        pc, dc = math.fsum(m.prefill_count for m in ms), math.fsum(m.decode_count for m in ms)
+        if pc <= 0 or dc <= 0:
+            return None
+        p, d = math.fsum(m.prefill_sum for m in ms) / pc, math.fsum(m.decode_sum for m in ms) / dc
+        return prefill_share(p, d) if p + d > 0 else None
+
+    def jitter(self, minutes: int = RECENT_MINUTES, min_minutes: int = 3) -> float | None:
+        """Population σ of the per-minute h over the last ``minutes`` [1]; None with fewer than
+        ``min_minutes`` minutes that had queries."""
+        hs = [m.hits / m.queries for m in self._recent(minutes) if m.queries > 0]
+        if len(hs) < min_minutes:
+            return None
+        mean = math.fsum(hs) / len(hs)
+        return math.sqrt(math.fsum((h - mean) ** 2 for h in hs) / len(hs))
+
+    def kv_usage_max(self, minutes: int = RECENT_MINUTES) -> float | None:
+        """Max KV usage over the last ``minutes`` [0–1]; None when never known."""
+        vals = [m.kv_usage_max for m in self._recent(minutes) if m.kv_usage_max is not None]
+        return max(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class CachingVerdict:
+    """The verdict and what it was decided on (every value None when unknown).
+
+    Attributes:
+        state: one of :data:`STATES`, or None when undecidable (``reason`` says why).
+        provisional: the history covers less than 24 h.
+        history_seconds: span of the history [s]; history_hit_ratio, history_prefill_share [1].
+        recent_hit_ratio, jitter [1]; kv_usage_max [0–1] over the last 15 minutes.
+    """
+
+    state: str | None
+    reason: str
+    provisional: bool
+    history_seconds: float
+    history_hit_ratio: float | None
+    history_prefill_share: float | None
+    recent_hit_ratio: float | None
+    jitter: float | None
+    kv_usage_max: float | None
+
+
+def decide(h_history: float | None, share_history: float | None, h_recent: float | None,
+           jitter: float | None, kv_usage_max: float | None) -> tuple[str | None, str]:
+    """(state, reason) by the rules in the module docstring. Pure."""
+    if (h_recent is not None and jitter is not None and kv_usage_max is not None
+            and h_recent > THRASH_H and jitter >= THRASH_JITTER and kv_usage_max >= THRASH_KV_USAGE):
+        return "thrash_risk", ""
+    if h_history is None:
+        return None, "no prefix-cache queries in the history (token hit ratio unknown)"
+    if h_history < NOT_PAYING_H:
+        return "not_paying", ""
+    if h_history > DEDICATED_H:
+        if share_history is None:
+            return None, ("h > 0.60 but the prefill share is unknown (no request_prefill/decode_time "
+                          "histograms): cannot tell whether a dedicated pool pays")
+        if share_history > DEDICATED_SHARE:
+            return "dedicated_pool_worth_it", ""
+    if h_history > THRASH_H:
+        return "diminishing_returns", ""
+    return "linear", ""
+
+
+def verdict(rollup: HitRollup) -> CachingVerdict:
+    """The current :class:`CachingVerdict` from a rollup (MODEL.md §5)."""
+    h_hist, share = rollup.hit_ratio(), rollup.prefill_share()
+    h_recent, jit, kv = rollup.hit_ratio(RECENT_MINUTES), rollup.jitter(), rollup.kv_usage_max()
+    state, reason = decide(h_hist, share, h_recent, jit, kv)
+    return CachingVerdict(state, reason, rollup.provisional(), rollup.span_seconds(), h_hist, share,
+                          h_recent, jit, kv)
+
+
+def speedup(h: float | None, share: float | None) -> float | None:
+    """1/(1 − h·share) (MODEL.md §5) or None when an input is unknown or h·share ≥ 1."""
+    if h is None or share is None or h * share >= 1.0:
+        return None
+    return caching_speedup(h, share)

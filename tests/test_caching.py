@@ -1,0 +1,86 @@
+"""fitters/caching.py: the seed-003 prefix-caching verdict and its bounded 24-hour rollup
+(MODEL.md §5). Expected values are worked by hand in the comments."""
+from __future__ import annotations
+
+import pytest
+
+from fitters.caching import HitRollup, decide, speedup, verdict
+
+
+@pytest.mark.parametrize(
+    "h_hist, share, h_recent, jitter, kv, state",
+    [
+        (0.20, 0.5, 0.20, 0.00, 0.5, "not_paying"),  # h < 0.25 over the history
+        (0.50, 0.5, 0.50, 0.00, 0.5, "linear"),  # 0.25 ≤ h ≤ 0.60
+        (0.70, 0.5, 0.70, 0.00, 0.5, "dedicated_pool_worth_it"),  # h > 0.60 and share > 0.40
+        (0.70, 0.3, 0.70, 0.00, 0.5, "linear"),  # h > 0.60 but decode dominates
+        (0.90, 0.3, 0.90, 0.00, 0.5, "diminishing_returns"),  # > 0.85, small share, no jitter
+        (0.90, 0.5, 0.90, 0.00, 0.5, "dedicated_pool_worth_it"),  # > 0.85 but a pool pays
+        (0.90, 0.5, 0.90, 0.06, 0.95, "thrash_risk"),  # jitter 0.06 ≥ 0.05 with KV 0.95 ≥ 0.90
+        (0.90, 0.5, 0.90, 0.06, 0.50, "dedicated_pool_worth_it"),  # jitter but KV not near full
+        (0.90, 0.5, 0.90, 0.06, None, "dedicated_pool_worth_it"),  # KV usage unknown: no thrash
+        (0.25, 0.5, 0.25, 0.00, 0.5, "linear"),  # 0.25 is not < 0.25
+    ],
+)
+def test_decide_table(h_hist, share, h_recent, jitter, kv, state):
+    assert decide(h_hist, share, h_recent, jitter, kv) == (state, "")
+
+
+def test_decide_unknowns_say_why():
+    state, reason = decide(None, 0.5, None, None, None)
+    assert state is None and "queries" in reason
+    state, reason = decide(0.7, None, 0.7, None, None)  # a pool decision needs the prefill share
+    assert state is None and "prefill share" in reason
+    assert decide(0.1, None, 0.1, None, None) == ("not_paying", "")  # not_paying needs no share
+
+
+def test_speedup_by_hand():
+    # 1/(1 − 0.8·0.5) = 1/0.6 = 1.6667
+    assert speedup(0.8, 0.5) == pytest.approx(1 / 0.6, rel=1e-12)
+    assert speedup(None, 0.5) is None and speedup(1.0, 1.0) is None
+
+
+def test_rollup_sums_jitter_share_and_kv():
+    r = HitRollup()
+    # 20 minutes, one 60-s step each; minute i: Δq = 1000, Δhits = 800 (even i) or 1000 (odd i)
+    # prefill 0.2 s and decode 0.6 s per request, 10 requests per minute; KV usage 0.5, minute 19: 0.93
+    for i in range(20):
+        t1 = 60.0 * (i + 1)
+        r.update(t1 - 60.0, t1, 1000.0, 800.0 if i % 2 == 0 else 1000.0, (2.0, 10.0), (6.0, 10.0),
+                 0.93 if i == 19 else 0.5)
+    # history h = (10·800 + 10·1000)/20000 = 0.9
+    assert r.hit_ratio() == pytest.approx(0.9)
+    # last 15 minutes = minutes 6..20 (step i=5..19): i odd 5,7,…,19 → 8 at 1.0, i even 6..18 → 7 at 0.8
+    # h = (8·1000 + 7·800)/15000 = 13600/15000 = 0.906667
+    assert r.hit_ratio(15) == pytest.approx(13600 / 15000)
+    # per-minute h over those 15: mean 0.906667, σ = sqrt(8/15·(0.093333)² + 7/15·(0.106667)²)
+    #   = sqrt(0.0046459 + 0.0053096) = sqrt(0.0099556) = 0.099778
+    mean = 13600 / 15000
+    sigma = (8 / 15 * (1 - mean) ** 2 + 7 / 15 * (0.8 - mean) ** 2) ** 0.5
+    assert r.jitter() == pytest.approx(sigma, rel=1e-12)
+    assert r.jitter() == pytest.approx(0.099778, abs=1e-6)
+    # prefill share = 0.2/(0.2 + 0.6) = 0.25
+    assert r.prefill_share() == pytest.approx(0.25)
+    assert r.kv_usage_max() == 0.93
+    # covered 0 … 1200 s; far from 24 h
+    assert r.span_seconds() == 1200.0 and r.provisional()
+    v = verdict(r)
+    # recent h 0.907 > 0.85, σ 0.0998 ≥ 0.05, KV 0.93 ≥ 0.90 → thrash risk
+    assert v.state == "thrash_risk" and v.provisional
+
+
+def test_rollup_is_bounded_and_becomes_final_after_24h():
+    r = HitRollup(minutes=10)
+    for i in range(30):
+        r.update(60.0 * i, 60.0 * (i + 1), 100.0, 10.0)
+    assert len(r) == 10  # never more than `minutes` buckets
+    # minutes 21..30 kept (steps i = 20..29): span from t0 = 1200 to t1 = 1800 → 600 s
+    assert r.span_seconds() == 600.0
+    assert r.hit_ratio() == pytest.approx(0.1)
+    day = HitRollup()
+    for i in range(1440):  # 24 h of 60-s steps
+        day.update(60.0 * i, 60.0 * (i + 1), 100.0, 10.0)
+    assert len(day) == 1440 and day.span_seconds() == 86400.0
+    v = verdict(day)
+    # h = 0.1 < 0.25 over 24 h: caching does not pay, and the verdict is final
+    assert (v.state, v.provisional) == ("not_paying", False)
