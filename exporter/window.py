@@ -7,6 +7,23 @@ its current value, as in Prometheus ``increase()``. The *publish window* sums th
 newest snapshot at least ``window_seconds`` older than the latest one to the latest one; before
 that much history exists it covers the span there is (≥ 2 snapshots).
 
+Bad days, each handled as a kind:
+
+* Restarts are detected per data-parallel engine (:attr:`ModelSignals.engines`): one engine's
+  restart counts that engine's current values, the others' plain increases — never one
+  engine's lifetime total as an increase, never a negative one.
+* A step across which the model's engine set changed (DP scale, a cut body) has no increases:
+  unknown, not a partial or inflated sum.
+* A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
+  go down are dropped, never clamped to 0; a Δsum outside what the bucket deltas allow
+  (:attr:`HistogramDelta.problem`, e.g. all observations ≤ 1 ms but a mean of 0.5 s) makes the
+  mean unknown.
+* A scrape gap — a step longer than ``gap_seconds`` (default twice the publish window: target
+  down, kvhit paused, the clock jumped forward) — is not a step: the publish window starts again
+  after it, so no published value averages over the gap (:attr:`Windows.gaps` counts them).
+* A snapshot not newer than the last one (clock stepped back, duplicate replay file) is
+  rejected and changes nothing.
+
 Memory is bounded: only the steps inside the current publish window are kept.
 """
 from __future__ import annotations
@@ -29,10 +46,49 @@ class HistogramDelta:
 
     @property
     def mean(self) -> float | None:
-        """Δsum/Δcount, the mean of the observations in the interval (None when none)."""
-        if self.count <= 0 or not math.isfinite(self.sum):
+        """Δsum/Δcount, the mean of the observations in the interval (None when none, when the
+        sum is unknown, or when the sum disagrees with the buckets: see :attr:`problem`)."""
+        if self.count <= 0 or not math.isfinite(self.sum) or self.problem:
             return None
         return self.sum / self.count
+
+    @property
+    def problem(self) -> str:
+        """Why Δsum/Δcount cannot be trusted ("" when it can).
+
+        vLLM's histograms observe non-negative quantities, so the Δcount observations, placed in
+        their buckets (le_{i-1}, le_i] (the first from 0), bound Δsum: between Σ n_i·le_{i-1}
+        and Σ n_i·le_i (+∞ with observations above the highest finite edge). A Δsum outside those
+        bounds (relative tolerance 1e-6) means ``_sum`` and the buckets disagree (e.g. vLLM
+        0.5.1's TTFT with every observation in the first bucket).
+        """
+        if self.count <= 0:
+            return "no observation in the interval"
+        if not math.isfinite(self.sum):
+            return "no _sum (or one engine or step lacks it)"
+        lo = hi = 0.0
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in self.buckets:
+            n = c - prev_c
+            if math.isinf(le):
+                if n > 0:
+                    hi = math.inf
+                    lo += n * prev_le
+                prev_c = c
+                break
+            lo += n * prev_le
+            hi += n * le
+            prev_le, prev_c = le, c
+        if not self.buckets:
+            return ""
+        rest = self.count - prev_c
+        if rest > 0:  # observations above the highest edge listed
+            lo += rest * prev_le
+            hi = math.inf
+        tol = 1e-6 * max(abs(self.sum), lo, 1e-12)
+        if self.sum < lo - tol or self.sum > hi + tol:
+            return "_sum disagrees with the buckets"
+        return ""
 
     def fraction_at_most(self, threshold: float) -> float | None:
         """Share of observations ≤ ``threshold`` from bucket deltas (None without a bucket edge
@@ -86,23 +142,55 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
     """The :class:`Delta` of one model between two consecutive snapshots (MODEL.md §1).
 
     A counter or histogram present in only one of the two is absent from the delta (unknown).
-    A restart detected on any series of the model (value down, or ``_created`` changed) is
-    applied to the whole model, so that ratios of its counters stay consistent: every increase
-    is then the current value, as Prometheus ``increase()`` counts a reset.
+    A restart detected on any series of an engine (value down, or ``_created`` changed) is
+    applied to all of that engine's signals, so that ratios of its counters stay consistent:
+    every increase is then the current value, as Prometheus ``increase()`` counts a reset.
+    With per-engine signals (parsed snapshots) increases are formed per engine and summed —
+    only signals every engine has at both ends; when the engine set changed the step has no
+    increases at all. Signals built by hand (no ``engines``) are one engine.
     """
+    if prev.engines and cur.engines:
+        if set(prev.engines) != set(cur.engines):
+            return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0)
+        parts = [_engine_increase(prev.engines[e], cur.engines[e]) for e in sorted(cur.engines)]
+    else:
+        parts = [_engine_increase(prev, cur)]
+    counters = {n: math.fsum(c[n] for c, _, _ in parts)
+                for n in set(parts[0][0]).intersection(*(c for c, _, _ in parts[1:]))}
+    hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
+             for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
+    restarted = any(r for _, _, r in parts)
+    return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int(restarted))
+
+
+def _engine_increase(prev: ModelSignals, cur: ModelSignals
+                     ) -> tuple[dict[str, float], dict[str, HistogramDelta], bool]:
     restarted = _restarted(prev, cur)
     counters = {n: (v if restarted else v - prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters}
     hists = {n: _hist_increase(prev.histograms[n], h, restarted)
              for n, h in cur.histograms.items() if n in prev.histograms}
-    return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int(restarted))
+    return counters, hists, restarted
 
 
 def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
     if reset:
         return HistogramDelta(h.sum, h.count, h.buckets)
     prev = dict(p.buckets)
-    buckets = tuple((le, max(0.0, c - prev[le])) for le, c in h.buckets if le in prev)
-    return HistogramDelta(h.sum - p.sum, h.count - p.count, buckets)
+    buckets = tuple((le, c - prev[le]) for le, c in h.buckets if le in prev)
+    if any(c < 0 for _, c in buckets):
+        buckets = ()  # a bucket went down while _count did not: the bucket deltas are unknown
+    total = h.sum - p.sum
+    if total < 0:
+        total = math.nan  # _sum went down while _count did not: Δsum unknown, never negative
+    return HistogramDelta(total, h.count - p.count, buckets)
+
+
+def _sum_hist_deltas(parts: list[HistogramDelta]) -> HistogramDelta:
+    if len(parts) == 1:
+        return parts[0]
+    edges = set(le for le, _ in parts[0].buckets).intersection(*({le for le, _ in p.buckets} for p in parts[1:]))
+    buckets = tuple((le, math.fsum(dict(p.buckets)[le] for p in parts)) for le in sorted(edges))
+    return HistogramDelta(math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts), buckets)
 
 
 def add_deltas(deltas: list[Delta]) -> Delta:
@@ -152,12 +240,14 @@ class Windows:
     one (clock step back, duplicate replay file) is rejected with ValueError and changes nothing.
     """
 
-    def __init__(self, window_seconds: float) -> None:
+    def __init__(self, window_seconds: float, gap_seconds: float | None = None) -> None:
         if window_seconds <= 0:
             raise ValueError("window_seconds must be > 0")
         self.window_seconds = window_seconds
+        self.gap_seconds = 2.0 * window_seconds if gap_seconds is None else gap_seconds
         self._last: Snapshot | None = None
         self._models: dict[str, ModelWindow] = {}
+        self.gaps = 0  # steps longer than the publish window, not used (see the module doc)
 
     @property
     def last(self) -> Snapshot | None:
@@ -170,6 +260,10 @@ class Windows:
         self._last = snap
         out: dict[str, Delta] = {}
         if prev is None:
+            return out
+        if snap.timestamp - prev.timestamp > self.gap_seconds:
+            self.gaps += 1
+            self._models.clear()  # no window spans the gap; it starts again from this snapshot
             return out
         for model, cur in snap.models.items():
             before = prev.models.get(model)

@@ -382,3 +382,116 @@ def test_reset_step_carries_anomaly_hint():
     # restart: increases are the current values, 40 and 10
     assert (o.queried_tokens, o.hit_tokens_device) == (40.0, 10.0)
     assert not o.busy  # a reset step is not used as busy time
+
+
+# --- bad days at the window level (issue 7): per-engine restarts, cut bodies, gaps ------------
+
+DP_COUNTERS = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q0}
+vllm:prefix_cache_queries_total{{engine="1",model_name="m"}} {q1}
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {k0}
+vllm:prefix_cache_hits_total{{engine="1",model_name="m"}} {k1}
+"""
+
+
+def dp(t, q0, q1, k0, k1):
+    return parse_exposition(DP_COUNTERS.format(q0=q0, q1=q1, k0=k0, k1=k1), float(t)).models["m"]
+
+
+def test_one_engine_restarts_sum_goes_down():
+    # engine 0: queries 1000 → 1500, hits 400 → 700; engine 1 restarted: 800 → 50, 300 → 20.
+    # Model sum 1800 → 1550 went down. Per engine: 1500 − 1000 = 500 plus engine 1's current 50
+    # = 550 queries; hits 300 + 20 = 320. (A whole-model reset would count 1550 and 720.)
+    d = step_delta(dp(0, 1000, 800, 400, 300), dp(5, 1500, 50, 700, 20), 0.0, 5.0)
+    assert d.counters == {"queries": 550.0, "hits": 320.0}
+    assert d.resets == 1
+
+
+def test_one_engine_restarts_sum_goes_up():
+    # engine 0: 1000 → 2000 (hits 400 → 900); engine 1 restarted 800 → 50 (hits 300 → 20).
+    # Model sum 1800 → 2050 went UP: the summed value alone hides the restart (250 would be an
+    # undercount). Per engine: 1000 + 50 = 1050 queries, 500 + 20 = 520 hits.
+    d = step_delta(dp(0, 1000, 800, 400, 300), dp(5, 2000, 50, 900, 20), 0.0, 5.0)
+    assert d.counters == {"queries": 1050.0, "hits": 520.0}
+    assert d.resets == 1
+
+
+def test_engine_set_changed_step_has_no_increases():
+    one = parse_exposition('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0\n', 0.0).models["m"]
+    two = dp(5, 150, 900, 0, 0)
+    # engine 1 appears with a lifetime total of 900: adding it would inflate the step by 900
+    d = step_delta(one, two, 0.0, 5.0)
+    assert d.counters == {} and d.histograms == {} and d.resets == 0
+
+
+def test_cut_body_is_neither_a_restart_nor_a_partial_sum():
+    full = dp(0, 1000, 800, 400, 300)
+    # the body was cut inside engine 1's hits line: "...} 31" of "310.0", no final newline
+    cut = DP_COUNTERS.format(q0=1200, q1=900, k0=500, k1=310.0)
+    cut = cut[: cut.rindex("310.0") + 2]
+    snap = parse_exposition(cut, 5.0)
+    assert snap.quirks == {"truncated": 1, "engine_incomplete": 1}
+    cur = snap.models["m"]
+    # engine 1's hits are gone: the model's hits are unknown (not 500, not 531);
+    # queries complete: 1200 − 1000 + 900 − 800 = 300; nothing went down, no restart
+    assert "hits" not in cur.counters
+    d = step_delta(full, cur, 0.0, 5.0)
+    assert d.counters == {"queries": 300.0}
+    assert d.resets == 0
+
+
+def test_histogram_sum_down_or_bucket_down_is_unknown_not_clamped():
+    prev = sig(histograms={"ttft": Histogram(10.0, 4.0, ((0.5, 2.0), (math.inf, 4.0)))})
+    # _count 4 → 6 (no reset) but _sum 10 → 9: Δsum unknown, the mean too (not −0.5)
+    cur = sig(histograms={"ttft": Histogram(9.0, 6.0, ((0.5, 3.0), (math.inf, 6.0)))})
+    h = step_delta(prev, cur, 0.0, 5.0).histograms["ttft"]
+    assert math.isnan(h.sum) and h.count == 2.0 and h.mean is None
+    assert h.buckets == ((0.5, 1.0), (math.inf, 2.0))  # 3 − 2, 6 − 4
+    # a bucket going 2 → 1 while _count grows: the bucket deltas are unknown (not 0)
+    cur = sig(histograms={"ttft": Histogram(12.0, 6.0, ((0.5, 1.0), (math.inf, 6.0)))})
+    h = step_delta(prev, cur, 0.0, 5.0).histograms["ttft"]
+    assert h.buckets == () and h.count == 2.0 and h.mean == pytest.approx(1.0)  # (12 − 10) / 2
+
+
+def test_sum_disagreeing_with_buckets_makes_the_mean_unknown():
+    # sample 01 (vLLM 0.5.1): every TTFT observation in the first bucket, le=0.001. Here 208 of
+    # them over a step, with a _sum of 104 s: the buckets allow at most 208 · 0.001 = 0.208 s.
+    h = HistogramDelta(104.0, 208.0, ((0.001, 208.0), (0.005, 208.0), (math.inf, 208.0)))
+    assert h.problem == "_sum disagrees with the buckets"
+    assert h.mean is None
+    # a _sum of 0.15 s fits (≤ 0.208): mean 0.15 / 208
+    ok = HistogramDelta(0.15, 208.0, ((0.001, 208.0), (0.005, 208.0), (math.inf, 208.0)))
+    assert ok.problem == "" and ok.mean == pytest.approx(0.15 / 208)
+    # lower bound: 2 observations in (1, 2] and 1 above 2 (+Inf bucket): Δsum ≥ 2·1 + 1·2 = 4
+    low = HistogramDelta(3.0, 3.0, ((1.0, 0.0), (2.0, 2.0), (math.inf, 3.0)))
+    assert low.problem and low.mean is None
+    assert HistogramDelta(4.5, 3.0, ((1.0, 0.0), (2.0, 2.0), (math.inf, 3.0))).mean == pytest.approx(1.5)
+    # custom edges without +Inf (a paste): observations beyond the last edge → no upper bound
+    assert HistogramDelta(50.0, 2.0, ((1.0, 1.0),)).mean == pytest.approx(25.0)
+    # no buckets at all (only _sum/_count): nothing to check against
+    assert HistogramDelta(50.0, 2.0).mean == pytest.approx(25.0)
+
+
+def test_empty_buckets_no_observation_no_mean():
+    # an idle interval: every bucket delta 0, Δcount 0 → no data, not a mean of 0
+    h = HistogramDelta(0.0, 0.0, ((0.1, 0.0), (1.0, 0.0), (math.inf, 0.0)))
+    assert h.mean is None and h.problem == "no observation in the interval"
+
+
+def test_scrape_gap_restarts_the_window():
+    w = Windows(30.0)  # gaps: steps longer than 2 × 30 = 60 s
+    for t in (0, 10, 20):
+        w.push(counter_snap(t, t))
+    # target unreachable from t=20 to t=200: the 180 s step is a gap, not a step
+    assert w.push(counter_snap(200, 500)) == {}
+    assert w.gaps == 1 and w.window("m") is None and w.models() == []
+    # the next step starts the window again: 210..., queries 520 − 500 = 20
+    out = w.push(counter_snap(210, 520))
+    assert out["m"].counters == {"queries": 20.0}
+    assert (w.window("m").t0, w.window("m").t1, w.window("m").steps) == (200.0, 210.0, 1)
+    # a step of exactly 2 × window is still a step (60 s ≤ 60 s)
+    out = w.push(counter_snap(270, 580))
+    assert out["m"].counters == {"queries": 60.0} and w.gaps == 1
