@@ -161,7 +161,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    cfg = replace(load_config(None, flags={"listen": args.listen}), model=DEMO_GEOMETRY)
+    cfg = load_config(args.config, flags={"listen": args.listen})
+    # The recorded model's geometry, only where the file sets none (prices, SLOs, ... stay the file's).
+    cfg = replace(cfg, model=replace(cfg.model, **{k: getattr(DEMO_GEOMETRY, k) for k in ("layers", "kv_heads", "head_dim")
+                                                   if getattr(cfg.model, k) is None}))
     with resources.as_file(resources.files("exporter") / "data" / DEMO_TRACE) as path:
         trace = load_trace(path)
     print(f"kvhit demo: replaying {len(trace.snapshots)} scrapes of a real vLLM 0.32 CPU server "
@@ -263,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--listen", default="127.0.0.1:9471", help="ADDR:PORT (default 127.0.0.1:9471)")
     d.add_argument("--print-every", type=int, default=15, dest="print_every", help="print every N scrapes")
     d.add_argument("--loop", action="store_true", help="keep serving after the replay ends")
+    d.add_argument("--config", help="YAML config file (prices, SLOs, ...; the demo model's geometry where unset)")
     d.set_defaults(func=cmd_demo)
 
     pr = sub.add_parser("predict", help="what-if from a saved fit (kvhit replay --save-fit or /api/v1/analysis)")
