@@ -82,6 +82,7 @@ class Analysis:
         engine, engine_reason: from the latest snapshot (parse.Snapshot).
         models: model_name → ModelAnalysis.
         target_hit_ratio: the configured what-if hit ratio (None = not configured).
+        slo_seconds: the configured latency SLOs, "ttft" / "tpot" → seconds (unset ones absent).
     """
 
     timestamp: float | None
@@ -89,6 +90,7 @@ class Analysis:
     engine_reason: str
     models: dict[str, ModelAnalysis]
     target_hit_ratio: float | None = None
+    slo_seconds: dict[str, float] = field(default_factory=dict)
 
     def without_models(self) -> "Analysis":
         """The same analysis with every per-model value removed (stale data is never shown)."""
@@ -157,14 +159,19 @@ class Analyzer:
             return self._cache
         snap = self._last
         if snap is None:
-            return Analysis(None, "unknown", "no scrape yet", {}, self.config.target_hit_ratio)
+            return Analysis(None, "unknown", "no scrape yet", {}, self.config.target_hit_ratio, self._slo())
         models = {}
         for model in self.windows.models():
             w = self.windows.window(model)
             if w is not None and model in snap.models:
                 models[model] = self._model_analysis(snap, model, w)
-        self._cache = Analysis(snap.timestamp, snap.engine, snap.reason, models, self.config.target_hit_ratio)
+        self._cache = Analysis(snap.timestamp, snap.engine, snap.reason, models, self.config.target_hit_ratio,
+                               self._slo())
         return self._cache
+
+    def _slo(self) -> dict[str, float]:
+        slo = self.config.slo
+        return {k: v for k, v in (("ttft", slo.ttft_seconds), ("tpot", slo.tpot_seconds)) if v is not None}
 
     # --- assembly ------------------------------------------------------------------------
 

@@ -80,11 +80,12 @@ class KvhitCollector(Collector):
             f.add(N.SCRAPE_ERRORS, {**t, "reason": reason}, count)
         f.add(N.ENGINE_INFO, {**t, "engine": analysis.engine, "reason": analysis.engine_reason}, 1.0)
         for model in analysis.models.values():
-            _model(f, {"model_name": model.model_name, **t}, model, analysis.target_hit_ratio)
+            _model(f, {"model_name": model.model_name, **t}, model, analysis.target_hit_ratio, analysis.slo_seconds)
         yield from f
 
 
-def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float | None) -> None:
+def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float | None,
+           slo: dict[str, float]) -> None:
     for signal, reason in sorted(m.unknown.items()):
         f.add(N.UNKNOWN_INFO, {**base, "signal": signal, "reason": reason}, 1.0)
     f.add(N.WINDOW, base, m.window_seconds)
@@ -131,6 +132,8 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
         f.add(N.FIXED_TIME, base, m.fitted.t_fixed)
 
     f.add(N.TARGET_HIT_RATIO, base, target_h)
+    for name, seconds in sorted(slo.items()):
+        f.add(N.SLO, {**base, "slo": name}, seconds)
     for which, p in m.predictions.items():
         f.add(N.PREDICTED_TTFT, {**base, "hit_ratio": which, "kind": "service"}, p.ttft_service)
         f.add(N.PREDICTED_TTFT, {**base, "hit_ratio": which, "kind": "load_aware"}, p.ttft_load_aware)

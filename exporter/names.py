@@ -97,6 +97,9 @@ CONTENTION = _m("kvhit_contention_factor", "c(running) = c0 + c1*running: prefil
 
 # --- predictions ------------------------------------------------------------------------
 TARGET_HIT_RATIO = _m("kvhit_target_hit_ratio", "The configured what-if hit ratio (label hit_ratio=\"target\") [ratio].")
+SLO = _m("kvhit_slo_seconds", "The configured latency SLO, slo=ttft (slo.ttft_seconds, time to first token) or "
+         "tpot (slo.tpot_seconds, time per output token); absent when not configured [s].", MODEL + ("slo",),
+         section="§5")
 PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the current or target hit ratio: "
                     "kind=service is the unloaded chip-time TTFT of seed 000 (T_fixed+T_load+T_compute-T_overlap); "
                     "load_aware adds queueing and contention at the current concurrency [s].",
