@@ -1,0 +1,511 @@
+"""kvhit's Grafana dashboards as code (Grafana Foundation SDK), committed as JSON.
+
+    python grafana/dashboards.py            # (re)write grafana/dashboards/*.json
+    python grafana/dashboards.py --check    # exit 1 when the committed JSON differs
+
+Two dashboards, both with the variables datasource, namespace, model_name and pod:
+
+- ``kvhit-model`` (kvhit / model): one model on selected pods — the token hit ratio with the
+  valley band (h*, h_even), the bathtub R(h) with the current operating point, R'(h) with its 95 %
+  interval, predicted vs observed TTFT, Delivered vs Physical TPM, queue depth and KV usage, cost per
+  1M SLO-passing output tokens, a and α with their error bands, fit status and quality, chip-time
+  coefficients, sidecar health and the remaining model internals, and the firing kvhit alerts.
+- ``kvhit-fleet`` (kvhit / fleet): per model across pods, from the recording rules in
+  ``rules/kvhit-recording.yml``.
+
+Every panel sets a unit (custom units are Grafana's ``suffix:<text>``). Series are selected by the
+labels a Kubernetes scrape adds (namespace, pod) plus vLLM's model_name; kvhit and its vLLM share the
+pod. Expressions that combine kvhit series rely on both sides carrying the same scrape labels.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import barchart, stat, table, timeseries
+from grafana_foundation_sdk.builders.common import (GraphThresholdsStyleConfig, ReduceDataOptions, VizLegendOptions,
+                                                    VizTooltipOptions)
+from grafana_foundation_sdk.builders.dashboard import (CustomVariable, Dashboard, DatasourceVariable, QueryVariable,
+                                                       Row, TextBoxVariable, ThresholdsConfig)
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import (BigValueColorMode, BigValueGraphMode,
+                                                  GraphTresholdsStyleMode, LegendDisplayMode, LegendPlacement,
+                                                  SortOrder, TableCellHeight, TooltipDisplayMode)
+from grafana_foundation_sdk.models.dashboard import (DataSourceRef, DataTransformerConfig, DynamicConfigValue,
+                                                     Threshold, ThresholdsMode, ValueMap, ValueMappingResult,
+                                                     VariableOption, VariableRefresh, VariableSort)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "dashboards"
+sys.path.insert(0, str(HERE.parent))
+from exporter.analyzer import BATHTUB_GRID  # noqa: E402  (the h grid of kvhit_bathtub_revenue_per_second)
+
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+# Label selectors: a model's series on the selected pods (kvhit and vLLM alike), kvhit's health series
+# (no model_name), and the recording rules' per-model series (no pod).
+SEL = 'namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"'
+HEALTH = 'namespace=~"$namespace", pod=~"$pod"'
+MODEL = 'namespace=~"$namespace", model_name=~"$model_name"'
+RI = "$__rate_interval"
+Z95 = 1.96  # two-sided 95 % normal quantile for the ±σ bands
+
+# Units (Grafana unit ids; ``suffix:`` for the ones Grafana has no id for).
+PRICE_S = "suffix: price/s"
+SLOPE = "suffix: price/s per unit h"
+TPM = "suffix: tokens/min"
+TPS = "suffix: tokens/s"
+TOKENS = "suffix: tokens"
+REQUESTS = "suffix: requests"
+PODS = "suffix: pods"
+COST = "suffix: price/1M tokens"
+SCRAPES = "suffix: errors/s"
+# vLLM histogram bucket bounds usable as SLO thresholds (their `le` label values, vLLM ≥ 0.11).
+TTFT_LE = ["0.1", "0.25", "0.5", "0.75", "1.0", "2.5", "5.0", "7.5", "10.0"]
+TPOT_LE = ["0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "0.75", "1.0"]
+
+
+class Ids:
+    """Stable panel ids in layout order."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def q(ref: str, expr: str, legend: str = "", *, instant: bool = False) -> Dataquery:
+    """A Prometheus query; instant ones come back as a table (one row per series)."""
+    d = Dataquery().ref_id(ref).expr(expr).datasource(DS)
+    if legend:
+        d = d.legend_format(legend)
+    if instant:
+        d = d.instant().format(PromQueryFormat.TABLE)
+    return d
+
+
+def prop(pid: str, value) -> DynamicConfigValue:
+    return DynamicConfigValue(id_val=pid, value=value)
+
+
+def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
+    return ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps([Threshold(value=v, color=c) for v, c in steps])
+
+
+def ts(ids: Ids, title: str, unit: str, description: str, *, w: int = 12, h: int = 8) -> timeseries.Panel:
+    return (timeseries.Panel().id(ids()).title(title).description(description).unit(unit).datasource(DS)
+            .span(w).height(h).line_width(1).fill_opacity(0)
+            .legend(VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM)
+                    .show_legend(True))
+            .tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)))
+
+
+def table_panel(ids: Ids, title: str, unit: str, description: str, *, w: int = 12, h: int = 8) -> table.Panel:
+    return (table.Panel().id(ids()).title(title).description(description).unit(unit).datasource(DS).span(w).height(h)
+            .show_header(True).cell_height(TableCellHeight.SM))
+
+
+def stat_panel(ids: Ids, title: str, unit: str, description: str, *, w: int = 12, h: int = 6) -> stat.Panel:
+    return (stat.Panel().id(ids()).title(title).description(description).unit(unit).datasource(DS).span(w).height(h)
+            .graph_mode(BigValueGraphMode.NONE).color_mode(BigValueColorMode.VALUE)
+            .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+
+
+def band(panel, upper: str, lower: str, color: str):
+    """Fill between two series (by display name): Grafana's fillBelowTo."""
+    return (panel.override_by_name(upper, [prop("custom.fillBelowTo", lower), prop("custom.fillOpacity", 15),
+                                           prop("color", {"mode": "fixed", "fixedColor": color}),
+                                           prop("custom.lineStyle", {"fill": "dash", "dash": [4, 4]})])
+            .override_by_name(lower, [prop("color", {"mode": "fixed", "fixedColor": color}),
+                                      prop("custom.lineStyle", {"fill": "dash", "dash": [4, 4]})]))
+
+
+# --- variables ---------------------------------------------------------------------------------
+
+
+def variables(extra: bool) -> list:
+    def label_var(name: str, label: str, query: str) -> QueryVariable:
+        return (QueryVariable(name).label(label).datasource(DS).query(query).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+                .sort(VariableSort.ALPHABETICAL_ASC).multi(True).include_all(True).all_value(".*")
+                .current(VariableOption(selected=True, text=["All"], value=["$__all"])))
+
+    out = [
+        DatasourceVariable("datasource").label("Data source").type("prometheus"),
+        label_var("namespace", "Namespace", "label_values(kvhit_up, namespace)"),
+        label_var("model_name", "Model", 'label_values(kvhit_window_seconds{namespace=~"$namespace"}, model_name)'),
+        label_var("pod", "Pod", 'label_values(kvhit_up{namespace=~"$namespace"}, pod)'),
+    ]
+    if extra:
+        out += [
+            CustomVariable("ttft_slo_le").label("TTFT SLO [s] (a vLLM bucket bound)").values(",".join(TTFT_LE))
+            .current(VariableOption(selected=True, text="1.0", value="1.0")),
+            CustomVariable("tpot_slo_le").label("TPOT SLO [s] (a vLLM bucket bound)").values(",".join(TPOT_LE))
+            .current(VariableOption(selected=True, text="0.1", value="0.1")),
+            TextBoxVariable("instance_price_per_hour").label("Instance price per hour").default_value("1")
+            .current(VariableOption(selected=True, text="1", value="1")),
+        ]
+    return out
+
+
+# --- kvhit / model -----------------------------------------------------------------------------
+
+
+def operating_point() -> str:
+    """R at the bathtub grid point nearest the current h (one bar of the curve), in PromQL.
+
+    Each grid point h_i owns [midpoint to h_{i-1}, midpoint to h_{i+1}); the current h
+    (kvhit_hit_ratio{source="all"}) selects the curve sample of its bin. The grid is kvhit's own.
+    """
+    grid = list(BATHTUB_GRID)
+    terms = []
+    for i, g in enumerate(grid):
+        lo = 0.0 if i == 0 else (grid[i - 1] + g) / 2
+        hi = 1.0 if i == len(grid) - 1 else (g + grid[i + 1]) / 2
+        upper = f"<= {hi:g}" if i == len(grid) - 1 else f"< {hi:g}"
+        terms.append(
+            f'(kvhit_bathtub_revenue_per_second{{hit_ratio="{g:.2f}", {SEL}}} and ignoring(hit_ratio) kvhit_valley_active{{{SEL}}})'
+            f' and ignoring(form, hit_ratio, source) (kvhit_hit_ratio{{source="all", {SEL}}} >= {lo:g} {upper})')
+    return "avg by (hit_ratio) (\n  " + "\n  or\n  ".join(terms) + "\n)"
+
+
+def slo_pass(metric: str, le_var: str) -> str:
+    """Share of requests of the window meeting an SLO, from a vLLM histogram's bucket rates (per pod)."""
+    return (f'(sum by (namespace, pod, model_name) (rate({metric}_bucket{{le="${le_var}", {SEL}}}[{RI}]))'
+            f' / sum by (namespace, pod, model_name) (rate({metric}_count{{{SEL}}}[{RI}])))')
+
+
+def cost_exprs() -> tuple[str, str]:
+    """Seed 003 (MODEL.md §5): price × 1e6 / (SLO-passing output tokens/s × 3600), per pod.
+
+    SLO-passing tokens = generated tokens × p, with p the joint TTFT-and-TPOT pass rate, bounded
+    from the marginals: max(0, p_ttft + p_tpot − 1) ≤ p ≤ min(p_ttft, p_tpot). The lower p bound
+    gives the upper cost bound. Infinite or undefined costs (p = 0, no requests) are dropped.
+    """
+    gen = f"sum by (namespace, pod, model_name) (rate(vllm:generation_tokens_total{{{SEL}}}[{RI}]))"
+    p_ttft = slo_pass("vllm:time_to_first_token_seconds", "ttft_slo_le")
+    p_tpot = slo_pass("vllm:request_time_per_output_token_seconds", "tpot_slo_le")
+    p_hi = f"(({p_ttft} <= {p_tpot}) or {p_tpot})"
+    p_lo = f"clamp_min({p_ttft} + {p_tpot} - 1, 0)"
+    price = "$instance_price_per_hour * 1e6 / 3600"
+    return (f"({price} / ({gen} * {p_hi})) < Inf", f"({price} / ({gen} * {p_lo})) < Inf")
+
+
+def model_dashboard() -> Dashboard:
+    ids = Ids()
+    d = (Dashboard("kvhit / model").uid("kvhit-model")
+         .description("One model on selected pods: kvhit's hit-ratio economics (MODEL.md §4), latency and "
+                      "throughput predictions, fits, and the sidecar's health. Generated by grafana/dashboards.py.")
+         .tags(["kvhit", "vllm"]).refresh("30s").time("now-3h", "now").timezone("browser").editable()
+         .variables(variables(extra=True)))
+
+    # --- economics -------------------------------------------------------------------------------
+    d = d.with_row(Row("Economics: hit ratio and the bathtub (MODEL.md §4)").id(ids()))
+    hit = (ts(ids, "Token hit ratio and the valley band", "percentunit",
+              "Token-level prefix-cache hit ratio h over kvhit's publish window (per pod) and over 5 min from "
+              "vLLM's counters (per model). The band is the valley of the form the valley alert follows, from "
+              "its bottom h* to h_even where R(h) climbs back to R(0); 1 when the valley has no exit.")
+           .min(0).max(1)
+           .with_target(q("A", f'kvhit_hit_ratio{{source="all", {SEL}}}', "h {{pod}}"))
+           .with_target(q("B", f"kvhit_valley_bottom_hit_ratio{{{SEL}}} and kvhit_valley_active{{{SEL}}}",
+                          "valley bottom h*"))
+           .with_target(q("C", f"(kvhit_valley_breakeven_hit_ratio{{{SEL}}} or (kvhit_valley_exit{{{SEL}}} == 0) * 0 + 1)"
+                               f" and kvhit_valley_active{{{SEL}}}", "break-even h_even"))
+           .with_target(q("D", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}",
+                          "h of {{model_name}}, vLLM counters (5m)")))
+    d = d.with_panel(band(hit, "break-even h_even", "valley bottom h*", "red"))
+
+    d = d.with_panel(
+        barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point")
+        .description("kvhit_bathtub_revenue_per_second: revenue per machine-second R(h) at kvhit's fixed h grid, "
+                     "in the form the valley alert follows (mean over the selected pods). The orange bar is the "
+                     "grid point nearest the current h.")
+        .unit(PRICE_S).datasource(DS).span(12).height(8).x_field("hit_ratio")
+        .legend(VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM).show_legend(True))
+        .tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.NONE))
+        .with_target(q("A", f"avg by (hit_ratio) (kvhit_bathtub_revenue_per_second{{{SEL}}}"
+                            f" and ignoring(hit_ratio) kvhit_valley_active{{{SEL}}})", instant=True))
+        .with_target(q("B", operating_point(), instant=True))
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True}, "renameByName": {"Value #A": "R(h)", "Value #B": "current h"}}))
+        .with_transformation(DataTransformerConfig(id_val="sortBy", options={"sort": [{"field": "hit_ratio"}]}))
+        .override_by_name("R(h)", [prop("color", {"mode": "fixed", "fixedColor": "blue"})])
+        .override_by_name("current h", [prop("color", {"mode": "fixed", "fixedColor": "orange"})]))
+
+    slope = (ts(ids, "Revenue slope R'(h) with its 95 % interval", SLOPE,
+                "dR/dh at the current hit ratio per form; below 0 more hits earn less. The valley alert needs "
+                "the whole 95 % interval below 0.")
+             .thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.LINE))
+             .thresholds(thresholds((None, "red"), (0, "green")))
+             .with_target(q("A", f"kvhit_revenue_slope{{{SEL}}}", "R'(h) {{form}} {{pod}}"))
+             .with_target(q("B", f'kvhit_revenue_slope_bound{{bound="lower", form="chip_time", {SEL}}}', "chip_time lower"))
+             .with_target(q("C", f'kvhit_revenue_slope_bound{{bound="upper", form="chip_time", {SEL}}}', "chip_time upper"))
+             .with_target(q("D", f'kvhit_revenue_slope_bound{{bound="lower", form="linear", {SEL}}}', "linear lower"))
+             .with_target(q("E", f'kvhit_revenue_slope_bound{{bound="upper", form="linear", {SEL}}}', "linear upper")))
+    slope = band(band(slope, "chip_time upper", "chip_time lower", "purple"), "linear upper", "linear lower", "blue")
+    d = d.with_panel(slope)
+
+    d = d.with_panel(
+        ts(ids, "Revenue per machine-second R(h) vs the zero-hit baseline R(0)", PRICE_S,
+           "R at the current hit ratio per form, against R(0) of the same form (the hit_ratio=0.00 point of the "
+           "curve). R(h) < R(0) with h > 0 is KvhitRevenueBelowZeroHitBaseline.")
+        .with_target(q("A", f"kvhit_revenue_per_second{{{SEL}}}", "R(h) {{form}} {{pod}}"))
+        .with_target(q("B", f'kvhit_bathtub_revenue_per_second{{hit_ratio="0.00", {SEL}}}', "R(0) {{form}} {{pod}}")))
+
+    d = d.with_panel(
+        stat_panel(ids, "Valley", "none",
+                   "kvhit_valley_active of the form the alert follows; kvhit_valley_exit: whether R(h) climbs back "
+                   "to R(0) before h = 1.", w=24, h=4)
+        .mappings([ValueMap(options={"0": ValueMappingResult(text="no", color="green", index=0),
+                                     "1": ValueMappingResult(text="ACTIVE", color="red", index=1)})])
+        .with_target(q("A", f"kvhit_valley_active{{{SEL}}}", "valley {{form}} {{pod}}"))
+        .with_target(q("B", f"kvhit_valley_exit{{{SEL}}}", "exit {{form}} {{pod}}"))
+        .override_by_query("B", [prop("mappings", [{"type": "value", "options": {
+            "0": {"text": "no exit", "color": "red", "index": 0}, "1": {"text": "exits", "color": "green", "index": 1}}}])]))
+
+    # --- latency and throughput -----------------------------------------------------------------
+    d = d.with_row(Row("Latency and throughput (MODEL.md §3, §7)").id(ids()))
+    d = d.with_panel(
+        ts(ids, "TTFT: predicted vs observed", "s",
+           "kvhit's predicted TTFT (service = unloaded chip time, load_aware = with queueing and contention) at the "
+           "current and target hit ratio, against the observed mean TTFT (kvhit's window and vLLM's histogram) "
+           "and the configured TTFT SLO.")
+        .with_target(q("A", f"kvhit_predicted_ttft_seconds{{{SEL}}}", "predicted {{kind}} at {{hit_ratio}} h {{pod}}"))
+        .with_target(q("B", f"kvhit_observed_ttft_seconds{{{SEL}}}", "observed mean, kvhit window {{pod}}"))
+        .with_target(q("C", f"sum by (pod) (rate(vllm:time_to_first_token_seconds_sum{{{SEL}}}[{RI}]))"
+                            f" / sum by (pod) (rate(vllm:time_to_first_token_seconds_count{{{SEL}}}[{RI}]))",
+                       "observed mean, vLLM {{pod}}"))
+        .with_target(q("D", f'kvhit_slo_seconds{{slo="ttft", {SEL}}}', "TTFT SLO"))
+        .override_by_name("TTFT SLO", [prop("color", {"mode": "fixed", "fixedColor": "red"}),
+                                       prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]))
+    d = d.with_panel(
+        ts(ids, "Delivered vs physical TPM", TPM,
+           "Delivered TPM counts cached input, physical TPM only computed tokens (MODEL.md §3.4); observed from "
+           "counters over kvhit's window, predicted = capacity from the chip-time model at the current h.")
+        .with_target(q("A", f'kvhit_tpm_tokens_per_minute{{per="instance", {SEL}}}', "{{kind}} {{basis}} {{pod}}"))
+        .with_target(q("B", f'kvhit_tpm_tokens_per_minute{{per="gpu", {SEL}}}', "{{kind}} {{basis}} per GPU {{pod}}")))
+    d = d.with_panel(
+        ts(ids, "Queue depth", REQUESTS, "vLLM's waiting and running requests per pod (summed over engines).")
+        .with_target(q("A", f"sum by (pod) (vllm:num_requests_waiting{{{SEL}}})", "waiting {{pod}}"))
+        .with_target(q("B", f"sum by (pod) (vllm:num_requests_running{{{SEL}}})", "running {{pod}}")))
+    d = d.with_panel(
+        ts(ids, "KV cache usage", "percentunit",
+           "vLLM's KV-cache usage per pod (max over engines); above 95 % with a jittering hit ratio is thrash.")
+        .min(0).max(1).thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.LINE))
+        .thresholds(thresholds((None, "green"), (0.95, "red")))
+        .with_target(q("A", f"max by (pod) (vllm:kv_cache_usage_perc{{{SEL}}})", "KV usage {{pod}}")))
+    lo_cost, hi_cost = cost_exprs()
+    d = d.with_panel(
+        ts(ids, "Cost per 1M SLO-passing output tokens", COST,
+           "Seed 003: instance price per hour x 1e6 / (SLO-passing output tokens/s x 3600). The joint TTFT+TPOT "
+           "pass rate is bounded from vLLM's marginal histograms (per-request TPOT, vLLM 0.11+), so the cost is "
+           "a range. Set the price and the SLO bucket bounds above; with price 1 the panel reads instance-hours "
+           "per 1M tokens. No data where the histograms or passing requests are missing.", w=24)
+        .with_target(q("A", lo_cost, "cost, lower bound {{pod}}"))
+        .with_target(q("B", hi_cost, "cost, upper bound {{pod}}")))
+
+    # --- fits ---------------------------------------------------------------------------------------
+    d = d.with_row(Row("Fits (MODEL.md §4, §6, §7)").id(ids()))
+    ab = (ts(ids, "Miss slope a and overlap α with 95 % bands", "none",
+             "a of TPS_miss(h) = TPS0(1 - a h), direct and derived (never averaged), and the overlap α, each with "
+             "±1.96 standard errors. α is absent (not identifiable) without hits loaded from host memory.")
+          .with_target(q("A", f"kvhit_miss_slope{{{SEL}}}", "a {{method}}"))
+          .with_target(q("B", f'kvhit_miss_slope{{method="direct", {SEL}}} - {Z95} * kvhit_miss_slope_stderr{{method="direct", {SEL}}}', "a direct -1.96σ"))
+          .with_target(q("C", f'kvhit_miss_slope{{method="direct", {SEL}}} + {Z95} * kvhit_miss_slope_stderr{{method="direct", {SEL}}}', "a direct +1.96σ"))
+          .with_target(q("D", f'kvhit_miss_slope{{method="derived", {SEL}}} - {Z95} * kvhit_miss_slope_stderr{{method="derived", {SEL}}}', "a derived -1.96σ"))
+          .with_target(q("E", f'kvhit_miss_slope{{method="derived", {SEL}}} + {Z95} * kvhit_miss_slope_stderr{{method="derived", {SEL}}}', "a derived +1.96σ"))
+          .with_target(q("F", f"kvhit_overlap_ratio{{{SEL}}}", "α"))
+          .with_target(q("G", f"kvhit_overlap_ratio{{{SEL}}} - {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}", "α -1.96σ"))
+          .with_target(q("H", f"kvhit_overlap_ratio{{{SEL}}} + {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}", "α +1.96σ")))
+    ab = band(band(band(ab, "a direct +1.96σ", "a direct -1.96σ", "blue"), "a derived +1.96σ", "a derived -1.96σ",
+                   "purple"), "α +1.96σ", "α -1.96σ", "orange")
+    d = d.with_panel(ab)
+    d = d.with_panel(
+        table_panel(ids, "Fit status", "none",
+                    "The current status of each fit (ok, insufficient_data, insufficient_variation, not_identifiable); "
+                    "values of a fit that is not ok are absent. KvhitFitNotOk fires after an hour.")
+        .with_target(q("A", f"kvhit_fit_status{{{SEL}}} == 1", instant=True))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True, "target": True},
+            "indexByName": {"namespace": 0, "pod": 1, "model_name": 2, "fit": 3, "status": 4}})))
+    d = d.with_panel(
+        ts(ids, "Fit quality", "none", "R² of each fit (chip_time uncentred) and the observations (steps) it used.")
+        .with_target(q("A", f"kvhit_fit_r2{{{SEL}}}", "R² {{fit}} {{pod}}"))
+        .with_target(q("B", f"kvhit_fit_samples{{{SEL}}}", "samples {{fit}} {{pod}}"))
+        .override_by_query("B", [prop("unit", "suffix: steps"), prop("custom.axisPlacement", "right")]))
+    d = d.with_panel(
+        table_panel(ids, "Chip-time coefficients", "s",
+                    "Robust NNLS on busy steps (MODEL.md §7), seconds per unit of each term, with standard errors.")
+        .with_target(q("A", f"kvhit_chip_time_coefficient_seconds{{{SEL}}}", instant=True))
+        .with_target(q("B", f"kvhit_chip_time_coefficient_stderr_seconds{{{SEL}}}", instant=True))
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "job": True, "target": True},
+            "renameByName": {"Value #A": "coefficient", "Value #B": "stderr"}})))
+    d = d.with_panel(
+        ts(ids, "Miss throughput TPS0", TPS, "TPS0 of TPS_miss(h) = TPS0(1 - a h), direct and derived (MODEL.md §4).")
+        .with_target(q("A", f"kvhit_miss_tps0_tokens_per_second{{{SEL}}}", "TPS0 {{method}} {{pod}}")))
+
+    # --- alerts -------------------------------------------------------------------------------------
+    d = d.with_row(Row("Alerts").id(ids()))
+    d = d.with_panel(firing_alerts(ids))
+
+    # --- sidecar and internals ------------------------------------------------------------------------
+    d = d.with_row(Row("Sidecar health and model internals").id(ids()))
+    d = d.with_panel(
+        ts(ids, "Sidecar health", "s",
+           "kvhit's scrape of vLLM: age of the last successful scrape and duration of the last one; kvhit_up "
+           "(right axis) is 0 while the target is down (KvhitTargetDown).")
+        .with_target(q("A", f"time() - kvhit_last_success_timestamp_seconds{{{HEALTH}}}", "since last success {{pod}}"))
+        .with_target(q("B", f"kvhit_scrape_duration_seconds{{{HEALTH}}}", "scrape duration {{pod}}"))
+        .with_target(q("C", f"kvhit_up{{{HEALTH}}}", "up {{pod}}"))
+        .override_by_query("C", [prop("unit", "none"), prop("custom.axisPlacement", "right"), prop("min", 0),
+                                 prop("max", 1)]))
+    d = d.with_panel(
+        ts(ids, "Scrape errors", SCRAPES, "Failed scrapes of vLLM per second by reason (refused, timeout, http_<code>, ...).")
+        .with_target(q("A", f"sum by (pod, reason) (rate(kvhit_scrape_errors_total{{{HEALTH}}}[{RI}]))", "{{reason}} {{pod}}")))
+    d = d.with_panel(
+        table_panel(ids, "Engine and unknown signals", "none",
+                    "The engine kvhit detected (and why it is unsupported, if it is) and every signal kvhit cannot know, "
+                    "with the reason; those signals' own series are absent.", w=24)
+        .with_target(q("A", f"kvhit_engine_info{{{HEALTH}}}", instant=True))
+        .with_target(q("B", f"kvhit_unknown_info{{{SEL}}}", instant=True))
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "Value #A": True, "Value #B": True, "__name__": True, "job": True}})))
+    d = d.with_panel(
+        ts(ids, "Window and request shape", TOKENS,
+           "Mean prompt (ISL) and output (OSL) length of requests finished in kvhit's publish window, and the "
+           "window's length (right axis).")
+        .with_target(q("A", f"kvhit_isl_tokens{{{SEL}}}", "ISL {{pod}}"))
+        .with_target(q("B", f"kvhit_osl_tokens{{{SEL}}}", "OSL {{pod}}"))
+        .with_target(q("C", f"kvhit_window_seconds{{{SEL}}}", "window {{pod}}"))
+        .override_by_query("C", [prop("unit", "s"), prop("custom.axisPlacement", "right")]))
+    internals = (
+        stat_panel(ids, "Model internals", "none",
+                   "T_fixed, the contention factor c(running), S_kv, B_load (measured or configured), the direct miss "
+                   "slope's ISL bucket and its anomalous (tail-chunk) steps, and the configured target hit ratio.", w=12, h=8)
+        .with_target(q("A", f"kvhit_fixed_time_seconds{{{SEL}}}", "T_fixed {{pod}}"))
+        .with_target(q("B", f"kvhit_contention_factor{{{SEL}}}", "c(running) {{pod}}"))
+        .with_target(q("C", f"kvhit_kv_bytes_per_token{{{SEL}}}", "S_kv {{pod}}"))
+        .with_target(q("D", f"kvhit_load_bandwidth_bytes_per_second{{{SEL}}}", "B_load {{source}} {{pod}}"))
+        .with_target(q("E", f"kvhit_miss_slope_isl_bucket_tokens{{{SEL}}}", "ISL bucket {{bound}} {{pod}}"))
+        .with_target(q("F", f"kvhit_miss_slope_anomalous_steps{{{SEL}}}", "anomalous steps {{pod}}"))
+        .with_target(q("G", f"kvhit_target_hit_ratio{{{SEL}}}", "target h {{pod}}"))
+        .override_by_query("A", [prop("unit", "s")])
+        .override_by_query("C", [prop("unit", "bytes")])
+        .override_by_query("D", [prop("unit", "Bps")])
+        .override_by_query("E", [prop("unit", TOKENS)])
+        .override_by_query("F", [prop("unit", "suffix: steps")])
+        .override_by_query("G", [prop("unit", "percentunit")]))
+    d = d.with_panel(internals)
+    return d
+
+
+def firing_alerts(ids: Ids) -> table.Panel:
+    return (table_panel(ids, "Firing kvhit alerts", "none",
+                        "Prometheus's ALERTS series of the kvhit rules (rules/kvhit-alerts.yml) that are firing; "
+                        "runbooks in docs/runbooks.md.", w=24, h=6)
+            .with_target(q("A", f'ALERTS{{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace"}}',
+                           instant=True))
+            .with_transformation(DataTransformerConfig(id_val="organize", options={
+                "excludeByName": {"Time": True, "Value": True, "__name__": True, "alertstate": True},
+                "indexByName": {"alertname": 0, "severity": 1, "namespace": 2, "pod": 3, "model_name": 4}})))
+
+
+# --- kvhit / fleet -----------------------------------------------------------------------------
+
+
+def fleet_dashboard() -> Dashboard:
+    ids = Ids()
+    d = (Dashboard("kvhit / fleet").uid("kvhit-fleet")
+         .description("Per model across pods, from kvhit's recording rules (rules/kvhit-recording.yml): rates from "
+                      "vLLM's counters and kvhit's gauges aggregated by namespace and model_name. Generated by "
+                      "grafana/dashboards.py.")
+         .tags(["kvhit", "vllm"]).refresh("1m").time("now-24h", "now").timezone("browser").editable()
+         .variables(variables(extra=False)))
+    d = d.with_row(Row("Per model").id(ids()))
+    d = d.with_panel(
+        ts(ids, "Token hit ratio per model", "percentunit",
+           "(hits + external hits) / queries from vLLM's counters summed over pods, over 5 min and 24 h. Below "
+           "25 % over 24 h caching does not pay (KvhitPrefixCachingNotPaying).")
+        .min(0).max(1).thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.LINE))
+        .thresholds(thresholds((None, "red"), (0.25, "green")))
+        .with_target(q("A", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}", "{{model_name}} 5m"))
+        .with_target(q("B", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate24h{{{MODEL}}}", "{{model_name}} 24h")))
+    d = d.with_panel(
+        ts(ids, "Delivered vs physical TPM per model", TPM,
+           "Observed from vLLM's counters (5 min) and kvhit's predicted capacity summed over pods.")
+        .with_target(q("A", f"namespace_model_name:vllm_tpm_delivered:rate5m{{{MODEL}}}", "{{model_name}} delivered"))
+        .with_target(q("B", f"namespace_model_name:vllm_tpm_physical:rate5m{{{MODEL}}}", "{{model_name}} physical"))
+        .with_target(q("C", f'namespace_model_name:kvhit_tpm_tokens_per_minute:sum{{basis="predicted", {MODEL}}}',
+                       "{{model_name}} {{kind}} capacity (kvhit)")))
+    d = d.with_panel(
+        ts(ids, "Pods in the valley", PODS, "Pods whose kvhit reports the valley, of the pods with a live kvhit analysis.")
+        .with_target(q("A", f"namespace_model_name:kvhit_valley_active:sum{{{MODEL}}}", "{{model_name}} in the valley"))
+        .with_target(q("B", f"namespace_model_name:kvhit_window_seconds:count{{{MODEL}}}", "{{model_name}} analysed")))
+    d = d.with_panel(
+        ts(ids, "Revenue per second per model", PRICE_S, "R(h) at each pod's current hit ratio, summed over pods.")
+        .with_target(q("A", f"namespace_model_name:kvhit_revenue_per_second:sum{{{MODEL}}}", "{{model_name}} {{form}}")))
+    d = d.with_panel(
+        ts(ids, "TTFT per model", "s", "Observed mean TTFT from vLLM's histogram (5 min) and the worst pod's prediction.")
+        .with_target(q("A", f"namespace_model_name:vllm_time_to_first_token_seconds:mean5m{{{MODEL}}}", "{{model_name}} observed"))
+        .with_target(q("B", f'namespace_model_name:kvhit_predicted_ttft_seconds:max{{kind="load_aware", {MODEL}}}',
+                       "{{model_name}} predicted at {{hit_ratio}} h")))
+    d = d.with_panel(
+        ts(ids, "Queue depth per model", REQUESTS, "Waiting and running requests summed over pods.")
+        .with_target(q("A", f"namespace_model_name:vllm_num_requests_waiting:sum{{{MODEL}}}", "{{model_name}} waiting"))
+        .with_target(q("B", f"namespace_model_name:vllm_num_requests_running:sum{{{MODEL}}}", "{{model_name}} running")))
+    d = d.with_panel(
+        ts(ids, "KV cache usage per model", "percentunit", "The fullest pod's KV-cache usage.")
+        .min(0).max(1).with_target(q("A", f"namespace_model_name:vllm_kv_cache_usage:max{{{MODEL}}}", "{{model_name}}")))
+    d = d.with_panel(
+        table_panel(ids, "Fits across pods", PODS, "Pods per fit and status.")
+        .with_target(q("A", f"namespace_model_name:kvhit_fit_status:count{{{MODEL}}}", instant=True))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "__name__": True}, "renameByName": {"Value": "pods"}})))
+    d = d.with_panel(
+        table_panel(ids, "Pods in the valley", "none", "The pods whose kvhit reports the valley now.", w=24, h=6)
+        .with_target(q("A", f"kvhit_valley_active{{{SEL}}} == 1", instant=True))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "Value": True, "__name__": True}})))
+    d = d.with_row(Row("Alerts").id(ids()))
+    d = d.with_panel(firing_alerts(ids))
+    return d
+
+
+DASHBOARDS = {"kvhit-model": model_dashboard, "kvhit-fleet": fleet_dashboard}
+
+
+def render() -> dict[str, str]:
+    """File name → JSON text of every dashboard."""
+    enc = JSONEncoder(sort_keys=True, indent=2)
+    return {f"{uid}.json": enc.encode(build().build()) + "\n" for uid, build in DASHBOARDS.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with the committed JSON instead of writing")
+    args = ap.parse_args(argv)
+    stale = []
+    for name, text in render().items():
+        path = OUT / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            OUT.mkdir(exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(HERE.parent)}")
+    if stale:
+        print(f"out of date: {', '.join(stale)} (run python grafana/dashboards.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
