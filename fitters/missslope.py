@@ -86,6 +86,8 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
         if np.array_equal(flagged, ~keep):
             break
         keep = ~flagged
+        if keep.sum() < max(min_samples, 3):
+            break  # too few points left to fit a line: reported insufficient_data below
     else:
         b = _robust_line(design[keep], ys[keep], b)  # no fixed point: the line of the last kept set
     anomalies[np.flatnonzero(finite)[~keep]] = True

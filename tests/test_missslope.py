@@ -201,3 +201,22 @@ def test_fit_is_fast():
         fit_miss_slope(h, tps)
         best = min(best, time.perf_counter() - t0)
     assert best < 0.05
+
+
+def test_everything_flagged_is_insufficient_data_not_a_crash():
+    # Issue 7 (fault-injection flap): busy steps of a replayed trace where 20 of 25 points at
+    # h = 0 have the very same TPS_miss (MAD 0 → σ at its 1e-9 floor) and one point sits at
+    # h = 0.297. The anomaly rounds flagged every point; the next round fitted an empty set
+    # (numpy median of nothing → NaN σ → least_squares failed). Now the rounds stop when fewer
+    # than min_samples points are left, and the fit says so.
+    # TPS_miss = miss tokens / busy seconds of 5 s steps (some of them 35 s back-off steps)
+    h = np.array([0.0] * 25 + [0.296875])
+    tps = np.array([6144 / 5] * 25 + [5760 / 35])
+    tps[[1, 7]] = 6144 / 35
+    tps[12], tps[13], tps[19] = 4096 / 5, 18432 / 35, 16384 / 35
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = fit_miss_slope(h, tps)
+    assert r.status is Status.INSUFFICIENT_DATA
+    assert "tail-chunk anomalies" in r.reason
