@@ -15,6 +15,7 @@ Sample of the exposition (one model, chip-time fit ok)::
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -31,7 +32,10 @@ class Health:
     """Scrape health of the target (rendered as-is).
 
     up: last scrape succeeded and parsed; duration [s] of the last scrape; last_success [unix s]
-    or None; errors: reason → count since start.
+    or None; errors: reason → count since start; quirks: input quirk (parse.QUIRKS) →
+    occurrences since start; untracked_series: (model_name, engine) series of the last scrape
+    over ``max_series``; age: now − last_success [s] when rendered; stale: the values shown do
+    not come from the latest scrape attempt (it failed, or none succeeded for an interval).
     """
 
     target: str
@@ -39,6 +43,10 @@ class Health:
     duration: float | None = None
     last_success: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    quirks: dict[str, int] = field(default_factory=dict)
+    untracked_series: int = 0
+    age: float | None = None
+    stale: bool = False
 
 
 class _Families:
@@ -48,8 +56,8 @@ class _Families:
         self._f: dict[str, Metric] = {}
 
     def add(self, m: N.Metric, labels: dict[str, str], value: float | None) -> None:
-        if value is None:
-            return
+        if value is None or not math.isfinite(value):
+            return  # unknown is absent, never NaN/Inf (MODEL.md §6)
         fam = self._f.get(m.name)
         if fam is None:
             cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
@@ -76,8 +84,13 @@ class KvhitCollector(Collector):
         f.add(N.UP, t, 1.0 if health.up else 0.0)
         f.add(N.SCRAPE_DURATION, t, health.duration)
         f.add(N.LAST_SUCCESS, t, health.last_success)
+        f.add(N.DATA_AGE, t, health.age)
+        f.add(N.STALE, t, 1.0 if health.stale else 0.0)
         for reason, count in sorted(health.errors.items()):
             f.add(N.SCRAPE_ERRORS, {**t, "reason": reason}, count)
+        for quirk, count in sorted(health.quirks.items()):
+            f.add(N.INPUT_QUIRKS, {**t, "quirk": quirk}, count)
+        f.add(N.UNTRACKED_SERIES, t, health.untracked_series)
         f.add(N.ENGINE_INFO, {**t, "engine": analysis.engine, "reason": analysis.engine_reason}, 1.0)
         for model in analysis.models.values():
             _model(f, {"model_name": model.model_name, **t}, model, analysis.target_hit_ratio, analysis.slo_seconds)

@@ -36,9 +36,21 @@ def _m(name: str, help: str, labels: tuple[str, ...] = MODEL, type: str = "gauge
 UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
-                   "(refused, timeout, http_<code>, too_large, parse, out_of_order, internal, error) [scrapes].",
+                   "(refused, timeout, http_<code>, redirect, too_large, encoding, incomplete, parse, out_of_order, "
+                   "internal, error) [scrapes].",
                    ("target", "reason"), "counter")
 LAST_SUCCESS = _m("kvhit_last_success_timestamp_seconds", "Unix time of the last successful scrape [s].", ("target",))
+DATA_AGE = _m("kvhit_data_age_seconds", "Age of the last successful scrape, the one every per-model value comes "
+              "from; per-model series are removed once it exceeds two scrape intervals [s].", ("target",))
+STALE = _m("kvhit_stale", "1 when the per-model values shown do not come from the latest scrape attempt (it "
+           "failed, or no scrape succeeded for more than interval + timeout), 0 when they are fresh; the values "
+           "are removed after two intervals [boolean].", ("target",))
+INPUT_QUIRKS = _m("kvhit_input_quirks_total", "Lines or series of the target's expositions that kvhit handled "
+                  "as a quirk, by quirk (truncated, malformed_line, non_utf8, non_finite, negative, "
+                  "duplicate_series, pid_duplicate, engine_incomplete, histogram_inconsistent) [lines].",
+                  ("target", "quirk"), "counter")
+UNTRACKED_SERIES = _m("kvhit_untracked_series", "(model_name, engine) series of the last scrape not analysed "
+                      "because max_series was reached [series].", ("target",))
 ENGINE_INFO = _m("kvhit_engine_info", "Engine detected in the target's exposition (value 1); reason says why "
                  "it is unsupported or empty.", ("target", "engine", "reason"))
 UNKNOWN_INFO = _m("kvhit_unknown_info", "A signal kvhit cannot know for this model (value 1), with the reason; "

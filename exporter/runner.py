@@ -1,24 +1,52 @@
 """Drives the pipeline for one target: source → parse → analyzer, and keeps scrape health.
 
-The runner is the only stateful glue: it records whether the last scrape worked, counts errors
-by reason, backs off while the target is down, and hides every per-model value once the last
-good snapshot is older than two scrape intervals — a frozen number must never look live.
+The runner is the only stateful glue, and the place where a bad day ends up as a number instead
+of a crash or a lie:
+
+* **Never crashes**: a scrape failure, a body that is not exposition, an out-of-order snapshot
+  and any exception inside the analysis are counted by reason (``kvhit_scrape_errors_total``),
+  logged once per change of reason (never with the body), and change nothing else.
+* **Never lies**: ``kvhit_up`` is 0 after a failed attempt; ``kvhit_stale`` is 1 as soon as the
+  values shown are not from the latest attempt (it failed, or none succeeded for more than
+  interval + timeout); every per-model value is removed once the last good scrape is older than
+  two intervals (``kvhit_data_age_seconds`` says how old it is). Nothing frozen looks live.
+* **Loses nothing silently**: input quirks the parser handled are counted per kind
+  (``kvhit_input_quirks_total``); (model_name, engine) series beyond ``max_series`` are counted
+  (``kvhit_untracked_series``) and logged once.
+* **Recovers by itself**: while the target is down the delay doubles per failure up to 8
+  intervals; the first good scrape resets it.
+* **Time**: live snapshots are stamped with a steady clock — the wall clock read at start,
+  advanced by the monotonic clock — so a step of the system clock (NTP, VM resume) changes no
+  rate, window or staleness. Replays and tests pass their own clock.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from dataclasses import replace
+from types import MappingProxyType
 from typing import Callable
 
 from exporter.analyzer import Analysis, Analyzer
 from exporter.collector import Health
 from exporter.config import Config
-from exporter.parse import ParseError, parse_exposition
-from exporter.sources import LiveSource, ScrapeError
+from exporter.parse import ParseError, Snapshot, parse_exposition
+from exporter.sources import LiveSource, ScrapeError, redact_url
 
 log = logging.getLogger("kvhit")
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
+DEFAULT_MAX_SERIES = 64
+
+
+class SteadyClock:
+    """Unix time that never steps: the wall clock at construction + monotonic time elapsed since."""
+
+    def __init__(self) -> None:
+        self._wall0, self._mono0 = time.time(), time.monotonic()
+
+    def __call__(self) -> float:
+        return self._wall0 + (time.monotonic() - self._mono0)
 
 
 class Runner:
@@ -26,64 +54,123 @@ class Runner:
 
     Args:
         config: validated configuration.
-        target: label value for ``target`` (the URL, or the trace path for replays).
-        clock: returns "now" [unix s]; replays pass the trace clock so nothing is stale.
+        target: label value for ``target`` (the URL — credentials removed — or the trace path).
+        clock: returns "now" [unix s] for live snapshot stamps and staleness; default a
+            :class:`SteadyClock`; replays pass the trace clock so nothing is stale.
     """
 
-    def __init__(self, config: Config, target: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, target: str, clock: Callable[[], float] | None = None) -> None:
         self.config = config
         self.analyzer = Analyzer(config)
-        self.clock = clock
+        self.clock = clock if clock is not None else SteadyClock()
         self._lock = threading.Lock()
-        self._health = Health(target=target)
+        self._health = Health(target=redact_url(target))
         self._failures = 0
         self._last_reason = ""
+        self._tracked: list[str] = []  # models analysed, in the order they were admitted
+        self._cap_logged = False
 
     # --- input -----------------------------------------------------------------------------
 
-    def ingest_text(self, timestamp: float, text: str, duration: float | None = None) -> bool:
-        """Parse one exposition and feed it to the analyzer. Returns True on success.
+    def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None) -> bool:
+        """Parse one exposition and feed it to the analyzer. Returns True on success; never raises.
 
-        A parse failure or an out-of-order timestamp counts as an error (reason "parse" /
-        "out_of_order") and changes nothing else.
+        ``bytes`` are decoded as UTF-8 with replacement. A body that is not exposition, a
+        timestamp not newer than the last snapshot, or an exception in the analysis counts as an
+        error (reason "parse", "out_of_order", "internal") and changes nothing else.
         """
         try:
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", errors="replace")
             snap = parse_exposition(text, timestamp)
-            with self._lock:
-                self.analyzer.ingest(snap)
         except ParseError as exc:
             self._fail("parse", str(exc))
             return False
-        except ValueError as exc:
-            self._fail("out_of_order", str(exc))
+        except Exception as exc:  # a parser bug must not kill the sidecar
+            self._fail("internal", f"parse failed: {type(exc).__name__}")
+            return False
+        last = self.analyzer.windows.last
+        if last is not None and not timestamp > last.timestamp:
+            self._fail("out_of_order", f"snapshot at {timestamp:.3f} is not newer than {last.timestamp:.3f}")
+            self._count_quirks(snap)
+            return False
+        snap = self._cap(snap)
+        try:
+            with self._lock:
+                self.analyzer.ingest(snap)
+        except Exception as exc:
+            log.debug("analysis of a snapshot failed", exc_info=True)
+            self._fail("internal", f"analysis failed: {type(exc).__name__}: {exc}"[:300])
             return False
         with self._lock:
             self._failures = 0
             self._last_reason = ""
-            self._health = Health(self._health.target, True, duration, timestamp, self._health.errors)
+            h = self._health
+            self._health = replace(h, up=True, duration=duration, last_success=timestamp)
+        self._count_quirks(snap)
         return True
 
     def poll(self, source: LiveSource) -> bool:
-        """One live scrape; errors are counted by reason and logged once per change of reason."""
-        start = time.monotonic()
+        """One live scrape stamped with :attr:`clock`; errors are counted by reason."""
+        stamp, start = self.clock(), time.monotonic()
         try:
-            timestamp, text = source.fetch()
+            _, text = source.fetch()
         except ScrapeError as exc:
             self._fail(exc.reason, str(exc))
             return False
-        return self.ingest_text(timestamp, text, time.monotonic() - start)
+        except Exception as exc:
+            self._fail("error", f"scrape failed: {type(exc).__name__}")
+            return False
+        return self.ingest_text(stamp, text, time.monotonic() - start)
 
     def _fail(self, reason: str, message: str) -> None:
         with self._lock:
             errors = dict(self._health.errors)
             errors[reason] = errors.get(reason, 0) + 1
-            h = self._health
-            self._health = Health(h.target, False, h.duration, h.last_success, errors)
+            self._health = replace(self._health, up=False, errors=errors)
             self._failures += 1
             changed = reason != self._last_reason
             self._last_reason = reason
         if changed:
             log.warning("scrape failed (%s): %s", reason, message)
+
+    def _count_quirks(self, snap: Snapshot) -> None:
+        if not snap.quirks:
+            return
+        with self._lock:
+            quirks = dict(self._health.quirks)
+            for kind, n in snap.quirks.items():
+                quirks[kind] = quirks.get(kind, 0) + n
+            self._health = replace(self._health, quirks=quirks)
+
+    def _cap(self, snap: Snapshot) -> Snapshot:
+        """At most ``max_series`` (model_name, engine) series are analysed.
+
+        Models keep their slot in the order they were first seen (a model absent from a scrape
+        frees it); new models are admitted by name while there is room; a model whose engines do
+        not fit is left out whole (never a partial sum over some of its engines).
+        """
+        limit = getattr(self.config, "max_series", DEFAULT_MAX_SERIES)
+        order = [m for m in self._tracked if m in snap.models]
+        order += sorted(m for m in snap.models if m not in self._tracked)
+        kept, used, over = [], 0, 0
+        for m in order:
+            n = max(1, len(snap.models[m].engines))
+            if used + n <= limit:
+                kept.append(m)
+                used += n
+            else:
+                over += n
+        self._tracked = kept
+        with self._lock:
+            self._health = replace(self._health, untracked_series=over)
+        if not over:
+            return snap
+        if not self._cap_logged:
+            self._cap_logged = True
+            log.warning("%d (model_name, engine) series over max_series=%d are not analysed "
+                        "(kvhit_untracked_series; logged once)", over, limit)
+        return replace(snap, models=MappingProxyType({m: snap.models[m] for m in kept}))
 
     def next_delay(self) -> float:
         """Seconds until the next scrape: the interval, doubled per consecutive failure (capped)."""
@@ -93,15 +180,32 @@ class Runner:
     # --- output ----------------------------------------------------------------------------
 
     def current(self) -> tuple[Analysis, Health]:
-        """(analysis, health) to render now; per-model values removed when stale (> 2 intervals)."""
+        """(analysis, health) to render now.
+
+        Health carries the age of the last good scrape and ``stale``; per-model values are
+        removed when that scrape is older than two intervals. An exception while assembling
+        the analysis is counted ("internal") and shows no per-model value.
+        """
+        try:
+            with self._lock:
+                analysis = self.analyzer.analysis()
+        except Exception as exc:
+            log.debug("analysis failed", exc_info=True)
+            self._fail("internal", f"analysis failed: {type(exc).__name__}")
+            with self._lock:
+                last = self.analyzer.windows.last
+            analysis = Analysis(None if last is None else last.timestamp, "unknown", "analysis failed", {})
         with self._lock:
-            analysis = self.analyzer.analysis()
             health = self._health
-        if health.last_success is None or self.clock() - health.last_success > 2 * self.config.interval:
+        now = self.clock()
+        age = None if health.last_success is None else max(0.0, now - health.last_success)
+        interval = self.config.interval
+        stale = age is None or not health.up or age > interval + self.config.timeout
+        if age is None or age > 2 * interval:
             analysis = analysis.without_models()
-        return analysis, health
+        return analysis, replace(health, age=age, stale=stale)
 
     def ready(self) -> bool:
         """A fresh successful scrape exists (what /readyz reports)."""
         _, health = self.current()
-        return health.last_success is not None and self.clock() - health.last_success <= 2 * self.config.interval
+        return health.age is not None and health.age <= 2 * self.config.interval

