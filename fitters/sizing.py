@@ -135,9 +135,11 @@ class TpotConcurrencyFitter:
     (engine restarted with other buckets) restarts from the new step.
     """
 
-    def __init__(self, half_life_seconds: float = 3600.0, max_levels: int = 256, min_requests: float = 20.0) -> None:
-        if half_life_seconds <= 0 or max_levels < 2 or min_requests <= 0:
-            raise ValueError("need half_life_seconds > 0, max_levels >= 2, min_requests > 0")
+    def __init__(self, half_life_seconds: float = 3600.0, max_levels: int = 256, min_requests: float = 20.0,
+                 min_levels: int = 3) -> None:
+        if half_life_seconds <= 0 or max_levels < 2 or min_requests <= 0 or min_levels < 2:
+            raise ValueError("need half_life_seconds > 0, max_levels >= 2, min_requests > 0, min_levels >= 2")
+        self.min_levels = min_levels
         self.half_life_seconds = half_life_seconds
         self.max_levels = max_levels
         self.min_requests = min_requests
@@ -195,22 +197,25 @@ class TpotConcurrencyFitter:
         Params: "p95_at_zero" b0 [s], "p95_per_request" b1 [s per running request],
         "concurrency_at_target" running* [requests]. Extra: "target_seconds" (share·SLO),
         "levels" ([[concurrency, P95, requests], …]), "extrapolated" (running* outside the
-        observed levels). Status: insufficient_data (< 2 levels with enough requests, or no
-        SLO), insufficient_variation (one level), not_identifiable (P95 does not rise with
-        concurrency: no concurrency-limited answer), else ok.
+        observed levels). Status: insufficient_data (no level with enough requests, or no SLO),
+        insufficient_variation (fewer than ``min_levels`` levels: a curve needs several points),
+        not_identifiable (the slope is not above 0 by two standard errors: TPOT P95 does not
+        visibly rise with concurrency, so no concurrency-limited answer), else ok.
         """
         levels = self.levels()
         steps = sum(self._levels[k].steps for k, _, _ in levels)
         if tpot_slo is None or not tpot_slo > 0:
             return FitResult.failed(Status.INSUFFICIENT_DATA, "slo.tpot_seconds not configured", steps)
         extra: dict[str, object] = {"target_seconds": share * tpot_slo,
-                                    "levels": [[k, p, n] for k, p, n in levels]}
+                                    "levels": [[k, float(p), float(n)] for k, p, n in levels]}
         if not levels:
             return FitResult(Status.INSUFFICIENT_DATA, f"no concurrency level with {self.min_requests:g} finished "
                              "requests yet", samples=steps, extra=extra)
-        if len(levels) < 2:
-            return FitResult(Status.INSUFFICIENT_VARIATION, f"running concurrency never varied (only level "
-                             f"{levels[0][0]}): TPOT cannot be fitted against it", samples=steps, extra=extra)
+        if len(levels) < self.min_levels:
+            return FitResult(Status.INSUFFICIENT_VARIATION, f"{len(levels)} concurrency level(s) with "
+                             f"{self.min_requests:g} finished requests ({', '.join(str(k) for k, _, _ in levels)}), "
+                             f"need {self.min_levels}: TPOT cannot be fitted against concurrency", samples=steps,
+                             extra=extra)
         x = np.array([k for k, _, _ in levels], dtype=float)
         y = np.array([p for _, p, _ in levels], dtype=float)
         w = np.array([n for _, _, n in levels], dtype=float)
@@ -226,10 +231,11 @@ class TpotConcurrencyFitter:
         ybar = float(np.sum(w * y) / w.sum())
         ss_tot = float(np.sum(w * (y - ybar) ** 2))
         r2 = 1.0 - float(np.sum(w * resid**2)) / ss_tot if ss_tot > 0 else math.nan
-        if b1 <= 0:
+        se_b1 = math.sqrt(max(float(cov[1, 1]), 0.0)) if dof > 0 else math.nan
+        if b1 <= 0 or (math.isfinite(se_b1) and b1 <= 2.0 * se_b1):
             return FitResult(Status.NOT_IDENTIFIABLE, f"TPOT P95 does not rise with concurrency over levels "
-                             f"{int(x.min())}–{int(x.max())}: no concurrency-limited max-num-seqs",
-                             samples=steps, r2=r2, extra=extra)
+                             f"{int(x.min())}–{int(x.max())} (slope {b1:.3g} ± {se_b1:.2g} s per request): "
+                             "no concurrency-limited max-num-seqs", samples=steps, r2=r2, extra=extra)
         target = share * tpot_slo
         xstar = (target - b0) / b1
         grad = np.array([-1.0 / b1, -xstar / b1])

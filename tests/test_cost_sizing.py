@@ -204,16 +204,31 @@ def test_tpot_fitter_solves_for_80_percent_of_slo():
     assert r.samples == 9 and r.r2 == pytest.approx(1.0)
 
 
+def test_tpot_fitter_noise_is_not_a_recommendation():
+    f = TpotConcurrencyFitter(min_requests=20)
+    # P95 0.035 (2), 0.025 (4), 0.045 (8), equal weights: x̄ = 14/3, Sxx = 18.667,
+    # Sxy = (−0.667)(−0.01) + (3.333)(0.01) = 0.04 → b1 = 0.04/18.667 = 0.00214 s/request;
+    # residuals 0.00571, −0.00857, 0.00286 → SSR 1.143e-4 (1 dof) → se(b1) = √(1.143e-4/18.667)
+    # = 0.00247: b1 < 2·se → not identifiable, no max-num-seqs
+    for t, (running, le) in enumerate(((2, 0.03), (4, 0.02), (8, 0.04))):
+        f.update(float(t), running, _step(le), 100.0)
+    r = f.result(0.08)
+    assert r.status is Status.NOT_IDENTIFIABLE and "does not rise" in r.reason
+
+
 def test_tpot_fitter_statuses_and_bound():
     f = TpotConcurrencyFitter(min_requests=20, max_levels=3)
     assert f.result(0.08).status is Status.INSUFFICIENT_DATA  # nothing yet
     f.update(1.0, 4.0, _step(0.03), 100.0)
     assert f.result(None).status is Status.INSUFFICIENT_DATA  # no SLO configured
     assert f.result(0.08).status is Status.INSUFFICIENT_VARIATION  # one level only
-    f.update(2.0, 8.0, _step(0.02), 100.0)  # P95 falls as concurrency rises
+    f.update(2.0, 8.0, _step(0.02), 100.0)
+    assert f.result(0.08).status is Status.INSUFFICIENT_VARIATION  # two levels are not a curve
+    f.update(2.5, 16.0, _step(0.01), 100.0)  # P95 0.035, 0.025, 0.015: falls as concurrency rises
     assert f.result(0.08).status is Status.NOT_IDENTIFIABLE
-    for i, running in enumerate((1.0, 16.0, 32.0)):
+    for i, running in enumerate((1.0, 32.0)):
         f.update(3.0 + i, running, _step(0.02), 100.0)
     assert len(f) == 3  # at most max_levels; the least recently seen (4, then 8) dropped
+    assert sorted(k for k, _, _ in f.levels()) == [1, 16, 32]
     assert not f.update(9.0, 0.2, _step(0.02), 100.0)  # idle engine: no level
     assert not f.update(9.0, 3.0, _step(0.02), 0.0)  # no finished request
