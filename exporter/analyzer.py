@@ -12,16 +12,20 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.observe import Context, hit_tokens, observe
+from exporter.observe import Context, hit_tokens, kv_capacity_tokens, observe
 from exporter.parse import Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
+from fitters.caching import CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter
+from fitters.cost import SloCost, slo_cost, slo_shares
+from fitters.histogram import quantile
 from fitters.latency import LatencyFitter
 from fitters.missslope import MissSlopeFitter
 from fitters.model import ChipTimeCoefficients, tpm_delivered, tpm_physical
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
+from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
 from fitters.whatif import FittedModel, Prediction
 
 
@@ -50,6 +54,18 @@ class ModelAnalysis:
         kv_bytes_per_token: S_kv per GPU [bytes] or None.
         contention: c(running) at the current concurrency [1] or None.
         anomalies: busy steps flagged as tail-chunk anomalies in the current ISL bucket.
+        anomaly_times: end times [unix s] of those steps (the report marks them).
+        slo_cost: pass-rate bounds and cost per 1M SLO-passing output tokens (MODEL.md §5).
+        tpot_source: "request" (request_time_per_output_token_seconds) or "itl" (inter-token
+            latency, per token gap) — the histogram TPOT shares and P95 came from.
+        p95: "ttft" | "tpot_request" | "itl" → P95 of the publish window [s].
+        prefill_share, caching_speedup: "window" | "history" → P̄/(P̄+D̄) and 1/(1−h·share) [1].
+        caching: the seed-003 prefix-caching verdict (history up to 24 h).
+        kv_capacity_tokens: KV pool size per data-parallel engine [tokens];
+        max_concurrency: ⌊capacity/(ISL+OSL)⌋ [requests]; kv_peak_bytes: B·N_max·S_kv [bytes/GPU].
+        recommended_max_num_seqs: ⌊running*⌋ where TPOT P95 = 80 % of the TPOT SLO [requests].
+        capacity_bound: "current" | "target" → first-order Θ(h) [prompt tokens/s] (§3.3);
+        load_compute_ratio: δ [1].
     """
 
     model_name: str
@@ -71,6 +87,19 @@ class ModelAnalysis:
     kv_bytes_per_token: float | None = None
     contention: float | None = None
     anomalies: int = 0
+    anomaly_times: tuple[float, ...] = ()
+    slo_cost: SloCost | None = None
+    tpot_source: str | None = None
+    p95: dict[str, float] = field(default_factory=dict)
+    prefill_share: dict[str, float] = field(default_factory=dict)
+    caching_speedup: dict[str, float] = field(default_factory=dict)
+    caching: CachingVerdict | None = None
+    kv_capacity_tokens: float | None = None
+    max_concurrency: int | None = None
+    kv_peak_bytes: float | None = None
+    recommended_max_num_seqs: int | None = None
+    capacity_bound: dict[str, float] = field(default_factory=dict)
+    load_compute_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +131,9 @@ class _ModelState:
     chip: ChipTimeFitter = field(default_factory=ChipTimeFitter)
     slope: MissSlopeFitter = field(default_factory=MissSlopeFitter)
     latency: LatencyFitter = field(default_factory=LatencyFitter)
+    rollup: HitRollup = field(default_factory=HitRollup)
+    tpot: TpotConcurrencyFitter = field(default_factory=TpotConcurrencyFitter)
+    tpot_source: str | None = None
     isl: float | None = None
     osl: float | None = None
 
@@ -140,6 +172,7 @@ class Analyzer:
             st.chip.update(obs)
             st.slope.update(obs)
             st.latency.update(obs)
+            _update_seed3(st, delta, obs)
             out[model] = obs
         self.last_observations = out
         for model in list(self._state):
@@ -199,12 +232,14 @@ class Analyzer:
             waiting = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
             load_aware = overlap = waiting
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": overlap, "load_aware": load_aware}
+        seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl, osl, kv, bandwidth, coef, fits)
 
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             isl=isl, osl=osl, observed_ttft=wobs.ttft_mean, tpm_observed=tpm, fits=fits,
             load_bandwidth=bandwidth, kv_bytes_per_token=kv,
-            anomalies=int(slope.extra.get("anomalies", 0)),
+            anomalies=int(slope.extra.get("anomalies", 0)), anomaly_times=tuple(st.slope.anomaly_times()),
+            **seed3,
         )
         h_now = hit.get("all")
         steps_per_request = _steps_per_request(w)
@@ -307,3 +342,139 @@ def _bandwidth(w: Delta, configured: float | None) -> tuple[float, str] | None:
         return b / s, "measured"
     return (configured, "configured") if configured else None
 
+
+
+# --- seed 003 and sizing: cost, caching verdict, KV sizing, max-num-seqs, first-order Θ ----------
+
+
+def _tpot_histogram(d: Delta):
+    """(TPOT histogram delta, source): per-request TPOT (vLLM ≥ 0.11) else inter-token latency."""
+    if "request_tpot" in d.histograms:
+        return d.histograms["request_tpot"], "request"
+    if "itl" in d.histograms:
+        return d.histograms["itl"], "itl"
+    return None, None
+
+
+def _update_seed3(st: _ModelState, d: Delta, obs: Observation) -> None:
+    """Feed one step to the 24 h hit rollup and the TPOT-vs-concurrency fitter (MODEL.md §5)."""
+    hits = None
+    if obs.hit_tokens_device is not None and obs.hit_tokens_loaded is not None:
+        hits = obs.hit_tokens_device + obs.hit_tokens_loaded
+    pre, dec = d.histograms.get("prefill_time"), d.histograms.get("decode_time")
+    both = pre is not None and dec is not None
+    st.rollup.update(d.t0, d.t1, obs.queried_tokens, hits, (pre.sum, pre.count) if both else None,
+                     (dec.sum, dec.count) if both else None, d.end.get("kv_usage"))
+    tpot, source = _tpot_histogram(d)
+    if tpot is not None and not obs.anomaly_hint and st.tpot.update(obs.t, obs.running, tpot.buckets, tpot.count):
+        st.tpot_source = source
+
+
+def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, hit: dict[str, float],
+           unknown: dict[str, str], isl: float | None, osl: float | None, kv: float | None,
+           bandwidth: tuple[float, str] | None, coef: ChipTimeCoefficients | None,
+           fits: dict[str, FitResult]) -> dict:
+    """The ModelAnalysis fields of MODEL.md §3.3, §3.6 and §5; reasons go to ``unknown`` and the
+    max-num-seqs fit to ``fits``. Choices are documented in fitters/cost.py, caching.py, sizing.py."""
+    out: dict = {}
+    # P95 and SLO pass-rate bounds, cost (§5)
+    tpot, source = _tpot_histogram(w)
+    out["tpot_source"] = source
+    p95 = {}
+    for key, h in (("ttft", w.histograms.get("ttft")), ("tpot_request", w.histograms.get("request_tpot")),
+                   ("itl", w.histograms.get("itl"))):
+        q = None if h is None else quantile(h.buckets, h.count, 0.95)
+        if q is not None:
+            p95[key] = q
+    out["p95"] = p95
+    ttft_slo, tpot_slo = cfg.slo.ttft_seconds, cfg.slo.tpot_seconds
+    ttft = w.histograms.get("ttft")
+    if ttft_slo is None or tpot_slo is None:
+        unknown.setdefault("slo_pass_ratio", "slo.ttft_seconds and slo.tpot_seconds must both be configured")
+    elif ttft is None or tpot is None:
+        unknown.setdefault("slo_pass_ratio", "no time_to_first_token or TPOT/inter-token latency histogram with "
+                                             "buckets in the publish window")
+    else:
+        a, b = slo_shares(ttft.buckets, ttft.count, ttft_slo), slo_shares(tpot.buckets, tpot.count, tpot_slo)
+        if a is None or b is None:
+            unknown.setdefault("slo_pass_ratio", "no request finished in the publish window")
+        else:
+            gen = w.counters.get("generation_tokens")
+            tps = gen / w.dt if gen is not None and w.dt > 0 else None
+            cost = slo_cost(a, b, tps, cfg.instance_hour_price, cfg.retry_rate)
+            out["slo_cost"] = cost
+            for key, why in (cost.reasons or {}).items():
+                signal = "cost_per_million_slo_output_tokens" + ("_upper" if key == "cost_upper" else "_lower")
+                unknown.setdefault(signal, why)
+
+    # prefill share, speedup, verdict (§5)
+    pre, dec = w.histograms.get("prefill_time"), w.histograms.get("decode_time")
+    share = {}
+    if pre is not None and dec is not None and pre.mean is not None and dec.mean is not None \
+            and pre.mean + dec.mean > 0:
+        share["window"] = pre.mean / (pre.mean + dec.mean)
+    hist_share = st.rollup.prefill_share()
+    if hist_share is not None:
+        share["history"] = hist_share
+    if "window" not in share:
+        unknown.setdefault("prefill_share", "no request_prefill_time/request_decode_time means in the publish "
+                                            "window (SGLang exports neither)")
+    out["prefill_share"] = share
+    v = verdict(st.rollup)
+    out["caching"] = v
+    if v.state is None:
+        unknown.setdefault("prefix_cache_verdict", v.reason)
+    sp = {}
+    for span, h in (("window", hit.get("all")), ("history", v.history_hit_ratio)):
+        x = speedup(h, share.get(span))
+        if x is not None:
+            sp[span] = x
+    out["caching_speedup"] = sp
+
+    # KV capacity, concurrency ceiling, peak KV (§3.6)
+    cap = kv_capacity_tokens(snap.cache_config, snap.models[model].gauges)
+    if cap is None:
+        unknown.setdefault("kv_capacity_tokens", "no cache_config_info (num_gpu_blocks, block_size or "
+                                                 "kv_cache_size_tokens) or SGLang max_total_num_tokens")
+    else:
+        out["kv_capacity_tokens"] = cap
+        if isl is not None and osl is not None and isl + osl > 0:
+            out["max_concurrency"] = max_concurrency(cap, isl + osl)
+        else:
+            unknown.setdefault("max_concurrency", "ISL/OSL unknown (no request_prompt/generation_tokens histograms)")
+    if cfg.sizing.batch is None or cfg.sizing.max_len is None:
+        unknown.setdefault("kv_peak_bytes", "sizing.batch and sizing.max_len not configured")
+    elif kv is not None:
+        out["kv_peak_bytes"] = peak_kv_bytes(cfg.sizing.batch, cfg.sizing.max_len, kv)
+
+    # economic max-num-seqs (§5)
+    res = st.tpot.result(tpot_slo)
+    if st.tpot_source:
+        res = replace(res, extra={**res.extra, "tpot_source": st.tpot_source})
+    fits["max_num_seqs"] = res
+    x = res.value("concurrency_at_target")
+    if x is not None and x >= 1:
+        out["recommended_max_num_seqs"] = int(math.floor(x))
+    elif x is not None:
+        unknown.setdefault("recommended_max_num_seqs", "TPOT P95 exceeds 80 % of the TPOT SLO even at one running "
+                                                       "request (fitted line)")
+
+    # first-order capacity bound Θ(h) (§3.3)
+    h_all, h_load = hit.get("all"), hit.get("loaded")
+    t0 = coef.compute_time(isl, 0.0) if coef is not None and isl else None
+    if t0 is None or not t0 > 0 or h_all is None:
+        unknown.setdefault("capacity_bound", "needs the chip-time fit (T0 = k_ffn·N + k_attn·N²/2), ISL and h")
+    else:
+        fo = first_order_capacity(isl, t0, kv, bandwidth[0] if bandwidth else None)
+        out["load_compute_ratio"] = fo.delta
+        bound = {}
+        now = fo.theta(h_all, h_load)
+        if now is not None:
+            bound["current"] = now
+        if cfg.target_hit_ratio is not None:
+            load_share = h_load / h_all if h_load is not None and h_all > 0 else (0.0 if h_load == 0 else None)
+            t = fo.theta(cfg.target_hit_ratio, None if load_share is None else cfg.target_hit_ratio * load_share)
+            if t is not None:
+                bound["target"] = t
+        out["capacity_bound"] = bound
+    return out

@@ -23,6 +23,7 @@ from exporter.collector import KvhitCollector
 from exporter.config import Config, ConfigError, Geometry, load_config
 from exporter.jsonapi import analysis_to_dict, load_fit
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
+from exporter.report import load_source, render
 from exporter.runner import Runner
 from exporter.server import serve
 from exporter.sources import LiveSource, load_trace
@@ -237,6 +238,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- report -------------------------------------------------------------------------------
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """HTML page with PNG plots from a trace, a saved analysis or a running kvhit (exporter/report.py)."""
+    cfg = _config(args, window_seconds=args.window_seconds)
+    data = load_source(args.source, cfg)
+    path = render(data, Path(args.out))
+    print(f"kvhit report: {path}")
+    return 0
+
+
 # --- entry point --------------------------------------------------------------------------
 
 
@@ -276,6 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--osl", type=float)
     pr.add_argument("--model", help="model_name when the file holds several")
     pr.set_defaults(func=cmd_predict)
+
+    rep = sub.add_parser("report", help="HTML page with PNG plots (bathtub, TTFT vs h, TPM, fit diagnostics) from "
+                                        "a trace, an analysis JSON or a running kvhit's base URL")
+    rep.add_argument("source", metavar="PATH|URL",
+                     help="trace (dir or .tar.gz; replayed), analysis .json, or kvhit's base URL (/api/v1/analysis)")
+    rep.add_argument("--out", default="kvhit-report", help="output directory (default ./kvhit-report)")
+    rep.add_argument("--config", help="YAML config file (prices, SLOs, instance_hour_price, geometry, sizing)")
+    rep.add_argument("--window-seconds", type=float, dest="window_seconds")
+    rep.set_defaults(func=cmd_report)
     return p
 
 

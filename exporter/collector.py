@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from exporter import names as N
 from exporter.analyzer import Analysis, ModelAnalysis
+from fitters.caching import STATES
 from fitters.result import STATUSES
 
 
@@ -170,6 +171,41 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
             f.add(N.BATHTUB, {**fl, "hit_ratio": f"{h:.2f}"}, r)
     if m.valley_form is not None:
         f.add(N.VALLEY_ACTIVE, {**base, "form": m.valley_form}, float(m.bathtubs[m.valley_form].valley_active))
+    _seed3(f, base, m)
+
+
+def _seed3(f: _Families, base: dict[str, str], m: ModelAnalysis) -> None:
+    """Seed 003 cost / caching / batch size, KV sizing and the first-order bound (MODEL.md §3.3, §3.6, §5)."""
+    for quantity, seconds in m.p95.items():
+        f.add(N.OBSERVED_P95, {**base, "quantity": quantity}, seconds)
+    c = m.slo_cost
+    if c is not None:
+        src = {"tpot_source": m.tpot_source or ""}
+        for bound, p, cost, eff in (("lower", c.pass_lower, c.cost_lower, c.effective_lower),
+                                    ("upper", c.pass_upper, c.cost_upper, c.effective_upper)):
+            f.add(N.SLO_PASS, {**base, "bound": bound, **src}, p)
+            f.add(N.SLO_COST, {**base, "bound": bound, **src}, cost)
+            f.add(N.EFFECTIVE_COST, {**base, "bound": bound, **src}, eff)
+    for span, share in m.prefill_share.items():
+        f.add(N.PREFILL_SHARE, {**base, "span": span}, share)
+    for span, x in m.caching_speedup.items():
+        f.add(N.CACHING_SPEEDUP, {**base, "span": span}, x)
+    v = m.caching
+    if v is not None:
+        if v.state is not None:
+            prov = "true" if v.provisional else "false"
+            for state in STATES:
+                f.add(N.VERDICT, {**base, "state": state, "provisional": prov}, 1.0 if state == v.state else 0.0)
+        f.add(N.HISTORY_SECONDS, base, v.history_seconds)
+        f.add(N.HISTORY_HIT_RATIO, base, v.history_hit_ratio)
+        f.add(N.HIT_JITTER, base, v.jitter)
+    f.add(N.KV_CAPACITY, base, m.kv_capacity_tokens)
+    f.add(N.MAX_CONCURRENCY, base, m.max_concurrency)
+    f.add(N.KV_PEAK, base, m.kv_peak_bytes)
+    f.add(N.MAX_NUM_SEQS, base, m.recommended_max_num_seqs)
+    for which, theta in m.capacity_bound.items():
+        f.add(N.CAPACITY_BOUND, {**base, "hit_ratio": which}, theta)
+    f.add(N.LOAD_COMPUTE, base, m.load_compute_ratio)
 
 
 def _finite(x: float) -> float | None:

@@ -22,6 +22,12 @@ prices.miss_per_million                   price of 1M miss (computed) input toke
 prices.hit_price_ratio                    ρ = hit price / miss price, in (0, 1] (0.1)
 prices.output_per_million                 price of 1M output tokens (0: seed 002 prices input only)
 slo.ttft_seconds / slo.tpot_seconds       TTFT / TPOT SLOs, seconds (unset)
+instance_hour_price                       price of one instance-hour, for cost per 1M SLO-passing
+                                          output tokens (unset: cost unknown; MODEL.md §5)
+retry_rate                                share of requests retried, in [0, 1): effective cost =
+                                          cost / (1 - retry_rate) (0)
+sizing.batch / sizing.max_len             planned batch B and max length N_max [tokens] for the peak
+                                          KV B·N_max·S_kv per GPU (unset: not computed; MODEL.md §3.6)
 target_hit_ratio                          what-if hit ratio for hit_ratio="target" predictions (0.9)
 ========================================  ======================================================
 
@@ -106,6 +112,14 @@ class Slo:
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """A planned batch and maximum sequence length for the peak-KV what-if (seed 000 §7.1)."""
+
+    batch: int | None = None
+    max_len: int | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     target: str | None = None
     listen: str = "0.0.0.0:9471"
@@ -118,9 +132,12 @@ class Config:
     prices: Prices = field(default_factory=Prices)
     slo: Slo = field(default_factory=Slo)
     target_hit_ratio: float | None = 0.9
+    instance_hour_price: float | None = None
+    retry_rate: float = 0.0
+    sizing: Sizing = field(default_factory=Sizing)
 
 
-_SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo}
+_SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
 
 
 def _coerce(key: str, value: Any, typ: str) -> Any:
@@ -256,6 +273,10 @@ def validate(cfg: Config) -> None:
         ("slo.ttft_seconds", cfg.slo.ttft_seconds, lambda v: v > 0, "must be > 0"),
         ("slo.tpot_seconds", cfg.slo.tpot_seconds, lambda v: v > 0, "must be > 0"),
         ("target_hit_ratio", cfg.target_hit_ratio, lambda v: 0 <= v < 1, "must be in [0, 1)"),
+        ("instance_hour_price", cfg.instance_hour_price, lambda v: v > 0, "must be > 0"),
+        ("retry_rate", cfg.retry_rate, lambda v: 0 <= v < 1, "must be in [0, 1)"),
+        ("sizing.batch", cfg.sizing.batch, lambda v: v >= 1, "must be >= 1"),
+        ("sizing.max_len", cfg.sizing.max_len, lambda v: v >= 1, "must be >= 1 tokens"),
         ("model.layers", cfg.model.layers, lambda v: v > 0, "must be > 0"),
         ("model.kv_heads", cfg.model.kv_heads, lambda v: v > 0, "must be > 0"),
         ("model.head_dim", cfg.model.head_dim, lambda v: v > 0, "must be > 0"),

@@ -15,7 +15,17 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
         "predictions": {"current"|"target": Prediction fields},
         "bathtubs": {"linear"|"chip_time": BathtubCurve fields},
         "valley_form": "chip_time"|"linear"|null, "load_bandwidth": {"value", "source"}|null,
-        "kv_bytes_per_token": bytes|null, "contention": ratio|null, "anomalies": int}}}
+        "kv_bytes_per_token": bytes|null, "contention": ratio|null, "anomalies": int,
+        "anomaly_times": [unix s], "tpot_source": "request"|"itl"|null,
+        "p95_seconds": {"ttft"|"tpot_request"|"itl": s},
+        "slo": {"pass_lower", "pass_upper", "ttft_share": [lower, upper], "tpot_share": [lower, upper],
+                "output_tokens_per_second", "cost_lower", "cost_upper", "effective_cost_lower",
+                "effective_cost_upper"}|null,
+        "prefill_share": {"window"|"history": ratio}, "prefix_cache_speedup": {"window"|"history": x},
+        "prefix_cache_verdict": {"state", "reason", "provisional", "history_seconds", "history_hit_ratio",
+                                 "history_prefill_share", "recent_hit_ratio", "jitter", "kv_usage_max"}|null,
+        "kv_capacity_tokens", "max_concurrency", "kv_peak_bytes", "recommended_max_num_seqs",
+        "capacity_bound_tokens_per_second": {"current"|"target": tokens/s}, "load_compute_ratio"}}}
 
 ``/api/v1/predict`` answers ``{"model_name", "prediction": Prediction fields}``.
 """
@@ -68,7 +78,26 @@ def model_to_dict(m: ModelAnalysis) -> dict:
         "valley_form": m.valley_form,
         "load_bandwidth": {"value": m.load_bandwidth[0], "source": m.load_bandwidth[1]} if m.load_bandwidth else None,
         "kv_bytes_per_token": m.kv_bytes_per_token, "contention": m.contention, "anomalies": m.anomalies,
+        **_seed3_to_dict(m),
     })
+
+
+def _seed3_to_dict(m: ModelAnalysis) -> dict:
+    """Seed 003 cost / caching / batch size, KV sizing and the first-order bound."""
+    c = m.slo_cost
+    slo = None if c is None else {
+        "pass_lower": c.pass_lower, "pass_upper": c.pass_upper, "ttft_share": [c.ttft.lower, c.ttft.upper],
+        "tpot_share": [c.tpot.lower, c.tpot.upper], "output_tokens_per_second": c.output_tps,
+        "cost_lower": c.cost_lower, "cost_upper": c.cost_upper,
+        "effective_cost_lower": c.effective_lower, "effective_cost_upper": c.effective_upper}
+    return {
+        "anomaly_times": list(m.anomaly_times), "tpot_source": m.tpot_source, "p95_seconds": m.p95, "slo": slo,
+        "prefill_share": m.prefill_share, "prefix_cache_speedup": m.caching_speedup,
+        "prefix_cache_verdict": asdict(m.caching) if m.caching is not None else None,
+        "kv_capacity_tokens": m.kv_capacity_tokens, "max_concurrency": m.max_concurrency,
+        "kv_peak_bytes": m.kv_peak_bytes, "recommended_max_num_seqs": m.recommended_max_num_seqs,
+        "capacity_bound_tokens_per_second": m.capacity_bound, "load_compute_ratio": m.load_compute_ratio,
+    }
 
 
 def analysis_to_dict(a: Analysis, health: Health) -> dict:

