@@ -84,9 +84,8 @@ def test_every_panel_filters_by_the_variables():
         for s in selectors(expr):
             if s.name.startswith("namespace_model_name:"):
                 need = {"namespace", "model_name"}
-            elif s.name in ("kvhit_up", "kvhit_scrape_duration_seconds", "kvhit_scrape_errors_total",
-                            "kvhit_last_success_timestamp_seconds", "kvhit_engine_info"):
-                need = {"namespace", "pod"}
+            elif s.name in names.BY_NAME and "model_name" not in names.BY_NAME[s.name].labels:
+                need = {"namespace", "pod"}  # the scrape's own health: per sidecar, no model
             elif s.name == "ALERTS":
                 need = {"namespace"}
             else:
