@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.observe import Context, hit_tokens, kv_capacity_tokens, observe
+from exporter.observe import Context, hit_problem, hit_tokens, kv_capacity_tokens, observe
 from exporter.parse import Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
@@ -300,6 +300,10 @@ def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> s
 def _window_hits(w: Delta, ctx: Context, unknown: dict[str, str]) -> dict[str, float]:
     q, k, e = hit_tokens(w, ctx)
     out: dict[str, float] = {}
+    problem = hit_problem(w, ctx)
+    if problem:
+        unknown.setdefault("hit_ratio", problem)
+        return out
     if q is None or q <= 0:
         if q is not None:
             unknown.setdefault("hit_ratio", "no prefix-cache queries in the publish window (no data, not 0 %)")

@@ -47,6 +47,25 @@ def hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None, 
     Loaded hits are 0 only when the engine has no connector/offload (no reason in
     ``ctx.unknown``); block counts are scaled by the block size, unknown without it.
     """
+    q, k, e = _hit_tokens(delta, ctx)
+    if hit_problem(delta, ctx):
+        return None, None, None
+    return q, k, e
+
+
+def hit_problem(delta: Delta, ctx: Context) -> str:
+    """Why the delta's hit counts, although present, cannot be used ("" when they can).
+
+    Hits (device + loaded) above queries are impossible: a corrupted or mixed-up counter, never
+    a hit ratio above 1 (issue 7).
+    """
+    q, k, e = _hit_tokens(delta, ctx)
+    if q is not None and q > 0 and (k or 0.0) + (e or 0.0) > q * (1 + 1e-9):
+        return "prefix-cache hits exceed queries over the interval (inconsistent counters): no hit ratio"
+    return ""
+
+
+def _hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None, float | None]:
     unknown = ctx.unknown or {}
     if "hit_ratio" in unknown:
         return None, None, None

@@ -40,6 +40,7 @@ for a valid name and counted, which keeps a 600-line vLLM 0.32 body at about a m
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -369,29 +370,42 @@ def _comment(b: _Builder, line: str) -> None:
         b.docs.setdefault(_counter_base(name), _unescape(parts[2]))
 
 
+_HEAD = re.compile(r"[^{ \t]*")
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_info(full: str) -> tuple | None:
+    """(engine prefix, name without it, family, declared names, what kvhit reads, is _created) of a
+    sample name; None when it is not a metric name. Cached: a body repeats few names many times."""
+    if not _NAME.match(full):
+        return None
+    engine, name = _strip_prefix(full)
+    family = _hist_base(_counter_base(name)) if engine else ""
+    if engine != "vllm":
+        return engine, name, family, (), None, False
+    base = _hist_base(_counter_base(name[:-8] if name.endswith("_created") else name))
+    what = _READ.get(name)
+    created = what is None and name.endswith("_created")
+    return engine, name, family, (name, _counter_base(name), _hist_base(name), base), what, created
+
+
 def _sample(b: _Builder, line: str) -> bool:
     """Read one sample line; False when it is malformed."""
-    end = len(line)
-    for i, ch in enumerate(line):
-        if ch in "{ \t":
-            end = i
-            break
-    full = line[:end]
-    if not _NAME.match(full):
+    end = _HEAD.match(line).end()
+    info = _name_info(line[:end])
+    if info is None:
         return False
-    engine, name = _strip_prefix(full)
+    engine, name, family, declared, what, created = info
     if engine:
-        b.families.setdefault(engine, set()).add(_hist_base(_counter_base(name)))
+        b.families.setdefault(engine, set()).add(family)
     if engine in engines.TRANSLATED:
         return _keep_other(b, name, line)
     if engine != "vllm":
         return end < len(line)  # not read: a name and something after it is all we check
     b.samples += 1
-    b.declare(name)
-    what = _READ.get(name)
-    created = what is None and name.endswith("_created")
+    b.declared.update(declared)
     if what is None and not created:
-        if _ENGINE_LABEL.search(line, end):
+        if "engine label" not in b.declared and _ENGINE_LABEL.search(line, end):
             b.declared.add("engine label")
         return end < len(line)
     m = _SAMPLE.match(line)

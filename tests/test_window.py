@@ -495,3 +495,17 @@ def test_scrape_gap_restarts_the_window():
     # a step of exactly 2 × window is still a step (60 s ≤ 60 s)
     out = w.push(counter_snap(270, 580))
     assert out["m"].counters == {"queries": 60.0} and w.gaps == 1
+
+
+def test_hits_above_queries_are_unknown_not_a_ratio_above_one():
+    # a corrupted hit counter (found by the property test on sample 05): queries 32 → 64,
+    # hits 0 → 33 over a step; 33 hits of 32 queries is impossible → unknown, never h = 1.03
+    from exporter.observe import hit_problem, hit_tokens
+    d = Delta(0.0, 2.0, {"queries": 32.0, "hits": 33.0}, {}, {}, {})
+    assert hit_problem(d, Context()) != ""
+    assert hit_tokens(d, Context()) == (None, None, None)
+    o = observe(d, Context())
+    assert o.hit_ratio is None and o.miss_tokens is None
+    # equal is fine: every queried token a hit (h = 1 exactly, 32 / 32)
+    ok = Delta(0.0, 2.0, {"queries": 32.0, "hits": 32.0}, {}, {}, {})
+    assert hit_problem(ok, Context()) == "" and observe(ok, Context()).hit_ratio == 1.0
