@@ -478,7 +478,7 @@ def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_pa
 def test_readme_deploy_section_names_existing_files():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Deploy on Kubernetes", 1)[1].split("\n## ", 1)[0]
-    paths = set(re.findall(r"\bdeploy/[\w./-]+[\w/]", section))
+    paths = {p.rstrip("/") for p in re.findall(r"`(deploy/[^`\s]+)`", section)}  # whole code spans
     assert {"deploy/kvhit-sidecar.yaml", "deploy/Dockerfile", "deploy/kustomize/examples/vllm-with-kvhit"} <= paths
     for p in paths:
         assert (ROOT / p).exists(), p
