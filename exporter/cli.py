@@ -27,6 +27,7 @@ from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import load_source, render
 from exporter.runner import Runner
 from exporter.server import serve
+from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
 from exporter.sources import LiveSource, load_trace
 
 log = logging.getLogger("kvhit")
@@ -287,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
                                            "/metrics, fit and report the calibrated model")
     add_calibrate_arguments(cal)
     cal.set_defaults(func=cmd_calibrate)
+
+    sim = sub.add_parser("simulate", help="ground-truth simulator: serve vLLM-format /metrics from MODEL.md's "
+                                          "physics with known parameters (127.0.0.1)")
+    add_simulate_arguments(sim)
+    sim.set_defaults(func=cmd_simulate)
 
     pr = sub.add_parser("predict", help="what-if from a saved fit (kvhit replay --save-fit or /api/v1/analysis)")
     pr.add_argument("--fit", required=True)

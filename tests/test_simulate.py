@@ -1,0 +1,119 @@
+"""The ground-truth simulator (exporter/simulate.py) reproduces its known parameters by hand."""
+from __future__ import annotations
+
+import math
+import threading
+import urllib.request
+from dataclasses import replace
+
+import pytest
+
+from exporter.parse import parse_exposition
+from exporter.simulate import (Engine, Scenario, Segment, Truth, calibrate_truth, generate, preset, serve,
+                               true_miss_slope)
+
+
+def _counter(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"vllm:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def test_counter_deltas_are_the_scheduled_hit_ratios_and_the_chip_time_formula():
+    tr = Truth(alpha=0.7, load_share=0.4)
+    sc = Scenario(truth=tr, schedule=(Segment("step", 30.0, 0.3), Segment("ramp", 60.0, 0.3, 0.9)), noise=0.0,
+                  running=(8.0, 8.0))
+    frames = list(generate(sc))
+    assert len(frames) == 1 + 18
+    for (t0, a, _), (t1, b, truth) in zip(frames, frames[1:]):
+        assert t1 - t0 == pytest.approx(5.0)
+        dq = _counter(b, "prefix_cache_queries_total") - _counter(a, "prefix_cache_queries_total")
+        dk = _counter(b, "prefix_cache_hits_total") - _counter(a, "prefix_cache_hits_total")
+        de = _counter(b, "external_prefix_cache_hits_total") - _counter(a, "external_prefix_cache_hits_total")
+        dg = _counter(b, "generation_tokens_total") - _counter(a, "generation_tokens_total")
+        # the scheduled h at the middle of the interval, split device/loaded by load_share
+        h = sc.hit_ratio(t1 - sc.start - 2.5)
+        assert (dk + de) / dq == pytest.approx(h, abs=1e-5)
+        assert de / dq == pytest.approx(0.4 * h, abs=1e-5)
+        # busy time = §7 chip time of the generated work, computed by hand
+        n = dq / 2048.0
+        m, hh = (1 - h) * 2048.0, h * 2048.0
+        steps = n * (128.0 / 8.0 + 1.0)
+        busy = (tr.t_step * steps + tr.k_ffn * n * m + tr.k_attn * n * (m * hh + m * m / 2)
+                + tr.k_dec * dg + tr.k_ctx * dg * (2048.0 + 64.0))
+        assert busy == pytest.approx(5.0, rel=1e-5)
+        assert truth.h == pytest.approx(h)
+
+
+def test_latency_histograms_follow_the_unified_ttft():
+    tr = Truth(alpha=0.5, load_share=1.0)
+    sc = Scenario(truth=tr, schedule=(Segment("step", 60.0, 0.6),), noise=0.0, running=(10.0, 10.0))
+    frames = list(generate(sc))
+    a, b = frames[1][1], frames[-1][1]
+    n = _counter(b, "request_prefill_time_seconds_count") - _counter(a, "request_prefill_time_seconds_count")
+    s = _counter(b, "request_prefill_time_seconds_sum") - _counter(a, "request_prefill_time_seconds_sum")
+    t_load = 0.6 * 2048 * tr.kv_bytes_per_token / tr.load_bandwidth
+    t_comp = tr.k_ffn * 0.4 * 2048 + tr.k_attn * (0.4 * 2048 * 0.6 * 2048 + (0.4 * 2048) ** 2 / 2)
+    expected = (1.0 + 0.05 * 10) * (tr.t_step + t_comp) + t_load - 0.5 * min(t_load, t_comp)
+    assert n > 0 and s / n == pytest.approx(expected, rel=1e-9)
+    ttft = (_counter(b, "time_to_first_token_seconds_sum") - _counter(a, "time_to_first_token_seconds_sum")) / n
+    assert ttft == pytest.approx(expected + tr.queue_seconds, rel=1e-9)
+
+
+def test_expositions_parse_as_vllm_v1_with_every_signal_and_restarts_change_created():
+    sc = replace(preset("diurnal"), noise=0.1)
+    stamps, prev = [], None
+    for t, text, truth in generate(sc):
+        snap = parse_exposition(text, t)
+        assert snap.engine == "vllm_v1" and not snap.quirks and not snap.reason
+        sig = snap.models["sim-model"]
+        assert {"queries", "hits", "external_hits", "generation_tokens"} <= set(sig.counters)
+        assert {"iteration_tokens", "prefill_time", "ttft", "queue_time", "request_prompt_tokens"} <= set(sig.histograms)
+        assert not sig.unknown
+        if truth is not None and truth.restart:
+            assert sig.created != prev.created
+        prev = sig
+        stamps.append(t)
+    assert stamps == sorted(stamps)
+
+
+def test_deterministic_and_seeded():
+    a = [x[1] for x in generate(preset("sweep", seed=3))]
+    b = [x[1] for x in generate(preset("sweep", seed=3))]
+    c = [x[1] for x in generate(preset("sweep", seed=4))]
+    assert a == b and a != c
+
+
+def test_calibrated_truth_has_the_requested_miss_slope():
+    for a in (0.2, 0.5, 0.8):
+        tr = calibrate_truth(Truth(), a)
+        sc = Scenario(truth=tr, schedule=tuple(Segment("step", 5.0, 0.95 * i / 40) for i in range(41)), noise=0.0,
+                      running=(10.0, 10.0))
+        steps = [s for _, _, s in generate(sc) if s is not None]
+        assert true_miss_slope(steps)[1] == pytest.approx(a, abs=1e-6)
+
+
+def test_tail_chunk_dip_steps_do_less_work():
+    sc = Scenario(schedule=(Segment("step", 10.0, 0.4),), noise=0.0, running=(10.0, 10.0), dips=((0.4, 0.5),))
+    e = Engine(sc)
+    s = e.advance()
+    assert s.dip == 0.5 and s.requests == pytest.approx(0.5 * 5.0 / sc.truth.t_chip(0.4, 10.0))
+
+
+def test_serves_on_loopback():
+    ports: list[int] = []
+    ready, stop = threading.Event(), threading.Event()
+
+    def on_ready(p):
+        ports.append(p)
+        ready.set()
+
+    th = threading.Thread(target=serve, args=(preset("sweep"), "127.0.0.1", 0),
+                          kwargs={"speed": 1000.0, "on_ready": on_ready, "stop": stop}, daemon=True)
+    th.start()
+    assert ready.wait(5)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5).read().decode()
+    stop.set()
+    th.join(5)
+    assert "vllm:prefix_cache_queries_total" in body and math.isfinite(_counter(body, "prefix_cache_queries_total"))
