@@ -1,0 +1,52 @@
+"""CI runs both benchmarks in quick mode (issue 6). Each states its bars and noise margin; ``--check``
+exits 1 when one is missed beyond it, listing the misses on stdout/stderr.
+
+Known misses are pinned HERE, explicitly, so a regression on any other bar fails this test while the
+known gaps stay visible (README "Accuracy and speed"); when one is fixed the test fails too — remove
+it from the list. The benchmarks themselves are not tuned to pass.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Bars missed at the time of writing (benchmarks/results/*-quick.md), as regexes of the miss lines.
+KNOWN_ACCURACY_MISSES = [
+    # the direct miss slope (robust line, tail-chunk flagging) flags the steep h ≥ 0.95 end of a curved
+    # TPS_miss(h) as anomalies and settles 0.04–0.10 away from the line through the curve
+    r"â direct not within 0\.02",
+]
+KNOWN_PERFORMANCE_MISSES = [
+    r"cycle is .* the floor",  # the online fits run every cycle (no exact update in between yet)
+    r"cycle only .* faster than prometheus_client",
+    r"RSS .* the import floor",
+]
+
+
+def _run(script: str) -> tuple[int, list[str]]:
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--check",
+                        "--out", str(ROOT / "out" / script.replace(".py", "-quick.md"))],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    print(p.stdout[-4000:], p.stderr[-2000:])
+    misses = [line[2:] for line in p.stdout.split("Bars missed")[-1].splitlines() if line.startswith("- ")]
+    return p.returncode, misses
+
+
+def _check(rc: int, misses: list[str], known: list[str]) -> None:
+    unknown = [m for m in misses if not any(re.search(k, m) for k in known)]
+    assert not unknown, f"bars missed beyond the noise margin: {unknown}"
+    for k in known:
+        assert any(re.search(k, m) for m in misses), f"known miss {k!r} no longer happens: remove it from the list"
+    assert rc == (1 if misses else 0)
+
+
+def test_accuracy_quick():
+    _check(*_run("accuracy.py"), KNOWN_ACCURACY_MISSES)
+
+
+def test_performance_quick():
+    _check(*_run("performance.py"), KNOWN_PERFORMANCE_MISSES)
