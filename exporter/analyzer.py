@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.observe import Context, hit_problem, hit_tokens, kv_capacity_tokens, observe
+from exporter.observe import Context, hit_problem, hit_tokens, kv_capacity_tokens, observe, window_notes
 from exporter.parse import Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
@@ -55,6 +55,7 @@ class ModelAnalysis:
         contention: c(running) at the current concurrency [1] or None.
         anomalies: busy steps flagged as tail-chunk anomalies in the current ISL bucket.
         anomaly_times: end times [unix s] of those steps (the report marks them).
+        warnings: warning → reason, a caveat on published values (observe.window_notes).
         slo_cost: pass-rate bounds and cost per 1M SLO-passing output tokens (MODEL.md §5).
         tpot_source: "request" (request_time_per_output_token_seconds) or "itl" (inter-token
             latency, per token gap) — the histogram TPOT shares and P95 came from.
@@ -88,6 +89,7 @@ class ModelAnalysis:
     contention: float | None = None
     anomalies: int = 0
     anomaly_times: tuple[float, ...] = ()
+    warnings: dict[str, str] = field(default_factory=dict)
     slo_cost: SloCost | None = None
     tpot_source: str | None = None
     p95: dict[str, float] = field(default_factory=dict)
@@ -185,7 +187,7 @@ class Analyzer:
         block = snap.cache_config.get("block_size")
         return Context(hit_unit=sig.hit_unit or "tokens",
                        block_size=float(block) if block and block.replace(".", "", 1).isdigit() else None,
-                       unknown=sig.unknown, isl=st.isl, osl=st.osl)
+                       unknown=sig.unknown, isl=st.isl, osl=st.osl, since=snap.since)
 
     def analysis(self) -> Analysis:
         if self._cache is not None:
@@ -234,8 +236,10 @@ class Analyzer:
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": overlap, "load_aware": load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl, osl, kv, bandwidth, coef, fits)
 
+        warnings = window_notes(w, ctx, hit, unknown, {"isl": isl, "osl": osl, "observed_ttft": wobs.ttft_mean})
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
+            warnings=warnings,
             isl=isl, osl=osl, observed_ttft=wobs.ttft_mean, tpm_observed=tpm, fits=fits,
             load_bandwidth=bandwidth, kv_bytes_per_token=kv,
             anomalies=int(slope.extra.get("anomalies", 0)), anomaly_times=tuple(st.slope.anomaly_times()),

@@ -102,6 +102,8 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
            slo: dict[str, float]) -> None:
     for signal, reason in sorted(m.unknown.items()):
         f.add(N.UNKNOWN_INFO, {**base, "signal": signal, "reason": reason}, 1.0)
+    for warning, reason in sorted(m.warnings.items()):
+        f.add(N.WARNING_INFO, {**base, "warning": warning, "reason": reason}, 1.0)
     f.add(N.WINDOW, base, m.window_seconds)
     for source, value in m.hit_ratio.items():
         f.add(N.HIT_RATIO, {**base, "source": source}, value)

@@ -6,7 +6,8 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
      "target": str, "up": bool, "target_hit_ratio": float|null,
      "models": {"<model_name>": {
         "window_seconds": s, "window_steps": int, "hit_ratio": {"all"|"device"|"loaded": ratio},
-        "unknown": {"signal": "reason"}, "isl": tokens, "osl": tokens, "observed_ttft_seconds": s,
+        "unknown": {"signal": "reason"}, "warnings": {"warning": "reason"}, "isl": tokens, "osl": tokens,
+        "observed_ttft_seconds": s,
         "tpm_observed": {"delivered_instance": tokens/min, ...},
         "fits": {"chip_time"|"miss_slope"|"overlap"|"load_aware": {"status", "reason", "samples", "r2",
                  "params": {"name": {"value", "stderr", "status", "reason"}}, "extra": {...}}},
@@ -67,7 +68,7 @@ def fit_to_dict(r: FitResult) -> dict:
 def model_to_dict(m: ModelAnalysis) -> dict:
     return _clean({
         "window_seconds": m.window_seconds, "window_steps": m.window_steps,
-        "hit_ratio": m.hit_ratio, "unknown": m.unknown, "isl": m.isl, "osl": m.osl,
+        "hit_ratio": m.hit_ratio, "unknown": m.unknown, "warnings": m.warnings, "isl": m.isl, "osl": m.osl,
         "observed_ttft_seconds": m.observed_ttft,
         "tpm_observed": {f"{k}_{p}": v for (k, p), v in m.tpm_observed.items()},
         "fits": {k: fit_to_dict(v) for k, v in m.fits.items()},

@@ -55,6 +55,10 @@ ENGINE_INFO = _m("kvhit_engine_info", "Engine detected in the target's expositio
                  "it is unsupported or empty.", ("target", "engine", "reason"))
 UNKNOWN_INFO = _m("kvhit_unknown_info", "A signal kvhit cannot know for this model (value 1), with the reason; "
                   "the signal's own series is absent.", MODEL + ("signal", "reason"))
+WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values published for the publish window (value "
+                  "1): warning=counter_reset (engine restarted inside it), hit_unit_blocks (vLLM 0.7-0.8 block-level "
+                  "hit ratio), preemptions (hits inflated before vLLM 0.11.1), short_prompts (h = 0 because prompts "
+                  "are not longer than one KV block); reason explains.", MODEL + ("warning", "reason"))
 
 # --- observed over the publish window (MODEL.md §1, §2) ----------------------------------
 WINDOW = _m("kvhit_window_seconds", "Length of the publish window the observed values cover [s] "

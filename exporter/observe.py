@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from exporter.parse import PREEMPTION_FIX
 from exporter.window import Delta
 from fitters.model import attention_work, decode_context_per_token
 from fitters.observation import Observation
@@ -26,6 +27,7 @@ class Context:
         unknown: signal → reason from the parser (e.g. "hit_ratio", "hit_ratio_loaded").
         isl, osl: latest known mean prompt/output length [tokens], used when no request
             finished inside the step.
+        since: lowest vLLM version the exposition proves (parse.Snapshot.since), () = none.
     """
 
     hit_unit: str = "tokens"
@@ -33,6 +35,7 @@ class Context:
     unknown: Mapping[str, str] | None = None
     isl: float | None = None
     osl: float | None = None
+    since: tuple[int, ...] = ()
 
 
 def mean_length(delta: Delta, hist: str) -> float | None:
@@ -115,7 +118,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     hint = ""
     if delta.resets:
         hint = "counter reset"
-    elif delta.counters.get("preemptions", 0.0) > 0 and "external_hits" not in delta.counters:
+    elif delta.counters.get("preemptions", 0.0) > 0 and not _excludes_preempted(delta, ctx):
         hint = "preemptions inflate prefix-cache hits before vLLM 0.11.1"
     return Observation(
         t=delta.t1,
@@ -169,3 +172,57 @@ def kv_capacity_tokens(cache_config: Mapping[str, str], gauges: Mapping[str, flo
         return blocks * block
     cap = gauges.get("kv_capacity_tokens")
     return cap if cap is not None and math.isfinite(cap) and cap > 0 else None
+
+
+def _excludes_preempted(delta: Delta, ctx: Context) -> bool:
+    """vLLM ≥ 0.11.1 no longer counts resumed preempted requests as prefix-cache queries/hits."""
+    return "external_hits" in delta.counters or ctx.since >= PREEMPTION_FIX
+
+
+# Histogram behind each published window mean: signal → (canonical histogram, vLLM family, what a
+# zero Δcount means).
+_MEANS = {
+    "isl": ("request_prompt_tokens", "vllm:request_prompt_tokens", "no request finished"),
+    "osl": ("request_generation_tokens", "vllm:request_generation_tokens", "no request finished"),
+    "observed_ttft": ("ttft", "vllm:time_to_first_token_seconds", "no first token"),
+}
+
+
+def window_notes(w: Delta, ctx: Context, hit: Mapping[str, float], unknown: dict[str, str],
+                 published: Mapping[str, float | None]) -> dict[str, str]:
+    """Caveats of a publish window's values, and why its absent means are absent (issue 7).
+
+    Returns warning → reason for values that are published but need a caveat
+    (``kvhit_warning_info``): ``counter_reset`` (the engine restarted inside the window; increases
+    count from zero), ``hit_unit_blocks`` (vLLM 0.7–0.8: block-level hit ratio),
+    ``preemptions`` (before vLLM 0.11.1 resumed requests count again as hits: h inflated),
+    ``short_prompts`` (h exactly 0 with mean ISL ≤ block_size: vLLM caches whole blocks and never
+    the last prompt token, so such prompts cannot hit). Adds to ``unknown`` the reason of each
+    window mean in ``published`` that is None (isl, osl, observed_ttft).
+    """
+    warnings: dict[str, str] = {}
+    if w.resets:
+        warnings["counter_reset"] = ("the engine restarted inside the publish window (a counter went down or its "
+                                     "_created changed): increases count from zero, as Prometheus increase()")
+    if hit and ctx.hit_unit == "blocks":
+        warnings["hit_unit_blocks"] = ("vLLM 0.7-0.8 counts prefix-cache queries and hits in KV blocks (HELP text): "
+                                       "the hit ratio is block-level, token counts are blocks x block_size")
+    if hit and w.counters.get("preemptions", 0.0) > 0 and not _excludes_preempted(w, ctx):
+        warnings["preemptions"] = ("preemptions in the publish window on vLLM < 0.11.1: resumed requests are "
+                                   "counted again as prefix-cache queries and hits, the hit ratio is inflated")
+    h, isl = hit.get("all", hit.get("device")), published.get("isl")
+    if h == 0.0 and ctx.block_size and isl is not None and isl <= ctx.block_size:
+        warnings["short_prompts"] = ("hit ratio 0 with prompts no longer than one KV block (mean ISL <= block_size "
+                                     "of cache_config_info): vLLM caches whole blocks and never the last prompt "
+                                     "token, so these prompts cannot hit")
+    for signal, (name, family, none) in _MEANS.items():
+        if signal in published and published[signal] is None:
+            hd = w.histograms.get(name)
+            if hd is None:
+                why = f"no complete {family} histogram at both ends of the publish window"
+            elif hd.count <= 0:
+                why = f"{none} in the publish window (no data, not 0)"
+            else:
+                why = f"{family}: {hd.problem} in the publish window"
+            unknown.setdefault(signal, why)
+    return warnings

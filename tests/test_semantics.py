@@ -1,0 +1,286 @@
+"""Semantics across versions, time and state, and cardinality (issue 7), end to end.
+
+Short expositions written here (shaped like the real samples they cite) go through
+:meth:`Runner.ingest_text` and the collector; every expected value is worked by hand in the
+comment next to it.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from exporter.collector import KvhitCollector
+from exporter.config import Config
+from exporter.parse import parse_exposition
+from exporter.runner import Runner
+
+SAMPLES = Path(__file__).parent / "data" / "samples"
+T0 = 1_800_000_000.0
+
+
+def run(*bodies: str, step: float = 5.0, **cfg) -> Runner:
+    t = [T0]
+    runner = Runner(Config(**cfg), "http://vllm:8000/metrics", clock=lambda: t[0])
+    for i, body in enumerate(bodies):
+        t[0] = T0 + i * step
+        assert runner.ingest_text(t[0], body), i
+    return runner
+
+
+def published(runner: Runner) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in KvhitCollector(runner.current).collect():
+        for s in fam.samples:
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("target",))))] = s.value
+    return out
+
+
+def series(pub: dict, name: str) -> dict[tuple, float]:
+    return {labels: v for (n, labels), v in pub.items() if n == name}
+
+
+def info(pub: dict, name: str, key: str) -> dict[str, str]:
+    """kvhit_unknown_info / kvhit_warning_info as {signal or warning: reason}."""
+    return {dict(labels)[key]: dict(labels)["reason"] for labels in series(pub, name)}
+
+
+# --- V0: a lifetime block-level gauge, -1 = no data ------------------------------------------
+
+
+def test_v0_hit_rate_gauge_minus_one_is_no_data_never_a_ratio():
+    body = next(SAMPLES.glob("02_*.prom")).read_text()
+    # the same V0 body twice (prompt tokens 148 both times): the model has a window but no h
+    pub = published(run(body, body))
+    assert series(pub, "kvhit_hit_ratio") == {}
+    reason = info(pub, "kvhit_unknown_info", "signal")["hit_ratio"]
+    assert "lifetime block-level gauge" in reason and "-1 means no data" in reason
+
+
+# --- 0.7–0.8 blocks vs 0.9+ tokens, told by HELP ---------------------------------------------
+
+BLOCKS = """\
+# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried {unit}.
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{{model_name="m"}} {q}
+# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached {unit}.
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{{model_name="m"}} {k}
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",enable_prefix_caching="True",kv_offloading_size="None"}} 1.0
+"""
+
+
+def test_block_counters_say_so_and_scale_by_block_size():
+    a = BLOCKS.format(unit="blocks", q=12.0, k=3.0)
+    b = BLOCKS.format(unit="blocks", q=22.0, k=8.0)
+    pub = published(run(a, b))
+    # Δq = 22 − 12 = 10 blocks, Δk = 8 − 3 = 5 blocks → h = 5/10 = 0.5 (block-level)
+    assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "device"))] == pytest.approx(0.5)
+    assert "block-level" in info(pub, "kvhit_warning_info", "warning")["hit_unit_blocks"]
+
+
+def test_same_counters_with_token_help_have_no_block_warning():
+    pub = published(run(BLOCKS.format(unit="tokens", q=12.0, k=3.0), BLOCKS.format(unit="tokens", q=22.0, k=8.0)))
+    assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "device"))] == pytest.approx(0.5)
+    assert "hit_unit_blocks" not in info(pub, "kvhit_warning_info", "warning")
+
+
+def test_gpu_counters_without_help_have_an_unknown_unit():
+    strip = lambda s: "".join(ln + "\n" for ln in s.splitlines() if not ln.startswith("# HELP"))  # noqa: E731
+    pub = published(run(strip(BLOCKS.format(unit="", q=12.0, k=3.0)), strip(BLOCKS.format(unit="", q=22.0, k=8.0))))
+    assert series(pub, "kvhit_hit_ratio") == {}
+    assert "blocks (0.7-0.8) or tokens (0.9+) cannot be told" in info(pub, "kvhit_unknown_info", "signal")["hit_ratio"]
+
+
+# --- preemptions inflate hits before 0.11.1 --------------------------------------------------
+
+V010 = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {k}
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{engine="0",model_name="m"}} {p}
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",engine="0",kv_offloading_size="None"}} 1.0
+{extra}"""
+EXTERNAL = """\
+# TYPE vllm:external_prefix_cache_queries_total counter
+vllm:external_prefix_cache_queries_total{{engine="0",model_name="m"}} {eq}
+# TYPE vllm:external_prefix_cache_hits_total counter
+vllm:external_prefix_cache_hits_total{{engine="0",model_name="m"}} 0.0
+"""
+
+
+def test_preemptions_flag_the_window_before_0_11_1_only():
+    # 0.10-shaped: 2 preemptions in the window → warning; h = (700 − 300)/(1000 − 200) = 0.5
+    a = V010.format(q=200.0, k=300.0, p=5.0, extra="")
+    b = V010.format(q=1000.0, k=700.0, p=7.0, extra="")
+    pub = published(run(a, b))
+    assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "all"))] == pytest.approx(0.5)
+    assert "inflated" in info(pub, "kvhit_warning_info", "warning")["preemptions"]
+    # 0.11.1+ (external_prefix_cache_* exported): preempted requests are no longer counted
+    a = V010.format(q=200.0, k=300.0, p=5.0, extra=EXTERNAL.format(eq=0.0))
+    b = V010.format(q=1000.0, k=700.0, p=7.0, extra=EXTERNAL.format(eq=400.0))
+    pub = published(run(a, b))
+    assert "preemptions" not in info(pub, "kvhit_warning_info", "warning")
+    # no preemption in the window (5 → 5): no warning either
+    pub = published(run(V010.format(q=200.0, k=300.0, p=5.0, extra=""), V010.format(q=1000.0, k=700.0, p=5.0, extra="")))
+    assert "preemptions" not in info(pub, "kvhit_warning_info", "warning")
+
+
+# --- 0.20: waiting includes deferred requests ----------------------------------------------
+
+
+def test_waiting_by_reason_capacity_is_used_when_present():
+    body = """\
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 7.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 3.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="deferred"} 4.0
+vllm:num_requests_waiting_by_reason{engine="1",model_name="m",reason="capacity"} 2.0
+vllm:num_requests_waiting_by_reason{engine="1",model_name="m",reason="deferred"} 0.0
+"""
+    snap = parse_exposition(body, T0)
+    # capacity-waiting summed over engines: 3 + 2 = 5 (not 7 + 2 = 9, which counts 4 deferred)
+    assert snap.models["m"].gauges["waiting"] == 5.0
+    assert snap.since == (0, 20, 0)
+    # before 0.20 (no _by_reason) num_requests_waiting is the same quantity: 7 + 2 = 9
+    plain = "".join(ln + "\n" for ln in body.splitlines() if "by_reason" not in ln)
+    assert parse_exposition(plain, T0).models["m"].gauges["waiting"] == 9.0
+
+
+# --- h = 0 with prompts shorter than a block -------------------------------------------------
+
+SHORT = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} 0.0
+# TYPE vllm:external_prefix_cache_hits_total counter
+vllm:external_prefix_cache_hits_total{{engine="0",model_name="m"}} 0.0
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{{engine="0",le="20.0",model_name="m"}} {n20}
+vllm:request_prompt_tokens_bucket{{engine="0",le="50.0",model_name="m"}} {n}
+vllm:request_prompt_tokens_bucket{{engine="0",le="+Inf",model_name="m"}} {n}
+vllm:request_prompt_tokens_count{{engine="0",model_name="m"}} {n}
+vllm:request_prompt_tokens_sum{{engine="0",model_name="m"}} {q}
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="32",engine="0",kv_offloading_size="None"}} 1.0
+"""
+
+
+def test_zero_hits_with_prompts_shorter_than_a_block_are_explained():
+    # 10 identical 20-token prompts: 200 queried tokens, 0 hits; ISL = 200/10 = 20 ≤ block_size 32
+    pub = published(run(SHORT.format(q=0.0, n=0.0, n20=0.0), SHORT.format(q=200.0, n=10.0, n20=10.0)))
+    assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "all"))] == 0.0
+    assert series(pub, "kvhit_isl_tokens")[(("model_name", "m"),)] == pytest.approx(20.0)
+    assert "cannot hit" in info(pub, "kvhit_warning_info", "warning")["short_prompts"]
+    # 4 prompts of 50 tokens (ISL 50 > 32): a true 0, no explanation offered
+    pub = published(run(SHORT.format(q=0.0, n=0.0, n20=0.0), SHORT.format(q=200.0, n=4.0, n20=0.0)))
+    assert "short_prompts" not in info(pub, "kvhit_warning_info", "warning")
+
+
+# --- a missing hit metric is unknown, zero queries are no data -------------------------------
+
+PROMPTS = """\
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{engine="0",model_name="m"}} {p}
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{{engine="0",model_name="m"}} {g}
+"""
+
+
+def test_missing_hit_counters_are_unknown_never_zero():
+    pub = published(run(PROMPTS.format(p=100.0, g=10.0), PROMPTS.format(p=400.0, g=40.0)))
+    assert series(pub, "kvhit_hit_ratio") == {}
+    assert info(pub, "kvhit_unknown_info", "signal")["hit_ratio"] == \
+        "no prefix_cache_queries/hits counters in the exposition"
+    # delivered TPM is known: (300 + 30) tokens in 5 s → 330 · 60 / 5 = 3960 per minute
+    tpm = series(pub, "kvhit_tpm_tokens_per_minute")
+    assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "instance"))] == \
+        pytest.approx(3960.0)
+
+
+def test_zero_queries_in_the_window_is_no_data_not_zero_percent():
+    body = SHORT.format(q=200.0, n=10.0, n20=10.0)
+    pub = published(run(body, body))  # nothing happened: Δq = 0
+    assert series(pub, "kvhit_hit_ratio") == {}
+    unknown = info(pub, "kvhit_unknown_info", "signal")
+    assert unknown["hit_ratio"] == "no prefix-cache queries in the publish window (no data, not 0 %)"
+    # and no request finished: ISL unknown with its reason, not 0
+    assert series(pub, "kvhit_isl_tokens") == {}
+    assert unknown["isl"] == "no request finished in the publish window (no data, not 0)"
+
+
+# --- restarts and histograms that lie ----------------------------------------------------------
+
+
+def test_restart_inside_the_window_is_flagged_and_counted_from_zero():
+    a = SHORT.format(q=5000.0, n=100.0, n20=100.0)
+    b = SHORT.format(q=200.0, n=10.0, n20=10.0)  # restarted: 5000 → 200
+    pub = published(run(a, b))
+    assert "increase()" in info(pub, "kvhit_warning_info", "warning")["counter_reset"]
+    # the increase is the current value: ISL = 200 / 10 = 20 (never (200 − 5000)/(10 − 100))
+    assert series(pub, "kvhit_isl_tokens")[(("model_name", "m"),)] == pytest.approx(20.0)
+
+
+TTFT = """\
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{le="0.001",model_name="m"}} {n}
+vllm:time_to_first_token_seconds_bucket{{le="0.005",model_name="m"}} {n}
+vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} {n}
+vllm:time_to_first_token_seconds_count{{model_name="m"}} {n}
+vllm:time_to_first_token_seconds_sum{{model_name="m"}} {s}
+"""
+
+
+def test_ttft_sum_disagreeing_with_buckets_is_unknown_with_the_reason():
+    # sample 01's shape (vLLM 0.5.1): every first token ≤ 1 ms by the buckets, but 208 more
+    # observations added 104 s to _sum (mean 0.5 s, impossible under le=0.001)
+    pub = published(run(TTFT.format(n=0.0, s=0.0), TTFT.format(n=208.0, s=104.0)))
+    assert series(pub, "kvhit_observed_ttft_seconds") == {}
+    assert info(pub, "kvhit_unknown_info", "signal")["observed_ttft"] == \
+        "vllm:time_to_first_token_seconds: _sum disagrees with the buckets in the publish window"
+    # a _sum the buckets allow (0.104 s ≤ 208 · 0.001): mean 0.104/208 = 0.0005 s
+    pub = published(run(TTFT.format(n=0.0, s=0.0), TTFT.format(n=208.0, s=0.104)))
+    assert series(pub, "kvhit_observed_ttft_seconds")[(("model_name", "m"),)] == pytest.approx(0.0005)
+
+
+# --- cardinality --------------------------------------------------------------------------------
+
+
+def models_body(names: list[str], engines: int = 2) -> str:
+    lines = ["# TYPE vllm:prompt_tokens_total counter"]
+    for name in names:
+        for e in range(engines):
+            lines.append(f'vllm:prompt_tokens_total{{engine="{e}",model_name="{name}"}} 10.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_series_over_max_series_are_counted_logged_once_never_partial(caplog):
+    body = models_body(["a", "b", "c", "d", "e"])  # 5 models × 2 engines = 10 (model, engine) series
+    with caplog.at_level(logging.WARNING, logger="kvhit"):
+        runner = run(body, body, body, max_series=5)
+    # admitted by name while they fit: a (2), b (4); c would make 6 > 5 → c, d, e untracked: 6 series
+    pub = published(runner)
+    assert {dict(k)["model_name"] for k in series(pub, "kvhit_window_seconds")} == {"a", "b"}
+    assert series(pub, "kvhit_untracked_series") == {(): 6.0}
+    assert sum("max_series=5" in r.getMessage() for r in caplog.records) == 1  # logged once, 3 scrapes
+    # a model keeps its slot; when "a" goes away its 2 series free room for "c"
+    runner.ingest_text(T0 + 15, models_body(["b", "c", "d", "e"]))
+    runner.ingest_text(T0 + 20, models_body(["b", "c", "d", "e"]))
+    runner.clock = lambda: T0 + 20
+    pub = published(runner)
+    assert {dict(k)["model_name"] for k in series(pub, "kvhit_window_seconds")} == {"b", "c"}
+    assert series(pub, "kvhit_untracked_series") == {(): 4.0}  # d and e: 2 × 2
+    # default cap 64: 10 series are all analysed
+    pub = published(run(body, body))
+    assert series(pub, "kvhit_untracked_series") == {(): 0.0}
+    assert len(series(pub, "kvhit_window_seconds")) == 5
