@@ -24,7 +24,10 @@ Design of a phase with designed hit ratio h, prompt length N and KV block size B
   hits.
 
 A phase is [start, end]: requests are issued in a closed loop by ``concurrency`` workers until
-``start + duration`` and the phase ends when the last one finished. A step of the recording
+``start + duration`` and the phase ends when the last one finished. The workers' first requests
+are spaced by the previous phase's median latency / concurrency, so identical requests do not run
+in lockstep (all admitted and finished in the same engine step, leaving the engine idle between
+batches and ``num_requests_running`` at 0 at many scrapes). A step of the recording
 belongs to a phase when both its scrapes fall inside (MODEL.md §7), as in
 :func:`exporter.replay.phase_steps`.
 """
@@ -261,6 +264,10 @@ class Driver:
         self.progress = progress
         self.abort = threading.Event()
         self._lock = threading.Lock()
+        # Median request latency of the previous phase [s]: spaces the workers' first requests so
+        # a closed loop of identical requests does not run in lockstep (all admitted, all finished
+        # in the same engine step, the engine idle between batches).
+        self.latency_estimate: float | None = None
 
     def _send(self, session: requests.Session, prompt: list[int], max_tokens: int) -> dict:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
@@ -314,14 +321,20 @@ class Driver:
             self.progress.start = start
         counts = {"ok": 0, "failed": 0}
         errors: list[str] = []
+        latencies: list[float] = []
+        stagger = min(self.latency_estimate or 0.0, plan.duration_s / 2) / plan.concurrency
 
         def worker(i: int) -> None:
+            if self.abort.wait(i * stagger):
+                return
             with requests.Session() as session:
                 while time.time() < deadline and not self.abort.is_set():
                     rec = self._send(session, prompts.prompt(), plan.output_tokens)
                     self._log(plan.name, i, rec)
                     with self._lock:
                         counts["ok" if rec["ok"] else "failed"] += 1
+                        if rec["ok"]:
+                            latencies.append(rec["latency_s"])
                         if not rec["ok"]:
                             errors.append(f"{rec['error']} {rec.get('detail', '')}".strip())
                             if counts["failed"] >= 5 and counts["failed"] > counts["ok"]:
@@ -338,6 +351,8 @@ class Driver:
         finally:
             pool.shutdown(wait=True)
         end = time.time()
+        if latencies:
+            self.latency_estimate = statistics.median(latencies)
         if self.abort.is_set() and counts["failed"] > counts["ok"]:
             raise CalibrationError(f"phase {plan.name}: {counts['failed']} of {counts['ok'] + counts['failed']} "
                                    f"requests failed (first: {errors[0] if errors else '?'})")
@@ -348,7 +363,7 @@ class Driver:
             "expected_token_hit_ratio": plan.expected_token_hit_ratio, "prompt_tokens": plan.prompt_tokens,
             "output_tokens": plan.output_tokens, "concurrency": plan.concurrency, "duration_s": plan.duration_s,
             "requests_completed": counts["ok"], "requests_failed": counts["failed"], "warmup_request": warm,
-            "seed": plan.seed,
+            "worker_stagger_s": stagger, "seed": plan.seed,
         }
 
 

@@ -63,13 +63,19 @@ class Proc:
         self._log.close()
 
     def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM the group, SIGKILL what is left after ``timeout``; returns the exit code."""
-        if self.alive() or self.group_alive():
-            self._signal_group(signal.SIGTERM)
+        """SIGTERM the leader (it shuts its own children down and frees their shared memory), then
+        SIGTERM and finally SIGKILL whatever of its group is left; returns the exit code."""
+        if self.alive():
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
+        if not self._wait_group_gone(5):
+            self._signal_group(signal.SIGTERM)
             if not self._wait_group_gone(timeout):
                 self._signal_group(signal.SIGKILL)
                 self._wait_group_gone(10)
@@ -108,6 +114,49 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None) -> float:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{url} not up within {timeout}s" + (f":\n{proc.tail()}" if proc else ""))
+
+
+# --- shared memory a killed vLLM leaves behind ---------------------------------------------------
+
+SHM = Path("/dev/shm")
+_SHM_PREFIXES = ("psm_", "sem.mp-")  # Python multiprocessing shared memory and semaphores
+
+
+def shm_entries() -> set[str]:
+    return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
+
+
+def _shm_in_use() -> set[str]:
+    used: set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                used.update(line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    used.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:
+            continue
+    return used
+
+
+def remove_leaked_shm(before: set[str]) -> list[str]:
+    """Unlink multiprocessing segments that appeared since ``before`` and that no process maps or
+    holds open: what a SIGKILLed vLLM (the crash the test simulates) cannot clean up itself."""
+    new = [n for n in shm_entries() - before if n.startswith(_SHM_PREFIXES)]
+    if not new:
+        return []
+    used = _shm_in_use()
+    removed = []
+    for name in new:
+        if name not in used:
+            try:
+                (SHM / name).unlink()
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
 
 
 # --- vLLM exposition, read by the test itself ------------------------------------------------

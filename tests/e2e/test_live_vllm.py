@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from live_harness import (KvhitSample, Poller, Proc, Record, RecordingProxy, drive_load, free_port, read_kvhit,
-                          vllm_counter, wait_http)
+                          remove_leaked_shm, shm_entries, vllm_counter, wait_http)
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MODEL = "tiny"
 BLOCK = 32
-ISL, OSL, CONCURRENCY = 1024, 64, 8
+ISL, OSL, CONCURRENCY = 1024, 64, 16
 HIT_LEVELS = (0.0, 0.3, 0.6, 0.8, 0.95)
 PHASE_SECONDS = 25.0
 INTERVAL = 2.0  # kvhit run and the calibration recorder
@@ -66,6 +66,7 @@ class Live:
     t_recovered: float = 0.0
     after_restart_requests: int = 0
     kvhit_exit: int | None = None
+    shm_removed: list[str] = field(default_factory=list)  # left in /dev/shm by the killed vLLM
     durations: dict[str, float] = field(default_factory=dict)
 
 
@@ -102,6 +103,7 @@ def live(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Live:
     res = Live(out=out)
     procs: list[Proc] = []
     proxy = poller = None
+    shm_before = shm_entries()
     t0 = time.monotonic()
     try:
         model_dir = out / "model"
@@ -172,6 +174,7 @@ def live(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Live:
         if proxy is not None:
             proxy.stop()
             res.records = proxy.snapshot()
+        res.shm_removed = remove_leaked_shm(shm_before)
         res.durations["total"] = time.monotonic() - t0
         _summarise(res)
         _dump(res)
@@ -188,7 +191,7 @@ def _summarise(res: Live) -> None:
 
 def _dump(res: Live) -> None:
     """scenario.json in the artefacts: what the checks below read, without the exposition bodies."""
-    doc = {"durations": res.durations, "t_kill": res.t_kill, "t_restarted": res.t_restarted,
+    doc = {"durations": res.durations, "shm_removed": res.shm_removed, "t_kill": res.t_kill, "t_restarted": res.t_restarted,
            "t_recovered": res.t_recovered, "poll_failures": res.poll_failures,
            "records": [(r.t, vllm_counter(r.body, QUERIES, MODEL), vllm_counter(r.body, HITS, MODEL))
                        for r in res.records],
