@@ -475,3 +475,111 @@ def test_malformed_body_raises_parse_error_without_body(body):
 def test_empty_body_is_not_an_error():
     snap = parse_exposition("", T)
     assert snap.engine == "unknown" and snap.models == {} and "no vLLM metrics" in snap.reason
+
+
+# --- issue 7: the shared fixtures, their quirks and version evidence ---------------------------
+
+# SHA-256 of ../shared/fixtures/samples/*.prom, the fixtures the issue names: the repo's copies
+# (tests/data/samples, so the project stands alone) are those very bytes.
+SHARED_SHA256 = {
+    "01": "83d904f72ccbfdc4881a587081c0a586c5b24ee13b6dcdd82153dee6942ab8f0",
+    "02": "e59d3777d3310971a972f47e7ff90925f3216f72d6dcace12b394fcbcebcd015",
+    "03": "b97225083edd12d15c01c62a4b82633da63eb7aeefdde72b132a857ec9f74747",
+    "04": "fa9e234161814d5fe527638c40a10f73665f04a009f937ebec89dbe85bd42eb3",
+    "05": "325d609fdcf77a4563ed4372ad6c6f500e695a124680fa699631f5196efafde2",
+    "06": "94bdfea508bcd0f813340237e92fc6352b50c32a47657d9aca086dcd85c2f5a4",
+    "08": "82ce0e8ab054d94dc32ea8c4c0ee7e71e755ff6988788f3c937ffa41360e96e3",
+    "09": "159b4b4f27eefdfc23be0e7fdb3379b3cda6c4f27f9c3cb8e6c45b9503e784f9",
+    "11": "f583a815f128dbc5ace2763eb87bae42503aa2b151058f0fed1b1817e8b23ba9",
+    "12": "a3266c42d4dd7a035891ecf0b2f78003a7547aed0bd58360fc6bee05ed4580bf",
+    "14": "043b9eb3d42d4b32916d91c4433f793cdb01f03feb9c190e4b4edadda62c617b",
+    "15": "01c406fd6eaf3d2c64cf3a0d5d2d1188f90d68c5551c893b3f0ab0b8febb76f6",
+    "16": "fd9bd8bab87bf8423bcc0d7138ad8beae16528ba91256183cfd8926e6822856f",
+    "17": "adeb5de2d884edda464b7647fca52f6ff59d666aee1e5d5fa956faabce9e34ec",
+    "19": "b3cf0ef5e6c4fbf9dafacf4813a39c663cb02944027e98dd43bef1f255337e71",
+    "20": "471e1fdcb72ac25479de850a08c14da6a3d6931d96eecbd56778b4a374f49f04",
+    "21": "55b051f83eae4b466e526ddb7a8a742a12ba9cae4ce176a2423bba6aa046b76d",
+    "23": "fccefd365898ec307c0b672873eeb64cc612ebd7ac8c30c3f5f2b1d139ef0ba6",
+    "24": "9bf730c4835ea776454b802660e058b34ab2332a1f74679cb757be457390bc85",
+    "25": "d711ab6a4d53c497f67c070e4d4f444e3ee05c4853a39a70e5dc406c0789f67f",
+}
+
+
+def test_samples_are_the_shared_fixtures_byte_for_byte():
+    import hashlib
+    got = {p.name[:2]: hashlib.sha256(p.read_bytes()).hexdigest() for p in SAMPLES.glob("*.prom")}
+    assert got == SHARED_SHA256
+
+
+# Every file is well-formed text exposition (each ends with a newline, no NaN, no duplicate), so
+# no quirk, except 08: its three excerpts lost engine 1's request_generation_tokens _count.
+# Version evidence: 05 declares prefix_cache_queries (0.9.2+), 06/08 carry the engine label
+# (0.8.3+), 25 exports num_requests_waiting_by_reason (0.20+); the others prove nothing.
+QUIRKS = {"08": {"engine_incomplete": 1}}
+SINCE = {"05": (0, 9, 2), "06": (0, 8, 3), "08": (0, 8, 3), "25": (0, 20, 0)}
+
+
+@pytest.mark.parametrize("prefix", sorted(OUTCOMES))
+def test_sample_quirks_and_version_evidence(prefix):
+    snap = sample(prefix)
+    assert dict(snap.quirks) == QUIRKS.get(prefix, {})
+    assert snap.since == SINCE.get(prefix, ())
+
+
+def test_sample_cut_inside_a_line_drops_that_line_only():
+    # sample 21 cut inside its last line ("..._count{...} 140.0" → "..._count{...} 14"): the cut
+    # line is dropped, never read as 14 requests; the TTFT histogram then has no _count → unknown
+    text = next(SAMPLES.glob("21_*.prom")).read_text()
+    assert text.endswith(" 140.0\n")
+    snap = parse_exposition(text[: -len("0.0\n")], T)
+    assert snap.quirks == {"truncated": 1}
+    m = snap.models["meta-llama/Llama-3.1-8B-Instruct"]
+    assert "ttft" not in m.histograms
+    assert dict(m.counters) == {"generation_tokens": 27453.0}  # the lines before the cut are kept
+
+
+def test_non_utf8_bytes_in_a_label_value_and_a_name():
+    # a model path with Latin-1 bytes (é = 0xE9) decoded with replacement: the label keeps U+FFFD,
+    # the line is read; a metric name with a bad byte is malformed and dropped alone
+    raw = (b'vllm:prompt_tokens_total{model_name="/models/caf\xe9"} 12.0\n'
+           b'vllm:generation_tokens\xff_total{model_name="m"} 3.0\n'
+           b'vllm:generation_tokens_total{model_name="m"} 3.0\n')
+    snap = parse_exposition(raw.decode("utf-8", errors="replace"), T)
+    assert snap.quirks == {"non_utf8": 2, "malformed_line": 1}
+    assert dict(snap.models["/models/caf\ufffd"].counters) == {"prompt_tokens": 12.0}
+    assert dict(snap.models["m"].counters) == {"generation_tokens": 3.0}
+
+
+def test_negative_and_duplicate_series():
+    text = """\
+vllm:prompt_tokens_total{engine="0",model_name="m"} -5.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 10.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 12.0
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+"""
+    snap = parse_exposition(text, T)
+    # a counter below zero is ignored (unknown), a series given twice keeps the larger value
+    assert snap.quirks == {"negative": 1, "duplicate_series": 1}
+    assert dict(snap.models["m"].counters) == {"generation_tokens": 12.0}
+
+
+def test_inconsistent_histogram_left_out():
+    text = """\
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.5",model_name="m"} 5.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="1.0",model_name="m"} 4.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 6.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 6.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 3.0
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 6.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 7.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.0
+vllm:request_decode_time_seconds_bucket{engine="0",le="1.0",model_name="m"} 2.0
+vllm:request_decode_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 6.0
+vllm:request_decode_time_seconds_count{engine="0",model_name="m"} 6.0
+vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 9.0
+"""
+    snap = parse_exposition(text, T)
+    # prefill: cumulative 5 → 4 decreases; queue: +Inf 6 ≠ _count 7 → both left out;
+    # decode is consistent (2 ≤ 6, +Inf = _count = 6) and kept
+    assert snap.quirks == {"histogram_inconsistent": 2}
+    assert set(snap.models["m"].histograms) == {"decode_time"}
