@@ -29,6 +29,8 @@ from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_conc
 from fitters.whatif import FittedModel, Prediction
 
 
+# A model absent from the scrapes this many publish windows loses its fitters' history.
+STATE_TTL_WINDOWS = 10
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
 BATHTUB_GRID = tuple(i / 20 for i in range(20)) + (0.97, 0.99)
 
@@ -151,6 +153,7 @@ class Analyzer:
         self.config = config
         self.windows = Windows(config.window_seconds)
         self._state: dict[str, _ModelState] = {}
+        self._seen: dict[str, float] = {}  # model → time of the last snapshot that had it
         self._cache: Analysis | None = None
         self._last: Snapshot | None = None
         self.last_observations: dict[str, Observation] = {}  # the latest ingest's steps
@@ -177,9 +180,14 @@ class Analyzer:
             _update_seed3(st, delta, obs)
             out[model] = obs
         self.last_observations = out
-        for model in list(self._state):
-            if model not in snap.models:
-                del self._state[model]
+        # A model missing from one scrape (a cut body) keeps its fit history; one gone for
+        # STATE_TTL_WINDOWS publish windows is forgotten (bounded memory under model churn).
+        for model in snap.models:
+            self._seen[model] = snap.timestamp
+        for model in list(self._seen):
+            if snap.timestamp - self._seen[model] > STATE_TTL_WINDOWS * self.config.window_seconds:
+                self._state.pop(model, None)
+                del self._seen[model]
         return out
 
     def _context(self, snap: Snapshot, model: str, st: _ModelState) -> Context:

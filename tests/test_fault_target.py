@@ -376,3 +376,25 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
     assert value(expo, "kvhit_up") == 1.0 and value(expo, "kvhit_stale") == 0.0
     assert value(expo, "kvhit_hit_ratio", source="device") is not None
     assert polls > 60
+
+
+def test_system_clock_steps_change_no_stamp(target, monkeypatch):
+    # kvhit stamps live scrapes with its steady clock: the wall clock read once at start, then
+    # monotonic time. A wall clock stepped back an hour (NTP) or forward two (VM resume) must
+    # neither reject a scrape as out of order nor open a gap or make the data look stale.
+    import exporter.runner as runner_module
+    wall = [2_000_000_000.0]
+    monkeypatch.setattr(runner_module.time, "time", lambda: wall[0])
+    runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url)  # default: SteadyClock
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    stamps = []
+    for jump in (0.0, -3600.0, +7200.0):
+        wall[0] += jump
+        time.sleep(0.02)
+        assert runner.poll(src)
+        stamps.append(runner.analyzer.windows.last.timestamp)
+    _, health = runner.current()
+    assert health.errors == {}
+    # stamps start at the wall clock of the start and advance by real (monotonic) time only
+    assert stamps[0] >= 2_000_000_000.0 and all(0 < b - a < 5.0 for a, b in zip(stamps, stamps[1:]))
+    assert 0 <= health.age < 5.0 and health.stale is False

@@ -145,3 +145,25 @@ def test_restart_mid_trace_no_negative_no_inflated_rate_fit_continues(original, 
     assert m.fits["chip_time"].ok and m.predictions
     assert seen[f"samples@{N - 1}"] > seen[f"samples@{K}"]
     assert "counter_reset" not in m.warnings  # the restart has left the publish window
+
+
+def test_model_missing_from_one_cut_scrape_keeps_its_fit_history(original):
+    # a body cut before the model's first line (only cache_config_info arrived) at snapshot K:
+    # the model has no data in that scrape; its window starts again, but its fitters keep the
+    # busy steps they had — nothing learned is lost to one bad scrape
+    cut = original.snapshots[K][1].split("\nvllm:cache_config_info", 1)
+    head = "".join(ln + "\n" for ln in original.snapshots[K][1].splitlines() if ln.startswith("vllm:cache_config_info"))
+    assert head and len(cut) == 2
+    snaps = list(original.snapshots[:K]) + [(original.snapshots[K][0], head)] + list(original.snapshots[K + 1:K + 6])
+    seen = {}
+
+    def on_step(i, t, obs):
+        if i in (K - 1, K, K + 5):
+            st = runner[0].analyzer._state.get("tiny")
+            seen[i] = None if st is None else st.chip.result().samples
+
+    runner = []
+    replay(Trace(snaps, [], {}), Config(), "cut", on_step, runner.append)
+    # the missing scrape and the next one add no step; the four after it add busy steps
+    assert seen[K] == seen[K - 1] > 0
+    assert seen[K + 5] > seen[K - 1]
