@@ -100,7 +100,8 @@ class Runner:
                 self.analyzer.ingest(snap)
         except Exception as exc:
             log.debug("analysis of a snapshot failed", exc_info=True)
-            self._fail("internal", f"analysis failed: {type(exc).__name__}: {exc}"[:300])
+            # the type only: an exception's text may quote a label value from the scraped body
+            self._fail("internal", f"analysis failed: {type(exc).__name__}")
             return False
         with self._lock:
             self._failures = 0
