@@ -6,11 +6,13 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
 * ``vllm:`` and ``vllm_`` prefixes; counters with or without ``_total``; ``*_created`` is never
   data (kept per series to detect restarts); HELP/TYPE without samples; samples without TYPE;
   blank lines; optional sample timestamps (ignored: the scrape time is used).
-* The body is read line by line: a line that is not text exposition is dropped (``malformed_line``)
-  and the rest is kept; only a body that is mostly not exposition (an HTML error page) is a
-  :class:`ParseError`. A body that does not end with a newline was cut: its unterminated last
-  line is dropped (``truncated``), never read as a shorter number. Bytes that were not UTF-8
-  arrive as U+FFFD (``non_utf8``): a metric name containing one is malformed, a label value keeps it.
+* The body is read with prometheus-client's parser. That parser refuses a whole body for one bad
+  line, so kvhit then reads it line by line: a line that is not text exposition is dropped
+  (``malformed_line``) and the rest is kept; only a body that is mostly not exposition (an HTML
+  error page) is a :class:`ParseError`. A body that does not end with a newline was cut: its
+  unterminated last line is dropped (``truncated``), never read as a shorter number. Bytes that
+  were not UTF-8 arrive as U+FFFD (``non_utf8``): a metric name containing one is malformed, a
+  label value keeps it.
 * NaN/±Inf samples (``non_finite``) and negative counters / histogram counts (``negative``) are
   ignored; the same series twice keeps the larger value (``duplicate_series``); a gauge duplicated
   per API-server ``pid`` (vLLM 0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum
@@ -46,6 +48,8 @@ import re
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import engines
 
@@ -321,6 +325,11 @@ class _Builder:
 def parse_exposition(text: str, timestamp: float) -> Snapshot:
     """Parse Prometheus text exposition into a :class:`Snapshot` (MODEL.md §2).
 
+    The body is read with prometheus-client's parser (the reference). When that parser rejects
+    the body as a whole (one malformed or cut line is enough), kvhit's tolerant line reader
+    takes over: malformed lines are dropped and counted, the rest is kept. Both feed the same
+    assembly, and tests/test_parse_reference.py proves they give identical Snapshots.
+
     Args:
         text: exposition body (str; decode bytes as UTF-8 with replacement first).
         timestamp: scrape time [unix s].
@@ -328,20 +337,45 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
         ParseError: the body is not text exposition: more than half of its sample lines are
             malformed (message without the body).
     """
-    b = _Builder()
+    lines, truncated = _body_lines(text)
+    try:
+        return _parse(lines, truncated, timestamp, _read_library)
+    except _Rejected:
+        return _parse(lines, truncated, timestamp, _read_lines)
+
+
+class _Rejected(Exception):
+    """prometheus-client's parser refused the body."""
+
+
+def _body_lines(text: str) -> tuple[list[str], bool]:
+    """Stripped non-empty lines, and whether the body was cut (no final newline: its
+    unterminated last line is dropped, never read as a shorter number)."""
     lines = text.split("\n")
+    truncated = False
     if lines and lines[-1] == "":
         lines.pop()
     elif lines and lines[-1].strip():
-        lines.pop()  # no final newline: the body was cut inside its last line
+        lines.pop()
+        truncated = True
+    return [line for line in (raw.strip() for raw in lines) if line], truncated
+
+
+def _parse(lines: list[str], truncated: bool, timestamp: float, read) -> Snapshot:
+    b = _Builder()
+    if truncated:
         b.quirk("truncated")
+    non_utf8 = sum("\ufffd" in line for line in lines)
+    if non_utf8:
+        b.quirk("non_utf8", non_utf8)
+    read(b, lines)
+    return _assemble(b, timestamp)
+
+
+def _read_lines(b: _Builder, lines: list[str]) -> None:
+    """kvhit's tolerant line reader (fallback): drops and counts malformed sample lines."""
     bad = total = 0
     for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        if "\ufffd" in line:
-            b.quirk("non_utf8")
         if line[0] == "#":
             _comment(b, line)
             continue
@@ -352,7 +386,21 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
         b.quirk("malformed_line", bad)
         if 2 * bad > total:
             raise ParseError(f"not Prometheus text exposition: {bad} of {total} sample lines are malformed") from None
-    return _assemble(b, timestamp)
+
+
+def _read_library(b: _Builder, lines: list[str]) -> None:
+    """prometheus-client's parser (the reference); raises _Rejected when it refuses the body."""
+    for line in lines:  # HELP/TYPE as written (the library renames counter families)
+        if line[0] == "#":
+            _comment(b, line)
+    try:
+        families = list(text_string_to_metric_families("\n".join(lines) + "\n"))
+    except Exception:  # the library raises ValueError/IndexError/… on any malformed line
+        raise _Rejected from None
+    for fam in families:
+        for s in fam.samples:
+            if not _take(b, s.name, dict(s.labels), float(s.value)):
+                raise _Rejected
 
 
 def _comment(b: _Builder, line: str) -> None:
@@ -396,17 +444,15 @@ def _sample(b: _Builder, line: str) -> bool:
     if info is None:
         return False
     engine, name, family, declared, what, created = info
-    if engine:
-        b.families.setdefault(engine, set()).add(family)
-    if engine in engines.TRANSLATED:
-        return _keep_other(b, name, line)
-    if engine != "vllm":
-        return end < len(line)  # not read: a name and something after it is all we check
-    b.samples += 1
-    b.declared.update(declared)
-    if what is None and not created:
-        if "engine label" not in b.declared and _ENGINE_LABEL.search(line, end):
-            b.declared.add("engine label")
+    if engine not in engines.TRANSLATED and (engine != "vllm" or (what is None and not created)):
+        # Not read: a name and something after it is all that is checked.
+        if engine:
+            b.families.setdefault(engine, set()).add(family)
+        if engine == "vllm":
+            b.samples += 1
+            b.declared.update(declared)
+            if "engine label" not in b.declared and _ENGINE_LABEL.search(line, end):
+                b.declared.add("engine label")
         return end < len(line)
     m = _SAMPLE.match(line)
     if m is None:
@@ -415,10 +461,30 @@ def _sample(b: _Builder, line: str) -> bool:
     value = _value(m.group(3))
     if labels is None or value is None:
         return False
+    return _take(b, line[:end], labels, value)
+
+
+def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
+    """Record one parsed sample (name as exposed, labels, value); False when malformed."""
+    info = _name_info(full)
+    if info is None:
+        return False
+    engine, name, family, declared, what, created = info
+    if engine:
+        b.families.setdefault(engine, set()).add(family)
+    if engine in engines.TRANSLATED:
+        b.other.append((name, labels, value))
+        return True
+    if engine != "vllm":
+        return True
+    b.samples += 1
+    b.declared.update(declared)
     if "engine" in labels:
         b.declared.add("engine label")
     if created:
         b.add("created", name[: -len("_created")], "", labels, value)
+        return True
+    if what is None:
         return True
     kind, base, part = what
     if kind == "info":
@@ -586,17 +652,6 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
             reason += " complete for every data-parallel engine"
     return Snapshot(timestamp, era, reason, MappingProxyType(models), MappingProxyType(b.cache_config),
                     MappingProxyType(dict(b.quirks)), since)
-
-
-def _keep_other(b: _Builder, name: str, line: str) -> bool:
-    """Keep a sample of a translated engine (exporter/engines.py) raw; False when malformed."""
-    m = _SAMPLE.match(line)
-    labels = None if m is None else _labels(m.group(2))
-    value = None if m is None else _value(m.group(3))
-    if labels is None or value is None:
-        return False
-    b.other.append((name, labels, value))
-    return True
 
 
 def _translated(b: _Builder, engine: str, timestamp: float) -> Snapshot:
