@@ -226,7 +226,7 @@ class Analyzer:
         unknown = dict(snap.models[model].unknown)
         hit = _window_hits(w, ctx, unknown)
         isl, osl = wobs.isl, wobs.osl
-        tpm = _observed_tpm(w, wobs, cfg.model.gpus)
+        tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus)
         kv = cfg.model.kv_bytes_per_token()
         if kv is None:
             unknown.setdefault("kv_bytes_per_token", "model geometry (model.layers, kv_heads, head_dim or "
@@ -329,14 +329,20 @@ def _window_hits(w: Delta, ctx: Context, unknown: dict[str, str]) -> dict[str, f
     return out
 
 
-def _observed_tpm(w: Delta, wobs: Observation, gpus: int) -> dict[tuple[str, str], float]:
+def _observed_tpm(w: Delta, h_all: float | None, gpus: int) -> dict[tuple[str, str], float]:
     """Observed TPM over the window (MODEL.md §3.4 basis="observed")."""
     prompt, gen = w.counters.get("prompt_tokens"), w.counters.get("generation_tokens")
     if prompt is None or gen is None or w.dt <= 0:
         return {}
     out = {("delivered", "instance"): (prompt + gen) * 60.0 / w.dt}
-    if wobs.miss_tokens is not None:
-        out[("physical", "instance")] = (wobs.miss_tokens + gen) * 60.0 / w.dt
+    # Miss prompt tokens counted where prompt_tokens is (at prefill completion), so physical ≤
+    # delivered: prompt_tokens_by_source{local_compute} (0.16+), else prompt·(1-h) of the window
+    # (prefix_cache_* count at scheduling and can run ahead of prompt_tokens in short windows).
+    miss = w.counters.get("prompt_local_compute")
+    if miss is None and h_all is not None:
+        miss = prompt * (1.0 - h_all)
+    if miss is not None:
+        out[("physical", "instance")] = (miss + gen) * 60.0 / w.dt
     for kind in ("delivered", "physical"):
         if (kind, "instance") in out:
             out[(kind, "gpu")] = out[(kind, "instance")] / gpus
