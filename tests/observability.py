@@ -29,7 +29,7 @@ def tool(*names: str) -> str:
         if path:
             return path
     raise AssertionError(f"{' / '.join(names)} not found on PATH: install Debian's prometheus and "
-                         f"prometheus-alertmanager packages (.ci/run does: apt-get install prometheus "
+                         f"prometheus-alertmanager packages (tests/install-deps.sh does: apt-get install prometheus "
                          f"prometheus-alertmanager)")
 
 

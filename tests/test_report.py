@@ -1,7 +1,7 @@
 """``kvhit report``: the page for the bundled real trace opens in headless Chromium with every
 image loaded; sources (trace, analysis JSON, a running kvhit's URL) and refusals.
 
-Headless Chromium is Debian's ``chromium`` package (.ci/run installs it); a missing binary fails
+Headless Chromium is Debian's ``chromium`` package (tests/install-deps.sh installs it); a missing binary fails
 the test. The screenshot of the page is written to ``out/report-screenshot.png`` under the
 repository (a CI artifact, git-ignored) and its path is printed to the terminal through
 ``capsys.disabled()``, so it shows in the log without ``-s``.
@@ -54,7 +54,7 @@ def replayed(cfg):
 
 def _chromium(tmp_path: Path, *args: str) -> str:
     exe = shutil.which("chromium")
-    assert exe, "Debian's chromium is required (apt-get install -y chromium; .ci/run does it)"
+    assert exe, "Debian's chromium is required (apt-get install -y chromium; tests/install-deps.sh does it)"
     done = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", *args],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
