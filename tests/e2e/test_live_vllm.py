@@ -117,11 +117,14 @@ def live(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Live:
         procs.append(vllm)
         res.durations["vllm_start"] = wait_http(base + "/health", 300, vllm)
 
-        proxy = RecordingProxy(base + "/metrics")
+        # vLLM's API server shares 2 cores with its engine and this test: its /metrics can take
+        # seconds under load. Timeouts (proxy 7 s < kvhit 9 s) leave room for that, so a scrape
+        # error here means a real failure, not a busy CPU.
+        proxy = RecordingProxy(base + "/metrics", upstream_timeout=7.0)
         proxy.start()
         kvhit = Proc("kvhit", [sys.executable, "-m", "exporter.cli", "run", "--target", proxy.url,
                                "--interval", str(INTERVAL), "--listen", f"127.0.0.1:{kport}"],
-                     out / "kvhit.log", cwd=str(ROOT))
+                     out / "kvhit.log", env={**os.environ, "KVHIT_TIMEOUT": "9"}, cwd=str(ROOT))
         procs.append(kvhit)
         wait_http(f"http://127.0.0.1:{kport}/healthz", 60, kvhit)
         poller = Poller(f"http://127.0.0.1:{kport}/metrics", MODEL)
