@@ -63,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner.poll(source)
         except Exception:  # the sidecar never dies of one bad cycle; the error is counted
             log.exception("analysis cycle failed")
-            runner._fail("internal", "analysis cycle failed")
+            runner.record_failure("internal", "analysis cycle failed")
         stop.wait(runner.next_delay())
     server.shutdown()
     return 0

@@ -84,14 +84,14 @@ class Runner:
                 text = text.decode("utf-8", errors="replace")
             snap = parse_exposition(text, timestamp)
         except ParseError as exc:
-            self._fail("parse", str(exc))
+            self.record_failure("parse", str(exc))
             return False
         except Exception as exc:  # a parser bug must not kill the sidecar
-            self._fail("internal", f"parse failed: {type(exc).__name__}")
+            self.record_failure("internal", f"parse failed: {type(exc).__name__}")
             return False
         last = self.analyzer.windows.last
         if last is not None and not timestamp > last.timestamp:
-            self._fail("out_of_order", f"snapshot at {timestamp:.3f} is not newer than {last.timestamp:.3f}")
+            self.record_failure("out_of_order", f"snapshot at {timestamp:.3f} is not newer than {last.timestamp:.3f}")
             self._count_quirks(snap)
             return False
         snap = self._cap(snap)
@@ -101,7 +101,7 @@ class Runner:
         except Exception as exc:
             log.debug("analysis of a snapshot failed", exc_info=True)
             # the type only: an exception's text may quote a label value from the scraped body
-            self._fail("internal", f"analysis failed: {type(exc).__name__}")
+            self.record_failure("internal", f"analysis failed: {type(exc).__name__}")
             return False
         with self._lock:
             self._failures = 0
@@ -117,14 +117,14 @@ class Runner:
         try:
             _, text = source.fetch()
         except ScrapeError as exc:
-            self._fail(exc.reason, str(exc))
+            self.record_failure(exc.reason, str(exc))
             return False
         except Exception as exc:
-            self._fail("error", f"scrape failed: {type(exc).__name__}")
+            self.record_failure("error", f"scrape failed: {type(exc).__name__}")
             return False
         return self.ingest_text(stamp, text, time.monotonic() - start)
 
-    def _fail(self, reason: str, message: str) -> None:
+    def record_failure(self, reason: str, message: str) -> None:
         with self._lock:
             errors = dict(self._health.errors)
             errors[reason] = errors.get(reason, 0) + 1
@@ -174,8 +174,10 @@ class Runner:
         return replace(snap, models=MappingProxyType({m: snap.models[m] for m in kept}))
 
     def next_delay(self) -> float:
-        """Seconds until the next scrape: the interval, doubled per consecutive failure (capped)."""
-        factor = min(2 ** self._failures, MAX_BACKOFF_FACTOR) if self._failures else 1
+        """Seconds until the next scrape: the interval after a success and after a first failure (a
+        single blip must not hide the values for two intervals), then doubled per further
+        consecutive failure, at most MAX_BACKOFF_FACTOR intervals."""
+        factor = min(2 ** (self._failures - 1), MAX_BACKOFF_FACTOR) if self._failures else 1
         return self.config.interval * factor
 
     # --- output ----------------------------------------------------------------------------
@@ -192,7 +194,7 @@ class Runner:
                 analysis = self.analyzer.analysis()
         except Exception as exc:
             log.debug("analysis failed", exc_info=True)
-            self._fail("internal", f"analysis failed: {type(exc).__name__}")
+            self.record_failure("internal", f"analysis failed: {type(exc).__name__}")
             with self._lock:
                 last = self.analyzer.windows.last
             analysis = Analysis(None if last is None else last.timestamp, "unknown", "analysis failed", {})

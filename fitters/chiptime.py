@@ -122,6 +122,10 @@ def _fit_rows(rows: Sequence[tuple[np.ndarray, float]], min_samples: int) -> Fit
     p = fit.x
     resid = aw @ p - yw
     inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
+    if int(inlier.sum()) < max(min_samples, len(kept) + 1):
+        # Near-identical rows make the robust σ ~0 and every row an "outlier": too few inliers
+        # to judge outliers at all, so every row counts.
+        inlier = np.ones_like(inlier)
     n_in = int(inlier.sum())
     a_in = aw[inlier]
     dof = n_in - len(kept)
@@ -147,7 +151,8 @@ def _fit_rows(rows: Sequence[tuple[np.ndarray, float]], min_samples: int) -> Fit
     y_in = y[inlier]
     # Uncentred: no intercept, and Δt is mostly the fixed scrape interval, so a centred R² would
     # measure scrape jitter, not the model.
-    r2 = 1.0 - float(np.sum((y_in - pred) ** 2)) / float(y_in @ y_in)
+    ss = float(y_in @ y_in)
+    r2 = 1.0 - float(np.sum((y_in - pred) ** 2)) / ss if ss > 0 else math.nan
     return FitResult(
         status=Status.OK,
         params=params,

@@ -228,3 +228,21 @@ def test_fit_on_full_buffer_is_fast():
         fit_chip_time(obs)
         best = min(best, time.perf_counter() - t0)
     assert best < 0.05
+
+
+def test_repeated_identical_steps_do_not_crash_the_fit():
+    # A target that serves the same traffic shape again and again (a stuck load, a looping fake)
+    # gives identical regressor rows; 7 steps of 2.0 s and 5 of 2.2 s make more than half the
+    # residuals equal, so the robust σ (MAD) is ~0 and every row would count as an outlier.
+    # The fit must still answer (every row then counts), not divide by an empty inlier set.
+    rows = [Observation(t=float(i), dt=2.0 if i < 7 else 2.2, busy=True, steps=100.0, queried_tokens=4096.0,
+                        hit_tokens_device=2048.0, hit_tokens_loaded=0.0, miss_tokens=2048.0,
+                        attention_work=2 * (1024 * 1024 + 1024 * 1024 / 2), generation_tokens=64.0,
+                        decode_context_tokens=64 * (2048 + 32), isl=2048.0, osl=64.0) for i in range(12)]
+    res = fit_chip_time(rows)
+    assert res.samples == 12
+    assert res.extra["outliers"] == 0  # every row counted
+    # one busy time for identical work: the fit predicts their mean, (7·2.0 + 5·2.2)/12 = 2.0833 s,
+    # up to the robust loss pulling towards the majority (within the 0.2 s spread)
+    coef = ChipTimeCoefficients(*(res.params[k].value for k in CHIP_TIME_TERMS))
+    assert 2.0 - 1e-6 <= predict_busy_time(coef, rows[0]) <= 2.2 + 1e-6
