@@ -132,9 +132,11 @@ def _pyplot():
     return plt
 
 
-def _png(fig) -> bytes:
+def _png(plt, fig) -> bytes:
+    """The figure as PNG bytes; the figure is closed (pyplot keeps every open figure alive)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
     return buf.getvalue()
 
 
@@ -177,9 +179,7 @@ def plot_bathtub(plt, m: dict) -> bytes | None:
     ax.set_title("Bathtub: revenue vs hit ratio (MODEL.md §4)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _png(plt, fig)
 
 
 def _isl_groups(steps: list[Observation], value) -> dict[str, tuple[list[float], list[float]]]:
@@ -229,9 +229,7 @@ def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
     ax.set_title("TTFT vs hit ratio: model and observed (MODEL.md §3.2, §7)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _png(plt, fig)
 
 
 def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
@@ -268,9 +266,7 @@ def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
     ax.set_title("Delivered vs physical TPM (MODEL.md §3.4)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _png(plt, fig)
 
 
 def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
@@ -330,9 +326,7 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    return _png(plt, fig)
 
 
 # --- page -----------------------------------------------------------------------------------
