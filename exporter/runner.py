@@ -32,7 +32,7 @@ from exporter.analyzer import Analysis, Analyzer
 from exporter.collector import Health
 from exporter.config import Config
 from exporter.parse import ParseError, Snapshot, parse_exposition
-from exporter.sources import LiveSource, ScrapeError, redact_url
+from exporter.sources import LiveSource, PrometheusSource, ScrapeError, redact_url
 
 log = logging.getLogger("kvhit")
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
@@ -57,14 +57,17 @@ class Runner:
         target: label value for ``target`` (the URL — credentials removed — or the trace path).
         clock: returns "now" [unix s] for live snapshot stamps and staleness; default a
             :class:`SteadyClock`; replays pass the trace clock so nothing is stale.
+        scope: "fleet" when the snapshots are a fleet's sums (:class:`PrometheusSource`): every
+            published series then carries ``scope="fleet"``; "" (pod mode) adds no label.
     """
 
-    def __init__(self, config: Config, target: str, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, config: Config, target: str, clock: Callable[[], float] | None = None,
+                 scope: str = "") -> None:
         self.config = config
         self.analyzer = Analyzer(config)
         self.clock = clock if clock is not None else SteadyClock()
         self._lock = threading.Lock()
-        self._health = Health(target=redact_url(target))
+        self._health = Health(target=redact_url(target), scope=scope)
         self._failures = 0
         self._last_reason = ""
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
@@ -111,8 +114,8 @@ class Runner:
         self._count_quirks(snap)
         return True
 
-    def poll(self, source: LiveSource) -> bool:
-        """One live scrape stamped with :attr:`clock`; errors are counted by reason."""
+    def poll(self, source: LiveSource | PrometheusSource) -> bool:
+        """One live scrape (or fleet query) stamped with :attr:`clock`; errors are counted by reason."""
         stamp, start = self.clock(), time.monotonic()
         try:
             _, text = source.fetch()

@@ -1,14 +1,17 @@
-"""Where exposition text comes from: a live ``/metrics`` scrape or a recorded trace.
+"""Where exposition text comes from: a live ``/metrics`` scrape, a recorded trace, or a fleet's
+signals read from the Prometheus HTTP API.
 
-Both yield ``(timestamp, text)`` pairs; parsing happens in :mod:`exporter.parse`.
+All yield ``(timestamp, text)`` pairs; parsing happens in :mod:`exporter.parse`.
 A recorded trace is a directory (or a ``.tar.gz`` of one) of ``<unix_ms>.prom`` files, optionally
 with ``phases.json`` (what a load driver did in each phase). Replay uses the file timestamps,
-never the wall clock.
+never the wall clock. :class:`PrometheusSource` (fleet mode) renders what it reads as a vLLM V1
+exposition, so the rest of the pipeline runs unchanged.
 """
 from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
 import tarfile
@@ -16,10 +19,12 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
@@ -85,10 +90,24 @@ class LiveSource:
             ScrapeError: reason as in the class docstring.
         """
         start = time.time()
+        return start, self.read().decode("utf-8", errors="replace")
+
+    def read(self, form: Mapping[str, str] | None = None) -> bytes:
+        """The body of one GET of ``url``, or of one POST of the ``form`` fields (the Prometheus
+        query API), under the deadline and size cap of the class docstring.
+
+        Raises:
+            ScrapeError: reason as in the class docstring.
+        """
         deadline = time.monotonic() + self.timeout
         where = self._where
         try:
-            with self._session.get(self.url, timeout=self.timeout, stream=True, allow_redirects=True) as resp:
+            if form is None:
+                resp = self._session.get(self.url, timeout=self.timeout, stream=True, allow_redirects=True)
+            else:
+                resp = self._session.post(self.url, data=form, timeout=self.timeout, stream=True,
+                                          allow_redirects=True, headers={"Accept": "application/json"})
+            with resp:
                 if resp.status_code != 200:
                     raise ScrapeError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {where}")
                 body = self._read(resp, deadline)
@@ -109,7 +128,7 @@ class LiveSource:
             raise ScrapeError("incomplete", f"connection to {where} broke inside the body") from None
         except (requests.RequestException, OSError) as exc:
             raise ScrapeError("error", f"scrape of {where} failed: {type(exc).__name__}") from None
-        return start, body.decode("utf-8", errors="replace")
+        return body
 
     def _read(self, resp: requests.Response, deadline: float) -> bytes:
         """The body, read socket-read by socket-read against the deadline and the size cap."""
@@ -160,6 +179,229 @@ class LiveSource:
                 raise ScrapeError("incomplete", f"{encoding} body from {where} ends before its end marker")
             out += decoder.flush()
         return bytes(out)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A vLLM metric family fleet mode reads from Prometheus.
+
+    Attributes:
+        name: exposed name without the ``vllm:`` prefix, ``_total`` and the histogram suffixes,
+            e.g. "prefix_cache_queries", "iteration_tokens_total", "num_requests_running".
+        kind: "counter", "histogram", "gauge" or "info".
+        labels: labels kept besides ``model_name`` (counter, gauge: the label of ``match``;
+            info: the labels kvhit reads from it).
+        match: (label, value) every series read must carry, e.g. ("source", "local_compute").
+        agg: how a gauge combines over pods, "sum" or "max" (counters and histograms add up).
+    """
+
+    name: str
+    kind: str
+    labels: tuple[str, ...] = ()
+    match: tuple[str, str] | None = None
+    agg: str = "sum"
+
+
+_QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
+_FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
+
+
+class PrometheusSource:
+    """Fleet mode: the signals kvhit reads from one pod, for every pod a PromQL selector picks,
+    summed per ``model_name``, from the Prometheus HTTP API (Thanos and Mimir serve the same API).
+
+    Each :meth:`fetch` is one instant query (POST ``/api/v1/query``) evaluated at t = now −
+    ``delay``: one subquery per family, tagged with a ``kvhit_query`` label and joined by ``or``,
+    so every family is read at the same t in one request. With r = t − (the previous fetch's t),
+    or ``interval`` at the first fetch:
+
+    * counters: ``sum by (model_name[, label]) (increase(vllm:<name>{selector}[r]))``;
+      histograms: the same of ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the
+      ``+Inf`` bucket). Consecutive ranges tile time; each increase is added to a running total
+      per series, rendered as a cumulative counter, which parse → window turn back into the same
+      increases. A pod restart is handled per series by ``increase()``, so the totals never go
+      down. A failed fetch does not move t: the next range covers the gap.
+    * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
+      API-server process: one value, never a sum): ``sum`` over pods for requests running and
+      waiting (the fleet's requests in flight and queued add up, as parse adds data-parallel
+      engines, consistent with the summed step counts the fits see), ``max`` for KV-cache usage
+      and the other per-pool values (a fraction of one pod's pool does not add up, and an average
+      would hide the full pool, the one that evicts: MODEL.md §2). Which one is parse's
+      aggregation over engines (``Family.agg``).
+    * ``cache_config_info``: the set of labels kvhit reads that most pods report (pods of one
+      model normally share it).
+
+    A family Prometheus has no series for this fetch (never exported, or no pod with two samples
+    in the range) is absent from the text — unknown, never 0. Each ``increase()`` extrapolates
+    the samples inside its range to the range's edges (Prometheus semantics): a total is exact
+    for a steadily growing counter, otherwise off by the change of rate within the ≤ 1 scrape
+    interval it extrapolates over. ``interval`` must be at least twice Prometheus's scrape
+    interval of vLLM: a pod with fewer than two samples in a range is left out of that range's
+    sum. HELP texts are not carried (vLLM 0.7–0.8's ``gpu_prefix_cache_*``, whose unit only the
+    HELP text tells, then read as unit unknown).
+
+    Args:
+        url: base URL of the Prometheus API (``http://prometheus:9090``; Mimir: ``…/prometheus``).
+        families: what to read (see :func:`exporter.cli.fleet_families`).
+        matchers: PromQL label matchers merged into every family's selector, e.g.
+            ``('namespace="llm"',)`` (:func:`exporter.config.selector_matchers`).
+        interval: seconds of the first range [s].
+        delay: seconds t lags behind now, for stores whose samples arrive late (remote write) [s].
+        timeout, max_bytes: deadline [s] and body cap [bytes] of one query, as :class:`LiveSource`.
+        clock: unix time now [s].
+    Errors (:class:`ScrapeError` reasons): those of :class:`LiveSource` (``refused``, ``timeout``,
+    ``http_<status>`` — Prometheus answers a bad query with 400/422 —, ``too_large``, …);
+    ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
+    ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
+    an instant vector of ``[time, "value"]`` samples).
+    """
+
+    def __init__(self, url: str, families: Sequence[Family], matchers: Sequence[str] = (), interval: float = 5.0,
+                 delay: float = 0.0, timeout: float = 3.0, max_bytes: int = DEFAULT_MAX_BYTES,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.families = tuple(families)
+        self.matchers = tuple(matchers)
+        self.interval, self.delay, self.clock = interval, delay, clock
+        self._http = LiveSource(url.rstrip("/") + "/api/v1/query", timeout=timeout, max_bytes=max_bytes)
+        self._where = redact_url(self._http.url)
+        self._end: float | None = None  # t of the last successful fetch
+        self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
+
+    def fetch(self) -> tuple[float, str]:
+        """One query → (t [unix s], vLLM V1 exposition of the fleet's totals and gauges at t).
+
+        Raises:
+            ScrapeError: reason as in the class docstring.
+        """
+        t = self.clock() - self.delay
+        # A clock that stepped back restarts the ranges instead of querying an empty one.
+        start = self._end if self._end is not None and self._end < t else t - self.interval
+        body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"})
+        rows = _vector(body, self._where)
+        text = self._render(rows)
+        self._end = t
+        return t, text
+
+    def promql(self, seconds: float) -> str:
+        """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds)."""
+        r = f"{max(1, round(seconds * 1000))}ms"
+        return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")'
+                           for f in self.families for qid, expr in self._queries(f, r))
+
+    def _queries(self, f: Family, r: str) -> list[tuple[str, str]]:
+        by = ", ".join(("model_name",) + f.labels)
+        if f.kind == "counter":
+            return [(f"c:{f.name}", f"sum by ({by}) (increase({self._selector(f, '(_total)?')}[{r}]))")]
+        if f.kind == "histogram":
+            return [(f"b:{f.name}", f"sum by (model_name, le) (increase({self._selector(f, '_bucket')}[{r}]))"),
+                    (f"s:{f.name}", f"sum by (model_name) (increase({self._selector(f, '_sum')}[{r}]))")]
+        if f.kind == "gauge":
+            return [(f"g:{f.name}", f"{f.agg} by ({by}) (max without (pid) ({self._selector(f, '')}))")]
+        return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
+
+    def _selector(self, f: Family, suffix: str) -> str:
+        # vllm: or vllm_ prefix, counters with or without _total: every spelling parse reads
+        matchers = [f'__name__=~"vllm[:_]{f.name}{suffix}"', *self.matchers]
+        if f.match is not None:
+            matchers.append(f'{f.match[0]}="{f.match[1]}"')
+        return "{" + ", ".join(matchers) + "}"
+
+    def _render(self, rows: list[tuple[dict[str, str], float]]) -> str:
+        """This fetch's rows → exposition: counter and histogram rows added to the totals first."""
+        by_query: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for labels, value in rows:
+            if math.isfinite(value):  # a NaN would poison a running total forever
+                by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Rendered([m for f in self.families for m in self._metrics(f, by_query)]))
+        return generate_latest(registry).decode()
+
+    def _add(self, qid: str, labels: Mapping[str, str], value: float) -> float:
+        key = (qid, tuple(sorted(labels.items())))
+        self._totals[key] = self._totals.get(key, 0.0) + value
+        return self._totals[key]
+
+    def _metrics(self, f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> list[Metric]:
+        name, names = f"vllm:{f.name}", ("model_name",) + f.labels
+        if f.kind == "counter":
+            rows = by_query.get(f"c:{f.name}", [])
+            fam = CounterMetricFamily(name, _FLEET_HELP, labels=names)
+            for labels, value in rows:
+                fam.add_metric([labels.get(k, "") for k in names], self._add(f"c:{f.name}", labels, value))
+            return [fam] if rows else []
+        if f.kind == "histogram":
+            return self._histogram(f, by_query)
+        if f.kind == "gauge":
+            rows = by_query.get(f"g:{f.name}", [])
+            fam = GaugeMetricFamily(name, _FLEET_HELP, labels=names)
+            for labels, value in rows:
+                fam.add_metric([labels.get(k, "") for k in names], value)
+            return [fam] if rows else []
+        rows = by_query.get(f"i:{f.name}", [])
+        if not rows:
+            return []
+        labels, _ = max(rows, key=lambda row: (row[1], sorted(row[0].items())))  # most pods, then by labels
+        fam = GaugeMetricFamily(name, _FLEET_HELP, labels=sorted(labels))
+        fam.add_metric([labels[k] for k in sorted(labels)], 1.0)
+        return [fam]
+
+    def _histogram(self, f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> list[Metric]:
+        """Buckets ascending by ``le`` ending at +Inf (whose total is ``_count``); a model without
+        a +Inf bucket this fetch has no histogram, one without ``_sum`` none of its sum."""
+        buckets: dict[str, list[tuple[float, str, float]]] = {}
+        for labels, value in by_query.get(f"b:{f.name}", []):
+            try:
+                edge = float(labels.get("le", ""))
+            except ValueError:
+                continue
+            total = self._add(f"b:{f.name}", labels, value)
+            buckets.setdefault(labels.get("model_name", ""), []).append((edge, labels["le"], total))
+        sums = {labels.get("model_name", ""): self._add(f"s:{f.name}", labels, value)
+                for labels, value in by_query.get(f"s:{f.name}", [])}
+        fam = HistogramMetricFamily(f"vllm:{f.name}", _FLEET_HELP, labels=("model_name",))
+        for model, rows in sorted(buckets.items()):
+            rows.sort()
+            if rows[-1][0] != math.inf:
+                continue
+            fam.add_metric([model], [(le, total) for _, le, total in rows], sums.get(model))
+        return [fam] if fam.samples else []
+
+
+class _Rendered:
+    """The metric families of one fetch, for a private registry."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def _vector(body: bytes, where: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each sample of a Prometheus instant-vector answer.
+
+    Raises:
+        ScrapeError: ``query_error`` for ``"status": "error"``, ``bad_response`` for anything
+            that is not an instant vector.
+    """
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise ScrapeError("bad_response", f"answer from {where} is not JSON") from None
+    if isinstance(doc, dict) and doc.get("status") == "error":
+        kind = str(doc.get("errorType", "unknown"))[:40]
+        raise ScrapeError("query_error", f"query failed at {where} (errorType {kind})")
+    data = doc.get("data") if isinstance(doc, dict) and doc.get("status") == "success" else None
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise ScrapeError("bad_response", f"answer from {where} is not a successful instant vector")
+    rows = []
+    for sample in data["result"]:
+        try:
+            _, value = sample["value"]
+            rows.append(({str(k): str(v) for k, v in sample["metric"].items()}, float(value)))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ScrapeError("bad_response", f"answer from {where} has a malformed sample") from None
+    return rows
 
 
 @dataclass(frozen=True)
