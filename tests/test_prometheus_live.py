@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +35,7 @@ import yaml
 
 from exporter import names
 from exporter.sources import load_trace
+from local_servers import Processes, free_port, http_ok, prometheus_query, serve, start_prometheus, wait_for
 from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, RULES, TRACE, alert_rules, dashboard_targets, dashboards,
                            dashboard_variables, metric_names_of_exposition, recording_rules, substitute, tool)
 from promql_selectors import selectors
@@ -83,12 +81,6 @@ ABSENT_BY_DESIGN = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # --- small servers in the test process -------------------------------------------------------------
 
 
@@ -126,13 +118,6 @@ class FakeVllm:
         loop, j = divmod(i, len(self.frames))
         return "".join(f"{k}\n" if v is None else f"{k} {v + loop * self.delta.get(k, 0.0)!r}\n"
                        for k, v in self.frames[j])
-
-
-def serve(handler_cls: type, port: int) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler_cls)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def fake_vllm_handler(fake: FakeVllm) -> type:
@@ -173,7 +158,7 @@ def webhook_handler(received: list, lock: threading.Lock) -> type:
 class Stack:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.procs: list[subprocess.Popen] = []
+        self.procs = Processes(tmp)
         self.servers: list[ThreadingHTTPServer] = []
         self.received: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
@@ -184,23 +169,11 @@ class Stack:
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "w")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.tmp)
-        p.log_path = self.tmp / f"{name}.log"  # type: ignore[attr-defined]
-        self.procs.append(p)
-        return p
+    def spawn(self, name: str, argv: list[str]):
+        return self.procs.spawn(name, argv)
 
     def stop(self) -> None:
-        for p in self.procs:  # by PID, each one we started
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+        self.procs.stop()  # by PID, each one we started
         for s in self.servers:
             s.shutdown()
             s.server_close()
@@ -208,7 +181,7 @@ class Stack:
     # -- start ------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        prometheus, alertmanager = tool("prometheus"), tool("prometheus-alertmanager", "alertmanager")
+        alertmanager = tool("prometheus-alertmanager", "alertmanager")
         trace = load_trace(TRACE)
         phases = {p["name"]: p for p in trace.phases}
         lo, hi = phases["A0_hit0.0"]["start_ms"] / 1000 - 4, phases["A1_hit0.3"]["end_ms"] / 1000
@@ -229,25 +202,19 @@ class Stack:
                                   "--listen", f"127.0.0.1:{self.ports['live']}"])
         # Prometheus must only ever see the final analyses: wait until both replays are done.
         for scenario in ("valley", "flat"):
-            p = next(p for p in self.procs if p.log_path.name == f"kvhit-{scenario}.log")
+            p = next(p for p in self.procs.procs if p.log_path.name == f"kvhit-{scenario}.log")
             wait_for(lambda: "serving the final analysis" in p.log_path.read_text() or p.poll() is not None,
                      120, f"kvhit demo ({scenario}) to finish its replay")
             assert p.poll() is None, p.log_path.read_text()[-3000:]
 
         self.write_rules()
         self.write_alertmanager_config()
-        self.write_prometheus_config()
-        self.spawn("alertmanager", [alertmanager, f"--config.file={self.tmp / 'alertmanager.yml'}",
-                                    f"--storage.path={self.tmp / 'am-data'}",
-                                    f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
-                                    "--cluster.listen-address=", "--log.level=warn"])
-        self.spawn("prometheus", [prometheus, f"--config.file={self.tmp / 'prometheus.yml'}",
-                                  f"--storage.tsdb.path={self.tmp / 'prom-data'}",
-                                  f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}",
-                                  "--log.level=warn"])
-        for name in ("alertmanager", "prometheus"):
-            wait_for(lambda name=name: http_ok(f"{self.url(name)}/-/ready"), 60, f"{name} ready",
-                     self.procs[-1 if name == "prometheus" else -2])
+        am = self.spawn("alertmanager", [alertmanager, f"--config.file={self.tmp / 'alertmanager.yml'}",
+                                         f"--storage.path={self.tmp / 'am-data'}",
+                                         f"--web.listen-address=127.0.0.1:{self.ports['alertmanager']}",
+                                         "--cluster.listen-address=", "--log.level=warn"])
+        start_prometheus(self.procs, self.prometheus_config(), self.ports["prometheus"])
+        wait_for(lambda: http_ok(f"{self.url('alertmanager')}/-/ready"), 60, "alertmanager ready", am)
 
     def write_rules(self) -> None:
         """rules/ with every alert's `for:` shortened to SHORT_FOR; nothing else changed."""
@@ -277,7 +244,7 @@ class Stack:
         shorten(cfg["route"])
         (self.tmp / "alertmanager.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
-    def write_prometheus_config(self) -> None:
+    def prometheus_config(self) -> dict:
         def target(port: str, ns: str, pod: str) -> dict:
             return {"targets": [f"127.0.0.1:{self.ports[port]}"], "labels": {"namespace": ns, "pod": pod}}
         cfg = {
@@ -294,16 +261,12 @@ class Stack:
                     target("vllm", "ns-live", "vllm-live-0")]},
             ],
         }
-        (self.tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return cfg
 
     # -- queries ----------------------------------------------------------------------------------
 
     def query(self, expr: str) -> list[dict]:
-        data = urllib.parse.urlencode({"query": expr}).encode()
-        with urllib.request.urlopen(f"{self.url('prometheus')}/api/v1/query", data=data, timeout=10) as r:
-            doc = json.load(r)
-        assert doc["status"] == "success", (expr, doc)
-        return doc["data"]["result"]
+        return prometheus_query(self.url("prometheus"), expr)
 
     def alerts(self) -> list[dict]:
         with urllib.request.urlopen(f"{self.url('prometheus')}/api/v1/alerts", timeout=10) as r:
@@ -314,26 +277,6 @@ class Stack:
     def firing(self) -> set[tuple[str, str]]:
         return {(a["labels"]["alertname"], a["labels"].get("namespace", "")) for a in self.alerts()
                 if a["state"] == "firing"}
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: process exited {proc.returncode}: {proc.log_path.read_text()[-3000:]}")
-        time.sleep(0.5)
-    log = f"\n{proc.log_path.read_text()[-3000:]}" if proc is not None else ""
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{log}")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,146 @@
+"""What the live tests start, all on 127.0.0.1 (shared by the real-Prometheus and fleet tests):
+free ports, a request-handler class served in a thread, subprocesses logged to files and stopped
+by PID, Prometheus itself (Debian's binary, found by :func:`observability.tool`: missing fails,
+never skips) with its query API, and a fake of that API with canned answers."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+from observability import tool
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(handler_cls: type, port: int = 0) -> ThreadingHTTPServer:
+    """``handler_cls`` served on 127.0.0.1:``port`` (0: a free one, see ``server_address``) in a
+    daemon thread; ``shutdown()`` and ``server_close()`` stop it."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler_cls)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``cond()`` every 0.5 s; fail with ``what`` (and the tail of ``proc``'s log when it
+    exited or on timeout)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: process exited {proc.returncode}: {proc.log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    log = f"\n{proc.log_path.read_text()[-3000:]}" if proc is not None else ""
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{log}")
+
+
+class Processes:
+    """Subprocesses a test starts, each logging to ``<log_dir>/<name>.log`` (``proc.log_path``)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "w")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             cwd=self.log_dir, env=env)
+        p.log_path = self.log_dir / f"{name}.log"  # type: ignore[attr-defined]
+        self.procs.append(p)
+        return p
+
+    def stop(self) -> None:
+        """SIGTERM each process started here (by PID), SIGKILL what is still running 10 s later."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+
+def start_prometheus(procs: Processes, config: dict, port: int) -> subprocess.Popen:
+    """Prometheus on 127.0.0.1:``port`` with ``config`` (written to ``<log_dir>/prometheus.yml``,
+    TSDB in ``<log_dir>/prom-data``); returns once ``/-/ready`` answers 200 (60 s at most)."""
+    path = procs.log_dir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    p = procs.spawn("prometheus", [tool("prometheus"), f"--config.file={path}",
+                                   f"--storage.tsdb.path={procs.log_dir / 'prom-data'}",
+                                   f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
+    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/-/ready"), 60, "prometheus ready", p)
+    return p
+
+
+def prometheus_query(base_url: str, expr: str, at: float | None = None) -> list[dict]:
+    """``data.result`` of an instant query (POST /api/v1/query) at ``at`` [unix s] or now."""
+    form = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+    with urllib.request.urlopen(f"{base_url}/api/v1/query", data=urllib.parse.urlencode(form).encode(),
+                                timeout=10) as r:
+        doc = json.load(r)
+    assert doc["status"] == "success", (expr, doc)
+    return doc["data"]["result"]
+
+
+class FakePrometheus:
+    """``POST /api/v1/query`` answered with the next queued (status, body), an empty instant
+    vector when none is queued; ``forms`` records every request's form fields."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, bytes]] = []
+        self.forms: list[dict[str, str]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server API)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                fake.forms.append({k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
+                status, answer = fake.answers.pop(0) if fake.answers else (200, fake.vector([]))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = serve(Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @staticmethod
+    def vector(rows: list[tuple[dict[str, str], str]]) -> bytes:
+        """A successful instant-vector answer of (labels, value) rows."""
+        result = [{"metric": labels, "value": [1000.0, value]} for labels, value in rows]
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+    def answer(self, rows: list[tuple[dict[str, str], str]]) -> None:
+        self.answers.append((200, self.vector(rows)))
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
