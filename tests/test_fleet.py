@@ -1,0 +1,375 @@
+"""Fleet mode (issue 6 part 4): ``kvhit run --prometheus URL --selector ...``.
+
+- Against a real Prometheus (1-s scrapes) of three ``exporter.simulate`` servers — two pods of the
+  fleet with different hit ratios and query rates, a third pod outside the selector — kvhit's
+  fleet hit ratio equals (ΔhitsA + ΔhitsB) / (ΔqueriesA + ΔqueriesB) computed here from the raw
+  samples, within a tolerance derived from increase()'s extrapolation (see the test), which is
+  far tighter than the unweighted mean of the two pods' ratios or a sum that includes the third.
+- :class:`exporter.sources.PrometheusSource` against a tiny fake Prometheus API: the query it
+  sends, running totals worked by hand, a missing family left unknown, and each failure kind.
+- The ``scope="fleet"`` label on every series in fleet mode, none in pod mode.
+- Configuration: ``--prometheus`` and ``--target`` exclusive, the selector's grammar.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import simulate
+from exporter.cli import fleet_families, main
+from exporter.collector import KvhitCollector
+from exporter.config import Config, ConfigError, load_config, selector_matchers
+from exporter.parse import parse_exposition
+from exporter.runner import Runner
+from exporter.sources import Family, PrometheusSource, ScrapeError
+from local_servers import FakePrometheus, Processes, free_port, http_ok, prometheus_query, start_prometheus, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "fleet-model"
+
+# ---- the fleet against a real Prometheus ---------------------------------------------------------
+
+SCRAPE = 1.0  # Prometheus scrape interval s [s]
+TICK = 0.025  # simulator tick q: its counters grow in steps every q seconds [s]
+INTERVAL = 3.0  # kvhit's poll interval = the range I of each increase() [s]
+WINDOW = 12.0  # kvhit's publish window W [s]
+# Pods: (namespace, pod, designed token hit ratio). The simulator's query rate falls with 1 - h
+# (its chip time does), so pod b serves about twice pod a's queries and the weighting matters.
+PODS = {"a": ("ns-fleet", 0.2), "b": ("ns-fleet", 0.9), "c": ("ns-other", 0.0)}
+SELECTOR = '{namespace="ns-fleet"}'
+
+
+def _scenario(h: float) -> simulate.Scenario:
+    # Noise 0 and a fixed concurrency: every tick adds exactly h·Δqueries hits (half of them loaded).
+    return simulate.Scenario(schedule=(simulate.Segment("step", 3600.0, h),), interval=TICK, noise=0.0,
+                             running=(10.0, 10.0), model_name=MODEL)
+
+
+def _raw(prom: str, metric: str, at: float) -> dict[str, list[tuple[float, float]]]:
+    """pod → [(unix s, value)] raw samples of ``metric`` in the minute before ``at``."""
+    out = {}
+    for series in prometheus_query(prom, f'{metric}{{namespace=~"ns-.*"}}[60s]', at):
+        out[series["metric"]["pod"]] = [(float(t), float(v)) for t, v in series["values"]]
+    return out
+
+
+def _at(samples: list[tuple[float, float]], t: float) -> float:
+    """The counter at ``t``, linearly interpolated between the raw samples around it."""
+    for (t0, v0), (t1, v1) in zip(samples, samples[1:]):
+        if t0 <= t <= t1:
+            return v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+    raise AssertionError(f"no samples around {t}")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Three simulators, Prometheus scraping them, kvhit in fleet mode reading Prometheus."""
+    tmp = tmp_path_factory.mktemp("fleet")
+    procs, stop, ports = Processes(tmp), threading.Event(), {}
+    try:
+        for pod, (_, h) in PODS.items():
+            ready = threading.Event()
+            threading.Thread(target=simulate.serve, args=(_scenario(h),), daemon=True,
+                             kwargs={"on_ready": lambda p, pod=pod, ev=ready: (ports.__setitem__(pod, p), ev.set()),
+                                     "stop": stop}).start()
+            assert ready.wait(10), f"simulator {pod} did not start"
+        prom_port, kvhit_port = free_port(), free_port()
+        prom = f"http://127.0.0.1:{prom_port}"
+        start_prometheus(procs, {
+            "global": {"scrape_interval": f"{SCRAPE:g}s", "scrape_timeout": f"{SCRAPE:g}s"},
+            "scrape_configs": [{"job_name": "vllm", "static_configs": [
+                {"targets": [f"127.0.0.1:{ports[pod]}"], "labels": {"namespace": ns, "pod": pod}}
+                for pod, (ns, _) in PODS.items()]}]}, prom_port)
+        # Every pod has samples before kvhit's first range starts: no range sums a pod partially.
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[5s]) >= 3")) == 3,
+                 30, "three samples of every pod")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVHIT_")}
+        env.update(PYTHONPATH=str(ROOT), KVHIT_WINDOW_SECONDS=f"{WINDOW:g}")  # the checkout, not an install
+        kvhit = procs.spawn("kvhit", [sys.executable, "-m", "exporter.cli", "run", "--prometheus", prom,
+                                      "--selector", SELECTOR, "--interval", f"{INTERVAL:g}",
+                                      "--listen", f"127.0.0.1:{kvhit_port}"], env=env)
+        url = f"http://127.0.0.1:{kvhit_port}"
+        wait_for(lambda: http_ok(f"{url}/readyz"), 30, "kvhit ready", kvhit)
+
+        def analysis() -> dict:
+            with urllib.request.urlopen(f"{url}/api/v1/analysis", timeout=5) as r:
+                return json.load(r)
+
+        def window_full() -> bool:
+            return analysis()["models"].get(MODEL, {}).get("window_seconds", 0) >= WINDOW
+
+        wait_for(window_full, 40, f"kvhit's {WINDOW:g}-s window", kvhit)
+        doc = analysis()
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        time.sleep(2 * SCRAPE)  # the samples just after the window's end, for the interpolation
+        yield {"prom": prom, "analysis": doc, "metrics": metrics}
+    finally:
+        stop.set()
+        procs.stop()
+
+
+def test_fleet_hit_ratio_equals_the_pods_counter_deltas_summed_by_hand(fleet):
+    """kvhit's fleet h over its publish window (t1 − span, t1] vs the same ratio from raw samples.
+
+    By hand: each pod's counters (Prometheus raw samples) linearly interpolated at the window's
+    two ends, differenced, summed over the pods the selector picks: h = Σ Δhits / Σ Δqueries.
+
+    Tolerance. Noise is 0, so every tick of pod i adds exactly h_i·Δqueries hits, and hits and
+    queries of a pod come from the same scrapes: kvhit's increase() values and the hand deltas of
+    pod i both have ratio h_i. Both fleet values are then h_a + (h_b − h_a)·w with w pod b's share
+    of the queries, and differ only through w: |Δh| ≤ |h_b − h_a|·w(1 − w)·(|ε_a| + |ε_b|)/(1 − ε)
+    with ε_i the relative difference of pod i's two query counts. kvhit's count is the sum over
+    the window's ranges of increase(), which extrapolates the samples inside each range (spread
+    ≥ I − s, regular scrapes) to the range's edges; the hand count interpolates between samples:
+    (a) the counter is a staircase of q-second ticks, so a sample lags the straight line by less
+    than one tick: < q/(I − s) relative for kvhit, < 2q/W for the hand count;
+    (b) the rate moves (the ticks are timer sleeps on a loaded machine): extrapolating < s per
+    range at the range's mean rate errs by < δ·s/I, interpolating the two ends by < 2δ·s/W, with δ
+    the largest relative deviation of a pod's per-scrape rate from its mean, measured here.
+    """
+    prom, doc = fleet["prom"], fleet["analysis"]
+    m = doc["models"][MODEL]
+    t1, span = doc["timestamp"], m["window_seconds"]
+    t0 = t1 - span
+    raw = {name: _raw(prom, f"vllm:{name}_total", t1 + 2 * SCRAPE)
+           for name in ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_hits")}
+    q = {pod: _at(s, t1) - _at(s, t0) for pod, s in raw["prefix_cache_queries"].items()}
+    hits = {pod: _at(s, t1) - _at(s, t0) for pod, s in raw["prefix_cache_hits"].items()}
+    ext = {pod: _at(s, t1) - _at(s, t0) for pod, s in raw["external_prefix_cache_hits"].items()}
+
+    # Preconditions of the bound: regular scrapes (no pod missing from a range), and δ.
+    delta = 0.0
+    for pod, samples in raw["prefix_cache_queries"].items():
+        inside = [(t, v) for t, v in samples if t0 - 2 * SCRAPE <= t <= t1 + SCRAPE]
+        gaps = [b[0] - a[0] for a, b in zip(inside, inside[1:])]
+        assert max(gaps) < 1.5 * SCRAPE, (pod, gaps)
+        rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(inside, inside[1:])]
+        mean = (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+        delta = max(delta, max(abs(r / mean - 1) for r in rates))
+    eps = TICK / (INTERVAL - SCRAPE) + 2 * TICK / span + delta * SCRAPE * (1 / INTERVAL + 2 / span)
+
+    fleet_pods = [p for p, (ns, _) in PODS.items() if ns == "ns-fleet"]
+    w = q["b"] / (q["a"] + q["b"])
+    for source, num in (("device", hits), ("all", {p: hits[p] + ext[p] for p in q})):
+        per_pod = {p: num[p] / q[p] for p in q}
+        by_hand = sum(num[p] for p in fleet_pods) / sum(q[p] for p in fleet_pods)
+        tol = abs(per_pod["b"] - per_pod["a"]) * w * (1 - w) * 2 * eps / (1 - eps)
+        got = m["hit_ratio"][source]
+        print(f"fleet h[{source}]: kvhit {got:.5f}, by hand {by_hand:.5f}, |diff| {abs(got - by_hand):.5f}, "
+              f"tolerance {tol:.5f} (pods a {per_pod['a']:.4f}, b {per_pod['b']:.4f}, c {per_pod['c']:.4f}; "
+              f"w_b {w:.3f}, delta {delta:.3f}, eps {eps:.4f}, window {span:.2f}s)")
+        assert abs(got - by_hand) <= tol
+        # The comparison can tell the weighting and the selector apart: both wrong answers lie outside.
+        unweighted = (per_pod["a"] + per_pod["b"]) / 2
+        everyone = sum(num.values()) / sum(q.values())
+        assert min(abs(unweighted - by_hand), abs(everyone - by_hand)) > 3 * tol, (unweighted, everyone, tol)
+    # The designed ratios, as a sanity check of the setup (all = device + loaded; half loaded).
+    for pod, (_, h) in PODS.items():
+        assert (hits[pod] + ext[pod]) / q[pod] == pytest.approx(h, abs=1e-6)
+
+
+def test_fleet_series_carry_scope_fleet(fleet):
+    samples = [s for fam in text_string_to_metric_families(fleet["metrics"]) for s in fam.samples]
+    assert samples and all(s.labels.get("scope") == "fleet" for s in samples)
+    ratio = {s.labels["source"]: s.value for s in samples if s.name == "kvhit_hit_ratio"}
+    assert set(ratio) == {"device", "loaded", "all"}
+    assert [s.value for s in samples if s.name == "kvhit_up"] == [1.0]
+
+
+# ---- PrometheusSource against a fake Prometheus API -------------------------------------------------
+
+
+@pytest.fixture
+def fake():
+    f = FakePrometheus()
+    yield f
+    f.stop()
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+FAMILIES = (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter"),
+            Family("request_prompt_tokens", "histogram"), Family("num_requests_running", "gauge"),
+            Family("kv_cache_usage_perc", "gauge", agg="max"),
+            Family("cache_config_info", "info", ("block_size", "num_gpu_blocks")))
+
+
+def _row(query: str, value: str, **labels: str) -> tuple[dict[str, str], str]:
+    return {"kvhit_query": query, "model_name": "m", **labels}, value
+
+
+def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fake):
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, ('namespace="llm"', 'pod=~"vllm-.*"'), interval=5.0, clock=clock)
+    src.fetch()
+    clock.t = 1003.25
+    src.fetch()
+    clock.t = 1006.0
+    fake.answers.append((500, b"{}"))
+    with pytest.raises(ScrapeError):
+        src.fetch()
+    clock.t = 1010.5
+    src.fetch()
+    # The first range is the interval; then each range starts where the last successful one ended.
+    assert [f["time"] for f in fake.forms] == ["1000.000", "1003.250", "1006.000", "1010.500"]
+    q0, q1, q3 = fake.forms[0]["query"], fake.forms[1]["query"], fake.forms[3]["query"]
+    assert "[5000ms]" in q0 and "[3250ms]" in q1 and "[7250ms]" in q3
+    sel = 'namespace="llm", pod=~"vllm-.*"'
+    assert (f'sum by (model_name) (increase({{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}[5000ms]))'
+            in q0)
+    assert f'sum by (model_name, le) (increase({{__name__=~"vllm[:_]request_prompt_tokens_bucket", {sel}}}[5000ms]))' in q0
+    assert f'sum by (model_name) (increase({{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}[5000ms]))' in q0
+    assert f'sum by (model_name) (max without (pid) ({{__name__=~"vllm[:_]num_requests_running", {sel}}}))' in q0
+    assert f'max by (model_name) (max without (pid) ({{__name__=~"vllm[:_]kv_cache_usage_perc", {sel}}}))' in q0
+    assert f'count by (block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
+    assert q0.count(" or ") == 6 and q0.count('label_replace(') == 7  # one request: 7 subqueries, 6 families
+
+
+def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknown(fake):
+    clock = Clock(2000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "250"),
+                 _row("b:request_prompt_tokens", "3", le="100.0"), _row("b:request_prompt_tokens", "10", le="+Inf"),
+                 _row("s:request_prompt_tokens", "1200"),
+                 _row("g:num_requests_running", "7"), _row("g:kv_cache_usage_perc", "0.5"),
+                 ({"kvhit_query": "i:cache_config_info", "block_size": "16", "num_gpu_blocks": "100"}, "3"),
+                 ({"kvhit_query": "i:cache_config_info", "block_size": "32", "num_gpu_blocks": "50"}, "1")])
+    fake.answer([_row("c:prefix_cache_queries", "600"), _row("c:prefix_cache_hits", "450"),
+                 _row("b:request_prompt_tokens", "1", le="100.0"), _row("b:request_prompt_tokens", "2", le="+Inf"),
+                 _row("s:request_prompt_tokens", "300"), _row("g:num_requests_running", "4"),
+                 _row("g:kv_cache_usage_perc", "NaN")])
+    fake.answer([_row("c:prefix_cache_queries", "400")])  # hits gone from Prometheus
+    t, text = src.fetch()
+    assert t == 2000.0
+    s1 = parse_exposition(text, t)
+    clock.t = 2005.0
+    s2 = parse_exposition(src.fetch()[1], 2005.0)
+    clock.t = 2010.0
+    s3 = parse_exposition(src.fetch()[1], 2010.0)
+
+    assert s1.engine == "vllm_v1" and s1.cache_config == {"block_size": "16", "num_gpu_blocks": "100"}
+    m1, m2, m3 = s1.models["m"], s2.models["m"], s3.models["m"]
+    assert dict(m1.counters) == {"queries": 1000.0, "hits": 250.0}
+    assert dict(m2.counters) == {"queries": 1600.0, "hits": 700.0}  # 1000 + 600, 250 + 450
+    assert m2.histograms["request_prompt_tokens"].buckets == ((100.0, 4.0), (math.inf, 12.0))
+    assert (m2.histograms["request_prompt_tokens"].count, m2.histograms["request_prompt_tokens"].sum) == (12.0, 1500.0)
+    assert dict(m1.gauges) == {"running": 7.0, "kv_usage": 0.5}
+    assert dict(m2.gauges) == {"running": 4.0}  # a NaN is no value: absent, never carried over
+    assert s2.cache_config == {}  # not in this answer: absent
+    # Hits absent from Prometheus: absent here (unknown, never 0); queries keep their running total.
+    assert dict(m3.counters) == {"queries": 2000.0} and "hit_ratio" in m3.unknown
+
+
+def test_empty_answer_is_no_data_not_zero(fake):
+    text = PrometheusSource(fake.url, FAMILIES).fetch()[1]
+    assert "vllm:" not in text
+    snap = parse_exposition(text, 1.0)
+    assert snap.models == {} and snap.engine == "unknown"
+
+
+@pytest.mark.parametrize("status, body, reason", [
+    (500, b'{"status":"error","errorType":"internal","error":"boom"}', "http_500"),
+    (422, b'{"status":"error","errorType":"execution","error":"x"}', "http_422"),
+    (200, b'{"status":"error","errorType":"timeout","error":"SECRET label value"}', "query_error"),
+    (200, b'{"status":"success","data":{"resultType":"vec', "bad_response"),
+    (200, b"<html>login</html>", "bad_response"),
+    (200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}', "bad_response"),
+    (200, b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}', "bad_response"),
+])
+def test_each_failure_has_its_reason_and_moves_no_range(fake, status, body, reason):
+    clock = Clock(95.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    src.fetch()
+    clock.t = 100.0
+    fake.answers.append((status, body))
+    with pytest.raises(ScrapeError) as err:
+        src.fetch()
+    assert err.value.reason == reason
+    assert "SECRET" not in str(err.value)  # Prometheus' error text may quote label values
+    clock.t = 103.0
+    src.fetch()
+    assert "[8000ms]" in fake.forms[-1]["query"]  # the failed fetch moved nothing: (95, 103]
+
+
+def test_prometheus_down_is_refused():
+    src = PrometheusSource(f"http://127.0.0.1:{free_port()}", FAMILIES, timeout=2.0)
+    with pytest.raises(ScrapeError) as err:
+        src.fetch()
+    assert err.value.reason == "refused"
+
+
+def test_fleet_families_are_the_parsers_and_one_query_reads_them_all():
+    fams = {f.name: f for f in fleet_families()}
+    assert fams["prefix_cache_queries"].kind == fams["gpu_prefix_cache_queries"].kind == "counter"
+    assert fams["prompt_tokens_by_source"].match == ("source", "local_compute")
+    assert fams["iteration_tokens_total"].kind == "histogram"
+    assert (fams["num_requests_running"].agg, fams["kv_cache_usage_perc"].agg) == ("sum", "max")
+    assert fams["num_requests_waiting_by_reason"].match == ("reason", "capacity")
+    assert "block_size" in fams["cache_config_info"].labels
+
+
+# ---- scope label, configuration ------------------------------------------------------------------------
+
+
+def _series(scope: str) -> list:
+    sc = simulate.Scenario(schedule=(simulate.Segment("step", 30.0, 0.5),), model_name=MODEL)
+    runner = Runner(Config(), "http://prometheus:9090", clock=lambda: sc.start + 30.0, scope=scope)
+    for t, text, _ in simulate.generate(sc):
+        assert runner.ingest_text(t, text)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(runner.current))
+    return [s for fam in text_string_to_metric_families(generate_latest(registry).decode()) for s in fam.samples]
+
+
+def test_scope_label_on_every_series_in_fleet_mode_only():
+    fleet_mode, pod_mode = _series("fleet"), _series("")
+    assert len(fleet_mode) == len(pod_mode) > 50
+    assert all(s.labels.get("scope") == "fleet" for s in fleet_mode)
+    assert not any("scope" in s.labels for s in pod_mode)
+    assert [(s.name, {k: v for k, v in s.labels.items() if k != "scope"}, s.value) for s in fleet_mode] == \
+        [(s.name, s.labels, s.value) for s in pod_mode]
+
+
+def test_config_prometheus_selector_and_delay(tmp_path):
+    env = {"KVHIT_PROMETHEUS": "http://prom:9090", "KVHIT_SELECTOR": '{namespace="llm"}', "KVHIT_PROMETHEUS_DELAY": "30"}
+    cfg = load_config(None, environ=env)
+    assert (cfg.prometheus, cfg.selector, cfg.prometheus_delay) == ("http://prom:9090", '{namespace="llm"}', 30.0)
+    assert load_config(None, environ=env, flags={"selector": 'pod="x"'}).selector == 'pod="x"'  # flag wins
+    assert selector_matchers(' { namespace = "llm" , pod=~"vllm-.*", } ') == ('namespace="llm"', 'pod=~"vllm-.*"')
+    assert selector_matchers('{}') == selector_matchers(None) == ()
+    bad = {
+        "target and prometheus": ({"target": "http://x/metrics", "prometheus": "http://prom:9090"}, "prometheus"),
+        "selector alone": ({"target": "http://x/metrics", "selector": '{a="b"}'}, "selector"),
+        "unquoted value": ({"prometheus": "http://p", "selector": "{namespace=llm}"}, "selector"),
+        "missing comma": ({"prometheus": "http://p", "selector": '{a="b" c="d"}'}, "selector"),
+        "metric name": ({"prometheus": "http://p", "selector": '{__name__="up"}'}, "selector"),
+        "not http": ({"prometheus": "prom:9090"}, "prometheus"),
+        "negative delay": ({"prometheus": "http://p", "prometheus_delay": -1}, "prometheus_delay"),
+    }
+    for case, (flags, key) in bad.items():
+        with pytest.raises(ConfigError, match=f"^config key {key}: "):
+            load_config(None, environ={}, flags=flags)
+
+
+def test_bad_selector_on_the_command_line_exits_2_with_one_line(capsys):
+    code = main(["run", "--prometheus", "http://127.0.0.1:9", "--selector", "namespace=llm",
+                 "--listen", f"127.0.0.1:{free_port()}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("kvhit: config key selector: "), err
