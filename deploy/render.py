@@ -42,7 +42,8 @@ PLAIN_HEADER = """\
 #   kubectl apply -n <namespace> -f deploy/kvhit-sidecar.yaml
 #
 # It holds the example vLLM Deployment and Service with the kvhit container, kvhit's ConfigMap,
-# the PodMonitor, kvhit's PrometheusRules and its Grafana dashboard ConfigMaps. To add kvhit to
+# the PodMonitors (kvhit; kvhit-fleet, idle without a fleet-mode kvhit), kvhit's PrometheusRules
+# and its Grafana dashboard ConfigMaps. To add kvhit to
 # your own vLLM Deployment instead, copy from the Deployment below the container named kvhit, the
 # volume kvhit-config and the pod label kvhit/sidecar: enabled, and apply the other objects.
 # Set the label release: on the PodMonitor and PrometheusRules to your kube-prometheus-stack

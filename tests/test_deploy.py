@@ -13,13 +13,16 @@ What these tests prove, and how (README "Deploy on Kubernetes"):
 - The kvhit container of the rendered manifest starts as-is — its command (the image's
   ENTRYPOINT), args, env, the config file from its ConfigMap at the mounted path — in a sandbox
   like its securityContext (read-only filesystems, no capabilities, no_new_privs, no HOME, cwd
-  "/"), against a fake vLLM replaying the bundled real trace, and its probes answer 200.
+  "/"), against a fake vLLM replaying the bundled real trace, and its probes answer 200; so does
+  the fleet-mode example's (examples/kvhit-fleet), against a fake Prometheus API, whose container
+  is the sidecar's but for its args, and whose pod only the kvhit-fleet PodMonitor scrapes.
 - deploy/Dockerfile is checked statically (docker is not available here): non-root numeric USER
   equal to the pod's runAsUser, exec-form ENTRYPOINT ["kvhit", "run"], pinned base images, and its
   build context (COPY list through deploy/Dockerfile.dockerignore) builds a kvhit wheel.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -42,11 +45,15 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.config import load_config, selector_matchers
+from local_servers import FakePrometheus
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kustomize"
 COMPONENT = KUSTOMIZE / "components" / "sidecar"
 EXAMPLE = KUSTOMIZE / "examples" / "vllm-with-kvhit"
+FLEET = "examples/kvhit-fleet"
 PLAIN = DEPLOY / "kvhit-sidecar.yaml"
 # Oldest Kubernetes the manifests target and the newest kubernetes-validate ships schemas for.
 K8S_VERSIONS = ("1.30.0", "1.37.0")
@@ -107,13 +114,15 @@ def kvhit_container(deployment: dict) -> dict:
 
 
 def test_kubectl_kustomize_renders_every_kustomization(rendered):
-    assert set(rendered) == {"base", "monitoring", "monitoring/generated", "examples/vllm-with-kvhit"}
+    assert set(rendered) == {"base", "monitoring", "monitoring/generated", "examples/vllm-with-kvhit", FLEET}
     for name, docs in rendered.items():
         assert docs, f"{name} rendered nothing"
-    kinds = sorted(d["kind"] for d in rendered["examples/vllm-with-kvhit"])
-    assert kinds.count("Deployment") == 1 and kinds.count("Service") == 1 and kinds.count("PodMonitor") == 1
-    assert kinds.count("PrometheusRule") == len(render.rule_files()) >= 1
-    assert kinds.count("ConfigMap") == len(render.dashboard_files()) + 1 >= 2  # dashboards + kvhit-config
+    for example, services in (("examples/vllm-with-kvhit", 1), (FLEET, 0)):
+        kinds = sorted(d["kind"] for d in rendered[example])
+        assert kinds.count("Deployment") == 1 and kinds.count("Service") == services, example
+        assert kinds.count("PodMonitor") == 2  # kvhit (sidecars), kvhit-fleet
+        assert kinds.count("PrometheusRule") == len(render.rule_files()) >= 1
+        assert kinds.count("ConfigMap") == len(render.dashboard_files()) + 1 >= 2  # dashboards + kvhit's config
 
 
 def _with_component(tmp_path: Path, deployments: list[dict]) -> list[dict]:
@@ -187,7 +196,7 @@ def test_validation_is_strict_not_vacuous(plain):
     kvhit_container(dep)["securityContext"]["readOnlyRootFilesytem"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(dep, K8S_VERSIONS[0], strict=True)
-    pm = copy.deepcopy(only(plain, "PodMonitor"))
+    pm = copy.deepcopy(only(plain, "PodMonitor", "kvhit"))
     pm["spec"]["podMetricsEndpoints"][0]["pth"] = "/metrics"
     rule = copy.deepcopy(only(plain, "PrometheusRule", "kvhit-alerts"))
     del rule["spec"]["groups"][0]["rules"][0]["expr"]
@@ -230,7 +239,7 @@ def test_release_label_is_set_in_one_place(plain):
 
 
 def test_podmonitor_scrapes_the_kvhit_and_vllm_ports_of_the_patched_pods(plain):
-    dep, pm = only(plain, "Deployment"), only(plain, "PodMonitor")
+    dep, pm = only(plain, "Deployment"), only(plain, "PodMonitor", "kvhit")
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
     assert pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     kvhit_ep, vllm_ep = pm["spec"]["podMetricsEndpoints"]
@@ -241,6 +250,37 @@ def test_podmonitor_scrapes_the_kvhit_and_vllm_ports_of_the_patched_pods(plain):
     assert target == f"--target=http://localhost:{vllm_ep['portNumber']}{vllm_ep['path']}"
     jobs = [next(r["replacement"] for r in ep["relabelings"] if r["targetLabel"] == "job") for ep in (kvhit_ep, vllm_ep)]
     assert "kvhit" in jobs[0] and "kvhit" not in jobs[1]  # rules/kvhit-alerts.yml KvhitAbsent: up{job=~".*kvhit.*"}
+
+
+def _selects(pm: dict, dep: dict) -> bool:
+    return pm["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_fleet_example_is_the_sidecar_container_reading_prometheus(rendered, plain):
+    """Same image, ports, probes, resources and securityContext as the sidecar; only its args and
+    its ConfigMap differ, and kvhit's own validation accepts them (a bad key would exit 2)."""
+    docs = rendered[FLEET]
+    fleet, sidecar = only(docs, "Deployment"), only(plain, "Deployment")
+    c, s = kvhit_container(fleet), kvhit_container(sidecar)
+    assert {k: v for k, v in c.items() if k not in ("args", "volumeMounts")} == \
+        {k: v for k, v in s.items() if k not in ("args", "volumeMounts")}
+    assert c["volumeMounts"] == s["volumeMounts"]
+    args = dict(a.split("=", 1) for a in c["args"])
+    assert set(args) == {"--prometheus", "--selector", "--listen", "--config"}  # no --target: fleet mode
+    assert selector_matchers(args["--selector"]) == ('namespace="llm"',)
+    assert fleet["spec"]["replicas"] == 1  # two replicas would publish every series twice
+    # The kvhit-fleet PodMonitor scrapes the fleet pod's kvhit port under a job named *kvhit*; the
+    # sidecar PodMonitor does not select it, nor the fleet one a sidecar pod: nothing is scraped twice.
+    pm, side_pm = only(docs, "PodMonitor", "kvhit-fleet"), only(docs, "PodMonitor", "kvhit")
+    assert _selects(pm, fleet) and not _selects(side_pm, fleet) and not _selects(pm, sidecar)
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] in {p["name"] for p in c["ports"]} and ep["path"] == "/metrics"
+    assert "kvhit" in next(r["replacement"] for r in ep["relabelings"] if r["targetLabel"] == "job")
+    volume = next(v for v in fleet["spec"]["template"]["spec"]["volumes"] if v["name"] == "kvhit-config")
+    config = only(docs, "ConfigMap", volume["configMap"]["name"])["data"]["config.yaml"]
+    cfg = load_config(None, environ={}, flags={**yaml.safe_load(config), "prometheus": args["--prometheus"],
+                                               "selector": args["--selector"]})
+    assert cfg.interval >= 60  # >= 2 x kube-prometheus-stack's 30-s scrape: every pod in every range
 
 
 # ---- the kvhit container -------------------------------------------------------------------------------
@@ -371,16 +411,29 @@ def test_sandbox_is_read_only(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_path):
-    """Start the kvhit container of deploy/kvhit-sidecar.yaml exactly as specified.
+def _metric(port: int, name: str, **labels: str) -> float | None:
+    status, body = _get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            if s.name == name and labels.items() <= s.labels.items():
+                return s.value
+    return None
+
+
+@contextlib.contextmanager
+def running_as_specified(docs: list[dict], dep: dict, tmp_path: Path, upstream: tuple[str, str, str]):
+    """Start the kvhit container of ``dep`` (ConfigMaps from ``docs``) exactly as specified; yields
+    (process, port, container, mount path → local dir) once its readiness probe answers 200.
 
     Substitutions, and only these: the image's ENTRYPOINT "kvhit" is the kvhit installed here; the
     ConfigMap's files are written under tmp_path + the mount path, and args naming the mount path
-    point there; --target's host:port (localhost:8000, vLLM in the pod) becomes the fake vLLM's
-    127.0.0.1 port, its path kept; --listen's 0.0.0.0:9471 becomes a free 127.0.0.1 port. The probe
-    paths and ports are read from the spec and the named port is resolved through its ports list.
+    point there; ``upstream`` = (flag, URL prefix in the spec, local URL prefix) points kvhit at a
+    local fake (vLLM's localhost:8000, or Prometheus' Service), the rest of the URL kept;
+    --listen's 0.0.0.0:9471 becomes a free 127.0.0.1 port. The probe paths and ports are read from
+    the spec and the named port is resolved through its ports list. After the block: SIGTERM (the
+    kubelet's stop) ends it with code 0 and no traceback.
     """
-    dep = only(plain, "Deployment")
     c = kvhit_container(dep)
     entrypoint = json.loads(next(rest for op, rest in dockerfile_final_stage() if op == "ENTRYPOINT"))
     command = c.get("command", entrypoint)
@@ -391,20 +444,20 @@ def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_pa
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     mounts = {}
     for m in c["volumeMounts"]:
-        cm = only(plain, "ConfigMap", volumes[m["name"]]["configMap"]["name"])
+        cm = only(docs, "ConfigMap", volumes[m["name"]]["configMap"]["name"])
         local = tmp_path / m["mountPath"].lstrip("/")
         local.mkdir(parents=True)
         for key, text in cm["data"].items():
             (local / key).write_text(text)
         mounts[m["mountPath"]] = str(local)
 
-    fake = measure.FakeVllm(measure.LoopingTrace(measure.trace_texts()))
+    flag, spec_url, local_url = upstream
     port = measure.free_port()
     args, substituted = [], []
     for arg in c["args"]:
         new = arg
-        if arg.startswith("--target="):
-            new = re.sub(r"^--target=http://localhost:8000/", f"--target=http://127.0.0.1:{fake.port}/", arg)
+        if arg.startswith(f"{flag}="):
+            new = re.sub("^" + re.escape(f"{flag}={spec_url}"), f"{flag}={local_url}", arg)
         elif arg.startswith("--listen="):
             new = re.sub(r"^--listen=0\.0\.0\.0:9471$", f"--listen=127.0.0.1:{port}", arg)
         for mount, local in mounts.items():
@@ -412,7 +465,7 @@ def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_pa
         if new != arg:
             substituted.append(arg.split("=")[0])
         args.append(new)
-    assert substituted == ["--target", "--listen", "--config"], substituted
+    assert substituted == [flag, "--listen", "--config"], substituted
 
     assert all("value" in e for e in c.get("env", [])), "valueFrom env cannot be reproduced here"
     env = {k: v for k, v in dockerfile_env().items() if k != "PATH"}
@@ -435,19 +488,6 @@ def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_pa
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         assert probe("readinessProbe")[0] == 200
         assert probe("livenessProbe")[0] == 200
-        def value(name, **labels):
-            status, body = _get(f"http://127.0.0.1:{port}/metrics")
-            assert status == 200
-            for fam in text_string_to_metric_families(body):
-                for s in fam.samples:
-                    if s.name == name and labels.items() <= s.labels.items():
-                        return s.value
-            return None
-
-        # Per-model series need two scrapes of the target (one interval of the configured 5 s).
-        while time.monotonic() < deadline and value("kvhit_kv_bytes_per_token") is None:
-            time.sleep(0.5)
-        assert value("kvhit_up") == 1.0
         # The process serving is the sandboxed kvhit: no capabilities, no_new_privs, "/" read-only.
         status_lines = dict(ln.split(":", 1) for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines())
         assert int(status_lines["CapEff"], 16) == 0 and status_lines["NoNewPrivs"].strip() == "1"
@@ -455,11 +495,7 @@ def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_pa
                       if ln.split()[1] == "/"]
         assert root_mount and root_mount[-1][3].startswith("ro"), root_mount
         assert "kvhit" in Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode(errors="replace")
-        # The configuration came from the ConfigMap: the example's SLO and KV geometry.
-        config = yaml.safe_load(open(Path(mounts["/etc/kvhit"]) / "config.yaml"))
-        assert value("kvhit_slo_seconds", slo="ttft") == config["slo"]["ttft_seconds"]
-        g = config["model"]
-        assert value("kvhit_kv_bytes_per_token") == 2 * g["layers"] * g["kv_heads"] * g["head_dim"] * g["dtype_bytes"]
+        yield proc, port, c, mounts
     finally:
         proc.terminate()
         try:
@@ -467,9 +503,49 @@ def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_pa
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-        fake.stop()
     assert proc.returncode == 0, out[-3000:]  # SIGTERM (the kubelet's stop) ends it cleanly
     assert "Traceback" not in out and "Read-only" not in out, out[-3000:]
+
+
+def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_path):
+    """The sidecar of deploy/kvhit-sidecar.yaml against a fake vLLM replaying the bundled trace."""
+    fake = measure.FakeVllm(measure.LoopingTrace(measure.trace_texts()))
+    try:
+        with running_as_specified(plain, only(plain, "Deployment"), tmp_path,
+                                  ("--target", "http://localhost:8000/", f"http://127.0.0.1:{fake.port}/")
+                                  ) as (_, port, _, mounts):
+            # Per-model series need two scrapes of the target (one interval of the configured 5 s).
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and _metric(port, "kvhit_kv_bytes_per_token") is None:
+                time.sleep(0.5)
+            assert _metric(port, "kvhit_up") == 1.0
+            # The configuration came from the ConfigMap: the example's SLO and KV geometry.
+            config = yaml.safe_load(open(Path(mounts["/etc/kvhit"]) / "config.yaml"))
+            assert _metric(port, "kvhit_slo_seconds", slo="ttft") == config["slo"]["ttft_seconds"]
+            g = config["model"]
+            assert _metric(port, "kvhit_kv_bytes_per_token") == \
+                2 * g["layers"] * g["kv_heads"] * g["head_dim"] * g["dtype_bytes"]
+    finally:
+        fake.stop()
+
+
+def test_rendered_fleet_container_runs_as_is_and_its_probes_answer(rendered, tmp_path):
+    """The fleet-mode example against a fake Prometheus API (empty answers: no vLLM pod yet)."""
+    docs = rendered[FLEET]
+    dep = only(docs, "Deployment")
+    spec_url = next(a for a in kvhit_container(dep)["args"] if a.startswith("--prometheus=")).split("=", 1)[1]
+    fake = FakePrometheus()
+    try:
+        with running_as_specified(docs, dep, tmp_path, ("--prometheus", spec_url, fake.url)) as (_, port, c, mounts):
+            assert _metric(port, "kvhit_up", scope="fleet") == 1.0
+            # The query carries the selector of the args and the range of the ConfigMap's interval.
+            config = yaml.safe_load(open(Path(mounts["/etc/kvhit"]) / "config.yaml"))
+            selector = next(a for a in c["args"] if a.startswith("--selector=")).split("=", 1)[1]
+            query = fake.forms[0]["query"]
+            assert f'[{config["interval"] * 1000:.0f}ms]' in query
+            assert all(m in query for m in selector_matchers(selector))
+    finally:
+        fake.stop()
 
 
 # ---- README -------------------------------------------------------------------------------------------
