@@ -207,8 +207,9 @@ _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode.
 
 
 class PrometheusSource:
-    """Fleet mode: the signals kvhit reads from one pod, for every pod a PromQL selector picks,
-    summed per ``model_name``, from the Prometheus HTTP API (Thanos and Mimir serve the same API).
+    """Fleet mode: the signals kvhit reads from one pod (MODEL.md §2), for every pod a PromQL
+    selector picks, summed per ``model_name``, from the Prometheus HTTP API (Thanos and Mimir serve
+    the same API).
 
     Each :meth:`fetch` is one instant query (POST ``/api/v1/query``) evaluated at t = now −
     ``delay``: one subquery per family, tagged with a ``kvhit_query`` label and joined by ``or``,
@@ -222,12 +223,12 @@ class PrometheusSource:
       increases. A pod restart is handled per series by ``increase()``, so the totals never go
       down. A failed fetch does not move t: the next range covers the gap.
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
-      API-server process: one value, never a sum): ``sum`` over pods for requests running and
-      waiting (the fleet's requests in flight and queued add up, as parse adds data-parallel
-      engines, consistent with the summed step counts the fits see), ``max`` for KV-cache usage
-      and the other per-pool values (a fraction of one pod's pool does not add up, and an average
-      would hide the full pool, the one that evicts: MODEL.md §2). Which one is parse's
-      aggregation over engines (``Family.agg``).
+      API-server process: one value, never a sum), then combined over pods as MODEL.md §2
+      combines data-parallel engines (``Family.agg``, parse's aggregation): summed for requests
+      running and waiting (the fleet's requests in flight and queued add up, consistent with the
+      summed step counts the fits see), the max for KV-cache usage and the other per-pool values
+      (a fraction of one pod's pool does not add up, and an average would hide the full pool, the
+      one that evicts).
     * ``cache_config_info``: the set of labels kvhit reads that most pods report (pods of one
       model normally share it).
 
