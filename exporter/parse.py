@@ -46,6 +46,8 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field, replace
+import operator
+from operator import getitem, itemgetter
 from types import MappingProxyType
 from typing import Mapping
 
@@ -140,6 +142,16 @@ class Histogram:
     sum: float
     count: float
     buckets: tuple[tuple[float, float], ...] = ()
+
+    @functools.cached_property
+    def edges(self) -> tuple[float, ...]:
+        """The ``le`` of every bucket (the parser's hot path shares one tuple between scrapes)."""
+        return tuple(le for le, _ in self.buckets)
+
+    @functools.cached_property
+    def counts(self) -> tuple[float, ...]:
+        """The cumulative count of every bucket."""
+        return tuple(c for _, c in self.buckets)
 
 
 @dataclass(frozen=True)
@@ -298,6 +310,11 @@ class _Builder:
         self.cache_config: dict[str, str] = {}
         self.quirks: dict[str, int] = {}
         self.other: list[tuple[str, dict[str, str], float]] = []  # samples of a translated engine
+        # Series values are leaves (see _Sum): indices into ``values``, keyed by sample-line number
+        # (``line``), so that a cached plan can refill them from a body of the same layout.
+        self.values: dict[int, float] = {}
+        self.line = -1
+        self.recipe: Snapshot | None = None  # the models as leaves, once assembled
 
     def quirk(self, kind: str, n: int = 1) -> None:
         self.quirks[kind] = self.quirks.get(kind, 0) + n
@@ -315,11 +332,12 @@ class _Builder:
             return
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "pid"))
         slot = self.series.setdefault((kind, base, part), {})
+        self.values[self.line] = value
         if key in slot:
             self.quirk("pid_duplicate" if "pid" in labels else "duplicate_series")
-            slot[key] = max(slot[key], value)
+            slot[key] = _max((slot[key], self.line))
         else:
-            slot[key] = value
+            slot[key] = self.line
 
 
 def parse_exposition(text: str, timestamp: float) -> Snapshot:
@@ -344,6 +362,143 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
         return _parse(lines, truncated, timestamp, _read_lines)
 
 
+class Parser:
+    """:func:`parse_exposition` with kvhit's hot path: one per target, it remembers the layout
+    of the last clean body and reads a body with the same layout without parsing it again.
+
+    A vLLM server exposes the same lines scrape after scrape; only the numbers move. A *plan*
+    is kept when a body was clean (V1, no quirk, no blank or indented line, and kvhit's line
+    reader gave exactly what prometheus-client's parser gave): its comment lines, the key of
+    every sample line (all before the value), and the assembled signals as leaves pointing at
+    the lines kvhit reads. A later body takes the hot path only when it has the same number of
+    lines, identical comments, every sample line starts with the same key and has something
+    after it, it has no U+FFFD, and every value kvhit reads is a finite number ≥ 0 (text-format
+    syntax) whose histograms stay consistent; then only those values are converted and the
+    leaves evaluated. Anything else — a new series, a quirk, a cut body, NaN — goes through
+    :func:`parse_exposition` (and may become the new plan). Values of lines kvhit does not read
+    are not converted: both readers ignore them. tests/test_parse_reference.py proves both paths
+    identical on every sample, every snapshot of the real trace and fuzzed bodies.
+    """
+
+    def __init__(self) -> None:
+        self._plan: _Plan | None = None
+
+    def parse(self, text: str, timestamp: float) -> Snapshot:
+        """Same contract as :func:`parse_exposition` (raises ParseError likewise)."""
+        plan = self._plan
+        if plan is not None:
+            snap = plan.read(text, timestamp)
+            if snap is not None:
+                return snap
+        lines, truncated = _body_lines(text)
+        try:
+            snap = _parse(lines, truncated, timestamp, _read_library)
+        except _Rejected:
+            return _parse(lines, truncated, timestamp, _read_lines)
+        self._plan = _Plan.build(text, lines, truncated, snap) or plan
+        return snap
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The layout of a clean body (see :class:`Parser`) and its signals as leaves.
+
+    Positions are indices into ``text.split("\\n")``; a leaf's index is a sample-line number
+    (the k-th non-comment line, as :func:`_read_lines` numbers them) when assembled, renumbered
+    to the position among the lines read for the plan.
+    """
+
+    lines: int  # len(text.split("\n"))
+    comment_at: itemgetter
+    comments: tuple[str, ...]
+    sample_at: itemgetter
+    prefixes: tuple[str, ...]  # per sample line: its key and the space before the value
+    key_lengths: tuple[int, ...]  # per sample line: len(key)
+    needed_at: itemgetter  # the sample lines whose values the leaves read …
+    cuts: tuple[slice, ...]  # … and where their value starts (leaves index this list)
+    evaluate: object  # (values, timestamp) → (Snapshot, evaluated maps): see _compile
+    engine_hists: tuple[int, ...]  # which evaluated maps are per-engine histograms
+
+    @classmethod
+    def build(cls, text: str, lines: list[str], truncated: bool, reference: Snapshot) -> "_Plan | None":
+        """The plan of a body prometheus-client accepted (``reference``), None when not clean."""
+        if truncated or reference.quirks or reference.engine not in ("vllm_v1", "vllm") or not reference.models:
+            return None
+        raw = text.split("\n")
+        comment_pos = [i for i, line in enumerate(lines) if line[0] == "#"]
+        sample_pos = [i for i, line in enumerate(lines) if line[0] != "#"]
+        if len(raw) != len(lines) + 1 or any(raw[i] != lines[i] for i in sample_pos):
+            return None  # blank or indented lines: positions would not match the reader's numbering
+        b = _Builder()
+        if repr(_parse(lines, truncated, reference.timestamp, _read_lines, b)) != repr(reference):
+            return None
+        prefixes = [lines[i].rpartition(" ")[0] + " " for i in sample_pos]
+        read: set[int] = set()
+        _map_leaves(b.recipe, lambda k: read.add(k) or k)
+        needed = sorted(read)
+        if len(comment_pos) < 2 or len(needed) < 2 or "" in (p.strip() for p in prefixes):
+            return None
+        # leaves renumbered to positions in ``needed``: the values are then a plain list
+        position = {k: i for i, k in enumerate(needed)}
+        return cls(len(raw), itemgetter(*comment_pos), tuple(raw[i] for i in comment_pos), itemgetter(*sample_pos),
+                   tuple(prefixes), tuple(len(p) - 1 for p in prefixes), itemgetter(*(sample_pos[k] for k in needed)),
+                   tuple(slice(len(prefixes[k]), None) for k in needed),
+                   *_compile(_map_leaves(b.recipe, position.__getitem__)))
+
+    def read(self, text: str, timestamp: float) -> Snapshot | None:
+        """The Snapshot of a body with this layout; None when it has another layout or when a
+        value needs the full path (not a finite number ≥ 0, an inconsistent histogram)."""
+        if "\ufffd" in text:  # counted as non_utf8 on any line (free on an ASCII body)
+            return None
+        lines = text.split("\n")
+        if len(lines) != self.lines or lines[-1] or self.comment_at(lines) != self.comments:
+            return None
+        samples = self.sample_at(lines)
+        if not all(map(str.startswith, samples, self.prefixes)):
+            return None
+        # something after every key (the readers drop a bare key as malformed, read or not)
+        if not all(map(operator.gt, map(len, map(str.strip, samples)), self.key_lengths)):
+            return None
+        strings = list(map(getitem, self.needed_at(lines), self.cuts))
+        if "_" in "".join(strings):
+            return None  # float() reads 1_000, the text format does not
+        try:
+            values = list(map(float, strings))
+        except ValueError:
+            return None
+        # every value finite and ≥ 0 (a NaN makes the sum NaN): none the reference would drop
+        if not (min(values) >= 0 and sum(values) < math.inf):
+            return None
+        snap, maps = self.evaluate(values, timestamp)
+        for i in self.engine_hists:
+            if not all(map(_consistent, maps[i].values())):
+                return None
+        return snap
+
+
+def _map_leaves(recipe: Snapshot, fn) -> Snapshot:
+    """``recipe`` with every sample index i replaced by fn(i); shared maps stay shared."""
+    memo: dict[int, dict] = {}
+
+    def leaf(x):
+        if x.__class__ is int:
+            return fn(x)
+        if x.__class__ is _HistRecipe:
+            return _HistRecipe(None if x.sum is None else leaf(x.sum), leaf(x.count), x.edges, tuple(map(leaf, x.buckets)))
+        return x.__class__(map(leaf, x))
+
+    def mapping(m: Mapping[str, object]) -> dict:
+        if id(m) not in memo:
+            memo[id(m)] = {k: leaf(x) for k, x in m.items()}
+        return memo[id(m)]
+
+    def signals(r: ModelSignals) -> ModelSignals:
+        return replace(r, counters=mapping(r.counters), histograms=mapping(r.histograms), gauges=mapping(r.gauges),
+                       created=mapping(r.created), engines={e: signals(x) for e, x in r.engines.items()})
+
+    return replace(recipe, models={m: signals(r) for m, r in recipe.models.items()})
+
+
 class _Rejected(Exception):
     """prometheus-client's parser refused the body."""
 
@@ -361,8 +516,8 @@ def _body_lines(text: str) -> tuple[list[str], bool]:
     return [line for line in (raw.strip() for raw in lines) if line], truncated
 
 
-def _parse(lines: list[str], truncated: bool, timestamp: float, read) -> Snapshot:
-    b = _Builder()
+def _parse(lines: list[str], truncated: bool, timestamp: float, read, b: _Builder | None = None) -> Snapshot:
+    b = _Builder() if b is None else b
     if truncated:
         b.quirk("truncated")
     non_utf8 = sum("\ufffd" in line for line in lines)
@@ -380,6 +535,7 @@ def _read_lines(b: _Builder, lines: list[str]) -> None:
             _comment(b, line)
             continue
         total += 1
+        b.line += 1
         if not _sample(b, line):
             bad += 1
     if bad:
@@ -399,6 +555,7 @@ def _read_library(b: _Builder, lines: list[str]) -> None:
         raise _Rejected from None
     for fam in families:
         for s in fam.samples:
+            b.line += 1
             if not _take(b, s.name, dict(s.labels), float(s.value)):
                 raise _Rejected
 
@@ -570,16 +727,15 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                 if model in done:
                     continue
                 done.add(model)
-                acc.put("counters", canon, model, {e: math.fsum(v for _, v in rows) for e, rows in per.items()},
-                        math.fsum)
+                acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
                 if canon == "queries":
                     hit_unit[model] = _hit_unit(b, exposed)
     for canon, (exposed, label, value) in LABELLED_COUNTERS.items():
         for model, per in _split(b.series.get(("counter", exposed, ""), {}), {label: value}).items():
-            acc.put("counters", canon, model, {e: math.fsum(v for _, v in rows) for e, rows in per.items()}, math.fsum)
+            acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
 
     for canon, (names, agg) in GAUGES.items():
-        fn = math.fsum if agg == "sum" else max
+        fn = _sum if agg == "sum" else _max
         sources: list[tuple[str, Mapping[str, str] | None]] = []
         if canon in LABELLED_GAUGES:
             exposed, label, value = LABELLED_GAUGES[canon]
@@ -591,7 +747,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                 if model in done:
                     continue
                 done.add(model)
-                acc.put("gauges", canon, model, {e: fn([v for _, v in rows]) for e, rows in per.items()}, fn)
+                acc.put("gauges", canon, model, {e: fn(v for _, v in rows) for e, rows in per.items()}, fn)
 
     for canon, names in HISTOGRAMS.items():
         done = set()
@@ -604,7 +760,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
 
     # Per series, not per family: a labelled series created later (a new label value appearing,
     # e.g. a new ``transfer_type``) would otherwise change the family's max and fake a restart.
-    created: dict[str, dict[str, dict[str, float]]] = {}  # model → engine → key → ts
+    created: dict[str, dict[str, dict[str, object]]] = {}  # model → engine → key → ts (leaf)
     for (kind, base, _), slot in b.series.items():
         if kind != "created":
             continue
@@ -627,31 +783,28 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         for e in sorted(acc.engines.get(model, ())):
             f = acc.engine.get(model, {}).get(e, {})
             per_engine[e] = ModelSignals(
-                counters=MappingProxyType(f.get("counters", {})),
-                histograms=MappingProxyType(f.get("histograms", {})),
-                gauges=MappingProxyType(f.get("gauges", {})),
-                created=MappingProxyType(created.get(model, {}).get(e, {})),
-                hit_unit=hit_unit.get(model, ""))
+                counters=f.get("counters", {}), histograms=f.get("histograms", {}), gauges=f.get("gauges", {}),
+                created=created.get(model, {}).get(e, {}), hit_unit=hit_unit.get(model, ""))
         unit = hit_unit.get(model, "")
-        unknown = _unknown_reasons(era, since, counters, gauges, unit, acc.incomplete.get(model, set()),
+        v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
+        unknown = _unknown_reasons(era, since, counters, v0_no_data, unit, acc.incomplete.get(model, set()),
                                    b.cache_config)
-        models[model] = ModelSignals(
-            counters=MappingProxyType(counters),
-            histograms=MappingProxyType(hists),
-            gauges=MappingProxyType(gauges),
-            created=MappingProxyType({k: v for per in created.get(model, {}).values() for k, v in per.items()}),
-            hit_unit=unit,
-            unknown=MappingProxyType(unknown),
-            engines=MappingProxyType(per_engine),
-        )
+        whole = {"counters": counters, "histograms": hists, "gauges": gauges,
+                 "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
+        if len(per_engine) == 1:  # one engine: the model's maps are that engine's (evaluated once)
+            (one,) = per_engine.values()
+            whole = {k: getattr(one, k) if getattr(one, k) == m else m for k, m in whole.items()}
+        models[model] = ModelSignals(**whole, hit_unit=unit, unknown=MappingProxyType(unknown),
+                                     engines=per_engine)
     reason = ""
     if not models:
         reason = ("vLLM samples present but none of the signals kvhit reads (prefix-cache and token counters, "
                   "scheduler gauges, request histograms with a _count)")
         if acc.incomplete or b.quirks.get("histogram_inconsistent"):
             reason += " complete for every data-parallel engine"
-    return Snapshot(timestamp, era, reason, MappingProxyType(models), MappingProxyType(b.cache_config),
-                    MappingProxyType(dict(b.quirks)), since)
+    b.recipe = Snapshot(timestamp, era, reason, models, MappingProxyType(b.cache_config),
+                        MappingProxyType(dict(b.quirks)), since)
+    return _compile(b.recipe)[0](b.values, timestamp)[0]
 
 
 def _translated(b: _Builder, engine: str, timestamp: float) -> Snapshot:
@@ -693,8 +846,8 @@ def _since(b: _Builder) -> tuple[int, ...]:
     return max(proven) if proven else ()
 
 
-def _histograms(b: _Builder, exposed: str) -> dict[str, dict[str, Histogram]]:
-    """model → engine → :class:`Histogram`, summed over the engine's series that have a ``_count``.
+def _histograms(b: _Builder, exposed: str) -> dict[str, dict[str, _HistRecipe]]:
+    """model → engine → :class:`_HistRecipe`, summed over the engine's series that have a ``_count``.
 
     Sum and buckets add up over exactly those series: a ``_sum`` missing for one of them makes
     the sum unknown (NaN), a bucket edge missing for one of them is left out. A histogram whose
@@ -712,37 +865,138 @@ def _histograms(b: _Builder, exposed: str) -> dict[str, dict[str, Histogram]]:
     for key in counts:
         labels = dict(key)
         groups.setdefault((labels.get("model_name", ""), labels.get("engine", "")), []).append(key)
-    out: dict[str, dict[str, Histogram]] = {}
+    out: dict[str, dict[str, _HistRecipe]] = {}
     for (model, engine), keys in groups.items():
-        count = math.fsum(counts[k] for k in keys)
-        total = math.fsum(sums[k] for k in keys) if all(k in sums for k in keys) else math.nan
-        if total < 0:
+        count = _sum(counts[k] for k in keys)
+        total = _sum(sums[k] for k in keys) if all(k in sums for k in keys) else None
+        if total is not None and _ev(total, b.values) < 0:
             b.quirk("negative")  # vLLM histograms observe times and token counts, never below zero
-            total = math.nan
-        buckets = sorted((le, math.fsum(slot[k] for k in keys)) for le, slot in edges if all(k in slot for k in keys))
-        if not _consistent(buckets, count):
+            total = None
+        buckets = sorted((le, _sum(slot[k] for k in keys)) for le, slot in edges if all(k in slot for k in keys))
+        h = _HistRecipe(total, count, tuple(le for le, _ in buckets), tuple(x for _, x in buckets))
+        if not _consistent(_ev_hist(h, b.values)):
             b.quirk("histogram_inconsistent")
             continue
-        out.setdefault(model, {})[engine] = Histogram(sum=total, count=count, buckets=tuple(buckets))
+        out.setdefault(model, {})[engine] = h
     return out
 
 
-def _consistent(buckets: list[tuple[float, float]], count: float) -> bool:
-    previous = 0.0
-    for le, c in buckets:
-        if c < previous or c > count * (1 + 1e-9):
-            return False
-        if math.isinf(le) and le > 0 and abs(c - count) > 1e-9 * max(1.0, count):
-            return False
-        previous = c
-    return True
+def _consistent(h: Histogram) -> bool:
+    """Cumulative counts never decrease, never exceed ``_count``, and the +Inf bucket is ``_count``."""
+    if not h.buckets:
+        return True
+    edges, counts = h.edges, h.counts
+    if counts[0] < 0 or not all(map(operator.le, counts, counts[1:])) or counts[-1] > h.count * (1 + 1e-9):
+        return False
+    return edges[-1] != math.inf or abs(counts[-1] - h.count) <= 1e-9 * max(1.0, h.count)
 
 
-def _sum_histograms(parts: list[Histogram]) -> Histogram:
-    edges = set(le for le, _ in parts[0].buckets).intersection(*({le for le, _ in p.buckets} for p in parts[1:]))
-    buckets = tuple((le, math.fsum(dict(p.buckets)[le] for p in parts)) for le in sorted(edges))
-    total = math.fsum(p.sum for p in parts) if all(math.isfinite(p.sum) for p in parts) else math.nan
-    return Histogram(sum=total, count=math.fsum(p.count for p in parts), buckets=buckets)
+def _sum_histograms(parts: list[_HistRecipe]) -> _HistRecipe:
+    edges = set(parts[0].edges).intersection(*(p.edges for p in parts[1:]))
+    by_edge = [dict(zip(p.edges, p.buckets)) for p in parts]
+    total = None if any(p.sum is None for p in parts) else _sum(p.sum for p in parts)
+    return _HistRecipe(total, _sum(p.count for p in parts), tuple(sorted(edges)),
+                       tuple(_sum(d[le] for d in by_edge) for le in sorted(edges)))
+
+
+# --- leaves: the numbers of a Snapshot before evaluation ---------------------------------------
+# A leaf is a sample-line index (int; its value is ``values[index]``), a _Sum or a _Max of leaves.
+# Assembly works on leaves, so a body with the same layout as a cached one (same lines, other
+# numbers) is evaluated again without being assembled again (:class:`Parser`).
+
+
+class _Sum(tuple):
+    """math.fsum of its leaves."""
+
+
+class _Max(tuple):
+    """max of its leaves (same series twice; gauges aggregated by max)."""
+
+
+def _sum(leaves) -> object:
+    leaves = tuple(leaves)
+    return leaves[0] if len(leaves) == 1 else _Sum(leaves)
+
+
+def _max(leaves) -> object:
+    leaves = tuple(leaves)
+    return leaves[0] if len(leaves) == 1 else _Max(leaves)
+
+
+def _ev(leaf, values) -> float:
+    if leaf.__class__ is int:
+        return values[leaf]
+    if leaf.__class__ is _Sum:
+        return math.fsum(_ev(x, values) for x in leaf)
+    return max(_ev(x, values) for x in leaf)
+
+
+@dataclass(frozen=True)
+class _HistRecipe:
+    """A :class:`Histogram` as leaves: ``sum`` None when unknown (NaN), ``buckets`` per edge."""
+
+    sum: object
+    count: object
+    edges: tuple[float, ...]
+    buckets: tuple[object, ...]
+
+    @functools.cached_property
+    def counts(self):
+        """values → bucket counts (one C call when every bucket is one sample)."""
+        if len(self.buckets) >= 2 and all(x.__class__ is int for x in self.buckets):
+            return itemgetter(*self.buckets)
+        return lambda values: tuple(_ev(x, values) for x in self.buckets)
+
+
+def _ev_hist(h: _HistRecipe, values) -> Histogram:
+    counts = h.counts(values)
+    out = Histogram(math.nan if h.sum is None else _ev(h.sum, values), _ev(h.count, values),
+                    tuple(zip(h.edges, counts)))
+    out.__dict__.update(edges=h.edges, counts=counts)  # fill the caches: steps compare edges by identity
+    return out
+
+
+def _map_evaluator(m: Mapping[str, object]):
+    """values → MappingProxyType of ``m`` (leaves or _HistRecipe) evaluated."""
+    keys, leaves = tuple(m), tuple(m.values())
+    if len(leaves) >= 2 and all(x.__class__ is int for x in leaves):
+        get = itemgetter(*leaves)
+        return lambda values: MappingProxyType(dict(zip(keys, get(values))))
+    return lambda values: MappingProxyType({k: (_ev_hist if x.__class__ is _HistRecipe else _ev)(x, values)
+                                            for k, x in zip(keys, leaves)})
+
+
+def _compile(recipe: Snapshot):
+    """(values, timestamp) → the Snapshot of ``recipe`` with those values, and the positions of
+    the per-engine histogram maps in the evaluated maps (for consistency checks). A map shared
+    by several ModelSignals of the recipe is evaluated once and shared in the result too."""
+    slots: dict[int, int] = {}
+    evaluators: list = []
+
+    def slot(m: Mapping[str, object]) -> int:
+        if id(m) not in slots:
+            slots[id(m)] = len(evaluators)
+            evaluators.append(_map_evaluator(m))
+        return slots[id(m)]
+
+    def shape(r: ModelSignals) -> tuple:
+        return (slot(r.counters), slot(r.histograms), slot(r.gauges), slot(r.created), r.hit_unit, r.unknown,
+                tuple((e, shape(x)) for e, x in r.engines.items()))
+
+    shapes = tuple((name, shape(r)) for name, r in recipe.models.items())
+    engine_hists = tuple({sh[1] for _, model in shapes for _, sh in model[6]})
+
+    def signals(maps: list, sh: tuple) -> ModelSignals:
+        c, h, g, cr, unit, unknown, per_engine = sh
+        return ModelSignals(maps[c], maps[h], maps[g], maps[cr], unit, unknown,
+                            MappingProxyType({e: signals(maps, x) for e, x in per_engine}))
+
+    def run(values, timestamp: float) -> tuple[Snapshot, list]:
+        maps = [f(values) for f in evaluators]
+        models = MappingProxyType({name: signals(maps, sh) for name, sh in shapes})
+        return replace(recipe, timestamp=timestamp, models=models), maps
+
+    return run, engine_hists
 
 
 def offload_configured(cache_config: Mapping[str, str]) -> bool | None:
@@ -760,13 +1014,13 @@ def offload_configured(cache_config: Mapping[str, str]) -> bool | None:
         return False
 
 
-def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, float], gauges: Mapping[str, float],
+def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, object], v0_no_data: bool,
                      hit_unit: str, incomplete: set[str], cache_config: Mapping[str, str]) -> dict[str, str]:
     reasons: dict[str, str] = {}
     if era == "vllm_v0":
         reasons["hit_ratio"] = ("vLLM V0 exports only gpu_prefix_cache_hit_rate, a lifetime block-level "
                                 "gauge: the token hit ratio cannot be windowed")
-        if gauges.get("v0_hit_rate") == -1.0:
+        if v0_no_data:
             reasons["hit_ratio"] += " (its value -1 means no data: prefix caching off or no query yet)"
     elif incomplete & {"queries", "hits"}:
         reasons["hit_ratio"] = ("prefix_cache_queries/hits missing for some data-parallel engines of this model "

@@ -31,7 +31,7 @@ from typing import Callable
 from exporter.analyzer import Analysis, Analyzer
 from exporter.collector import Health
 from exporter.config import Config
-from exporter.parse import ParseError, Snapshot, parse_exposition
+from exporter.parse import ParseError, Parser, Snapshot
 from exporter.sources import LiveSource, PrometheusSource, ScrapeError, redact_url
 
 log = logging.getLogger("kvhit")
@@ -65,6 +65,7 @@ class Runner:
                  scope: str = "") -> None:
         self.config = config
         self.analyzer = Analyzer(config)
+        self._parser = Parser()  # the hot path: remembers this target's layout
         self.clock = clock if clock is not None else SteadyClock()
         self._lock = threading.Lock()
         self._health = Health(target=redact_url(target), scope=scope)
@@ -85,7 +86,7 @@ class Runner:
         try:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
-            snap = parse_exposition(text, timestamp)
+            snap = self._parser.parse(text, timestamp)
         except ParseError as exc:
             self.record_failure("parse", str(exc))
             return False

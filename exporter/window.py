@@ -28,7 +28,9 @@ Memory is bounded: only the steps inside the current publish window are kept.
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -44,7 +46,7 @@ class HistogramDelta:
     count: float
     buckets: tuple[tuple[float, float], ...] = ()
 
-    @property
+    @functools.cached_property
     def mean(self) -> float | None:
         """Δsum/Δcount, the mean of the observations in the interval (None when none, when the
         sum is unknown, or when the sum disagrees with the buckets: see :attr:`problem`)."""
@@ -52,7 +54,7 @@ class HistogramDelta:
             return None
         return self.sum / self.count
 
-    @property
+    @functools.cached_property
     def problem(self) -> str:
         """Why Δsum/Δcount cannot be trusted ("" when it can).
 
@@ -175,10 +177,17 @@ def _engine_increase(prev: ModelSignals, cur: ModelSignals
 def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
     if reset:
         return HistogramDelta(h.sum, h.count, h.buckets)
-    prev = dict(p.buckets)
-    buckets = tuple((le, c - prev[le]) for le, c in h.buckets if le in prev)
-    if any(c < 0 for _, c in buckets):
-        buckets = ()  # a bucket went down while _count did not: the bucket deltas are unknown
+    buckets: tuple[tuple[float, float], ...] = ()
+    if h.buckets and p.buckets:
+        edges = h.edges
+        if edges is p.edges or edges == p.edges:  # the usual case: the same edges at both scrapes
+            increases = tuple(map(operator.sub, h.counts, p.counts))
+        else:
+            prev = dict(p.buckets)
+            edges = tuple(le for le in edges if le in prev)
+            increases = tuple(c - prev[le] for le, c in h.buckets if le in prev)
+        # a bucket that went down while _count did not: the bucket deltas are unknown
+        buckets = tuple(zip(edges, increases)) if increases and min(increases) >= 0 else ()
     total = h.sum - p.sum
     if total < 0:
         total = math.nan  # _sum went down while _count did not: Δsum unknown, never negative
