@@ -4,8 +4,19 @@
 
 Per busy step TPS_miss = ΔM/Δt_busy (miss tokens per busy second, :attr:`Observation.miss_tps`)
 against h (:attr:`Observation.hit_ratio`), fitted separately per log2 ISL bucket because a
-depends on N. Tail-chunk steps (the last prefill chunk is tiny, TPS_miss dips 20–70 % below the
-line, seed 002) are flagged as anomalies and excluded, so they never bend the line.
+depends on N.
+
+What the line is: TPS_miss(h) is a curve (MODEL.md §7: busy seconds per miss token are
+k_ffn + k_attn·N(1+h)/2 + (T_fixed + decode)/((1-h)·N)), and seed 002's line is its linearisation.
+a is the slope of the least-squares line through that curve over the observed h range with every
+stretch of h counted by its width (MODEL.md §4: the derived a is the same line through the
+chip-time curve on evenly spaced h), not by how long the traffic stayed there: the line is a
+property of the engine, not of the traffic's h histogram.
+
+Tail chunks (seed 002: at some hit ratios, 20 %, 40 % and 70 % in its measurement, the last
+prefill chunk is tiny and TPS_miss is very low) are flagged as anomalies and excluded. They are
+flagged against a reference that follows the curve, because against the line the steep end of a
+curved TPS_miss(h) looks like a dip too.
 """
 from __future__ import annotations
 
@@ -14,16 +25,19 @@ import math
 from collections import deque
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, nnls
 
 from .chiptime import robust_sigma
 from .observation import Observation
 from .result import Estimate, FitResult, Status
 
-# A residual below -ANOMALY_SIGMAS robust σ is a tail-chunk dip (one-sided: only dips are known
-# to be structural; a high point is left to the robust loss).
+# A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip
+# (one-sided: only dips are known to be structural; high points are noise the line averages).
 ANOMALY_SIGMAS = 3.5
+# Steps whose h agree to this measure the same point of the curve (one node of the h quadrature).
+H_RESOLUTION = 0.01
 _MAX_ROUNDS = 10
+_POLE_FLOOR = 1e-9  # keeps 1 - s·h > 0 at h = 1 (no miss token left: TPS_miss = 0)
 
 Bucket = tuple[int, int]
 
@@ -40,23 +54,41 @@ def isl_bucket(isl: float) -> Bucket:
 
 
 def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_span: float = 0.1) -> FitResult:
-    """Robust line TPS_miss = TPS0·(1 - a·h) through busy steps (MODEL.md §4 ``linear``, §6). Pure.
+    """Line TPS_miss = TPS0·(1 - a·h) through busy steps (MODEL.md §4 ``linear``, §6). Pure.
 
     Args:
         h: hit ratio per step, shape (n,) [1].
         tps: miss tokens per busy second per step, shape (n,) [tokens/s]. Pairs with a
             non-finite value are ignored.
     Returns a FitResult with params "tps0" [tokens/s] and "a" [1] (a = -b1/b0 of the line
-    b0 + b1·h; its stderr by the delta method), covariance 2×2 of (tps0, a) from s²·(JᵀJ)⁻¹ of
-    the weighted fit, ``samples`` and (centred, unweighted) ``r2`` over the points kept after
-    anomaly exclusion, extra "anomalies" (count), "h_min", "h_max" (over all finite points).
-    Method: residuals are relative to the line, (TPS - line)/line, since throughput noise and
-    tail-chunk dips are fractions of it. OLS start; then, until the flagged set is stable,
-    ``least_squares`` with a soft_l1 loss (f_scale = MAD σ of the kept residuals) on the kept
-    points, and every point whose relative residual is below -ANOMALY_SIGMAS·σ is flagged a
-    tail-chunk anomaly and excluded.
+    b0 + b1·h; its stderr by the delta method), covariance 2×2 of (tps0, a), ``samples`` and
+    (centred, unweighted) ``r2`` over the points kept after anomaly exclusion, extra "anomalies"
+    (count), "h_min", "h_max" (over all finite points).
+
+    Method, in two parts:
+
+    1. Tail chunks. A reference curve that can follow TPS_miss(h) is fitted robustly:
+       busy seconds per miss token 1/TPS_miss = B + C·h + A/(1 - s·h), A, B, C ≥ 0, 0 ≤ s ≤ 1.
+       With s = 1 it is MODEL.md §7's curve (B: FFN and the h-independent attention per miss
+       token, C·h: attention over the cached prefix, A/(1-h): per-request fixed and decode time
+       spread over the miss tokens); s < 1 moves the pole past h = 1 so that seed 002's exact
+       line (B = C = 0, s = a) is in the family too. Residuals are relative, TPS/curve - 1, since
+       throughput noise and dips are fractions of it; soft_l1 loss with f_scale = the MAD σ of
+       all points, started from the OLS line or the §7 curve, whichever has the smaller σ. Every
+       point below -ANOMALY_SIGMAS·σ is flagged and the curve refitted without the flagged
+       points, until the flagged set is stable. σ is taken over all points, not over the kept
+       ones: cutting the low tail would shrink σ round after round and flag ever more.
+    2. The line: weighted least squares of TPS_miss on h over the kept points, weight = the h
+       quadrature (trapezoid rule over the distinct h, to H_RESOLUTION, each node's width
+       shared by its steps: every stretch of the observed h range counts by its width). No
+       robust loss here: the line's residuals hold the curve's systematic bend, which is not
+       noise, and a throughput is a mean (on a real engine a step's TPS_miss is quantised by
+       whole prefills, and a robust loss would pull the line toward the most frequent value).
+       Covariance: sandwich estimate with each step's scatter about the reference curve as its
+       noise.
+
     Status insufficient_data below ``min_samples`` points (before or after exclusion),
-    insufficient_variation when the h span is below ``min_h_span``, else ok.
+    insufficient_variation when the h span is below ``min_h_span`` (or H_RESOLUTION), else ok.
     Raises ValueError when h and tps differ in shape or are not 1-D.
     """
     return _fit(np.asarray(h, dtype=float), np.asarray(tps, dtype=float), min_samples, min_h_span)[0]
@@ -73,23 +105,22 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
     if checked is not None:
         return checked, anomalies
 
-    # Median-scaled so the floors below are relative.
+    # Median-scaled so that the reference's coefficients are O(1).
     y_scale = float(np.median(np.abs(yf))) or 1.0
     ys = yf / y_scale
-    design = np.column_stack([np.ones_like(hf), hf])
-    b, *_ = np.linalg.lstsq(design, ys, rcond=None)
+    start = min(_starts(hf, ys), key=lambda q: robust_sigma(_reference_residuals(q, hf, ys)))
+    p = _fit_reference(hf, ys, start, robust_sigma(_reference_residuals(start, hf, ys)))
     keep = np.ones(hf.shape, dtype=bool)
     for _ in range(_MAX_ROUNDS):
-        b = _robust_line(design[keep], ys[keep], b)
-        rel = _relative_residuals(design, ys, b)
-        flagged = rel < -ANOMALY_SIGMAS * robust_sigma(rel[keep])
+        rel = _reference_residuals(p, hf, ys)
+        sigma = robust_sigma(rel)
+        flagged = rel < -ANOMALY_SIGMAS * sigma
         if np.array_equal(flagged, ~keep):
             break
         keep = ~flagged
         if keep.sum() < max(min_samples, 3):
             break  # too few points left to fit a line: reported insufficient_data below
-    else:
-        b = _robust_line(design[keep], ys[keep], b)  # no fixed point: the line of the last kept set
+        p = _fit_reference(hf[keep], ys[keep], p, sigma)
     anomalies[np.flatnonzero(finite)[~keep]] = True
     n_anom = int((~keep).sum())
     extra = {"anomalies": n_anom, "h_min": float(hf.min()), "h_max": float(hf.max())}
@@ -98,24 +129,26 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
     checked = _check(hk, min_samples, min_h_span, f" after excluding {n_anom} tail-chunk anomalies")
     if checked is not None:
         return dataclasses.replace(checked, extra=extra), anomalies
-    b0, b1 = b * y_scale
+    y_k = yf[keep]
+    w = _h_quadrature(hk)
+    design = np.column_stack([np.ones_like(hk), hk])
+    xtw_inv = np.linalg.inv(design.T @ (design * w[:, None]))
+    b0, b1 = xtw_inv @ (design.T @ (w * y_k))
     if b0 <= 0:
         return FitResult(
             Status.NOT_IDENTIFIABLE, "intercept TPS0 ≤ 0: a = -b1/b0 undefined", samples=len(hk), extra=extra
         ), anomalies
 
-    # Weighted LS covariance s²·(JᵀJ)⁻¹ with J the relative-residual Jacobian, in tokens/s units.
-    d_k = design[keep]
-    jac_w = d_k / _line_floor(d_k @ b)[:, None]
-    rel_k = _relative_residuals(d_k, ys[keep], b)
-    dof = len(hk) - 2
-    s2 = float(rel_k @ rel_k) / dof if dof > 0 else math.nan
-    cov_b = s2 * np.linalg.inv(jac_w.T @ jac_w) * y_scale**2
+    # Sandwich covariance of (b0, b1): the noise is each step's scatter about the reference curve,
+    # with the dof of the reference's 4 parameters.
+    noise = y_k - y_scale / _reference_cost(p, hk)
+    dof = len(hk) - 4
+    meat = design.T @ (design * ((w * noise) ** 2)[:, None])
+    cov_b = xtw_inv @ meat @ xtw_inv * (len(hk) / dof if dof > 0 else math.nan)
     a = -b1 / b0
     # Delta method for (tps0, a) = (b0, -b1/b0).
     jac = np.array([[1.0, 0.0], [b1 / b0**2, -1.0 / b0]])
     cov = jac @ cov_b @ jac.T
-    y_k = yf[keep]
     resid = y_k - (b0 + b1 * hk)
     ss_tot = float(np.sum((y_k - y_k.mean()) ** 2))
     r2 = 1.0 - float(resid @ resid) / ss_tot if ss_tot > 0 else math.nan
@@ -132,23 +165,54 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
     ), anomalies
 
 
-def _line_floor(line: np.ndarray) -> np.ndarray:
-    """The fitted line (median-scaled), floored so a line crossing 0 cannot blow up a weight."""
-    return np.maximum(line, 0.05)
+def _reference_cost(p: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """The reference's busy time per miss token B + C·h + A/(1 - s·h) = 1/TPS, p = (A, B, C, s)."""
+    a_, b_, c_, s = p
+    return b_ + c_ * h + a_ / np.maximum(1.0 - s * h, _POLE_FLOOR)
 
 
-def _relative_residuals(design: np.ndarray, y: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(y - line)/line [1]: throughput noise and tail-chunk dips are fractions of the line."""
-    line = _line_floor(design @ b)
-    return (y - line) / line
+def _reference_residuals(p: np.ndarray, h: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """TPS/curve - 1 [1] against the reference (linear in A, B, C)."""
+    return y * _reference_cost(p, h) - 1.0
 
 
-def _robust_line(design: np.ndarray, y: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """(b0, b1) of a soft_l1 fit of relative residuals, weights and f_scale (MAD σ) taken at ``start``."""
-    w = 1.0 / _line_floor(design @ start)
-    dw, yw = design * w[:, None], y * w
-    sigma = robust_sigma(dw @ start - yw)
-    return least_squares(lambda p: dw @ p - yw, start, jac=lambda p: dw, loss="soft_l1", f_scale=sigma).x
+def _reference_jacobian(p: np.ndarray, h: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """∂ residual / ∂(A, B, C, s), shape (n, 4)."""
+    a_, _, _, s = p
+    d = np.maximum(1.0 - s * h, _POLE_FLOOR)
+    return np.column_stack([y / d, y, y * h, y * a_ * h / d**2])
+
+
+def _fit_reference(h: np.ndarray, y: np.ndarray, start: np.ndarray, sigma: float) -> np.ndarray:
+    """(A, B, C, s) of a soft_l1 fit of the reference with f_scale = ``sigma``, from ``start``."""
+    return least_squares(_reference_residuals, start, jac=_reference_jacobian, args=(h, y),
+                         bounds=([0.0, 0.0, 0.0, 0.0], [np.inf, np.inf, np.inf, 1.0]),
+                         loss="soft_l1", f_scale=sigma).x
+
+
+def _starts(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starting (A, B, C, s): seed 002's OLS line b0 + b1·h as A/(1 - s·h) with A = 1/b0,
+    s = -b1/b0 (clipped to [0, 1]); and MODEL.md §7's curve (s = 1) by NNLS."""
+    b1, b0 = np.polyfit(h, y, 1)
+    b0 = max(float(b0), _POLE_FLOOR)
+    line = np.array([1.0 / b0, 0.0, 0.0, min(max(-float(b1) / b0, 0.0), 1.0)])
+    design = np.column_stack([1.0 / np.maximum(1.0 - h, _POLE_FLOOR), np.ones_like(h), h]) * y[:, None]
+    curve = np.append(nnls(design, np.ones_like(h))[0], 1.0)
+    return line, curve
+
+
+def _h_quadrature(h: np.ndarray) -> np.ndarray:
+    """Weight per step, shape (n,): the trapezoid rule over the distinct h (nodes H_RESOLUTION
+    apart, at the mean h of their steps) gives each node half the h distance to each neighbour;
+    its steps share it. Σ weights = h range spanned by the nodes."""
+    node = np.floor(h / H_RESOLUTION + 0.5)
+    _, inv, count = np.unique(node, return_inverse=True, return_counts=True)
+    centre = np.bincount(inv, weights=h) / count
+    half_gap = np.diff(centre) / 2.0
+    width = np.zeros(len(centre))
+    width[:-1] += half_gap
+    width[1:] += half_gap
+    return (width / count)[inv]
 
 
 def _check(h: np.ndarray, min_samples: int, min_h_span: float, suffix: str) -> FitResult | None:
@@ -158,10 +222,11 @@ def _check(h: np.ndarray, min_samples: int, min_h_span: float, suffix: str) -> F
             Status.INSUFFICIENT_DATA, f"{len(h)} usable busy steps{suffix}, need at least {min_samples}", len(h)
         )
     span = float(h.max() - h.min())
-    if span < min_h_span:
+    need = max(min_h_span, H_RESOLUTION)  # two nodes of the h quadrature at least
+    if span < need:
         return FitResult.failed(
             Status.INSUFFICIENT_VARIATION,
-            f"h barely moved{suffix}: span {span:.3f} < {min_h_span:.3f}",
+            f"h barely moved{suffix}: span {span:.3f} < {need:.3f}",
             len(h),
         )
     return None

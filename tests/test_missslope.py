@@ -1,8 +1,9 @@
 """Tests of the direct miss-slope estimator (MODEL.md §4 ``linear`` form, seed 002).
 
 Synthetic busy steps are generated here from known (TPS0, a) with 2 % multiplicative noise;
-tail-chunk steps dip 20 %, 40 % and 70 % below the line at h ≈ 0.2, 0.4 and 0.7 (seed 002).
-Every expected value is a generating parameter.
+tail-chunk steps sit at h ≈ 0.2, 0.4 and 0.7 (where seed 002 measured them) and dip 20 %, 40 % and
+70 % below the line (our choice: the seed gives no depth). Every expected value is a generating
+parameter, or the least-squares line through a known curve computed here by numerical integration.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from fitters.missslope import MissSlopeFitter, fit_miss_slope, isl_bucket
+from fitters.missslope import MissSlopeFitter, _fit, fit_miss_slope, isl_bucket
 from fitters.observation import Observation
 from fitters.result import Status
 
@@ -203,12 +204,14 @@ def test_fit_is_fast():
     assert best < 0.05
 
 
-def test_everything_flagged_is_insufficient_data_not_a_crash():
+def test_collapsed_sigma_is_a_failed_status_not_a_crash():
     # Issue 7 (fault-injection flap): busy steps of a replayed trace where 20 of 25 points at
     # h = 0 have the very same TPS_miss (MAD 0 → σ at its 1e-9 floor) and one point sits at
-    # h = 0.297. The anomaly rounds flagged every point; the next round fitted an empty set
-    # (numpy median of nothing → NaN σ → least_squares failed). Now the rounds stop when fewer
-    # than min_samples points are left, and the fit says so.
+    # h = 0.297. The anomaly rounds once flagged every point (σ re-taken over the kept points
+    # shrank round after round) and the next round fitted an empty set (numpy median of nothing
+    # → NaN σ → least_squares failed). σ is now taken over all points: the 20 identical h = 0
+    # steps stay, the 5 lower h = 0 steps and the lone h = 0.297 step (87 % below them) are
+    # flagged, and what is left has no h span: insufficient_variation, saying why.
     # TPS_miss = miss tokens / busy seconds of 5 s steps (some of them 35 s back-off steps)
     h = np.array([0.0] * 25 + [0.296875])
     tps = np.array([6144 / 5] * 25 + [5760 / 35])
@@ -218,5 +221,75 @@ def test_everything_flagged_is_insufficient_data_not_a_crash():
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         r = fit_miss_slope(h, tps)
-    assert r.status is Status.INSUFFICIENT_DATA
-    assert "tail-chunk anomalies" in r.reason
+    assert r.status is Status.INSUFFICIENT_VARIATION
+    assert "after excluding 6 tail-chunk anomalies" in r.reason
+    assert r.extra["anomalies"] == 6 and r.samples == 20
+
+
+# ---- curvature: the steep end of a curved TPS_miss(h) is not a tail chunk ------------------
+
+
+def pairs(h: np.ndarray, tps: np.ndarray, eps: float = 0.01) -> tuple[np.ndarray, np.ndarray]:
+    """Every step twice, ε above and ε below its TPS: each h keeps its mean, and the robust σ
+    is 1.4826·ε, so a dip of 20 % or more is far beyond 3.5 σ."""
+    return np.repeat(h, 2), np.repeat(tps, 2) * np.tile([1.0 + eps, 1.0 - eps], len(h))
+
+
+def dip_factor(h: np.ndarray) -> np.ndarray:
+    """1 - depth at the DIPS hit ratios (to 0.001), 1 elsewhere."""
+    out = np.ones_like(h)
+    for centre, depth in DIPS:
+        out[np.abs(h - centre) < 1e-3] = 1.0 - depth
+    return out
+
+
+# MODEL.md §7 for one ISL: busy seconds per miss token = k_ffn + k_attn·N(1+h)/2 + T/((1-h)·N),
+# T = the request's fixed and decode chip time. TPS_miss(0) = 8,007 tokens/s, (0.95) = 2,422:
+# clearly curved.
+N, K_FFN, K_ATTN, T_REQ = 2048.0, 1.0e-4, 1.0e-8, 0.03
+
+
+def curve(h):
+    return 1.0 / (K_FFN + K_ATTN * N * (1.0 + h) / 2.0 + T_REQ / ((1.0 - h) * N))
+
+
+def ls_line_of_curve(lo: float, hi: float) -> tuple[float, float]:
+    """(TPS0, a) of the least-squares line through ``curve`` over [lo, hi], every h counting by
+    its width: the normal equations with ∫ over h (numerical integration of the known curve)."""
+    from scipy.integrate import quad
+    m0, m1, m2 = hi - lo, (hi**2 - lo**2) / 2, (hi**3 - lo**3) / 3
+    f0, f1 = quad(curve, lo, hi)[0], quad(lambda x: x * curve(x), lo, hi)[0]
+    b0, b1 = np.linalg.solve([[m0, m1], [m1, m2]], [f0, f1])
+    return b0, -b1 / b0
+
+
+def test_exact_line_with_isolated_dips_gives_exact_a():
+    a = 0.8
+    nodes = np.round(np.arange(0.0, 0.91, 0.05), 2)
+    h, tps = pairs(nodes, TPS0 * (1.0 - a * nodes))
+    tps = tps * dip_factor(h)
+    res, mask = _fit(h, tps, 8, 0.1)
+
+    assert np.array_equal(mask, dip_factor(h) < 1.0)  # the 6 dip steps, nothing else
+    assert res.value("a") == pytest.approx(a, abs=1e-3)
+    assert res.value("tps0") == pytest.approx(TPS0, rel=1e-3)
+
+
+@pytest.mark.parametrize("with_dips", [False, True])
+def test_curved_tps_gives_its_line_over_the_range_whatever_the_traffic_histogram(with_dips):
+    # h every 0.01 on [0, 0.95]; the traffic dwells 6× longer at h ≥ 0.5 than below.
+    nodes = np.round(np.arange(0.0, 0.951, 0.01), 2)
+    h = np.repeat(nodes, np.where(nodes >= 0.5, 6, 1))
+    h, tps = pairs(h, curve(h))
+    if with_dips:
+        tps = tps * dip_factor(h)
+    tps0, a = ls_line_of_curve(0.0, 0.95)
+
+    res, mask = _fit(h, tps, 8, 0.1)
+
+    assert np.array_equal(mask, dip_factor(h) < 1.0 if with_dips else np.zeros_like(mask))  # the steep end is kept
+    assert res.value("a") == pytest.approx(a, abs=2e-3)
+    assert res.value("tps0") == pytest.approx(tps0, rel=2e-3)
+    clean = dip_factor(h) == 1.0
+    b1, b0 = np.polyfit(h[clean], tps[clean], 1)
+    assert abs(-b1 / b0 - a) > 0.02  # a line weighting every step alike would follow the traffic instead
