@@ -6,6 +6,7 @@ failures (e.g. unreadable trace), with a one-line message on stderr.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import signal
@@ -87,6 +88,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    # Everything alive now (modules, config, server) lives as long as the process: moved out of
+    # the collector's reach, a full collection only walks the analysis state (benchmarks/performance.py).
+    gc.freeze()
     while not stop.is_set():
         try:
             runner.poll(source)

@@ -47,6 +47,16 @@ class HistogramDelta:
     buckets: tuple[tuple[float, float], ...] = ()
 
     @functools.cached_property
+    def edges(self) -> tuple[float, ...]:
+        """The ``le`` of every bucket."""
+        return tuple(le for le, _ in self.buckets)
+
+    @functools.cached_property
+    def counts(self) -> tuple[float, ...]:
+        """The increase of every cumulative bucket count."""
+        return tuple(c for _, c in self.buckets)
+
+    @functools.cached_property
     def mean(self) -> float | None:
         """Δsum/Δcount, the mean of the observations in the interval (None when none, when the
         sum is unknown, or when the sum disagrees with the buckets: see :attr:`problem`)."""
@@ -174,10 +184,17 @@ def _engine_increase(prev: ModelSignals, cur: ModelSignals
     return counters, hists, restarted
 
 
+def _hist_delta(total: float, count: float, edges: tuple, counts: tuple) -> HistogramDelta:
+    out = HistogramDelta(total, count, tuple(zip(edges, counts)))
+    out.__dict__.update(edges=edges, counts=counts)  # fill the caches (sums over steps zip counts)
+    return out
+
+
 def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
     if reset:
-        return HistogramDelta(h.sum, h.count, h.buckets)
-    buckets: tuple[tuple[float, float], ...] = ()
+        return _hist_delta(h.sum, h.count, h.edges, h.counts)
+    edges: tuple[float, ...] = ()
+    increases: tuple[float, ...] = ()
     if h.buckets and p.buckets:
         edges = h.edges
         if edges is p.edges or edges == p.edges:  # the usual case: the same edges at both scrapes
@@ -186,20 +203,27 @@ def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
             prev = dict(p.buckets)
             edges = tuple(le for le in edges if le in prev)
             increases = tuple(c - prev[le] for le, c in h.buckets if le in prev)
-        # a bucket that went down while _count did not: the bucket deltas are unknown
-        buckets = tuple(zip(edges, increases)) if increases and min(increases) >= 0 else ()
+        if not increases or min(increases) < 0:
+            # a bucket that went down while _count did not: the bucket deltas are unknown
+            edges, increases = (), ()
     total = h.sum - p.sum
     if total < 0:
         total = math.nan  # _sum went down while _count did not: Δsum unknown, never negative
-    return HistogramDelta(total, h.count - p.count, buckets)
+    return _hist_delta(total, h.count - p.count, edges, increases)
 
 
 def _sum_hist_deltas(parts: list[HistogramDelta]) -> HistogramDelta:
+    """Sum of histogram deltas (engines of one step, or steps of one interval): the buckets of
+    the edges every part has."""
     if len(parts) == 1:
         return parts[0]
-    edges = set(le for le, _ in parts[0].buckets).intersection(*({le for le, _ in p.buckets} for p in parts[1:]))
-    buckets = tuple((le, math.fsum(dict(p.buckets)[le] for p in parts)) for le in sorted(edges))
-    return HistogramDelta(math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts), buckets)
+    edges = parts[0].edges
+    if all(p.edges == edges for p in parts[1:]):
+        counts = tuple(map(math.fsum, zip(*(p.counts for p in parts))))
+    else:
+        edges = tuple(sorted(set(edges).intersection(*(p.edges for p in parts[1:]))))
+        counts = tuple(math.fsum(dict(p.buckets)[le] for p in parts) for le in edges)
+    return _hist_delta(math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts), edges, counts)
 
 
 def add_deltas(deltas: list[Delta]) -> Delta:
@@ -211,12 +235,7 @@ def add_deltas(deltas: list[Delta]) -> Delta:
     names = set(first.counters).intersection(*(d.counters for d in deltas[1:]))
     counters = {n: math.fsum(d.counters[n] for d in deltas) for n in names}
     hnames = set(first.histograms).intersection(*(d.histograms for d in deltas[1:]))
-    hists = {}
-    for n in hnames:
-        parts = [d.histograms[n] for d in deltas]
-        edges = set(le for le, _ in parts[0].buckets).intersection(*({le for le, _ in p.buckets} for p in parts[1:]))
-        buckets = tuple((le, math.fsum(dict(p.buckets)[le] for p in parts)) for le in sorted(edges))
-        hists[n] = HistogramDelta(math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts), buckets)
+    hists = {n: _sum_hist_deltas([d.histograms[n] for d in deltas]) for n in hnames}
     return Delta(first.t0, last.t1, counters, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), steps=len(deltas))
 
