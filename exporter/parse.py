@@ -38,7 +38,10 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   reported as an unsupported engine.
 
 Only the families kvhit reads are fully parsed (plus every ``_created``); other lines are checked
-for a valid name and counted, which keeps a 600-line vLLM 0.32 body at about a millisecond.
+for a valid name and counted. A sidecar reads through :class:`Parser`: after the first clean
+body, a body with the same layout (same lines, other numbers) skips both readers and the
+assembly — its hot path, about 1.3× the cost of splitting the body and ``float()``-ing every
+value (benchmarks/performance.py).
 """
 from __future__ import annotations
 
