@@ -34,6 +34,19 @@ def serve(handler_cls: type, port: int = 0) -> ThreadingHTTPServer:
     return server
 
 
+def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict | None = None,
+          content_type: str = "text/plain; version=0.0.4; charset=utf-8") -> None:
+    """Answer one request: status, Content-Type, ``headers``, Content-Length (unless given), body."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    for k, v in (headers or {}).items():
+        handler.send_header(k, v)
+    if "Content-Length" not in (headers or {}):
+        handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -120,11 +133,7 @@ class FakePrometheus:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 fake.forms.append({k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
                 status, answer = fake.answers.pop(0) if fake.answers else (200, fake.vector([]))
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
+                reply(self, status, answer, content_type="application/json")
 
             def log_message(self, *a):
                 pass

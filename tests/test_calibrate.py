@@ -8,7 +8,7 @@ import math
 import tarfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from exporter.cli import main
 from exporter.config import load_config
 from exporter.replay import replay
 from exporter.sources import load_trace
+from local_servers import reply, serve
 
 # --- design, by hand --------------------------------------------------------------------------
 
@@ -126,18 +127,13 @@ class FakeVllm:
                 self._send(200, fake.exposition())
 
             def _send(self, code, text):
-                data = text.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply(self, code, text.encode())
 
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def lookup(self, ids: list[int]) -> int:
         """Longest run of cached whole blocks within the first N−1 tokens; then cache every block."""

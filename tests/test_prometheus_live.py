@@ -35,7 +35,7 @@ import yaml
 
 from exporter import names
 from exporter.sources import load_trace
-from local_servers import Processes, free_port, http_ok, prometheus_query, serve, start_prometheus, wait_for
+from local_servers import Processes, free_port, http_ok, prometheus_query, reply, serve, start_prometheus, wait_for
 from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, RULES, TRACE, alert_rules, dashboard_targets, dashboards,
                            dashboard_variables, metric_names_of_exposition, recording_rules, substitute, tool)
 from promql_selectors import selectors
@@ -126,12 +126,7 @@ def fake_vllm_handler(fake: FakeVllm) -> type:
             text = fake.render()
             if self.path.startswith("/quirky/"):  # one line that is not text exposition
                 text += "vllm:num_requests_running{model_name=tiny 1\n"
-            body = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            reply(self, 200, text.encode())
 
         def log_message(self, *a):
             pass
