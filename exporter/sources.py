@@ -420,12 +420,12 @@ def load_trace(path: str | os.PathLike) -> Trace:
     Files are ordered by the unix-ms timestamp in their names (out-of-order listing is fine).
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: no ``<unix_ms>.prom`` file in it.
+        ValueError: no ``<unix_ms>.prom`` file in it, or two files with the same stamp.
     """
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"trace not found: {p}")
-    files: dict[float, str] = {}
+    files: dict[float, tuple[str, str]] = {}  # unix s → (file name, text)
     phases_doc: dict = {}
     if p.is_dir():
         for f in p.rglob("*"):
@@ -437,14 +437,18 @@ def load_trace(path: str | os.PathLike) -> Trace:
                     _take(member.name, lambda m=member: tar.extractfile(m).read(), files, phases_doc)
     if not files:
         raise ValueError(f"no <unix_ms>.prom files in {p}")
-    snaps = sorted(files.items())
+    snaps = sorted((t, text) for t, (_, text) in files.items())
     return Trace(snaps, list(phases_doc.get("phases", [])), {k: v for k, v in phases_doc.items() if k != "phases"})
 
 
 def _take(name: str, read, files: dict, phases_doc: dict) -> None:
     m = _PROM_FILE.search(name)
     if m:
-        files[int(m.group(1)) / 1000.0] = read().decode("utf-8", errors="replace")
+        t = int(m.group(1)) / 1000.0
+        if t in files:  # one of them would be lost, and which one depends on the listing order
+            raise ValueError(f"two snapshots stamped {m.group(1)} ms in the trace ({files[t][0]} and {name}): "
+                             "keep one")
+        files[t] = (name, read().decode("utf-8", errors="replace"))
     elif name.endswith("phases.json"):
         phases_doc.update(json.loads(read()))
 

@@ -448,3 +448,16 @@ def test_demo_serves_while_replaying():
     lines = [ln for ln in stdout.splitlines() if ln.startswith("t=")]
     assert len(lines) >= 3 and len(set(ln.split(" h=")[1] for ln in lines)) >= 3  # evolving
     assert "final fit:" in stdout and "fit chip_time  ok" in stdout
+
+
+def test_replay_of_a_trace_with_two_files_for_one_millisecond_exits_1_naming_both(tmp_path, capsys):
+    from exporter.cli import main
+    texts, _, stamps = _trace_texts()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / f"{stamps[0]}.prom").write_text(texts[0])
+    (tmp_path / "b" / f"{stamps[0]}.prom").write_text(texts[1])  # same stamp, other body
+    (tmp_path / "a" / f"{stamps[1]}.prom").write_text(texts[1])
+    assert main(["replay", str(tmp_path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert f"two snapshots stamped {stamps[0]} ms" in err and f"a/{stamps[0]}.prom" in err and f"b/{stamps[0]}.prom" in err
