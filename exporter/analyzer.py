@@ -151,7 +151,7 @@ class Analyzer:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.windows = Windows(config.window_seconds)
+        self.windows = Windows(config.window_seconds, config.gap_seconds)
         self._state: dict[str, _ModelState] = {}
         self._seen: dict[str, float] = {}  # model → time of the last snapshot that had it
         self._cache: Analysis | None = None

@@ -17,6 +17,8 @@ listen                                    address:port kvhit serves on (0.0.0.0:
 interval                                  seconds between scrapes (5)
 timeout                                   scrape timeout, seconds (3)
 window_seconds                            publish window, seconds (60)
+gap_seconds                               a step longer than this is a scrape gap, not a step
+                                          (unset: 2 × window_seconds); must exceed interval
 max_body_bytes                            scrape body cap, bytes (16 MiB)
 max_series                                (model_name, engine) series analysed at most (64)
 web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint
@@ -156,6 +158,7 @@ class Config:
     interval: float = 5.0
     timeout: float = 3.0
     window_seconds: float = 60.0
+    gap_seconds: float | None = None
     max_body_bytes: int = 16 * 1024 * 1024
     max_series: int = 64
     web_config: str | None = None
@@ -299,6 +302,8 @@ def validate(cfg: Config) -> None:
         ("interval", cfg.interval, lambda v: v > 0, "must be > 0 seconds"),
         ("timeout", cfg.timeout, lambda v: v > 0, "must be > 0 seconds"),
         ("window_seconds", cfg.window_seconds, lambda v: v > 0, "must be > 0 seconds"),
+        ("gap_seconds", cfg.gap_seconds, lambda v: v > cfg.interval,
+         f"must be > interval ({cfg.interval:g} s), or every step would be a gap"),
         ("prometheus_delay", cfg.prometheus_delay, lambda v: v >= 0, "must be >= 0 seconds"),
         ("max_body_bytes", cfg.max_body_bytes, lambda v: v > 0, "must be > 0"),
         ("max_series", cfg.max_series, lambda v: v >= 1, "must be >= 1"),

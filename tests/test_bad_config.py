@@ -55,6 +55,7 @@ CASES = {
     "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in (0, 1]"),
     "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: expected float"),
     "max_series zero": ("max_series: 0\n", "config key max_series: must be >= 1"),
+    "gap not above the interval": ("interval: 10\ngap_seconds: 10\n", "config key gap_seconds: must be > interval"),
     "geometry without kv_heads": ("model:\n  layers: 32\n  head_dim: 128\n", "config key model.kv_heads: required"),
     "geometry without layers": ("model:\n  kv_heads: 8\n  head_dim: 128\n", "config key model.layers: required"),
     "half of MLA": ("model:\n  layers: 61\n  kv_lora_rank: 512\n", "config key model.qk_rope_head_dim: required"),

@@ -509,3 +509,12 @@ def test_hits_above_queries_are_unknown_not_a_ratio_above_one():
     # equal is fine: every queried token a hit (h = 1 exactly, 32 / 32)
     ok = Delta(0.0, 2.0, {"queries": 32.0, "hits": 32.0}, {}, {}, {})
     assert hit_problem(ok, Context()) == "" and observe(ok, Context()).hit_ratio == 1.0
+
+
+def test_configured_gap_seconds_reaches_the_analyzer_windows():
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    a = Analyzer(Config(window_seconds=60.0, gap_seconds=25.0))
+    for t, q in ((0, 0), (10, 10), (40, 40)):  # the 30-s step is longer than 25 s: a gap, not a step
+        a.ingest(counter_snap(t, q))
+    assert a.windows.gaps == 1 and a.windows.window("m") is None
