@@ -9,14 +9,15 @@ coefficients carry the matching [s per unit] (see :class:`fitters.model.ChipTime
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
 from .model import CHIP_TIME_TERMS, ChipTimeCoefficients
 from .observation import Observation
+from .online import REFIT_EVERY, AmortizedFit, frozen_wls, soft_l1_weight
 from .result import Estimate, FitResult, Status
 
 # What each coefficient multiplies, in words, for reasons.
@@ -92,34 +93,84 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
 
 def _fit_rows(rows: Sequence[tuple[np.ndarray, float]], min_samples: int) -> FitResult:
     """The fit of :func:`fit_chip_time` on (design row (5,), Δt_busy [s]) pairs."""
-    n = len(rows)
+    x = np.array([r for r, _ in rows]).reshape(len(rows), len(CHIP_TIME_TERMS))
+    return _robust_fit(x, np.array([dt for _, dt in rows], dtype=float), min_samples)[0]
+
+
+@dataclass(frozen=True)
+class _Frozen:
+    """What a robust refit fixes until the next one (fitters/online.py). Vectors are in
+    CHIP_TIME_TERMS order, physical units."""
+
+    kept: list[int]
+    dropped: dict[int, str]
+    nonzero: np.ndarray  # columns with a regressor in some row (bool, (5,))
+    start: np.ndarray  # the NNLS start: a row's size is its prediction under it
+    floor: float  # 0.01·median Δt [s], the smallest size
+    beta: np.ndarray  # the robust solution
+    f_scale: float  # of the soft_l1 loss, relative residual units
+    active: np.ndarray  # kept terms at their bound 0 (bool, (len(kept),))
+
+
+def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
+                previous: _Frozen | None = None) -> tuple[FitResult, _Frozen | None, np.ndarray]:
+    """The robust fit of :func:`fit_chip_time` on design rows x, shape (n, 5), and Δt_busy y,
+    shape (n,) [s]; least_squares starts from ``previous``'s solution when it kept the same terms
+    (same minimum: the soft_l1 problem is convex), else from NNLS.
+
+    Returns (fit, what the refit froze or None when the fit is not ok, each row's IRLS weight at
+    the solution, shape (n,)).
+    """
+    n = len(y)
     if n < max(min_samples, 1):
-        return FitResult.failed(
+        failed = FitResult.failed(
             Status.INSUFFICIENT_DATA, f"{n} usable busy steps, need at least {min_samples}", samples=n
         )
-    x = np.array([r for r, _ in rows])
-    y = np.array([dt for _, dt in rows])
+        return failed, None, np.ones(n)
     # Unit-RMS columns: coefficients span ~8 orders of magnitude (k_attn vs T_step).
-    x_scale = np.sqrt(np.mean(x * x, axis=0))
+    x_scale = _rms(x)
     xs = x / np.where(x_scale > 0, x_scale, 1.0)
 
     kept, dropped = _identifiable_columns(xs, x_scale)
     if n <= len(kept):
-        return FitResult.failed(
+        failed = FitResult.failed(
             Status.INSUFFICIENT_DATA, f"{n} usable busy steps for {len(kept)} terms", samples=n
         )
+        return failed, None, np.ones(n)
     a = xs[:, kept]
     # Relative residuals: busy-time noise grows with Δt (a 10-s step jitters more than a 1-s one),
     # so rows are divided by their size: by Δt for the NNLS start, then by the start's prediction
     # (weights that do not depend on the row's own noise).
     p0, _ = nnls(a / y[:, None], np.ones(n))
-    size = np.maximum(a @ p0, 0.01 * float(np.median(y)))
+    floor = 0.01 * float(np.median(y))
+    size = np.maximum(a @ p0, floor)
     aw, yw = a / size[:, None], y / size
     sigma0 = robust_sigma(aw @ p0 - yw)
+    warm = previous is not None and previous.kept == kept
     fit = least_squares(
-        lambda p: aw @ p - yw, p0, jac=lambda p: aw, bounds=(0.0, np.inf), loss="soft_l1", f_scale=sigma0
+        lambda p: aw @ p - yw, previous.beta[kept] * x_scale[kept] if warm else p0, jac=lambda p: aw,
+        bounds=(0.0, np.inf), loss="soft_l1", f_scale=sigma0,
     )
-    p = fit.x
+    start, beta = np.zeros(len(CHIP_TIME_TERMS)), np.zeros(len(CHIP_TIME_TERMS))
+    start[kept], beta[kept] = p0 / x_scale[kept], fit.x / x_scale[kept]
+    frozen = _Frozen(kept, dropped, x_scale > 0, start, floor, beta, sigma0, fit.active_mask != 0)
+    weights = soft_l1_weight(aw @ fit.x - yw, sigma0)
+    return _publish(x, y, x_scale, size, kept, dropped, fit.x, min_samples), frozen, weights
+
+
+def _rms(x: np.ndarray) -> np.ndarray:
+    """Root mean square of each column, shape (5,)."""
+    return np.sqrt(np.einsum("ij,ij->j", x, x) / len(x))
+
+
+def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray, kept: list[int],
+             dropped: dict[int, str], p: np.ndarray, min_samples: int) -> FitResult:
+    """The FitResult of :func:`fit_chip_time` for the solution ``p`` (kept terms, unit-RMS column
+    units) on rows x (n, 5), y (n,) sized by ``size`` (n,): outliers, covariance over the inliers,
+    R², MAPE and condition number all computed from ``p``."""
+    n = len(y)
+    a = x[:, kept] / x_scale[kept]
+    aw, yw = a / size[:, None], y / size
     resid = aw @ p - yw
     inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
     if int(inlier.sum()) < max(min_samples, len(kept) + 1):
@@ -147,12 +198,14 @@ def _fit_rows(rows: Sequence[tuple[np.ndarray, float]], min_samples: int) -> Fit
         else:
             params[name] = Estimate(value=0.0, status=Status.NOT_IDENTIFIABLE, reason=dropped[j])
 
-    pred = x[inlier] @ np.array([params[name].value for name in CHIP_TIME_TERMS])
+    pred = x[inlier][:, kept] @ beta
     y_in = y[inlier]
     # Uncentred: no intercept, and Δt is mostly the fixed scrape interval, so a centred R² would
     # measure scrape jitter, not the model.
     ss = float(y_in @ y_in)
     r2 = 1.0 - float(np.sum((y_in - pred) ** 2)) / ss if ss > 0 else math.nan
+    # cond(a) = √(λmax/λmin) of aᵀa: a p×p eigenproblem instead of an SVD of the n×p design.
+    eig = np.linalg.eigvalsh(a.T @ a)
     return FitResult(
         status=Status.OK,
         params=params,
@@ -162,7 +215,7 @@ def _fit_rows(rows: Sequence[tuple[np.ndarray, float]], min_samples: int) -> Fit
         extra={
             "outliers": n - n_in,
             "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
-            "condition_number": float(np.linalg.cond(a)),
+            "condition_number": math.sqrt(eig[-1] / eig[0]) if eig[0] > 0 else math.inf,
         },
     )
 
@@ -224,37 +277,62 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
     return total
 
 
-class ChipTimeFitter:
-    """Online §7 chip-time fit over the latest busy steps (MODEL.md §7, §6).
+class ChipTimeFitter(AmortizedFit[_Frozen, FitResult]):
+    """Online §7 chip-time fit over the latest busy steps (MODEL.md §7, §6; fitters/online.py).
 
-    Memory bound: a ring buffer (``collections.deque(maxlen=capacity)``) of the design rows of
-    the last ``capacity`` usable steps, 6 floats each (default 720 rows = 24 min of 2-s scrapes).
-    The fit is refitted lazily: :meth:`result` refits only when new rows arrived since the last
-    call. Nothing is learned at construction.
+    Memory bound: a :class:`~fitters.online.RowBuffer` of the last ``capacity`` usable steps
+    (default 720 rows = 24 min of 2-s scrapes), 7 floats each (5 regressors, Δt, frozen weight),
+    2·capacity rows of storage. :meth:`result` is :func:`fit_chip_time` (warm-started) on the
+    buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
+    between, the exact weighted least squares of all buffered rows in the relative residuals of
+    that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
+    IRLS weights frozen (a new row: the weight at its residual under the refit's solution and
+    f_scale), its dropped terms dropped and the terms it held at 0 fixed at 0; outliers,
+    covariance, R² and the rest are computed from that solution as in :func:`fit_chip_time`.
+    It refits instead when a free term would turn negative or a regressor column becomes
+    (non-)zero. Cached until new data. Nothing is learned at construction.
+    Raises ValueError for capacity < 1 or every < 1.
     """
 
-    def __init__(self, capacity: int = 720, min_samples: int = 10) -> None:
+    def __init__(self, capacity: int = 720, min_samples: int = 10, every: int = REFIT_EVERY) -> None:
         if capacity < 1:
             raise ValueError("capacity must be ≥ 1")
+        super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every)
         self.capacity = capacity
         self.min_samples = min_samples
-        self._rows: deque[tuple[np.ndarray, float]] = deque(maxlen=capacity)
-        self._cached: FitResult | None = None
 
     def update(self, obs: Observation) -> bool:
         """Add one step; True if it was usable (see :func:`design_row`) and stored."""
         row = design_row(obs)
         if row is None:
             return False
-        self._rows.append((row, obs.dt))
-        self._cached = None
+        self.append((*row, obs.dt))
         return True
 
     def result(self) -> FitResult:
-        """The fit over the buffered rows (see :func:`fit_chip_time`); cached until new data."""
-        if self._cached is None:
-            self._cached = _fit_rows(self._rows, self.min_samples)
-        return self._cached
+        """The fit over the buffered rows (class docstring); cached until new data."""
+        return self.solve()
+
+    def _refit(self, x: np.ndarray, key: object, previous: _Frozen | None) -> tuple[FitResult, _Frozen | None, np.ndarray]:
+        return _robust_fit(x[:, :-1], x[:, -1], self.min_samples, previous)
+
+    def _weigh(self, x: np.ndarray, key: object, state: _Frozen) -> np.ndarray:
+        size = np.maximum(x[:, :-1] @ state.start, state.floor)
+        return soft_l1_weight((x[:, :-1] @ state.beta - x[:, -1]) / size, state.f_scale)
+
+    def _exact(self, x: np.ndarray, w: np.ndarray, key: object, state: _Frozen) -> FitResult | None:
+        xr, y = x[:, :-1], x[:, -1]
+        x_scale = _rms(xr)
+        if not np.array_equal(x_scale > 0, state.nonzero):
+            return None
+        kept = state.kept
+        size = np.maximum(xr @ state.start, state.floor)
+        a = xr[:, kept] / (x_scale[kept] * size[:, None])
+        k = len(kept)
+        sol = frozen_wls(a, y / size, w, state.active, np.zeros(k), np.zeros(k), np.full(k, np.inf))
+        if sol is None:
+            return None
+        return _publish(xr, y, x_scale, size, kept, state.dropped, sol[0], self.min_samples)
 
     def coefficients(self) -> ChipTimeCoefficients | None:
         """Fitted coefficients when the fit is ok (not-identifiable terms as 0), else None."""

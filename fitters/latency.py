@@ -37,8 +37,7 @@ Two published TTFTs come out of this module (MODEL.md §7):
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +45,7 @@ from scipy.optimize import least_squares
 
 from fitters.model import ChipTimeCoefficients, load_time, ttft_unified
 from fitters.observation import Observation
+from fitters.online import REFIT_EVERY, AmortizedFit, frozen_wls, soft_l1_weight
 from fitters.result import Estimate, FitResult, Status
 
 __all__ = [
@@ -250,44 +250,63 @@ class _Solution:
     covariance: np.ndarray
     predicted: np.ndarray  # of z = y − T_load
     f_scale: float
+    active: np.ndarray  # parameters at a bound (bool)
+    weights: np.ndarray  # each row's soft_l1 IRLS weight at the solution (fitters/online.py)
 
 
-def _solve(design: np.ndarray, z: np.ndarray, w: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> _Solution:
+def _normalised(design: np.ndarray, z: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(design, z) with each row multiplied by √(w/mean w): weights normalised so that f_scale is
+    per typical step."""
+    sw = np.sqrt(w / w.mean())
+    return design * sw[:, None], z * sw
+
+
+def _solve(design: np.ndarray, z: np.ndarray, w: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+           start: np.ndarray | None = None) -> _Solution:
     """Weighted, bounded, robust linear least squares  z ≈ design·θ.
 
-    Two passes: plain least squares gives a start and the residual scale (1.4826·MAD of the
-    weighted residuals), then soft-L1 with that f_scale so a few outlier steps cannot bend the
-    fit. Covariance as scipy's curve_fit does it: s²·(JᵀJ)⁻¹ with s² = 2·cost/(n − p), J the
-    loss-modified Jacobian; inf when J is rank deficient.
+    Two passes: plain least squares gives the residual scale (1.4826·MAD of the weighted
+    residuals) and the start, then soft-L1 with that f_scale so a few outlier steps cannot bend
+    the fit. The plain pass is the normal equations when their solution is inside the bounds
+    (then it is the bounded solution), else a bounded least_squares. Both problems are convex:
+    ``start`` (e.g. the previous solution) only changes where the iterations begin. Covariance:
+    :func:`_robust_covariance`.
     """
-    sw = np.sqrt(w / w.mean())  # weights normalised so f_scale is per typical step
-    a = design * sw[:, None]
-    b = z * sw
-
-    def fun(theta: np.ndarray) -> np.ndarray:
-        return a @ theta - b
-
-    def jac(theta: np.ndarray) -> np.ndarray:
-        return a
-
-    x0 = np.clip(np.ones(design.shape[1]) * 0.5, lower, upper)
-    first = least_squares(fun, x0, jac=jac, bounds=(lower, upper), method="trf", x_scale="jac")
-    res0 = first.fun
+    a, b = _normalised(design, z, w)
+    x0 = np.clip(np.ones(design.shape[1]) * 0.5 if start is None else start, lower, upper)
+    p = design.shape[1]
+    plain = frozen_wls(a, b, np.ones(len(b)), np.zeros(p, dtype=bool), x0, lower, upper)
+    if plain is None:
+        first = least_squares(lambda t: a @ t - b, x0, jac=lambda t: a, bounds=(lower, upper), method="trf",
+                              x_scale="jac").x
+    else:
+        first = plain[0]
+    res0 = a @ first - b
     mad = float(np.median(np.abs(res0 - np.median(res0))))
     floor = 1e-9 * float(np.median(np.abs(b))) + 1e-15  # noiseless data: keep f_scale > 0
     f_scale = max(1.4826 * mad, floor)
     robust = least_squares(
-        fun, first.x, jac=jac, bounds=(lower, upper), method="trf", x_scale="jac",
-        loss="soft_l1", f_scale=f_scale,
+        lambda t: a @ t - b, first if start is None else x0, jac=lambda t: a, bounds=(lower, upper),
+        method="trf", x_scale="jac", loss="soft_l1", f_scale=f_scale,
     )
+    return _Solution(robust.x, _robust_covariance(a, b, robust.x, f_scale), design @ robust.x, f_scale,
+                     robust.active_mask != 0, soft_l1_weight(a @ robust.x - b, f_scale))
+
+
+def _robust_covariance(a: np.ndarray, b: np.ndarray, theta: np.ndarray, f_scale: float) -> np.ndarray:
+    """Covariance of θ as scipy's curve_fit computes it after a soft_l1 least_squares:
+    s²·(JᵀJ)⁻¹, s² = 2·cost/(n − p), J the loss-modified Jacobian (rows of a scaled by
+    √(ρ' + 2ρ''z) = (1 + z)^(-3/4), z = (r/f_scale)², as scipy scales them) and cost =
+    f_scale²·Σ(√(1 + z) − 1); inf when J is rank deficient. a: (n, p), b: (n,), θ: (p,)."""
+    z = ((a @ theta - b) / f_scale) ** 2
+    jac = a * np.maximum((1.0 + z) ** -1.5, np.finfo(float).eps)[:, None] ** 0.5
+    cost = f_scale**2 * float(np.sum(np.sqrt(1.0 + z) - 1.0))
     n, p = a.shape
-    _, s, vt = np.linalg.svd(robust.jac, full_matrices=False)
-    threshold = np.finfo(float).eps * max(robust.jac.shape) * s[0] if s.size else 0.0
+    _, s, vt = np.linalg.svd(jac, full_matrices=False)
+    threshold = np.finfo(float).eps * max(jac.shape) * s[0] if s.size else 0.0
     if s.size < p or np.any(s <= threshold) or n <= p:
-        cov = np.full((p, p), np.inf)
-    else:
-        cov = (vt.T / s**2) @ vt * (2.0 * robust.cost / (n - p))
-    return _Solution(values=robust.x, covariance=cov, predicted=design @ robust.x, f_scale=f_scale)
+        return np.full((p, p), np.inf)
+    return (vt.T / s**2) @ vt * (2.0 * cost / (n - p))
 
 
 def _collinear(design: np.ndarray, w: np.ndarray, j: int) -> bool:
@@ -386,25 +405,54 @@ def fit_latency(
         ValueError: negative or non-finite chip-time coefficients, or a given S_kv / B_load
             that is not finite and > 0.
     """
-    _check_inputs(coef, kv_bytes_per_token, load_bandwidth)
-    all_samples = list(samples)
-    loaded = [s for s in all_samples if s.h_load > 0]
-    unloaded = [s for s in all_samples if s.h_load <= 0]
+    matrix = np.array([(s.t, s.y, s.isl, s.h, s.h_load, s.running, s.weight) for s in samples], dtype=float)
+    out = _fit_matrix(matrix.reshape(-1, len(_COLUMNS)), coef, kv_bytes_per_token, load_bandwidth, min_samples,
+                      lambda design, z, w, lower, upper, names, rows: _solve(design, z, w, lower, upper))
+    assert out is not None  # _solve always answers
+    return out[0]
+
+
+# LatencySample fields in the order of a row of :func:`_fit_matrix`'s matrix.
+_COLUMNS = ("t", "y", "isl", "h", "h_load", "running", "weight")
+_BOUNDS = {"c0": (0.0, np.inf), "c1": (0.0, np.inf), "alpha": (0.0, 1.0)}
+Solver = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray],
+                  "_Solution | None"]
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """How :func:`_fit_matrix` reached its solution: parameter names, the solution, and which rows
+    (bool, over the matrix) entered the fit."""
+
+    names: list[str]
+    solution: _Solution
+    rows: np.ndarray
+
+
+def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: float | None, min_samples: int,
+                solver: Solver) -> tuple[tuple[FitResult, FitResult], _Fitted | None] | None:
+    """:func:`fit_latency` on a matrix of samples, shape (n, 7) in _COLUMNS order, with the linear
+    problem solved by ``solver(design, z, w, lower, upper, names, rows)`` (rows: bool mask of the
+    fit set over x); None when the solver returns None. The _Fitted is None when the fit failed
+    before solving."""
+    _check_inputs(coef, kv, bw)
+    loaded_rows = x[:, 4] > 0
+    n_loaded = int(loaded_rows.sum())
 
     alpha_fail: tuple[Status, str] | None = None
     alpha_weak: tuple[Status, str] | None = None  # fitted, but not publishable
-    if not loaded:
+    if not n_loaded:
         alpha_fail = (Status.NOT_IDENTIFIABLE, REASON_NO_LOADED_HITS)
-    elif kv_bytes_per_token is None or load_bandwidth is None:
-        alpha_fail = (Status.NOT_IDENTIFIABLE, _missing_reason(kv_bytes_per_token, load_bandwidth))
-    elif len(loaded) < min_samples:
+    elif kv is None or bw is None:
+        alpha_fail = (Status.NOT_IDENTIFIABLE, _missing_reason(kv, bw))
+    elif n_loaded < min_samples:
         alpha_weak = (
             Status.INSUFFICIENT_DATA,
-            f"only {len(loaded)} steps with loaded hits (h_load > 0); need ≥ {min_samples}",
+            f"only {n_loaded} steps with loaded hits (h_load > 0); need ≥ {min_samples}",
         )
 
     if alpha_fail is None:
-        arrays = _arrays(all_samples, coef, kv_bytes_per_token, load_bandwidth)
+        arrays = _arrays(x, coef, kv, bw)
         design, names = _design(arrays, with_alpha=True)
         if _collinear(design, arrays["w"], names.index("alpha")):
             alpha_fail = (
@@ -412,35 +460,37 @@ def fit_latency(
                 "min(T_load, T_compute) is zero or collinear with the chip-time regressors in "
                 "the loaded steps: α cannot be separated from the contention factor",
             )
-    fit_set = all_samples if alpha_fail is None else unloaded
+    rows = np.ones(len(x), dtype=bool) if alpha_fail is None else ~loaded_rows
+    n_fit = int(rows.sum())
     with_alpha = alpha_fail is None
 
     def overlap_failed(default_reason: str) -> FitResult:
         status, reason = alpha_fail or alpha_weak or (Status.INSUFFICIENT_DATA, default_reason)
-        return FitResult.failed(status, reason, samples=len(loaded))
+        return FitResult.failed(status, reason, samples=n_loaded)
 
-    if len(fit_set) < max(min_samples, 1):
+    if n_fit < max(min_samples, 1):
         which = "steps" if with_alpha else "steps without loaded hits (h_load = 0)"
-        reason = f"only {len(fit_set)} {which} with finished requests; need ≥ {min_samples}"
+        reason = f"only {n_fit} {which} with finished requests; need ≥ {min_samples}"
         return (
-            FitResult.failed(Status.INSUFFICIENT_DATA, reason, samples=len(fit_set)),
+            FitResult.failed(Status.INSUFFICIENT_DATA, reason, samples=n_fit),
             overlap_failed("load-aware fit has insufficient data"),
-        )
+        ), None
 
-    arrays = _arrays(fit_set, coef, kv_bytes_per_token, load_bandwidth)
+    arrays = _arrays(x[rows], coef, kv, bw)
     r = arrays["r"]
     running_varies = float(np.ptp(r)) > _RUNNING_TOL * max(1.0, float(np.max(np.abs(r))))
     design, names = _design(arrays, with_alpha=with_alpha, with_c1=running_varies)
     if _collinear(design, arrays["w"], names.index("c0")):
         reason = "prefill chip time t_step + T_compute is 0 in every step: c0 cannot be fitted"
         return (
-            FitResult.failed(Status.NOT_IDENTIFIABLE, reason, samples=len(fit_set)),
+            FitResult.failed(Status.NOT_IDENTIFIABLE, reason, samples=n_fit),
             overlap_failed("load-aware fit not identifiable"),
-        )
-    bounds = {"c0": (0.0, np.inf), "c1": (0.0, np.inf), "alpha": (0.0, 1.0)}
-    lower = np.array([bounds[n][0] for n in names])
-    upper = np.array([bounds[n][1] for n in names])
-    sol = _solve(design, arrays["z"], arrays["w"], lower, upper)
+        ), None
+    lower = np.array([_BOUNDS[n][0] for n in names])
+    upper = np.array([_BOUNDS[n][1] for n in names])
+    sol = solver(design, arrays["z"], arrays["w"], lower, upper, names, rows)
+    if sol is None:
+        return None
     idx = {n: i for i, n in enumerate(names)}
 
     y_hat = sol.predicted + arrays["t_load"]
@@ -462,20 +512,20 @@ def fit_latency(
     load_aware = FitResult(
         status=Status.OK,
         params=params,
-        samples=len(fit_set),
+        samples=n_fit,
         r2=_weighted_r2(arrays["y"], y_hat, arrays["w"]),
         covariance=tuple(tuple(float(v) for v in row) for row in cov2),
         extra={
             "alpha_fitted": "yes" if with_alpha else "no",
-            "loaded_steps": float(len(loaded)),
+            "loaded_steps": float(n_loaded),
             "running_min": float(np.min(r)),
             "running_max": float(np.max(r)),
             "f_scale": float(sol.f_scale),
         },
     )
-
+    fitted = _Fitted(names, sol, rows)
     if not with_alpha:
-        return load_aware, overlap_failed("")
+        return (load_aware, overlap_failed("")), fitted
     ia = idx["alpha"]
     mask = arrays["h_load"] > 0
     alpha_est = Estimate(float(sol.values[ia]), _stderr(sol.covariance, ia))
@@ -484,32 +534,26 @@ def fit_latency(
         status=status,
         reason=reason,
         params={"alpha": alpha_est},
-        samples=len(loaded),
+        samples=n_loaded,
         r2=_weighted_r2(arrays["y"][mask], y_hat[mask], arrays["w"][mask]),
         covariance=((float(sol.covariance[ia, ia]),),),
-        extra={"samples_total": float(len(fit_set))},
+        extra={"samples_total": float(n_fit)},
     )
-    return load_aware, overlap
+    return (load_aware, overlap), fitted
 
 
-def _arrays(
-    samples: Sequence[LatencySample],
-    coef: ChipTimeCoefficients,
-    kv: float | None,
-    bw: float | None,
-) -> dict[str, np.ndarray]:
-    """Per-step arrays: y, w, r, h_load, P = t_step + T_compute, T_load, m, z = y − T_load."""
-    y = np.array([s.y for s in samples], dtype=float)
-    t_compute = np.array([coef.compute_time(s.isl, s.h) for s in samples], dtype=float)
-    if kv is None or bw is None:
-        t_load = np.zeros_like(y)  # only h_load = 0 steps reach here
-    else:
-        t_load = np.array([load_time(s.h_load, s.isl, kv, bw) for s in samples], dtype=float)
+def _arrays(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: float | None) -> dict[str, np.ndarray]:
+    """Per-step arrays of a sample matrix (n, 7): y, w, r, h_load, P = t_step + T_compute,
+    T_load, m, z = y − T_load."""
+    y, isl, h, h_load = x[:, 1], x[:, 2], x[:, 3], x[:, 4]
+    t_compute = coef.compute_time(isl, h)
+    # only h_load = 0 steps reach here without S_kv and B_load
+    t_load = np.zeros_like(y) if kv is None or bw is None else load_time(h_load, isl, kv, bw)
     return {
         "y": y,
-        "w": np.array([s.weight for s in samples], dtype=float),
-        "r": np.array([s.running for s in samples], dtype=float),
-        "h_load": np.array([s.h_load for s in samples], dtype=float),
+        "w": x[:, 6],
+        "r": x[:, 5],
+        "h_load": h_load,
         "p": coef.t_step + t_compute,
         "t_load": t_load,
         "m": np.minimum(t_load, t_compute),
@@ -531,43 +575,65 @@ def _design(arrays: dict[str, np.ndarray], with_alpha: bool, with_c1: bool = Tru
 # --- online -------------------------------------------------------------------------------
 
 
-class LatencyFitter:
-    """Online load-aware latency / overlap fitter over a bounded ring buffer (MODEL.md §6, §7).
+# Relative move of a step's prefill chip time P (plus T_load) under new chip-time coefficients (or
+# S_kv, B_load) beyond which the frozen robust weights no longer describe the residuals: refit.
+COEF_TOL = 0.05
 
-    Memory: at most ``capacity`` :class:`LatencySample` (default 720 = 2 h of 10-s steps); the
-    oldest is dropped first. Nothing is fitted in :meth:`update`; :meth:`result` refits from the
-    stored samples because the chip-time coefficients it depends on keep moving while the §7
-    fit converges. The last result is cached and reused while the samples, ``coef``,
-    ``kv_bytes_per_token`` and ``load_bandwidth`` are unchanged (compared by value).
+Key = tuple[ChipTimeCoefficients, "float | None", "float | None"]
+
+
+@dataclass(frozen=True)
+class _Frozen:
+    """What a robust refit fixes until the next one (fitters/online.py)."""
+
+    key: Key  # (coef, S_kv, B_load) of the refit
+    names: list[str]
+    theta: np.ndarray
+    f_scale: float
+    active: np.ndarray  # parameters at a bound (bool)
+    w_mean: float  # mean weight of the fitted steps, the residuals' normalisation
+
+
+class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
+    """Online load-aware latency / overlap fitter over a bounded ring buffer (MODEL.md §6, §7;
+    fitters/online.py).
+
+    Memory: a :class:`~fitters.online.RowBuffer` of at most ``capacity`` samples (default 720 =
+    2 h of 10-s steps), 8 floats each (the 7 fields of :class:`LatencySample`, a frozen weight),
+    2·capacity rows of storage; the oldest is dropped first. Nothing is fitted in :meth:`update`.
+    :meth:`result` is :func:`fit_latency` (warm-started) when no ok refit exists, ``every``
+    samples arrived since the last one, or the chip-time coefficients, S_kv or B_load moved the
+    prefill chip time (plus T_load) of some stored step by more than COEF_TOL relative; in
+    between, the exact weighted least squares of all stored steps under the given coefficients
+    with the refit's soft_l1 IRLS weights frozen (a new step: the weight at its residual under
+    the refit's solution, coefficients and f_scale) and the parameters it held at a bound fixed
+    there; covariance, R² and statuses as in :func:`fit_latency` at that solution. It refits
+    instead when a free parameter leaves its bounds or the fit's structure changes (which
+    parameters are fitted, which steps enter). The result is cached while the samples,
+    ``coef``, ``kv_bytes_per_token`` and ``load_bandwidth`` are unchanged (compared by value).
+    Raises ValueError for capacity < 1, min_samples < 1 or every < 1.
     """
 
-    def __init__(self, capacity: int = 720, min_samples: int = 8) -> None:
+    def __init__(self, capacity: int = 720, min_samples: int = 8, every: int = REFIT_EVERY) -> None:
         if capacity < 1:
             raise ValueError("capacity must be ≥ 1")
         if min_samples < 1:
             raise ValueError("min_samples must be ≥ 1")
+        super().__init__(capacity, len(_COLUMNS), every)
         self.capacity = capacity
         self.min_samples = min_samples
-        self._buf: deque[LatencySample] = deque(maxlen=capacity)
-        self._version = 0
-        self._cache_key: tuple[object, ...] | None = None
-        self._cache: tuple[FitResult, FitResult] | None = None
-
-    def __len__(self) -> int:
-        return len(self._buf)
 
     @property
     def samples(self) -> tuple[LatencySample, ...]:
         """The stored samples, oldest first."""
-        return tuple(self._buf)
+        return tuple(LatencySample(*map(float, row[:-1])) for row in self.rows.view())
 
     def update(self, obs: Observation) -> bool:
         """Store the step's sample; False when the step is unusable (see LatencySample.from_observation)."""
         sample = LatencySample.from_observation(obs)
         if sample is None:
             return False
-        self._buf.append(sample)
-        self._version += 1
+        self.append(tuple(getattr(sample, c) for c in _COLUMNS))
         return True
 
     def result(
@@ -576,10 +642,49 @@ class LatencyFitter:
         kv_bytes_per_token: float | None,
         load_bandwidth: float | None,
     ) -> tuple[FitResult, FitResult]:
-        """``(load_aware, overlap)`` as :func:`fit_latency` on the stored samples."""
-        key = (self._version, coef, kv_bytes_per_token, load_bandwidth)
-        if self._cache is not None and self._cache_key == key:
-            return self._cache
-        out = fit_latency(self._buf, coef, kv_bytes_per_token, load_bandwidth, self.min_samples)
-        self._cache_key, self._cache = key, out
-        return out
+        """``(load_aware, overlap)`` on the stored samples (class docstring). Raises ValueError
+        as :func:`fit_latency`."""
+        return self.solve((coef, kv_bytes_per_token, load_bandwidth))
+
+    def _refit(self, x: np.ndarray, key: Key,
+               previous: _Frozen | None) -> tuple[tuple[FitResult, FitResult], _Frozen | None, np.ndarray]:
+        def solver(design, z, w, lower, upper, names, rows):
+            warm = previous is not None and previous.names == names
+            return _solve(design, z, w, lower, upper, previous.theta if warm else None)
+
+        out, fitted = _fit_matrix(x, *key, self.min_samples, solver)
+        weights = np.ones(len(x))
+        if fitted is None:
+            return out, None, weights
+        sol = fitted.solution
+        weights[fitted.rows] = sol.weights
+        w_mean = float(x[fitted.rows, 6].mean())
+        return out, _Frozen(key, fitted.names, sol.values, sol.f_scale, sol.active, w_mean), weights
+
+    def _weigh(self, x: np.ndarray, key: Key, state: _Frozen) -> np.ndarray:
+        arrays = _arrays(x, *state.key)
+        design, _ = _design(arrays, "alpha" in state.names, "c1" in state.names)
+        resid = (design @ state.theta - arrays["z"]) * np.sqrt(arrays["w"] / state.w_mean)
+        return soft_l1_weight(resid, state.f_scale)
+
+    def _exact(self, x: np.ndarray, w: np.ndarray, key: Key, state: _Frozen) -> tuple[FitResult, FitResult] | None:
+        if key != state.key:
+            now, then = _arrays(x, *key), _arrays(x, *state.key)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                moved = (np.abs(now["p"] - then["p"]) + np.abs(now["t_load"] - then["t_load"])) / then["p"]
+            if not float(np.max(moved)) <= COEF_TOL:  # nan (P = 0) counts as moved
+                return None
+
+        def solver(design, z, sw, lower, upper, names, rows):
+            if names != state.names:
+                return None
+            a, b = _normalised(design, z, sw)
+            sol = frozen_wls(a, b, w[rows], state.active, state.theta, lower, upper)
+            if sol is None:
+                return None
+            theta = sol[0]
+            return _Solution(theta, _robust_covariance(a, b, theta, state.f_scale), design @ theta, state.f_scale,
+                             state.active, w[rows])
+
+        out = _fit_matrix(x, *key, self.min_samples, solver)
+        return None if out is None or out[1] is None else out[0]

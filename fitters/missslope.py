@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
 from .chiptime import robust_sigma
 from .observation import Observation
+from .online import REFIT_EVERY, AmortizedFit
 from .result import Estimate, FitResult, Status
 
 # A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip
@@ -96,6 +96,23 @@ def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_s
 
 def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) -> tuple[FitResult, np.ndarray]:
     """:func:`fit_miss_slope` plus the anomaly mask over the input points, shape (n,)."""
+    return _robust_fit(h, tps, min_samples, min_h_span)[:2]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reference:
+    """The reference curve of a fit (part 1 of :func:`fit_miss_slope`), what a refit freezes
+    until the next one (fitters/online.py)."""
+
+    p: np.ndarray  # (A, B, C, s) in units of y_scale
+    sigma: float  # robust σ of the relative residuals that flagged the anomalies
+    y_scale: float  # the median TPS the reference is scaled by [tokens/s]
+
+
+def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float,
+                previous: _Reference | None = None) -> tuple[FitResult, np.ndarray, _Reference | None]:
+    """:func:`_fit` plus the reference it flagged with (None when the fit failed before or after
+    it); ``previous``'s reference is one more start, taken when its σ is the smallest."""
     if h.ndim != 1 or h.shape != tps.shape:
         raise ValueError(f"h and tps must be 1-D of equal length, got {h.shape} and {tps.shape}")
     anomalies = np.zeros(h.shape, dtype=bool)
@@ -103,12 +120,16 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
     hf, yf = h[finite], tps[finite]
     checked = _check(hf, min_samples, min_h_span, "")
     if checked is not None:
-        return checked, anomalies
+        return checked, anomalies, None
 
     # Median-scaled so that the reference's coefficients are O(1).
     y_scale = float(np.median(np.abs(yf))) or 1.0
     ys = yf / y_scale
-    start = min(_starts(hf, ys), key=lambda q: robust_sigma(_reference_residuals(q, hf, ys)))
+    starts = _starts(hf, ys)
+    if previous is not None:
+        # A, B, C are busy seconds per miss token in units of 1/y_scale; s is a pure number.
+        starts += (previous.p * np.array([*[y_scale / previous.y_scale] * 3, 1.0]),)
+    start = min(starts, key=lambda q: robust_sigma(_reference_residuals(q, hf, ys)))
     p = _fit_reference(hf, ys, start, robust_sigma(_reference_residuals(start, hf, ys)))
     keep = np.ones(hf.shape, dtype=bool)
     for _ in range(_MAX_ROUNDS):
@@ -122,14 +143,21 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
             break  # too few points left to fit a line: reported insufficient_data below
         p = _fit_reference(hf[keep], ys[keep], p, sigma)
     anomalies[np.flatnonzero(finite)[~keep]] = True
-    n_anom = int((~keep).sum())
-    extra = {"anomalies": n_anom, "h_min": float(hf.min()), "h_max": float(hf.max())}
+    res = _line(hf, yf, keep, _Reference(p, sigma, y_scale), min_samples, min_h_span)
+    return res, anomalies, _Reference(p, sigma, y_scale) if res.ok else None
 
-    hk = hf[keep]
+
+def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_samples: int,
+          min_h_span: float) -> FitResult:
+    """Part 2 of :func:`fit_miss_slope`: the line through the ``keep`` points of finite h, y
+    (shape (n,)), its sandwich covariance from the scatter about ``ref``; no iteration."""
+    n_anom = int(len(keep) - keep.sum())
+    extra = {"anomalies": n_anom, "h_min": float(h.min()), "h_max": float(h.max())}
+    hk = h[keep]
     checked = _check(hk, min_samples, min_h_span, f" after excluding {n_anom} tail-chunk anomalies")
     if checked is not None:
-        return dataclasses.replace(checked, extra=extra), anomalies
-    y_k = yf[keep]
+        return dataclasses.replace(checked, extra=extra)
+    y_k = y[keep]
     w = _h_quadrature(hk)
     design = np.column_stack([np.ones_like(hk), hk])
     xtw_inv = np.linalg.inv(design.T @ (design * w[:, None]))
@@ -137,11 +165,11 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
     if b0 <= 0:
         return FitResult(
             Status.NOT_IDENTIFIABLE, "intercept TPS0 ≤ 0: a = -b1/b0 undefined", samples=len(hk), extra=extra
-        ), anomalies
+        )
 
     # Sandwich covariance of (b0, b1): the noise is each step's scatter about the reference curve,
     # with the dof of the reference's 4 parameters.
-    noise = y_k - y_scale / _reference_cost(p, hk)
+    noise = y_k - ref.y_scale / _reference_cost(ref.p, hk)
     dof = len(hk) - 4
     meat = design.T @ (design * ((w * noise) ** 2)[:, None])
     cov_b = xtw_inv @ meat @ xtw_inv * (len(hk) / dof if dof > 0 else math.nan)
@@ -162,7 +190,7 @@ def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) ->
         r2=r2,
         covariance=tuple(tuple(float(v) for v in row) for row in cov),
         extra=extra,
-    ), anomalies
+    )
 
 
 def _reference_cost(p: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -232,23 +260,60 @@ def _check(h: np.ndarray, min_samples: int, min_h_span: float, suffix: str) -> F
     return None
 
 
+class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
+    """One ISL bucket's rows (t [s], h [1], TPS_miss [tokens/s]) and its amortized fit
+    (fitters/online.py): a refit is :func:`_robust_fit`; the frozen weight of a row is 1 when it
+    is kept, 0 when flagged against the refit's reference (a new row: flagged when more than
+    ANOMALY_SIGMAS of the refit's σ below that reference); in between, the exact step is the
+    line of :func:`fit_miss_slope` over the kept rows (it has no robust loss, so that is the whole
+    fit) with the sandwich covariance about the frozen reference."""
+
+    def __init__(self, bucket: Bucket, capacity: int, min_samples: int, min_h_span: float, every: int) -> None:
+        super().__init__(capacity, 3, every)
+        self.min_samples, self.min_h_span = min_samples, min_h_span
+        self._extra = {"isl_bucket_lo": bucket[0], "isl_bucket_hi": bucket[1]}
+
+    def _with_bucket(self, res: FitResult) -> FitResult:
+        return dataclasses.replace(res, extra={**res.extra, **self._extra})
+
+    def _refit(self, x: np.ndarray, key: object,
+               previous: _Reference | None) -> tuple[tuple[FitResult, np.ndarray], _Reference | None, np.ndarray]:
+        res, mask, ref = _robust_fit(x[:, 1], x[:, 2], self.min_samples, self.min_h_span, previous)
+        return (self._with_bucket(res), mask), ref, (~mask).astype(float)
+
+    def _weigh(self, x: np.ndarray, key: object, ref: _Reference) -> np.ndarray:
+        rel = _reference_residuals(ref.p, x[:, 1], x[:, 2] / ref.y_scale)
+        return (rel >= -ANOMALY_SIGMAS * ref.sigma).astype(float)
+
+    def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
+               ref: _Reference) -> tuple[FitResult, np.ndarray] | None:
+        keep = w > 0.5
+        res = _line(x[:, 1], x[:, 2], keep, ref, self.min_samples, self.min_h_span)
+        return (self._with_bucket(res), ~keep) if res.ok else None
+
+
 class MissSlopeFitter:
     """Online direct estimator of (TPS0, a) per log2 ISL bucket (MODEL.md §4 ``linear``, §6).
 
-    Memory bound: one ring buffer (``collections.deque(maxlen=capacity_per_bucket)``) of
-    (t, h, TPS_miss) per ISL bucket met so far; log2 buckets keep their number small (≤ 24 for
-    ISL < 16 Mi tokens), so at most 24 × capacity_per_bucket × 3 floats. Each bucket's fit is
-    cached and refitted only when that bucket got new data. Nothing is learned at construction.
+    Memory bound: one :class:`~fitters.online.RowBuffer` of the last ``capacity_per_bucket``
+    (t, h, TPS_miss) rows per ISL bucket met so far (4 floats each with the frozen weight,
+    2·capacity rows of storage); log2 buckets keep their number small (≤ 24 for ISL < 16 Mi
+    tokens). Each bucket's fit is amortized (fitters/online.py, ``every`` rows between robust
+    refits; :class:`_BucketFit`) and cached until that bucket gets data. Nothing is learned at
+    construction. Raises ValueError for capacity_per_bucket < 1 or every < 1.
     """
 
-    def __init__(self, capacity_per_bucket: int = 512, min_samples: int = 8, min_h_span: float = 0.1) -> None:
+    def __init__(self, capacity_per_bucket: int = 512, min_samples: int = 8, min_h_span: float = 0.1,
+                 every: int = REFIT_EVERY) -> None:
         if capacity_per_bucket < 1:
             raise ValueError("capacity_per_bucket must be ≥ 1")
+        if every < 1:
+            raise ValueError("every must be ≥ 1")
         self.capacity_per_bucket = capacity_per_bucket
         self.min_samples = min_samples
         self.min_h_span = min_h_span
-        self._buffers: dict[Bucket, deque[tuple[float, float, float]]] = {}
-        self._cache: dict[Bucket, tuple[FitResult, np.ndarray]] = {}
+        self.every = every
+        self._buckets: dict[Bucket, _BucketFit] = {}
         self._current: Bucket | None = None
 
     def update(self, obs: Observation) -> bool:
@@ -260,30 +325,22 @@ class MissSlopeFitter:
         if not (0.0 <= h <= 1.0 and math.isfinite(tps) and tps >= 0 and math.isfinite(isl) and isl >= 1):
             return False
         bucket = isl_bucket(isl)
-        buf = self._buffers.get(bucket)
-        if buf is None:
-            buf = self._buffers[bucket] = deque(maxlen=self.capacity_per_bucket)
-        buf.append((obs.t, h, tps))
-        self._cache.pop(bucket, None)
+        fit = self._buckets.get(bucket)
+        if fit is None:
+            fit = self._buckets[bucket] = _BucketFit(
+                bucket, self.capacity_per_bucket, self.min_samples, self.min_h_span, self.every)
+        fit.append((obs.t, h, tps))
         self._current = bucket
         return True
 
     def _fitted(self, bucket: Bucket) -> tuple[FitResult, np.ndarray]:
         """(fit, anomaly mask over the bucket's buffer) of one bucket, cached until it gets data."""
-        cached = self._cache.get(bucket)
-        if cached is not None:
-            return cached
-        buf = self._buffers.get(bucket)
-        if buf:
-            data = np.array(buf)
-            res, mask = _fit(data[:, 1], data[:, 2], self.min_samples, self.min_h_span)
-        else:
+        fit = self._buckets.get(bucket)
+        if fit is None:
             lo, hi = bucket
             res = FitResult.failed(Status.INSUFFICIENT_DATA, f"no usable busy step with ISL in [{lo}, {hi})")
-            mask = np.zeros(0, dtype=bool)
-        res = dataclasses.replace(res, extra={**res.extra, "isl_bucket_lo": bucket[0], "isl_bucket_hi": bucket[1]})
-        self._cache[bucket] = (res, mask)
-        return res, mask
+            return dataclasses.replace(res, extra={"isl_bucket_lo": lo, "isl_bucket_hi": hi}), np.zeros(0, dtype=bool)
+        return fit.solve()
 
     def result(self, isl: float | None = None) -> FitResult:
         """Fit of the ISL bucket of ``isl`` [tokens] (default: the bucket of the latest usable
@@ -295,11 +352,11 @@ class MissSlopeFitter:
 
     def buckets(self) -> dict[Bucket, FitResult]:
         """Fit of every ISL bucket with data, keyed by (lo, hi), ascending."""
-        return {b: self._fitted(b)[0] for b in sorted(self._buffers)}
+        return {b: self._fitted(b)[0] for b in sorted(self._buckets)}
 
     def anomaly_times(self) -> list[float]:
         """Times ``obs.t`` [s] of the steps flagged as tail-chunk anomalies in the current bucket."""
         if self._current is None:
             return []
         mask = self._fitted(self._current)[1]
-        return [t for (t, _, _), flagged in zip(self._buffers[self._current], mask) if flagged]
+        return self._buckets[self._current].rows.view()[mask, 0].tolist()

@@ -246,3 +246,73 @@ def test_repeated_identical_steps_do_not_crash_the_fit():
     # up to the robust loss pulling towards the majority (within the 0.2 s spread)
     coef = ChipTimeCoefficients(*(res.params[k].value for k in CHIP_TIME_TERMS))
     assert 2.0 - 1e-6 <= predict_busy_time(coef, rows[0]) <= 2.2 + 1e-6
+
+
+def _design(obs: list[Observation]) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([[o.steps, o.miss_tokens, o.attention_work, o.generation_tokens, o.decode_context_tokens]
+                  for o in obs])
+    return x, np.array([o.dt for o in obs])
+
+
+def test_amortized_fit_refits_every_k_rows_and_is_exact_wls_in_between():
+    # MODEL.md §6 / fitters/online.py. The refit's frozen weights are derived here from the
+    # documented procedure: unit-RMS columns, NNLS start p0 on rows / Δt, size = max(x·p0,
+    # 0.01·median Δt), σ0 = 1.4826·MAD of the start's relative residuals, soft_l1 IRLS weight
+    # 1/√(1 + (r/σ0)²) at the refit's solution; in between, the solution is lstsq of
+    # √(weight)/size-scaled rows.
+    k = 8
+    obs = make_steps(np.random.default_rng(31), 40 + 2 * k, outliers=3)
+    fitter = ChipTimeFitter(every=k)
+    for o in obs[:40]:
+        fitter.update(o)
+    first = fitter.result()
+    pure = fit_chip_time(obs[:40])
+    assert fitter.refits == 1
+    for name in CHIP_TIME_TERMS:
+        assert first.params[name].value == pytest.approx(pure.params[name].value, rel=1e-5)
+        assert first.params[name].stderr == pytest.approx(pure.params[name].stderr, rel=1e-3)
+
+    x, y = _design(obs[:40])
+    scale = np.sqrt(np.mean(x * x, axis=0))
+    p0 = nnls(x / scale / y[:, None], np.ones(len(y)))[0] / scale
+    floor = 0.01 * np.median(y)
+    size = np.maximum(x @ p0, floor)
+    r0 = (x @ p0 - y) / size
+    sigma0 = 1.4826 * np.median(np.abs(r0 - np.median(r0)))
+    beta = np.array([first.params[n].value for n in CHIP_TIME_TERMS])
+    assert np.all(beta > 0)  # no bound active for these data: every term free in between
+    for i in range(40, 40 + k - 1):  # k − 1 exact steps
+        fitter.update(obs[i])
+        res = fitter.result()
+        assert fitter.refits == 1
+        x, y = _design(obs[: i + 1])
+        size = np.maximum(x @ p0, floor)
+        weight = 1.0 / np.sqrt(1.0 + (((x @ beta - y) / size) / sigma0) ** 2)
+        sw = np.sqrt(weight) / size
+        expected = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)[0]
+        assert [res.params[n].value for n in CHIP_TIME_TERMS] == pytest.approx(expected, rel=1e-7)
+        assert res.samples == i + 1 and res.ok
+    fitter.update(obs[40 + k - 1])  # k rows since the refit
+    res = fitter.result()
+    assert fitter.refits == 2
+    pure = fit_chip_time(obs[: 40 + k])
+    for name in CHIP_TIME_TERMS:
+        assert res.params[name].value == pytest.approx(pure.params[name].value, rel=1e-5)
+
+
+def test_amortized_fit_respects_the_bounds_between_refits():
+    # True k_ctx = 0: the robust refit holds it at its bound 0, and no exact step between refits
+    # publishes a negative coefficient (it keeps the bound or refits).
+    zero_ctx = dataclasses.replace(TRUE, k_ctx=0.0)
+    rng = np.random.default_rng(32)
+    fitter, at_bound = ChipTimeFitter(every=16), 0
+    for o in make_steps(rng, 120, noise=0.05):
+        dt = true_busy_time(o.steps, o.miss_tokens, o.attention_work, o.generation_tokens, o.decode_context_tokens,
+                            zero_ctx)
+        fitter.update(dataclasses.replace(o, dt=dt * (1.0 + 0.05 * rng.standard_normal())))
+        res = fitter.result()
+        if res.ok:
+            assert all(res.params[n].value >= 0.0 for n in CHIP_TIME_TERMS)
+            at_bound += res.params["k_ctx"].value == 0.0
+    assert at_bound > 0  # the bound was active in some exact step
+    assert fitter.refits < 120 - 9  # amortized: not one refit per row

@@ -263,3 +263,74 @@ def test_predictions_unknown_when_load_term_unknown():
         service_ttft(COEF, 4000, 0.5, 0.6, 0.5, S_KV, B_LOAD)  # h_load > h
     with pytest.raises(ValueError):
         service_ttft(COEF, 4000, 0.5, 0.3, 1.5, S_KV, B_LOAD)  # α > 1
+
+
+# --- amortized online fit (fitters/online.py) ------------------------------------------------
+
+
+def _regressors(samples, alpha_fitted=True):
+    """Design (P, P·running, −min(T_load, T_compute)) and z = y − T_load, written out here."""
+    rows, z, w = [], [], []
+    for s in samples:
+        m_tok, h_tok = (1.0 - s.h) * s.isl, s.h * s.isl
+        t_compute = 5e-5 * m_tok + 1e-8 * (m_tok * h_tok + m_tok * m_tok / 2.0)
+        t_load = s.h_load * s.isl * S_KV / B_LOAD
+        p = 0.02 + t_compute
+        rows.append([p, p * s.running, -min(t_load, t_compute)][: 3 if alpha_fitted else 2])
+        z.append(s.y - t_load)
+        w.append(s.weight)
+    return np.array(rows), np.array(z), np.array(w)
+
+
+def test_amortized_fit_refits_every_k_samples_and_is_exact_wls_in_between():
+    # At a refit: fit_latency of the stored samples. In between: weighted least squares with the
+    # refit's soft_l1 IRLS weights 1/√(1 + (r/f_scale)²), r = the step's residual under the
+    # refit's solution times √(w/mean w), times the request weights w.
+    k = 8
+    obs, _ = _make(100 + k, 0.6, noise=0.03)
+    obs[3] = _obs(3.0, 4000.0, 0.2, 0.1, 4.0, 9.0)  # an outlier step
+    fitter = LatencyFitter(every=k)
+    for o in obs[:100]:
+        fitter.update(o)
+    la, ov = fitter.result(COEF, S_KV, B_LOAD)
+    pure_la, pure_ov = fit_latency(_samples(obs[:100]), COEF, S_KV, B_LOAD)
+    assert fitter.refits == 1
+    assert la.value("c0") == pytest.approx(pure_la.value("c0"), rel=1e-6)
+    assert la.value("c1") == pytest.approx(pure_la.value("c1"), rel=1e-6)
+    assert ov.value("alpha") == pytest.approx(pure_ov.value("alpha"), rel=1e-6)
+
+    theta = np.array([la.value("c0"), la.value("c1"), ov.value("alpha")])
+    assert 0.0 < theta[2] < 1.0  # no bound active
+    f_scale = la.extra["f_scale"]
+    d0, z0, w0 = _regressors(_samples(obs[:100]))
+    w_mean = w0.mean()
+    for i in range(100, 100 + k - 1):
+        fitter.update(obs[i])
+        la, ov = fitter.result(COEF, S_KV, B_LOAD)
+        assert fitter.refits == 1
+        d, z, w = _regressors(_samples(obs[: i + 1]))
+        irls = 1.0 / np.sqrt(1.0 + ((d @ theta - z) * np.sqrt(w / w_mean) / f_scale) ** 2)
+        sw = np.sqrt(irls * w)
+        expected = np.linalg.lstsq(d * sw[:, None], z * sw, rcond=None)[0]
+        got = [la.value("c0"), la.value("c1"), ov.value("alpha")]
+        assert got == pytest.approx(expected, rel=1e-7)
+    fitter.update(obs[100 + k - 1])
+    la, _ = fitter.result(COEF, S_KV, B_LOAD)
+    assert fitter.refits == 2
+    assert la.value("c0") == pytest.approx(fit_latency(_samples(obs), COEF, S_KV, B_LOAD)[0].value("c0"), rel=1e-6)
+
+
+def test_amortized_fit_follows_small_coefficient_moves_exactly_and_refits_on_large_ones():
+    obs, _ = _make(100, 0.6)
+    fitter = LatencyFitter(every=16)
+    for o in obs:
+        fitter.update(o)
+    fitter.result(COEF, S_KV, B_LOAD)
+    nudged = ChipTimeCoefficients(0.0201, 5e-5, 1e-8, 0.0, 0.0)  # P moves by ≤ 0.5 %: exact step
+    la, _ = fitter.result(nudged, S_KV, B_LOAD)
+    assert fitter.refits == 1
+    assert la.value("c0") == pytest.approx(fit_latency(_samples(obs), nudged, S_KV, B_LOAD)[0].value("c0"), rel=1e-3)
+    moved = ChipTimeCoefficients(0.03, 5e-5, 1e-8, 0.0, 0.0)  # P moves by up to 50 %: refit
+    la, _ = fitter.result(moved, S_KV, B_LOAD)
+    assert fitter.refits == 2
+    assert la.value("c0") == pytest.approx(fit_latency(_samples(obs), moved, S_KV, B_LOAD)[0].value("c0"), rel=1e-6)

@@ -293,3 +293,71 @@ def test_curved_tps_gives_its_line_over_the_range_whatever_the_traffic_histogram
     clean = dip_factor(h) == 1.0
     b1, b0 = np.polyfit(h[clean], tps[clean], 1)
     assert abs(-b1 / b0 - a) > 0.02  # a line weighting every step alike would follow the traffic instead
+
+
+def quadrature_line(h: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(TPS0, a) of the line weighted by the trapezoid rule over the distinct h (steps whose h
+    round to the same 0.01 share their node, placed at their mean h), as fit_miss_slope documents."""
+    nodes: dict[float, list[int]] = {}
+    for i, v in enumerate(h):
+        nodes.setdefault(math.floor(v / 0.01 + 0.5), []).append(i)
+    keys = sorted(nodes)
+    centre = [float(np.mean(h[nodes[k]])) for k in keys]
+    w = np.zeros(len(h))
+    for j, k in enumerate(keys):
+        width = (centre[j + 1] - centre[j]) / 2 if j + 1 < len(keys) else 0.0
+        width += (centre[j] - centre[j - 1]) / 2 if j > 0 else 0.0
+        w[nodes[k]] = width / len(nodes[k])
+    sw = np.sqrt(w)
+    b0, b1 = np.linalg.lstsq(np.column_stack([sw, sw * h]), sw * y, rcond=None)[0]
+    return b0, -b1 / b0
+
+
+def test_amortized_fit_refits_every_k_rows_and_is_the_exact_line_in_between():
+    # fitters/online.py: at a refit the bucket's fit is fit_miss_slope of its rows; in between,
+    # the anomalies of the refit stay flagged, a new clean step is kept, and the line is the
+    # quadrature-weighted least squares of the kept steps.
+    k = 8
+    rng = np.random.default_rng(41)
+    h, tps, _ = sweep(rng, 0.5, n=120)
+    fitter = MissSlopeFitter(every=k)
+    for i in range(100):
+        fitter.update(step(2.0 * i, h[i], tps[i], isl=1500.0))
+    first = fitter.result()
+    pure, mask = _fit(h[:100], tps[:100], 8, 0.1)
+    assert first.value("a") == pytest.approx(pure.value("a"), rel=1e-9)
+    assert first.extra["anomalies"] == pure.extra["anomalies"] > 0
+    flagged = set(fitter.anomaly_times())
+    assert flagged == {2.0 * i for i in np.flatnonzero(mask)}
+
+    clean_h = np.linspace(0.05, 0.85, k - 1)  # new steps on the line: never flagged
+    clean_y = TPS0 * (1.0 - 0.5 * clean_h)
+    for j in range(k - 1):
+        fitter.update(step(200.0 + 2.0 * j, clean_h[j], clean_y[j], isl=1500.0))
+        res = fitter.result()
+        keep = np.concatenate([~mask, np.ones(j + 1, dtype=bool)])
+        all_h = np.concatenate([h[:100], clean_h[: j + 1]])
+        all_y = np.concatenate([tps[:100], clean_y[: j + 1]])
+        tps0, a = quadrature_line(all_h[keep], all_y[keep])
+        assert res.value("a") == pytest.approx(a, rel=1e-9)
+        assert res.value("tps0") == pytest.approx(tps0, rel=1e-9)
+        assert set(fitter.anomaly_times()) == flagged
+    fitter.update(step(300.0, 0.4, TPS0 * 0.8, isl=1500.0))  # k rows since the refit
+    res = fitter.result()
+    all_h = np.concatenate([h[:100], clean_h, [0.4]])
+    all_y = np.concatenate([tps[:100], clean_y, [TPS0 * 0.8]])
+    assert res.value("a") == pytest.approx(fit_miss_slope(all_h, all_y).value("a"), rel=1e-6)
+
+
+def test_amortized_fit_flags_a_new_dip_against_the_frozen_reference():
+    rng = np.random.default_rng(42)
+    h, tps, _ = sweep(rng, 0.5, n=100, dips=False)
+    fitter = MissSlopeFitter(every=16)
+    for i in range(100):
+        fitter.update(step(2.0 * i, h[i], tps[i], isl=1500.0))
+    before = fitter.result()
+    fitter.update(step(500.0, 0.4, TPS0 * 0.8 * 0.3, isl=1500.0))  # a 70 % tail-chunk dip
+    after = fitter.result()
+    assert fitter.anomaly_times()[-1] == 500.0
+    assert after.extra["anomalies"] == before.extra["anomalies"] + 1
+    assert after.samples == before.samples
