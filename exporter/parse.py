@@ -138,23 +138,32 @@ class ParseError(ValueError):
     """The body is not Prometheus text exposition (message names the problem, never the body)."""
 
 
+class Buckets:
+    """``buckets`` ((le, count), …, ascending le) of a histogram kept as two columns, ``edges`` and
+    ``counts``: consecutive scrapes share one edges tuple and subtract counts column-wise, and no
+    pair is built unless ``buckets`` is read. :meth:`of` builds one from pairs."""
+
+    edges: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    @functools.cached_property
+    def buckets(self) -> tuple[tuple[float, float], ...]:
+        return tuple(zip(self.edges, self.counts))
+
+    @classmethod
+    def of(cls, sum: float, count: float, buckets: tuple[tuple[float, float], ...] = ()):
+        return cls(sum, count, tuple(le for le, _ in buckets), tuple(c for _, c in buckets))
+
+
 @dataclass(frozen=True)
-class Histogram:
-    """Cumulative histogram summed over engines: ``buckets`` are (le, cumulative count), ascending."""
+class Histogram(Buckets):
+    """Cumulative histogram summed over engines: ``sum``, ``count``, and per bucket its ``le``
+    (``edges``, ascending) and cumulative count (``counts``); ``buckets`` pairs them."""
 
     sum: float
     count: float
-    buckets: tuple[tuple[float, float], ...] = ()
-
-    @functools.cached_property
-    def edges(self) -> tuple[float, ...]:
-        """The ``le`` of every bucket (the parser's hot path shares one tuple between scrapes)."""
-        return tuple(le for le, _ in self.buckets)
-
-    @functools.cached_property
-    def counts(self) -> tuple[float, ...]:
-        """The cumulative count of every bucket."""
-        return tuple(c for _, c in self.buckets)
+    edges: tuple[float, ...] = ()
+    counts: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -952,11 +961,8 @@ class _HistRecipe:
 
 
 def _ev_hist(h: _HistRecipe, values) -> Histogram:
-    counts = h.counts(values)
-    out = Histogram(math.nan if h.sum is None else _ev(h.sum, values), _ev(h.count, values),
-                    tuple(zip(h.edges, counts)))
-    out.__dict__.update(edges=h.edges, counts=counts)  # fill the caches: steps compare edges by identity
-    return out
+    return Histogram(math.nan if h.sum is None else _ev(h.sum, values), _ev(h.count, values), h.edges,
+                     h.counts(values))
 
 
 def _map_evaluator(m: Mapping[str, object]):

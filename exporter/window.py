@@ -35,26 +35,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from exporter.parse import Histogram, ModelSignals, Snapshot
+from exporter.parse import Buckets, Histogram, ModelSignals, Snapshot
 
 
 @dataclass(frozen=True)
-class HistogramDelta:
-    """Increase of one histogram: Δsum, Δcount and per-bucket Δcumulative counts."""
+class HistogramDelta(Buckets):
+    """Increase of one histogram: Δsum, Δcount and per bucket (``edges``) the increase of its
+    cumulative count (``counts``); ``buckets`` pairs them."""
 
     sum: float
     count: float
-    buckets: tuple[tuple[float, float], ...] = ()
-
-    @functools.cached_property
-    def edges(self) -> tuple[float, ...]:
-        """The ``le`` of every bucket."""
-        return tuple(le for le, _ in self.buckets)
-
-    @functools.cached_property
-    def counts(self) -> tuple[float, ...]:
-        """The increase of every cumulative bucket count."""
-        return tuple(c for _, c in self.buckets)
+    edges: tuple[float, ...] = ()
+    counts: tuple[float, ...] = ()
 
     @functools.cached_property
     def mean(self) -> float | None:
@@ -184,15 +176,9 @@ def _engine_increase(prev: ModelSignals, cur: ModelSignals
     return counters, hists, restarted
 
 
-def _hist_delta(total: float, count: float, edges: tuple, counts: tuple) -> HistogramDelta:
-    out = HistogramDelta(total, count, tuple(zip(edges, counts)))
-    out.__dict__.update(edges=edges, counts=counts)  # fill the caches (sums over steps zip counts)
-    return out
-
-
 def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
     if reset:
-        return _hist_delta(h.sum, h.count, h.edges, h.counts)
+        return HistogramDelta(h.sum, h.count, h.edges, h.counts)
     edges: tuple[float, ...] = ()
     increases: tuple[float, ...] = ()
     if h.buckets and p.buckets:
@@ -209,7 +195,7 @@ def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
     total = h.sum - p.sum
     if total < 0:
         total = math.nan  # _sum went down while _count did not: Δsum unknown, never negative
-    return _hist_delta(total, h.count - p.count, edges, increases)
+    return HistogramDelta(total, h.count - p.count, edges, increases)
 
 
 def _sum_hist_deltas(parts: list[HistogramDelta]) -> HistogramDelta:
@@ -223,7 +209,7 @@ def _sum_hist_deltas(parts: list[HistogramDelta]) -> HistogramDelta:
     else:
         edges = tuple(sorted(set(edges).intersection(*(p.edges for p in parts[1:]))))
         counts = tuple(math.fsum(dict(p.buckets)[le] for p in parts) for le in edges)
-    return _hist_delta(math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts), edges, counts)
+    return HistogramDelta(math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts), edges, counts)
 
 
 def add_deltas(deltas: list[Delta]) -> Delta:

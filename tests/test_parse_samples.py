@@ -245,7 +245,7 @@ def test_dp2_complete_series_summed_over_engines():
     # histogram: count 3 + 1 = 4, sum 1250 + 400 = 1650,
     # buckets le=100: 1 + 0 = 1; le=1000: 3 + 1 = 4; +Inf: 3 + 1 = 4
     h = m.histograms["request_generation_tokens"]
-    assert h == Histogram(sum=1650.0, count=4.0, buckets=((100.0, 1.0), (1000.0, 4.0), (math.inf, 4.0)))
+    assert h == Histogram.of(1650.0, 4.0, ((100.0, 1.0), (1000.0, 4.0), (math.inf, 4.0)))
     # cache_config_info: engine 0's labels even though engine 1's line comes first
     assert snap.cache_config["num_gpu_blocks"] == "2000"
 
@@ -410,7 +410,7 @@ vllm_request_prompt_tokens_count{model_name="sim"} 2
     m = snap.models["sim"]
     assert dict(m.counters) == {"queries": 40.0, "hits": 8.0, "generation_tokens": 12.0}
     assert m.gauges["running"] == 2.0
-    assert m.histograms["request_prompt_tokens"] == Histogram(50.0, 2.0, ((20.0, 1.0), (math.inf, 2.0)))
+    assert m.histograms["request_prompt_tokens"] == Histogram.of(50.0, 2.0, ((20.0, 1.0), (math.inf, 2.0)))
 
 
 def test_help_queried_blocks_gives_block_unit():

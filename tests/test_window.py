@@ -92,25 +92,25 @@ def test_series_created_later_is_not_a_restart():
 
 
 def test_histogram_bucket_deltas():
-    prev = sig(histograms={"prefill_time": Histogram(3.0, 6.0, ((0.1, 2.0), (1.0, 5.0), (math.inf, 6.0)))})
-    cur = sig(histograms={"prefill_time": Histogram(7.5, 11.0, ((0.1, 3.0), (0.5, 7.0), (1.0, 9.0),
+    prev = sig(histograms={"prefill_time": Histogram.of(3.0, 6.0, ((0.1, 2.0), (1.0, 5.0), (math.inf, 6.0)))})
+    cur = sig(histograms={"prefill_time": Histogram.of(7.5, 11.0, ((0.1, 3.0), (0.5, 7.0), (1.0, 9.0),
                                                                  (math.inf, 11.0)))})
     h = step_delta(prev, cur, 0.0, 2.0).histograms["prefill_time"]
     # Δsum 7.5 − 3 = 4.5; Δcount 11 − 6 = 5; buckets 3−2 = 1, 9−5 = 4, 11−6 = 5;
     # le=0.5 exists only in the later scrape → no delta for it
-    assert h == HistogramDelta(4.5, 5.0, ((0.1, 1.0), (1.0, 4.0), (math.inf, 5.0)))
+    assert h == HistogramDelta.of(4.5, 5.0, ((0.1, 1.0), (1.0, 4.0), (math.inf, 5.0)))
     # mean of the 5 new observations: 4.5 / 5 = 0.9; share ≤ 1.0 s: 4 / 5 = 0.8
     assert h.mean == pytest.approx(0.9)
     assert h.fraction_at_most(1.0) == pytest.approx(0.8)
 
 
 def test_histogram_count_down_is_restart():
-    prev = sig({"queries": 10.0}, histograms={"ttft": Histogram(40.0, 100.0, ((1.0, 90.0), (math.inf, 100.0)))})
-    cur = sig({"queries": 20.0}, histograms={"ttft": Histogram(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))})
+    prev = sig({"queries": 10.0}, histograms={"ttft": Histogram.of(40.0, 100.0, ((1.0, 90.0), (math.inf, 100.0)))})
+    cur = sig({"queries": 20.0}, histograms={"ttft": Histogram.of(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))})
     d = step_delta(prev, cur, 0.0, 5.0)
     # count 100 → 3: restart → histogram increase = current (1.5, 3, buckets 2, 3) and the counter,
     # although it went up 10 → 20, counts from zero: 20
-    assert d.histograms["ttft"] == HistogramDelta(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))
+    assert d.histograms["ttft"] == HistogramDelta.of(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))
     assert d.counters == {"queries": 20.0}
     assert d.resets == 1
 
@@ -128,30 +128,30 @@ def test_signal_in_one_snapshot_only_is_absent_not_zero():
 
 
 def test_histogram_delta_mean_and_fraction():
-    h = HistogramDelta(4.0, 10.0, ((0.1, 2.0), (0.5, 6.0), (1.0, 9.0), (math.inf, 10.0)))
+    h = HistogramDelta.of(4.0, 10.0, ((0.1, 2.0), (0.5, 6.0), (1.0, 9.0), (math.inf, 10.0)))
     assert h.mean == pytest.approx(0.4)  # 4.0 / 10
     assert h.fraction_at_most(0.5) == pytest.approx(0.6)  # 6 / 10
     assert h.fraction_at_most(0.7) == pytest.approx(0.6)  # largest edge ≤ 0.7 is 0.5: lower bound
     assert h.fraction_at_most(1e9) == pytest.approx(0.9)  # largest edge ≤ 1e9 is 1.0 (not +Inf) → 9/10
     assert h.fraction_at_most(math.inf) == pytest.approx(1.0)  # +Inf edge → 10/10
     assert h.fraction_at_most(0.05) is None  # no edge at or below 0.05
-    empty = HistogramDelta(0.0, 0.0, ((1.0, 0.0),))
+    empty = HistogramDelta.of(0.0, 0.0, ((1.0, 0.0),))
     assert empty.mean is None and empty.fraction_at_most(1.0) is None
     assert HistogramDelta(math.nan, 3.0).mean is None
 
 
 def test_add_deltas_sums():
     a = Delta(0.0, 10.0, {"queries": 10.0, "hits": 4.0},
-              {"ttft": HistogramDelta(1.0, 2.0, ((0.5, 1.0), (1.0, 2.0), (math.inf, 2.0)))},
+              {"ttft": HistogramDelta.of(1.0, 2.0, ((0.5, 1.0), (1.0, 2.0), (math.inf, 2.0)))},
               start={"running": 1.0}, end={"running": 2.0})
     b = Delta(10.0, 20.0, {"queries": 5.0},
-              {"ttft": HistogramDelta(3.0, 4.0, ((1.0, 3.0), (math.inf, 4.0)))},
+              {"ttft": HistogramDelta.of(3.0, 4.0, ((1.0, 3.0), (math.inf, 4.0)))},
               start={"running": 2.0}, end={"running": 7.0}, resets=1)
     s = add_deltas([a, b])
     # queries 10 + 5 = 15; hits missing in b → unknown over the whole interval
     assert s.counters == {"queries": 15.0}
     # ttft: sum 1 + 3 = 4, count 2 + 4 = 6, edges common to both: 1.0 → 2 + 3 = 5, +Inf → 2 + 4 = 6
-    assert s.histograms["ttft"] == HistogramDelta(4.0, 6.0, ((1.0, 5.0), (math.inf, 6.0)))
+    assert s.histograms["ttft"] == HistogramDelta.of(4.0, 6.0, ((1.0, 5.0), (math.inf, 6.0)))
     assert (s.t0, s.t1, s.dt, s.steps, s.resets) == (0.0, 20.0, 20.0, 2, 1)
     assert s.start == {"running": 1.0} and s.end == {"running": 7.0}
 
@@ -444,14 +444,14 @@ def test_cut_body_is_neither_a_restart_nor_a_partial_sum():
 
 
 def test_histogram_sum_down_or_bucket_down_is_unknown_not_clamped():
-    prev = sig(histograms={"ttft": Histogram(10.0, 4.0, ((0.5, 2.0), (math.inf, 4.0)))})
+    prev = sig(histograms={"ttft": Histogram.of(10.0, 4.0, ((0.5, 2.0), (math.inf, 4.0)))})
     # _count 4 → 6 (no reset) but _sum 10 → 9: Δsum unknown, the mean too (not −0.5)
-    cur = sig(histograms={"ttft": Histogram(9.0, 6.0, ((0.5, 3.0), (math.inf, 6.0)))})
+    cur = sig(histograms={"ttft": Histogram.of(9.0, 6.0, ((0.5, 3.0), (math.inf, 6.0)))})
     h = step_delta(prev, cur, 0.0, 5.0).histograms["ttft"]
     assert math.isnan(h.sum) and h.count == 2.0 and h.mean is None
     assert h.buckets == ((0.5, 1.0), (math.inf, 2.0))  # 3 − 2, 6 − 4
     # a bucket going 2 → 1 while _count grows: the bucket deltas are unknown (not 0)
-    cur = sig(histograms={"ttft": Histogram(12.0, 6.0, ((0.5, 1.0), (math.inf, 6.0)))})
+    cur = sig(histograms={"ttft": Histogram.of(12.0, 6.0, ((0.5, 1.0), (math.inf, 6.0)))})
     h = step_delta(prev, cur, 0.0, 5.0).histograms["ttft"]
     assert h.buckets == () and h.count == 2.0 and h.mean == pytest.approx(1.0)  # (12 − 10) / 2
 
@@ -459,25 +459,25 @@ def test_histogram_sum_down_or_bucket_down_is_unknown_not_clamped():
 def test_sum_disagreeing_with_buckets_makes_the_mean_unknown():
     # sample 01 (vLLM 0.5.1): every TTFT observation in the first bucket, le=0.001. Here 208 of
     # them over a step, with a _sum of 104 s: the buckets allow at most 208 · 0.001 = 0.208 s.
-    h = HistogramDelta(104.0, 208.0, ((0.001, 208.0), (0.005, 208.0), (math.inf, 208.0)))
+    h = HistogramDelta.of(104.0, 208.0, ((0.001, 208.0), (0.005, 208.0), (math.inf, 208.0)))
     assert h.problem == "_sum disagrees with the buckets"
     assert h.mean is None
     # a _sum of 0.15 s fits (≤ 0.208): mean 0.15 / 208
-    ok = HistogramDelta(0.15, 208.0, ((0.001, 208.0), (0.005, 208.0), (math.inf, 208.0)))
+    ok = HistogramDelta.of(0.15, 208.0, ((0.001, 208.0), (0.005, 208.0), (math.inf, 208.0)))
     assert ok.problem == "" and ok.mean == pytest.approx(0.15 / 208)
     # lower bound: 2 observations in (1, 2] and 1 above 2 (+Inf bucket): Δsum ≥ 2·1 + 1·2 = 4
-    low = HistogramDelta(3.0, 3.0, ((1.0, 0.0), (2.0, 2.0), (math.inf, 3.0)))
+    low = HistogramDelta.of(3.0, 3.0, ((1.0, 0.0), (2.0, 2.0), (math.inf, 3.0)))
     assert low.problem and low.mean is None
-    assert HistogramDelta(4.5, 3.0, ((1.0, 0.0), (2.0, 2.0), (math.inf, 3.0))).mean == pytest.approx(1.5)
+    assert HistogramDelta.of(4.5, 3.0, ((1.0, 0.0), (2.0, 2.0), (math.inf, 3.0))).mean == pytest.approx(1.5)
     # custom edges without +Inf (a paste): observations beyond the last edge → no upper bound
-    assert HistogramDelta(50.0, 2.0, ((1.0, 1.0),)).mean == pytest.approx(25.0)
+    assert HistogramDelta.of(50.0, 2.0, ((1.0, 1.0),)).mean == pytest.approx(25.0)
     # no buckets at all (only _sum/_count): nothing to check against
     assert HistogramDelta(50.0, 2.0).mean == pytest.approx(25.0)
 
 
 def test_empty_buckets_no_observation_no_mean():
     # an idle interval: every bucket delta 0, Δcount 0 → no data, not a mean of 0
-    h = HistogramDelta(0.0, 0.0, ((0.1, 0.0), (1.0, 0.0), (math.inf, 0.0)))
+    h = HistogramDelta.of(0.0, 0.0, ((0.1, 0.0), (1.0, 0.0), (math.inf, 0.0)))
     assert h.mean is None and h.problem == "no observation in the interval"
 
 
