@@ -895,9 +895,9 @@ def _histograms(b: _Builder, exposed: str) -> dict[str, dict[str, _HistRecipe]]:
 
 def _consistent(h: Histogram) -> bool:
     """Cumulative counts never decrease, never exceed ``_count``, and the +Inf bucket is ``_count``."""
-    if not h.buckets:
-        return True
     edges, counts = h.edges, h.counts
+    if not counts:
+        return True
     if counts[0] < 0 or not all(map(operator.le, counts, counts[1:])) or counts[-1] > h.count * (1 + 1e-9):
         return False
     return edges[-1] != math.inf or abs(counts[-1] - h.count) <= 1e-9 * max(1.0, h.count)

@@ -72,7 +72,7 @@ class HistogramDelta(Buckets):
             return "no _sum (or one engine or step lacks it)"
         lo = hi = 0.0
         prev_le, prev_c = 0.0, 0.0
-        for le, c in self.buckets:
+        for le, c in zip(self.edges, self.counts):
             n = c - prev_c
             if math.isinf(le):
                 if n > 0:
@@ -83,7 +83,7 @@ class HistogramDelta(Buckets):
             lo += n * prev_le
             hi += n * le
             prev_le, prev_c = le, c
-        if not self.buckets:
+        if not self.counts:
             return ""
         rest = self.count - prev_c
         if rest > 0:  # observations above the highest edge listed
@@ -181,7 +181,7 @@ def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
         return HistogramDelta(h.sum, h.count, h.edges, h.counts)
     edges: tuple[float, ...] = ()
     increases: tuple[float, ...] = ()
-    if h.buckets and p.buckets:
+    if h.counts and p.counts:
         edges = h.edges
         if edges is p.edges or edges == p.edges:  # the usual case: the same edges at both scrapes
             increases = tuple(map(operator.sub, h.counts, p.counts))
