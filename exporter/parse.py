@@ -394,6 +394,7 @@ class Parser:
 
     def __init__(self) -> None:
         self._plan: _Plan | None = None
+        self._misses = 0  # bodies in a row the plan did not read
 
     def parse(self, text: str, timestamp: float) -> Snapshot:
         """Same contract as :func:`parse_exposition` (raises ParseError likewise)."""
@@ -401,13 +402,17 @@ class Parser:
         if plan is not None:
             snap = plan.read(text, timestamp)
             if snap is not None:
+                self._misses = 0
                 return snap
+        self._misses += 1
         lines, truncated = _body_lines(text)
         try:
             snap = _parse(lines, truncated, timestamp, _read_library)
         except _Rejected:
             return _parse(lines, truncated, timestamp, _read_lines)
-        self._plan = _Plan.build(text, lines, truncated, snap) or plan
+        if self._misses & (self._misses - 1) == 0:  # the 1st, 2nd, 4th, 8th… miss in a row: a layout
+            # that changes every scrape is not planned again every scrape
+            self._plan = _Plan.build(text, lines, truncated, snap) or plan
         return snap
 
 

@@ -164,3 +164,20 @@ def test_hot_path_equals_the_reference_on_fuzzed_bodies(data):
     hot, ref = _hot(base, text)
     if hot is not None:
         assert repr(hot) == ref
+
+
+def test_a_layout_that_changes_every_scrape_is_planned_only_at_misses_1_2_4_8(monkeypatch):
+    builds = []
+    build = parse._Plan.build
+    monkeypatch.setattr(parse._Plan, "build", lambda *a: builds.append(1) or build(*a))
+    _, text = load_trace(TRACE).snapshots[200]
+    p = parse.Parser()
+    for i in range(20):  # a new series every scrape: every body has a new layout
+        body = text + f'vllm:request_success_total{{engine="0",finished_reason="r{i}",model_name="x"}} 1.0\n'
+        assert repr(p.parse(body, float(i))) == repr(parse.parse_exposition(body, float(i)))
+    assert len(builds) == 5  # misses 1, 2, 4, 8, 16
+    # the plan of the 16th miss (r15) reads a body of its layout again, hot
+    body = text + 'vllm:request_success_total{engine="0",finished_reason="r15",model_name="x"} 2.0\n'
+    assert p._plan.read(body, 20.0) is not None and p._misses == 20
+    p.parse(body, 20.0)
+    assert len(builds) == 5 and p._misses == 0
