@@ -169,7 +169,10 @@ class Analyzer:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.windows = Windows(config.window_seconds, config.gap_seconds)
+        # default gap: two publish windows, and never less than two scrape intervals (an interval
+        # longer than the window must not make every step a gap)
+        gap = config.gap_seconds or 2.0 * max(config.window_seconds, config.interval)
+        self.windows = Windows(config.window_seconds, gap)
         self._state: dict[str, _ModelState] = {}
         self._seen: dict[str, float] = {}  # model → time of the last snapshot that had it
         self._cache: Analysis | None = None
@@ -352,6 +355,10 @@ def _window_hits(w: Delta, ctx: Context, unknown: dict[str, str]) -> dict[str, f
     problem = hit_problem(w, ctx)
     if problem:
         unknown.setdefault("hit_ratio", problem)
+        return out
+    if "hit_ratio" not in unknown and not {"queries", "hits"} <= set(w.counters):
+        unknown["hit_ratio"] = ("prefix_cache_queries/hits missing at a scrape inside the publish window (a cut or "
+                                "bad body): unknown until that scrape leaves the window")
         return out
     if q is None or q <= 0:
         if q is not None:

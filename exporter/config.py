@@ -18,7 +18,8 @@ interval                                  seconds between scrapes (5)
 timeout                                   scrape timeout, seconds (3)
 window_seconds                            publish window, seconds (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
-                                          (unset: 2 × window_seconds); must exceed interval
+                                          (unset: 2 × the larger of window_seconds and interval);
+                                          must exceed interval
 max_body_bytes                            scrape body cap, bytes (16 MiB)
 max_series                                (model_name, engine) series analysed at most (64)
 web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint

@@ -14,9 +14,9 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   were not UTF-8 arrive as U+FFFD (``non_utf8``): a metric name containing one is malformed, a
   label value keeps it.
 * NaN/±Inf samples (``non_finite``) and negative counters / histogram counts (``negative``) are
-  ignored; the same series twice keeps the larger value (``duplicate_series``); a gauge duplicated
-  per API-server ``pid`` (vLLM 0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum
-  (``pid_duplicate``).
+  ignored; the same series twice is dropped, unknown (``duplicate_series``: which value is right
+  cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
+  0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum (``pid_duplicate``).
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
   summed, KV usage max over engines — only when EVERY engine of the model has the signal: a signal
   missing for one engine (a cut body, a partial paste) is unknown, never a partial sum
@@ -326,6 +326,7 @@ class _Builder:
         # (``line``), so that a cached plan can refill them from a body of the same layout.
         self.values: dict[int, float] = {}
         self.line = -1
+        self.ambiguous: set[tuple] = set()  # (slot, series key) given twice: dropped at assembly
         self.recipe: Snapshot | None = None  # the models as leaves, once assembled
 
     def quirk(self, kind: str, n: int = 1) -> None:
@@ -345,11 +346,14 @@ class _Builder:
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "pid"))
         slot = self.series.setdefault((kind, base, part), {})
         self.values[self.line] = value
-        if key in slot:
-            self.quirk("pid_duplicate" if "pid" in labels else "duplicate_series")
-            slot[key] = _max((slot[key], self.line))
-        else:
+        if key not in slot:
             slot[key] = self.line
+        elif "pid" in labels:  # one gauge per API-server process (vLLM multiprocess bug): one value
+            self.quirk("pid_duplicate")
+            slot[key] = _max((slot[key], self.line))
+        else:  # two values for one series: neither can be trusted (a stuck copy would win a max)
+            self.quirk("duplicate_series")
+            self.ambiguous.add(((kind, base, part), key))
 
 
 def parse_exposition(text: str, timestamp: float) -> Snapshot:
@@ -364,8 +368,8 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
         text: exposition body (str; decode bytes as UTF-8 with replacement first).
         timestamp: scrape time [unix s].
     Raises:
-        ParseError: the body is not text exposition: more than half of its sample lines are
-            malformed (message without the body).
+        ParseError: the body is empty, or is not text exposition: more than half of its sample
+            lines are malformed (message without the body).
     """
     lines, truncated = _body_lines(text)
     try:
@@ -534,6 +538,8 @@ def _body_lines(text: str) -> tuple[list[str], bool]:
 
 
 def _parse(lines: list[str], truncated: bool, timestamp: float, read, b: _Builder | None = None) -> Snapshot:
+    if not lines:  # a target answering 200 with nothing (a recorder killed mid-write) is not a scrape
+        raise ParseError("empty body: nothing to read (not even a comment line)")
     b = _Builder() if b is None else b
     if truncated:
         b.quirk("truncated")
@@ -719,6 +725,8 @@ class _Models:
 
 
 def _assemble(b: _Builder, timestamp: float) -> Snapshot:
+    for slot, key in b.ambiguous:
+        b.series[slot].pop(key, None)
     quirks = MappingProxyType(dict(b.quirks))
     if not b.families:
         return Snapshot(timestamp, "unknown", "no vLLM metrics in the exposition", {}, quirks=quirks)
@@ -1040,7 +1048,8 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
         reasons["hit_ratio"] = ("prefix_cache_queries/hits missing for some data-parallel engines of this model "
                                 "(cut or partial body): a partial sum would be wrong")
     elif "queries" not in counters or "hits" not in counters:
-        reasons["hit_ratio"] = "no prefix_cache_queries/hits counters in the exposition"
+        reasons["hit_ratio"] = ("no usable prefix_cache_queries/hits counters (absent, or dropped as NaN, negative or "
+                                "duplicated: see kvhit_input_quirks_total)")
     elif hit_unit == "unknown":
         reasons["hit_ratio"] = ("gpu_prefix_cache_* without HELP text and no sign of vLLM >= 0.9: counted in "
                                 "blocks (0.7-0.8) or tokens (0.9+) cannot be told")

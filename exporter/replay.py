@@ -10,7 +10,7 @@ c(running)·P_chip(h) + visible load) with the chip-time and latency fits made w
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from exporter.config import Config
@@ -82,8 +82,15 @@ def replay(trace: Trace, config: Config, target: str,
     ``on_start(runner)`` is called once before the first snapshot (e.g. to serve it);
     ``on_step(index, timestamp, observations)`` after each snapshot (printing / pacing).
     Returns the runner (for the final analysis), every step observation and per-phase
-    summaries per model.
+    summaries per model. Unless ``config.gap_seconds`` is set, ``config.interval`` is raised to
+    the trace's median step, so that the default scrape-gap threshold follows the recording.
     """
+    # the trace's own scrape interval (median step): a recorder that scraped every 2 min must not
+    # have every step taken for a scrape gap
+    stamps = [t for t, _ in trace.snapshots]
+    steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+    if steps and config.gap_seconds is None:
+        config = replace(config, interval=max(config.interval, steps[len(steps) // 2]))
     clock = TraceClock()
     runner = Runner(config, target, clock=clock)
     if on_start is not None:

@@ -64,7 +64,7 @@ _label_values = st.text(alphabet='abc0123 _-/"\\', max_size=6)
 @given(st.lists(st.tuples(_names, st.sampled_from(["0", "1"]), st.sampled_from(["m", "n"]), _label_values,
                           st.one_of(st.floats(min_value=-10, max_value=1e9),
                                                                  st.sampled_from([float("nan"), float("inf")]))),
-                max_size=12))
+                min_size=1, max_size=12))
 def test_generated_bodies_read_the_same_with_both_readers(rows):
     lines = []
     for name, engine, model, extra, value in rows:

@@ -472,9 +472,29 @@ def test_malformed_body_raises_parse_error_without_body(body):
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
-def test_empty_body_is_not_an_error():
-    snap = parse_exposition("", T)
-    assert snap.engine == "unknown" and snap.models == {} and "no vLLM metrics" in snap.reason
+@pytest.mark.parametrize("body", ["", "\n", "  \n\n"])
+def test_an_empty_body_is_a_parse_error_not_a_scrape_without_models(body):
+    # a 200 with nothing (a recorder killed mid-write, a proxy's empty answer) must not replace the
+    # last snapshot by "no vLLM metrics" and wipe every per-model series
+    with pytest.raises(ParseError, match="empty body"):
+        parse_exposition(body, T)
+
+
+def test_an_empty_body_keeps_the_runner_state():
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    clock = TraceClock()
+    r = Runner(Config(), "t", clock=clock)
+    body = 'vllm:prefix_cache_queries_total{{model_name="m"}} {q}\nvllm:prefix_cache_hits_total{{model_name="m"}} {h}\n'
+    for t, q in ((100.0, 0.0), (105.0, 40.0)):
+        clock.t = t
+        assert r.ingest_text(t, body.format(q=q, h=q / 4))
+    clock.t = 110.0
+    assert r.ingest_text(110.0, "") is False
+    analysis, health = r.current()
+    assert analysis.models["m"].hit_ratio["device"] == 0.25  # the last good window, still published
+    assert health.errors.get("parse") == 1
 
 
 # --- issue 7: the shared fixtures, their quirks and version evidence ---------------------------
@@ -558,9 +578,10 @@ vllm:generation_tokens_total{engine="0",model_name="m"} 12.0
 vllm:num_requests_running{engine="0",model_name="m"} 3.0
 """
     snap = parse_exposition(text, T)
-    # a counter below zero is ignored (unknown), a series given twice keeps the larger value
+    # a counter below zero is ignored (unknown); a series given twice is ambiguous: dropped (unknown)
     assert snap.quirks == {"negative": 1, "duplicate_series": 1}
-    assert dict(snap.models["m"].counters) == {"generation_tokens": 12.0}
+    assert dict(snap.models["m"].counters) == {}
+    assert snap.models["m"].gauges["running"] == 3.0
 
 
 def test_inconsistent_histogram_left_out():

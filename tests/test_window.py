@@ -518,3 +518,38 @@ def test_configured_gap_seconds_reaches_the_analyzer_windows():
     for t, q in ((0, 0), (10, 10), (40, 40)):  # the 30-s step is longer than 25 s: a gap, not a step
         a.ingest(counter_snap(t, q))
     assert a.windows.gaps == 1 and a.windows.window("m") is None
+
+
+def test_an_interval_longer_than_the_publish_window_is_not_a_gap_by_default():
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    a = Analyzer(Config(interval=130.0, window_seconds=60.0))  # default gap: 2 × 130 s, not 2 × 60 s
+    for t, q in ((0, 0), (130, 13), (260, 26)):
+        a.ingest(counter_snap(t, q))
+    assert a.windows.gaps == 0 and a.windows.window("m").counters == {"queries": 13.0}
+
+
+def test_replay_takes_its_interval_from_the_trace():
+    from exporter.config import Config
+    from exporter.replay import replay
+    from exporter.sources import Trace
+    body = 'vllm:prefix_cache_queries_total{{model_name="m"}} {q}\nvllm:prefix_cache_hits_total{{model_name="m"}} {h}\n'
+    snaps = [(1.7e9 + 130.0 * i, body.format(q=100.0 * i, h=25.0 * i)) for i in range(4)]  # a scrape every 130 s
+    r = replay(Trace(snaps, [], {}), Config(), "t").runner
+    assert r.analyzer.windows.gaps == 0
+    assert r.current()[0].models["m"].hit_ratio["device"] == 0.25  # 25 hits per 100 queries, every step
+
+
+def test_a_scrape_without_hit_counters_inside_the_window_gives_a_reason_not_silence():
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    clock = TraceClock()
+    r = Runner(Config(window_seconds=60.0), "t", clock=clock)
+    full = 'vllm:prefix_cache_queries_total{{model_name="m"}} {q}\nvllm:prefix_cache_hits_total{{model_name="m"}} {h}\n'
+    cut = 'vllm:prefix_cache_hits_total{{model_name="m"}} {h}\n'  # queries lost at the window's first scrape
+    for t, body in ((0.0, cut.format(h=0.0)), (5.0, full.format(q=40.0, h=10.0)), (10.0, full.format(q=80.0, h=20.0))):
+        clock.t = t
+        assert r.ingest_text(t, body)
+    m = r.current()[0].models["m"]
+    assert "device" not in m.hit_ratio and "missing at a scrape inside the publish window" in m.unknown["hit_ratio"]
