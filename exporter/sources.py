@@ -420,7 +420,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
     Files are ordered by the unix-ms timestamp in their names (out-of-order listing is fine).
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: no ``<unix_ms>.prom`` file in it, or two files with the same stamp.
+        ValueError: no ``<unix_ms>.prom`` file in it, two files with the same stamp, or a
+            ``phases.json`` that is not UTF-8 JSON of an object (with a ``phases`` list); the
+            message names the file.
     """
     p = Path(path)
     if not p.exists():
@@ -450,7 +452,15 @@ def _take(name: str, read, files: dict, phases_doc: dict) -> None:
                              "keep one")
         files[t] = (name, read().decode("utf-8", errors="replace"))
     elif name.endswith("phases.json"):
-        phases_doc.update(json.loads(read()))
+        try:
+            doc = json.loads(read().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{name} in the trace is not UTF-8 text (byte {exc.start})") from None
+        except ValueError as exc:  # json's message names the line and column
+            raise ValueError(f"{name} in the trace is not JSON: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("phases", []), list):
+            raise ValueError(f'{name} in the trace is not an object with a "phases" list')
+        phases_doc.update(doc)
 
 
 def iter_replay(trace: Trace) -> Iterator[tuple[float, str]]:

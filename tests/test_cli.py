@@ -461,3 +461,24 @@ def test_replay_of_a_trace_with_two_files_for_one_millisecond_exits_1_naming_bot
     assert main(["replay", str(tmp_path), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert f"two snapshots stamped {stamps[0]} ms" in err and f"a/{stamps[0]}.prom" in err and f"b/{stamps[0]}.prom" in err
+
+
+# ---- replay: a bad phases.json -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"\x98\xff\x00garbage", "phases.json in the trace is not UTF-8 text (byte 0)"),
+    (b'{"phases": [', "phases.json in the trace is not JSON: Expecting value: line 1 column 13"),
+    (b'[1, 2]', 'phases.json in the trace is not an object with a "phases" list'),
+    (b'{"phases": 3}', 'phases.json in the trace is not an object with a "phases" list'),
+])
+def test_replay_with_a_bad_phases_json_exits_1_naming_it(tmp_path, capsys, body, says):
+    from exporter.cli import main
+    texts, _, stamps = _trace_texts()
+    for text, ms in zip(texts[:2], stamps[:2]):
+        (tmp_path / f"{ms}.prom").write_text(text)
+    (tmp_path / "phases.json").write_bytes(body)
+    assert main(["replay", str(tmp_path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
