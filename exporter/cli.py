@@ -24,7 +24,7 @@ from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_cal
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, check_t_load, load_config, load_web_config,
                              selector_matchers)
-from exporter.jsonapi import analysis_to_dict, load_fit
+from exporter.jsonapi import analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import load_source, render
@@ -259,6 +259,9 @@ def _demo_line(t: float, m: ModelAnalysis) -> str:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    """What-if from a saved analysis; any problem with the file or the arguments is a ConfigError
+    (exit 2, one line): the file unreadable or not JSON, a document of the wrong shape
+    (:func:`load_fit`), ISL/OSL/h out of range (:func:`what_if`)."""
     try:
         doc = json.loads(Path(args.fit).read_text())
     except (OSError, ValueError) as exc:
@@ -272,7 +275,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if isl is None or osl is None:
         raise ConfigError("--isl/--osl: required (the fit file records none)")
     try:
-        p = fitted.predict(args.hit_ratio, isl, osl)
+        p = fitted.predict(*what_if(args.hit_ratio, isl, osl))
     except ValueError as exc:
         raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
     print(json.dumps({"model_name": name, "prediction": vars(p)}, indent=1))

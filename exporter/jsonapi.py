@@ -32,8 +32,9 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 
 from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
@@ -110,23 +111,88 @@ def analysis_to_dict(a: Analysis, health: Health) -> dict:
     })
 
 
-def load_fit(doc: dict, model_name: str | None = None) -> tuple[str, FittedModel, dict]:
+MAX_TOKENS = 10_000_000  # ISL/OSL bound of a what-if [tokens], see :func:`what_if`
+
+
+def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
+    """Check the arguments of a what-if prediction; returns them as floats (h, ISL, OSL).
+
+    ISL and OSL are tokens per request, means allowed (the analysis' defaults are window means),
+    in [1, MAX_TOKENS]: a prompt and an answer have at least one token, and 10M tokens is the
+    longest context window served today — the chip-time model, fitted at the ISLs the server saw,
+    would be extrapolated by orders of magnitude beyond it. h is in [0, 1 − 1/ISL]: the last
+    prompt token is always computed (MODEL.md §1, the chip-time bathtub's grid).
+
+    Raises:
+        ValueError: one line naming the argument, its value and the allowed range.
+    """
+    out = []
+    for name, v in (("hit_ratio", hit_ratio), ("isl", isl), ("osl", osl)):
+        try:
+            x = float(v) if not isinstance(v, bool) else math.nan
+        except (TypeError, ValueError):
+            x = math.nan
+        if not math.isfinite(x):
+            raise ValueError(f"{name} must be a finite number, got {str(v)[:40]!r}")
+        out.append(x)
+    h, n_in, n_out = out
+    for name, x in (("isl", n_in), ("osl", n_out)):
+        if not 1 <= x <= MAX_TOKENS:
+            raise ValueError(f"{name} must be in [1, {MAX_TOKENS}] tokens, got {x:g}")
+    if not 0 <= h <= 1 - 1 / n_in:
+        raise ValueError(f"hit_ratio must be in [0, 1 - 1/isl] = [0, {1 - 1 / n_in:.6g}] (the last prompt token "
+                         f"is always computed), got {h:g}")
+    return h, n_in, n_out
+
+
+def load_fit(doc, model_name: str | None = None, choose: str = "--model") -> tuple[str, FittedModel, dict]:
     """The FittedModel of one model from an analysis document (``/api/v1/analysis`` JSON).
 
-    Returns (model_name, FittedModel, the model's dict). Raises ValueError with a clear message
-    when the document has no fitted model, several models and no ``model_name``, or a bad fit.
+    Args:
+        doc: the parsed JSON (any JSON value: its shape is checked here).
+        model_name: the model to load; None when the document must hold exactly one.
+        choose: how the caller's user names a model (``--model``, ``the model_name= query
+            parameter``), quoted when the document holds several.
+    Returns (model_name, FittedModel, the model's dict).
+    Raises:
+        ValueError: one line saying what is wrong in the document: not an analysis (schema 1
+            with a ``models`` object), no model or several and no ``model_name``, a model that
+            is not an object, no usable fit, a fit with a missing or non-numeric field.
     """
-    if doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("models"), dict):
-        raise ValueError("not a kvhit analysis document (schema_version 1 with models)")
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("models"), dict):
+        raise ValueError("not a kvhit analysis document (a JSON object with schema_version 1 and a models object)")
     models = doc["models"]
     if model_name is None:
-        if len(models) != 1:
-            raise ValueError(f"the document has {len(models)} models; choose one with --model: {sorted(models)}")
+        if not models:
+            raise ValueError("no model analysed yet (a model appears once two scrapes have shown it)")
+        if len(models) > 1:
+            raise ValueError(f"{len(models)} models analysed; choose one with {choose}: {sorted(models)}")
         model_name = next(iter(models))
     if model_name not in models:
-        raise ValueError(f"model {model_name!r} not in the document: {sorted(models)}")
+        raise ValueError(f"model {model_name!r} not analysed: {sorted(models)}")
     m = models[model_name]
-    if not m.get("fit"):
-        reason = m.get("fits", {}).get("chip_time", {}).get("reason") or "no fitted chip-time model"
+    if not isinstance(m, dict):
+        raise ValueError(f"models.{model_name}: not an object")
+    fit = m.get("fit")
+    if not fit:
+        chip = m.get("fits", {}).get("chip_time") if isinstance(m.get("fits"), dict) else None
+        reason = (chip.get("reason") if isinstance(chip, dict) else None) or "no fitted chip-time model"
         raise ValueError(f"model {model_name!r} has no usable fit: {reason}")
-    return model_name, FittedModel.from_dict(m["fit"]), m
+    if not isinstance(fit, dict):
+        raise ValueError(f"models.{model_name}.fit: not an object")
+    _check_fit(fit, f"models.{model_name}.fit")
+    return model_name, FittedModel.from_dict(fit), m
+
+
+def _check_fit(fit: dict, where: str) -> None:
+    """Every FittedModel field without a default present; every field a finite number (or null
+    where its default is None). Raises ValueError naming the fields."""
+    missing = [f.name for f in fields(FittedModel) if f.default is MISSING and f.name not in fit]
+    if missing:
+        raise ValueError(f"{where}: missing {', '.join(missing)}")
+    for f in fields(FittedModel):
+        v = fit.get(f.name)
+        if v is None and f.default is None:
+            continue
+        if f.name in fit and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ValueError(f"{where}.{f.name}: must be a finite number, got {json.dumps(v)[:40]}")

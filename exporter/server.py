@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from exporter.collector import KvhitCollector
 from exporter.config import WebConfig
-from exporter.jsonapi import analysis_to_dict, load_fit
+from exporter.jsonapi import analysis_to_dict, load_fit, what_if
 from exporter.runner import Runner
 
 log = logging.getLogger("kvhit")
@@ -184,16 +184,20 @@ def make_app(runner: Runner) -> Callable:
 
 
 def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[bytes]:
+    """``/api/v1/predict``: 200 with the prediction, or 400 with ``{"error": one line}`` when
+    hit_ratio is missing, the current analysis has no model (or several and no model_name=),
+    no usable fit, or the arguments are out of range (:func:`exporter.jsonapi.what_if`)."""
     q = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
     analysis, health = runner.current()
     try:
-        name, fitted, m = load_fit(analysis_to_dict(analysis, health), q.get("model_name"))
-        h = float(q["hit_ratio"])
-        isl = float(q.get("isl", m.get("isl") or "nan"))
-        osl = float(q.get("osl", m.get("osl") or "nan"))
-        pred = fitted.predict(h, isl, osl)
-    except KeyError:
-        return _json(start_response, "400 Bad Request", {"error": "hit_ratio is required"})
+        if "hit_ratio" not in q:
+            raise ValueError("hit_ratio is required")
+        name, fitted, m = load_fit(analysis_to_dict(analysis, health), q.get("model_name"),
+                                   choose="the model_name= query parameter")
+        isl, osl = q.get("isl", m.get("isl")), q.get("osl", m.get("osl"))
+        if isl is None or osl is None:
+            raise ValueError("isl and osl are required (no request has finished in the publish window)")
+        pred = fitted.predict(*what_if(q["hit_ratio"], isl, osl))
     except ValueError as exc:
         return _json(start_response, "400 Bad Request", {"error": str(exc)})
     return _json(start_response, "200 OK", {"model_name": name, "prediction": asdict(pred)})

@@ -463,6 +463,71 @@ def test_replay_of_a_trace_with_two_files_for_one_millisecond_exits_1_naming_bot
     assert f"two snapshots stamped {stamps[0]} ms" in err and f"a/{stamps[0]}.prom" in err and f"b/{stamps[0]}.prom" in err
 
 
+# ---- predict: bad documents and out-of-range arguments -------------------------------------------
+
+# A saved analysis written by hand: one model, ISL 2048, OSL 32, chip-time coefficients.
+FIT = {"schema_version": 1, "t_step": 0.002, "k_ffn": 2e-4, "k_attn": 6e-8, "k_dec": 8e-4, "k_ctx": 0.0,
+       "steps_per_request": 10.0}
+DOC = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0, "fit": FIT}}}
+
+
+def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``kvhit predict`` in process, ``doc`` the file's JSON text."""
+    from exporter.cli import main
+    path = tmp_path / "fit.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    code = main(["predict", "--fit", str(path), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("doc, says", [
+    ("[]", "not a kvhit analysis document"),
+    ('"str"', "not a kvhit analysis document"),
+    ({"schema_version": 1, "models": {"a": None}}, "models.a: not an object"),
+    ({"schema_version": 1, "models": {"a": {"fit": {"schema_version": 1}}}},
+     "models.a.fit: missing t_step, k_ffn, k_attn, k_dec, k_ctx, steps_per_request"),
+    ({"schema_version": 1, "models": {"a": {"fit": [1]}}}, "models.a.fit: not an object"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "k_ffn": "fast"}}}},
+     'models.a.fit.k_ffn: must be a finite number, got "fast"'),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "hit_load_share": None}}}},
+     "models.a.fit.hit_load_share: must be a finite number, got null"),
+    ({"schema_version": 1, "models": {"a": {"fits": [], "fit": None}}}, "model 'a' has no usable fit"),
+    ({"schema_version": 1, "models": {}}, "no model analysed yet"),
+    ({"schema_version": 1, "models": {"a": {}, "b": {}}}, "2 models analysed; choose one with --model: ['a', 'b']"),
+])
+def test_predict_on_a_document_of_the_wrong_shape_exits_2_with_one_line_naming_it(tmp_path, capsys, doc, says):
+    code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("kvhit: --fit ") and says in err, err
+    assert "Traceback" not in err and "__init__" not in err and "attribute" not in err
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--hit-ratio", "0.5", "--isl", "1e12", "--osl", "32"), "isl must be in [1, 10000000] tokens, got 1e+12"),
+    (("--hit-ratio", "0.5", "--isl", "2048", "--osl", "1e12"), "osl must be in [1, 10000000] tokens, got 1e+12"),
+    (("--hit-ratio", "0.5", "--isl", "0.5"), "isl must be in [1, 10000000] tokens, got 0.5"),
+    (("--hit-ratio", "0.5", "--osl", "0"), "osl must be in [1, 10000000] tokens, got 0"),
+    (("--hit-ratio", "nan"), "hit_ratio must be a finite number"),
+    (("--hit-ratio", "-0.1"), "hit_ratio must be in [0, 1 - 1/isl] = [0, 0.999512]"),
+    # 1 − 1/2048 = 0.99951171875: one computed token is the most a 2048-token prompt can hit
+    (("--hit-ratio", "0.999999"), "hit_ratio must be in [0, 1 - 1/isl] = [0, 0.999512]"),
+])
+def test_predict_out_of_range_exits_2_with_one_line(tmp_path, capsys, args, says):
+    code, out, err = _predict(tmp_path, capsys, DOC, *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_predict_at_the_highest_hit_ratio_one_computed_token(tmp_path, capsys):
+    code, out, err = _predict(tmp_path, capsys, DOC, "--hit-ratio", str(1 - 1 / 2048))
+    assert code == 0, err
+    p = json.loads(out)["prediction"]
+    # MODEL.md §7 by hand: M = 1 miss token, H = 2047 hits, ISL 2048, OSL 32 (the file's).
+    # t_step·steps + k_ffn·M + k_attn·(M·H + M²/2) + OSL·k_dec = 0.02 + 0.0002 + 0.00012285 + 0.0256
+    assert p["isl"] == 2048 and p["osl"] == 32 and p["t_chip"] == pytest.approx(0.04592285, rel=1e-12)
+
+
 # ---- replay: a bad phases.json -------------------------------------------------------------------
 
 
@@ -482,3 +547,69 @@ def test_replay_with_a_bad_phases_json_exits_1_naming_it(tmp_path, capsys, body,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
 
+
+# ---- /api/v1/predict: the same checks over HTTP ---------------------------------------------------
+
+
+def _api(runner, query: str) -> tuple[str, dict]:
+    """(status line, JSON body) of ``GET /api/v1/predict?query`` through kvhit's WSGI app."""
+    from wsgiref.util import setup_testing_defaults
+
+    from exporter.server import make_app
+    environ = {"PATH_INFO": "/api/v1/predict", "QUERY_STRING": query}
+    setup_testing_defaults(environ)
+    status = []
+    body = b"".join(make_app(runner)(environ, lambda s, headers: status.append(s)))
+    return status[0], json.loads(body)
+
+
+@pytest.fixture(scope="module")
+def sim_runner():
+    """A runner fed the simulator's noise-free sweep (ISL 2048, OSL 128): one model with a fit."""
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.simulate import generate, preset
+    clock = TraceClock()
+    runner = Runner(Config(interval=5.0), "sim", clock=clock)
+    for t, text, _ in generate(preset("sweep", noise=0.0)):
+        clock.t = t
+        runner.ingest_text(t, text)
+    return runner
+
+
+def test_api_predict_before_any_model_says_so_without_command_line_flags():
+    from exporter.config import Config
+    from exporter.runner import Runner
+    status, doc = _api(Runner(Config(), "http://127.0.0.1:1/metrics"), "hit_ratio=0.5&isl=2048&osl=32")
+    assert status.startswith("400") and doc["error"].startswith("no model analysed yet")
+    assert "--" not in doc["error"]
+
+
+def test_several_models_are_chosen_with_the_callers_own_means():
+    from exporter.jsonapi import load_fit
+    doc = {"schema_version": 1, "models": {"a": {}, "b": {}}}
+    with pytest.raises(ValueError, match=r"choose one with the model_name= query parameter: \['a', 'b'\]"):
+        load_fit(doc, choose="the model_name= query parameter")
+
+
+@pytest.mark.parametrize("query, says", [
+    ("hit_ratio=0.5&isl=1e12&osl=1e12", "isl must be in [1, 10000000] tokens, got 1e+12"),
+    ("hit_ratio=0.5&isl=2048&osl=2e7", "osl must be in [1, 10000000] tokens, got 2e+07"),
+    ("hit_ratio=0.5&isl=many", "isl must be a finite number, got 'many'"),
+    ("hit_ratio=0.999999", "hit_ratio must be in [0, 1 - 1/isl] = [0, 0.999512]"),  # the window's ISL: 2048
+    ("hit_ratio=1", "hit_ratio must be in [0, 1 - 1/isl]"),
+    ("isl=2048", "hit_ratio is required"),
+    ("hit_ratio=0.5&model_name=other", "model 'other' not analysed: ['sim-model']"),
+])
+def test_api_predict_out_of_range_is_400_with_one_line(sim_runner, query, says):
+    status, doc = _api(sim_runner, query)
+    assert status.startswith("400") and says in doc["error"] and "\n" not in doc["error"], doc
+
+
+def test_api_predict_at_one_computed_token_is_200(sim_runner):
+    status, doc = _api(sim_runner, f"hit_ratio={1 - 1 / 2048!r}&isl=2048&osl=128")
+    assert status.startswith("200"), doc
+    p = doc["prediction"]
+    assert doc["model_name"] == "sim-model" and (p["isl"], p["osl"]) == (2048, 128)
+    assert p["t_chip"] > 0 and math.isfinite(p["t_chip"])
