@@ -71,6 +71,7 @@ import ssl
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -297,6 +298,13 @@ def _with_hf_config(g: Geometry) -> Geometry:
     return replace(g, **{k: v for k, v in derived.items() if getattr(g, k) is None and v is not None})
 
 
+def _host(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname
+    except ValueError:  # e.g. an unbalanced "[" in the host
+        return None
+
+
 def validate(cfg: Config) -> None:
     """Range checks; raises ConfigError naming the key."""
     checks = [
@@ -331,8 +339,8 @@ def validate(cfg: Config) -> None:
     for key, value, ok, what in checks:
         if value is not None and not ok(value):
             raise ConfigError(f"config key {key}: {what}, got {value!r}")
-    if cfg.target is not None and not cfg.target.startswith(("http://", "https://")):
-        raise ConfigError(f"config key target: must be an http(s) URL of /metrics, got {cfg.target!r}")
+    if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
+        raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host, got {cfg.target!r}")
     if cfg.prometheus is not None:
         if not cfg.prometheus.startswith(("http://", "https://")):
             raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API, "

@@ -88,7 +88,7 @@ class Runner:
                 text = text.decode("utf-8", errors="replace")
             snap = self._parser.parse(text, timestamp)
         except ParseError as exc:
-            self.record_failure("parse", str(exc))
+            self.record_failure("parse", str(exc), duration)
             return False
         except Exception as exc:  # a parser bug must not kill the sidecar
             self.record_failure("internal", f"parse failed: {type(exc).__name__}")
@@ -108,10 +108,12 @@ class Runner:
             self.record_failure("internal", f"analysis failed: {type(exc).__name__}")
             return False
         with self._lock:
-            self._failures = 0
+            failed, self._failures = self._failures, 0
             self._last_reason = ""
             h = self._health
             self._health = replace(h, up=True, duration=duration, last_success=timestamp)
+        if failed:
+            log.info("scrape ok again after %d failed attempt(s)", failed)
         self._count_quirks(snap)
         return True
 
@@ -121,18 +123,21 @@ class Runner:
         try:
             _, text = source.fetch()
         except ScrapeError as exc:
-            self.record_failure(exc.reason, str(exc))
+            self.record_failure(exc.reason, str(exc), time.monotonic() - start)
             return False
         except Exception as exc:
-            self.record_failure("error", f"scrape failed: {type(exc).__name__}")
+            self.record_failure("error", f"scrape failed: {type(exc).__name__}", time.monotonic() - start)
             return False
         return self.ingest_text(stamp, text, time.monotonic() - start)
 
-    def record_failure(self, reason: str, message: str) -> None:
+    def record_failure(self, reason: str, message: str, duration: float | None = None) -> None:
+        """Count a failed attempt (``reason`` is the kvhit_scrape_errors_total label); ``duration``
+        [s], when given, is what the failed scrape took (kvhit_scrape_duration_seconds)."""
         with self._lock:
             errors = dict(self._health.errors)
             errors[reason] = errors.get(reason, 0) + 1
-            self._health = replace(self._health, up=False, errors=errors)
+            h = self._health
+            self._health = replace(h, up=False, errors=errors, duration=h.duration if duration is None else duration)
             self._failures += 1
             changed = reason != self._last_reason
             self._last_reason = reason
@@ -210,6 +215,8 @@ class Runner:
         stale = age is None or not health.up or age > interval + self.config.timeout
         if age is None or age > 2 * interval:
             analysis = analysis.without_models()
+        if analysis.timestamp is None and self._last_reason:
+            analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
         return analysis, replace(health, age=age, stale=stale)
 
     def ready(self) -> bool:

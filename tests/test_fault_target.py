@@ -3,7 +3,7 @@
 A small threaded ``http.server`` on 127.0.0.1 serves snapshots of the bundled real vLLM 0.32
 trace; the test switches what it does next: refuse (the listener closed), answer after the
 timeout, trickle the body, 500, 404, a 302 to the real path, gzip, a body over the size cap, a
-gzip bomb, a body cut off mid-way. Each kind is checked for its reason and its outcome; then the
+gzip bomb, a body cut off mid-way, hang up without answering. Each kind is checked for its reason and its outcome; then the
 target flaps for 10 minutes of fake time (the real HTTP round trips take milliseconds): kvhit
 recovers without restart, never shows a per-model value older than two intervals, and its
 error counters equal the faults the target actually served.
@@ -159,6 +159,9 @@ class Target:
         self.send(h, 200, body[: len(body) // 2], {"Content-Length": str(len(body))})
         h.close_connection = True
 
+    def mode_hangup(self, h) -> None:  # the connection accepted, then closed without a status line
+        h.close_connection = True
+
     def mode_brotli(self, h) -> None:
         self.send(h, 200, b"\x8b\x00\x80garbage", {"Content-Encoding": "br"})
 
@@ -200,6 +203,7 @@ FAULTS = {
     "oversize_chunked": "too_large",
     "gzip_bomb": "too_large",
     "cut": "incomplete",
+    "hangup": "no_answer",
     "brotli": "encoding",
 }
 
@@ -221,9 +225,14 @@ def test_each_failure_kind_has_its_reason_and_never_echoes_the_body(target, mode
     runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url, clock=lambda: 1000.0)
     with caplog.at_level(logging.DEBUG, logger="kvhit"):
         assert runner.poll(src) is False
-    _, health = runner.current()
+    analysis, health = runner.current()
     assert health.up is False and health.errors == {FAULTS[mode]: 1}
     assert caplog.records and all(SECRET not in r.getMessage() for r in caplog.records)
+    # the failed scrape's own duration is published, and the engine line says why nothing is read
+    assert health.duration is not None and 0 <= health.duration < TIMEOUT + 1.5
+    if mode == "slow":
+        assert health.duration >= TIMEOUT  # it waited for the deadline
+    assert analysis.engine_reason == f"no successful scrape yet (last attempt: {FAULTS[mode]})"
 
 
 def test_refused_when_the_listener_is_closed(target):
