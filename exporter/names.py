@@ -36,7 +36,7 @@ def _m(name: str, help: str, labels: tuple[str, ...] = MODEL, type: str = "gauge
 UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
-                   "(refused, timeout, http_<code>, redirect, too_large, encoding, incomplete, parse, out_of_order, "
+                   "(refused, no_answer, timeout, http_<code>, redirect, too_large, encoding, incomplete, parse, out_of_order, "
                    "internal, error; fleet mode also query_error, bad_response) [scrapes].",
                    ("target", "reason"), "counter")
 LAST_SUCCESS = _m("kvhit_last_success_timestamp_seconds", "Unix time of the last successful scrape [s].", ("target",))

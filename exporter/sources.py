@@ -55,7 +55,9 @@ class LiveSource:
     """Scrapes a vLLM ``/metrics`` URL with requests.
 
     Failure kinds (the ``reason`` of :class:`ScrapeError`): ``refused`` (no connection: refused,
-    reset before an answer, name not resolved), ``timeout`` (the whole scrape — connect, headers
+    name not resolved), ``no_answer`` (the connection was accepted, then closed or reset before
+    an HTTP status line: not an HTTP server on that port, e.g. a TLS one, or a proxy without an
+    upstream, or a server dying on the request), ``timeout`` (the whole scrape — connect, headers
     and body — did not finish within ``timeout``; a body trickling in a few bytes at a time
     counts, the deadline is checked after every socket read and each read waits at most the time
     left), ``http_<status>`` (any status but 200 after redirects), ``redirect`` (more than
@@ -121,6 +123,11 @@ class LiveSource:
             timed_out = isinstance(exc, requests.Timeout) or any(isinstance(a, ReadTimeoutError) for a in exc.args)
             if timed_out:
                 raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None
+            # urllib3 wraps a connection that was made and then lost in ProtocolError; a refused
+            # or unresolvable one in MaxRetryError(NewConnectionError)
+            if any(isinstance(a, ProtocolError) for a in exc.args):
+                raise ScrapeError("no_answer", f"{where} accepted the connection and closed it without an HTTP "
+                                               "answer") from None
             raise ScrapeError("refused", f"cannot reach {where}: {type(exc).__name__}") from None
         except (requests.Timeout, ReadTimeoutError, TimeoutError):
             raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None

@@ -3,8 +3,8 @@
 A small threaded ``http.server`` on 127.0.0.1 serves snapshots of the bundled real vLLM 0.32
 trace; the test switches what it does next: refuse (the listener closed), answer after the
 timeout, trickle the body, 500, 404, a 302 to the real path, gzip, a body over the size cap, a
-gzip bomb, a body cut off mid-way, hang up without answering. Each kind is checked for its reason and its outcome; then the
-target flaps for 10 minutes of fake time (the real HTTP round trips take milliseconds): kvhit
+gzip bomb, a body cut off mid-way, a hang-up without an answer. Each kind is checked for its
+reason and its outcome; then the target flaps for 10 minutes of fake time (the real HTTP round trips take milliseconds): kvhit
 recovers without restart, never shows a per-model value older than two intervals, and its
 error counters equal the faults the target actually served.
 
