@@ -239,8 +239,11 @@ class PrometheusSource:
     * ``cache_config_info``: the set of labels kvhit reads that most pods report (pods of one
       model normally share it).
 
-    A family Prometheus has no series for this fetch (never exported, or no pod with two samples
-    in the range) is absent from the text — unknown, never 0. Each ``increase()`` extrapolates
+    A sample that is no value (NaN, ±Inf) or, for a counter or bucket, no increase (below 0) is
+    rendered as it came and never added to a total (a total would keep it forever): parse counts
+    and drops it (``non_finite``, ``negative``) as in a pod's body, and the series is unknown for
+    that fetch. A family Prometheus has no series for this fetch (never exported, or no pod with
+    two samples in the range) is absent from the text — unknown, never 0. Each ``increase()`` extrapolates
     the samples inside its range to the range's edges (Prometheus semantics): a total is exact
     for a steadily growing counter, otherwise off by the change of rate within the ≤ 1 scrape
     interval it extrapolates over. ``interval`` must be at least twice Prometheus's scrape
@@ -318,13 +321,18 @@ class PrometheusSource:
         """This fetch's rows → exposition: counter and histogram rows added to the totals first."""
         by_query: dict[str, list[tuple[dict[str, str], float]]] = {}
         for labels, value in rows:
-            if math.isfinite(value):  # a NaN would poison a running total forever
-                by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
+            by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Rendered([m for f in self.families for m in self._metrics(f, by_query)]))
         return generate_latest(registry).decode()
 
-    def _add(self, qid: str, labels: Mapping[str, str], value: float) -> float:
+    def _add(self, qid: str, labels: Mapping[str, str], value: float, count: bool = True) -> float:
+        """The running total after adding this increase, or ``value`` itself when it is no
+        increase — NaN/±Inf, or below 0 for a count (``count``: counters and buckets) — which a
+        total would keep forever: rendered as it came, parse then counts and drops it as in a
+        pod's body (``non_finite``, ``negative``)."""
+        if not math.isfinite(value) or (count and value < 0):
+            return value
         key = (qid, tuple(sorted(labels.items())))
         self._totals[key] = self._totals.get(key, 0.0) + value
         return self._totals[key]
@@ -364,15 +372,27 @@ class PrometheusSource:
                 continue
             total = self._add(f"b:{f.name}", labels, value)
             buckets.setdefault(labels.get("model_name", ""), []).append((edge, labels["le"], total))
-        sums = {labels.get("model_name", ""): self._add(f"s:{f.name}", labels, value)
+        sums = {labels.get("model_name", ""): self._add(f"s:{f.name}", labels, value, count=False)
                 for labels, value in by_query.get(f"s:{f.name}", [])}
         fam = HistogramMetricFamily(f"vllm:{f.name}", _FLEET_HELP, labels=("model_name",))
         for model, rows in sorted(buckets.items()):
             rows.sort()
-            if rows[-1][0] != math.inf:
+            if rows[-1][0] == math.inf and _usable(rows[-1][2]):
+                fam.add_metric([model], [(le, total) for _, le, total in rows], sums.get(model))
                 continue
-            fam.add_metric([model], [(le, total) for _, le, total in rows], sums.get(model))
+            # No usable +Inf bucket (_count): no histogram; only the rows no total took are
+            # rendered, for parse to count
+            for _, le, value in rows:
+                if not _usable(value):
+                    fam.add_sample(f"vllm:{f.name}_bucket", {"model_name": model, "le": le}, value)
+            if model in sums and not math.isfinite(sums[model]):
+                fam.add_sample(f"vllm:{f.name}_sum", {"model_name": model}, sums[model])
         return [fam] if fam.samples else []
+
+
+def _usable(total: float) -> bool:
+    """A count :meth:`PrometheusSource._add` took into its total (finite, not below 0)."""
+    return math.isfinite(total) and total >= 0
 
 
 class _Rendered:
