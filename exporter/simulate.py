@@ -376,15 +376,23 @@ def true_miss_slope(steps: list[StepTruth]) -> tuple[float, float]:
     return tps0, -slope / tps0
 
 
-def calibrate_truth(base: Truth, a: float, h_max: float = 0.95, running: float = 10.0) -> Truth:
-    """The ``base`` truth with k_dec chosen so that the line through TPS_miss(h) on a uniform grid
-    of [0, h_max] has slope ``a`` (bisection: a grows with the hit-independent time per request)."""
+def true_line(truth: Truth, h_max: float = 0.95, running: float = 10.0) -> tuple[float, float]:
+    """(TPS0 [tokens/s], a [1]) of the least-squares line through the truth's noise-free
+    TPS_miss(h) at 41 evenly spaced h on [0, ``h_max``] at concurrency ``running``: the true a
+    of MODEL.md §4 the accuracy benchmark scores kvhit against."""
     grid = [h_max * i / 40 for i in range(41)]
+    return true_miss_slope([StepTruth(0, 0, h, 0, running, 0, truth.miss_tps(h, running), 0, False) for h in grid])
+
+
+def calibrate_truth(base: Truth, a: float, h_max: float = 0.95, running: float = 10.0) -> Truth:
+    """The ``base`` truth with k_dec chosen so that its :func:`true_line` has slope ``a``
+    (bisection: a grows with the hit-independent time per request).
+
+    Raises:
+        ValueError: ``a`` is not reachable with k_dec in [0, 1] s/token."""
 
     def slope_of(k_dec: float) -> float:
-        tr = replace(base, k_dec=k_dec)
-        steps = [StepTruth(0, 0, h, 0, running, 0, tr.miss_tps(h, running), 0, False) for h in grid]
-        return true_miss_slope(steps)[1]
+        return true_line(replace(base, k_dec=k_dec), h_max, running)[1]
 
     lo, hi = 0.0, 1.0
     if not slope_of(lo) <= a <= slope_of(hi):
@@ -512,9 +520,12 @@ def cmd_simulate(args) -> int:
         truth = calibrate_truth(truth, args.miss_slope)
     sc = replace(sc, truth=truth, interval=args.interval)
 
+    tps0, a = true_line(truth)
+
     def ready(p: int) -> None:
         print(f"kvhit simulate: {args.scenario} on http://{host.strip('[]')}:{p}/metrics "
-              f"({sc.duration:.0f} simulated s, x{args.speed:g}); truth: {truth}", flush=True)
+              f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, 0.95] at "
+              f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
 
     serve(sc, host.strip("[]"), int(port), speed=args.speed, loop=args.loop, on_ready=ready)
     return 0

@@ -117,3 +117,23 @@ def test_serves_on_loopback():
     stop.set()
     th.join(5)
     assert "vllm:prefix_cache_queries_total" in body and math.isfinite(_counter(body, "prefix_cache_queries_total"))
+
+
+def test_kvhit_simulate_prints_its_true_line(capsys):
+    from exporter.cli import main
+    # --speed 1e6: the 420-s sweep is served in well under a second
+    assert main(["simulate", "--listen", "127.0.0.1:0", "--miss-slope", "0.5", "--speed", "1e6"]) == 0
+    out = capsys.readouterr().out
+    # The least-squares line through TPS_miss(h) = (1 − h)·ISL / t_chip(h) at h = 0.95·i/40,
+    # i = 0..40, running 10 (MODEL.md §4), written out here: slope = Sxy/Sxx, TPS0 = intercept.
+    tr = calibrate_truth(Truth(), 0.5)
+    assert tr.k_ctx == 0  # no decode-context term below
+    hs = [0.95 * i / 40 for i in range(41)]
+    ys = [(1 - h) * tr.isl / (tr.t_step * (tr.osl / 10 + 1) + tr.k_ffn * (1 - h) * tr.isl
+                              + tr.k_attn * ((1 - h) * tr.isl * h * tr.isl + ((1 - h) * tr.isl) ** 2 / 2)
+                              + tr.osl * tr.k_dec) for h in hs]
+    mh, my = sum(hs) / 41, sum(ys) / 41
+    slope = sum((h - mh) * (y - my) for h, y in zip(hs, ys)) / sum((h - mh) ** 2 for h in hs)
+    tps0 = my - slope * mh
+    assert f"TPS0={tps0:.1f} tokens/s a={-slope / tps0:.4f}" in out, out
+    assert f"a={0.5:.4f}" in out  # the calibrated slope is the one asked for
