@@ -23,7 +23,7 @@ throughput against h with the direct line).
 The page is self-contained (PNG images embedded as data URIs, also written next to it) and
 marks ``<body data-images="loaded/total">`` once its images have loaded, which is what the
 headless-browser test checks. matplotlib is the optional extra ``report``
-(``pip install 'kvhit[report]'``).
+(``pip install ".[report]"`` in a checkout: kvhit is not on PyPI).
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ReportError("kvhit report needs matplotlib: pip install 'kvhit[report]'") from None
+        raise ReportError('kvhit report needs matplotlib: pip install ".[report]" in the kvhit checkout') from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -118,3 +119,12 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 1
+
+
+def test_without_matplotlib_the_hint_installs_from_the_checkout(monkeypatch):
+    from exporter.report import ReportError, _pyplot
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
+    with pytest.raises(ReportError) as err:
+        _pyplot()
+    # kvhit is not on PyPI: the extra installs from the checkout, never 'kvhit[report]'
+    assert 'pip install ".[report]"' in str(err.value) and "kvhit[report]" not in str(err.value)
