@@ -23,8 +23,9 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
                 "output_tokens_per_second", "cost_lower", "cost_upper", "effective_cost_lower",
                 "effective_cost_upper"}|null,
         "prefill_share": {"window"|"history": ratio}, "prefix_cache_speedup": {"window"|"history": x},
-        "prefix_cache_verdict": {"state", "reason", "provisional", "history_seconds", "history_hit_ratio",
-                                 "history_prefill_share", "recent_hit_ratio", "jitter", "kv_usage_max"}|null,
+        "prefix_cache_verdict": {"state": str|null (null: undecidable, "reason" says why), "reason",
+                                 "provisional", "history_seconds", "history_hit_ratio",
+                                 "history_prefill_share", "recent_hit_ratio", "jitter", "kv_usage_max"},
         "kv_capacity_tokens", "max_concurrency", "kv_peak_bytes", "recommended_max_num_seqs",
         "capacity_bound_tokens_per_second": {"current"|"target": tokens/s}, "load_compute_ratio"}}}
 

@@ -613,3 +613,13 @@ def test_api_predict_at_one_computed_token_is_200(sim_runner):
     p = doc["prediction"]
     assert doc["model_name"] == "sim-model" and (p["isl"], p["osl"]) == (2048, 128)
     assert p["t_chip"] > 0 and math.isfinite(p["t_chip"])
+
+
+def test_prefix_cache_verdict_is_an_object_as_the_schema_says(sim_runner):
+    from exporter.jsonapi import analysis_to_dict
+    v = analysis_to_dict(*sim_runner.current())["models"]["sim-model"]["prefix_cache_verdict"]
+    assert set(v) == {"state", "reason", "provisional", "history_seconds", "history_hit_ratio",
+                      "history_prefill_share", "recent_hit_ratio", "jitter", "kv_usage_max"}
+    assert isinstance(v["state"], str) and v["provisional"] is True  # 7 minutes of history, not 24 h
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert '"prefix_cache_verdict": {"state": str|null' in readme and '"kv_usage_max"}|null' not in readme
