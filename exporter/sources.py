@@ -324,7 +324,8 @@ class PrometheusSource:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Rendered([m for f in self.families for m in self._metrics(f, by_query)]))
-        return generate_latest(registry).decode()
+        # A successful answer without series is no data, not an empty body (a parse error)
+        return generate_latest(registry).decode() or "# kvhit fleet mode: no series in this answer\n"
 
     def _add(self, qid: str, labels: Mapping[str, str], value: float, count: bool = True) -> float:
         """The running total after adding this increase, or ``value`` itself when it is no
