@@ -17,7 +17,7 @@ from scipy.optimize import least_squares, nnls
 
 from .model import CHIP_TIME_TERMS, ChipTimeCoefficients
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit, frozen_wls, soft_l1_weight
+from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, soft_l1_weight, solve_normal
 from .result import Estimate, FitResult, Status
 
 # What each coefficient multiplies, in words, for reasons.
@@ -94,7 +94,8 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
 def _fit_rows(rows: Sequence[tuple[np.ndarray, float]], min_samples: int) -> FitResult:
     """The fit of :func:`fit_chip_time` on (design row (5,), Δt_busy [s]) pairs."""
     x = np.array([r for r, _ in rows]).reshape(len(rows), len(CHIP_TIME_TERMS))
-    return _robust_fit(x, np.array([dt for _, dt in rows], dtype=float), min_samples)[0]
+    fit = _robust_fit(x, np.array([dt for _, dt in rows], dtype=float), min_samples)[0]
+    return fit.resolve() if isinstance(fit, LazyFitResult) else fit
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     (same minimum: the soft_l1 problem is convex), else from NNLS.
 
     Returns (fit, what the refit froze or None when the fit is not ok, each row's IRLS weight at
-    the solution, shape (n,)).
+    the solution, shape (n,)); an ok fit is a :class:`~fitters.online.LazyFitResult` (its
+    statistics are computed when first read, from copies of x and y).
     """
     n = len(y)
     if n < max(min_samples, 1):
@@ -155,7 +157,8 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     start[kept], beta[kept] = p0 / x_scale[kept], fit.x / x_scale[kept]
     frozen = _Frozen(kept, dropped, x_scale > 0, start, floor, beta, sigma0, fit.active_mask != 0)
     weights = soft_l1_weight(aw @ fit.x - yw, sigma0)
-    return _publish(x, y, x_scale, size, kept, dropped, fit.x, min_samples), frozen, weights
+    x, y = x.copy(), y.copy()
+    return LazyFitResult(lambda: _publish(x, y, x_scale, size, kept, dropped, fit.x, min_samples)), frozen, weights
 
 
 def _rms(x: np.ndarray) -> np.ndarray:
@@ -277,7 +280,7 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
     return total
 
 
-class ChipTimeFitter(AmortizedFit[_Frozen, FitResult]):
+class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]]):
     """Online §7 chip-time fit over the latest busy steps (MODEL.md §7, §6; fitters/online.py).
 
     Memory bound: a :class:`~fitters.online.RowBuffer` of the last ``capacity`` usable steps
@@ -287,9 +290,11 @@ class ChipTimeFitter(AmortizedFit[_Frozen, FitResult]):
     between, the exact weighted least squares of all buffered rows in the relative residuals of
     that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
     IRLS weights frozen (a new row: the weight at its residual under the refit's solution and
-    f_scale), its dropped terms dropped and the terms it held at 0 fixed at 0; outliers,
-    covariance, R² and the rest are computed from that solution as in :func:`fit_chip_time`.
-    It refits instead when a free term would turn negative or a regressor column becomes
+    f_scale), its dropped terms dropped and the terms it held at 0 fixed at 0, solved from the
+    running sums of the rows' normal equations (:class:`~fitters.online.GramSums` of
+    (regressors, Δt)/size, 6×6); outliers, covariance, R² and the rest are computed from that
+    solution as in :func:`fit_chip_time` when the result is first read
+    (:class:`~fitters.online.LazyFitResult`). It refits instead when a free term would turn negative or a regressor column becomes
     (non-)zero. Cached until new data. Nothing is learned at construction.
     Raises ValueError for capacity < 1 or every < 1.
     """
@@ -297,7 +302,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, FitResult]):
     def __init__(self, capacity: int = 720, min_samples: int = 10, every: int = REFIT_EVERY) -> None:
         if capacity < 1:
             raise ValueError("capacity must be ≥ 1")
-        super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every)
+        super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every, basis_width=len(CHIP_TIME_TERMS) + 1)
         self.capacity = capacity
         self.min_samples = min_samples
 
@@ -311,32 +316,43 @@ class ChipTimeFitter(AmortizedFit[_Frozen, FitResult]):
 
     def result(self) -> FitResult:
         """The fit over the buffered rows (class docstring); cached until new data."""
-        return self.solve()
+        return self.solve()[0]
 
-    def _refit(self, x: np.ndarray, key: object, previous: _Frozen | None) -> tuple[FitResult, _Frozen | None, np.ndarray]:
-        return _robust_fit(x[:, :-1], x[:, -1], self.min_samples, previous)
+    def _refit(self, x: np.ndarray, key: object,
+               previous: _Frozen | None) -> tuple[tuple[FitResult, np.ndarray | None], _Frozen | None, np.ndarray]:
+        fit, frozen, weights = _robust_fit(x[:, :-1], x[:, -1], self.min_samples, previous)
+        return (fit, None if frozen is None else frozen.beta), frozen, weights
 
     def _weigh(self, x: np.ndarray, key: object, state: _Frozen) -> np.ndarray:
         size = np.maximum(x[:, :-1] @ state.start, state.floor)
         return soft_l1_weight((x[:, :-1] @ state.beta - x[:, -1]) / size, state.f_scale)
 
-    def _exact(self, x: np.ndarray, w: np.ndarray, key: object, state: _Frozen) -> FitResult | None:
-        xr, y = x[:, :-1], x[:, -1]
-        x_scale = _rms(xr)
-        if not np.array_equal(x_scale > 0, state.nonzero):
+    def _basis(self, x: np.ndarray, w: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray, None]:
+        # (regressors, Δt) divided by the row's size under the refit's start: the relative residuals
+        return x / np.maximum(x[:, :-1] @ state.start, state.floor)[:, None], w, None
+
+    def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
+               state: _Frozen) -> tuple[FitResult, np.ndarray] | None:
+        xr = x[:, :-1]
+        if not np.array_equal(np.any(xr > 0, axis=0), state.nonzero):  # regressors are ≥ 0
             return None
-        kept = state.kept
-        size = np.maximum(xr @ state.start, state.floor)
-        a = xr[:, kept] / (x_scale[kept] * size[:, None])
-        k = len(kept)
-        sol = frozen_wls(a, y / size, w, state.active, np.zeros(k), np.zeros(k), np.full(k, np.inf))
+        kept, k = state.kept, len(state.kept)
+        g = self.sums.g[0]
+        sol = solve_normal(g[np.ix_(kept, kept)], g[kept, -1], state.active, np.zeros(k), np.zeros(k),
+                           np.full(k, np.inf))
         if sol is None:
             return None
-        return _publish(xr, y, x_scale, size, kept, state.dropped, sol[0], self.min_samples)
+        beta = np.zeros(len(CHIP_TIME_TERMS))
+        beta[kept] = sol[0]
+        xr, y = xr.copy(), x[:, -1].copy()
+
+        def publish() -> FitResult:
+            x_scale = _rms(xr)
+            size = np.maximum(xr @ state.start, state.floor)
+            return _publish(xr, y, x_scale, size, kept, state.dropped, sol[0] * x_scale[kept], self.min_samples)
+        return LazyFitResult(publish), beta
 
     def coefficients(self) -> ChipTimeCoefficients | None:
         """Fitted coefficients when the fit is ok (not-identifiable terms as 0), else None."""
-        res = self.result()
-        if not res.ok:
-            return None
-        return ChipTimeCoefficients(*(res.params[n].value if res.params[n].ok else 0.0 for n in CHIP_TIME_TERMS))
+        beta = self.solve()[1]
+        return None if beta is None else ChipTimeCoefficients(*map(float, beta))

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from fitters.model import ChipTimeCoefficients, load_time, ttft_unified
+from fitters.model import ChipTimeCoefficients, attention_work, load_time, ttft_unified
 from fitters.observation import Observation
-from fitters.online import REFIT_EVERY, AmortizedFit, frozen_wls, soft_l1_weight
+from fitters.online import REFIT_EVERY, AmortizedFit, LazyFitResult, frozen_wls, shared, soft_l1_weight, solve_normal
 from fitters.result import Estimate, FitResult, Status
 
 __all__ = [
@@ -430,11 +430,13 @@ class _Fitted:
 
 
 def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: float | None, min_samples: int,
-                solver: Solver) -> tuple[tuple[FitResult, FitResult], _Fitted | None] | None:
+                solver: Solver, frozen: list[str] | None = None
+                ) -> tuple[tuple[FitResult, FitResult], _Fitted | None] | None:
     """:func:`fit_latency` on a matrix of samples, shape (n, 7) in _COLUMNS order, with the linear
     problem solved by ``solver(design, z, w, lower, upper, names, rows)`` (rows: bool mask of the
     fit set over x); None when the solver returns None. The _Fitted is None when the fit failed
-    before solving."""
+    before solving. ``frozen``: the parameter names of the last refit, whose collinearity
+    verdicts (α, c0) stand instead of being checked again (the exact step between refits)."""
     _check_inputs(coef, kv, bw)
     loaded_rows = x[:, 4] > 0
     n_loaded = int(loaded_rows.sum())
@@ -452,9 +454,11 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
         )
 
     if alpha_fail is None:
-        arrays = _arrays(x, coef, kv, bw)
-        design, names = _design(arrays, with_alpha=True)
-        if _collinear(design, arrays["w"], names.index("alpha")):
+        if frozen is None:
+            arrays = _arrays(x, coef, kv, bw)
+            design, names = _design(arrays, with_alpha=True)
+        if frozen is not None and "alpha" not in frozen or frozen is None and _collinear(
+                design, arrays["w"], names.index("alpha")):
             alpha_fail = (
                 Status.NOT_IDENTIFIABLE,
                 "min(T_load, T_compute) is zero or collinear with the chip-time regressors in "
@@ -480,7 +484,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
     r = arrays["r"]
     running_varies = float(np.ptp(r)) > _RUNNING_TOL * max(1.0, float(np.max(np.abs(r))))
     design, names = _design(arrays, with_alpha=with_alpha, with_c1=running_varies)
-    if _collinear(design, arrays["w"], names.index("c0")):
+    if frozen is None and _collinear(design, arrays["w"], names.index("c0")):
         reason = "prefill chip time t_step + T_compute is 0 in every step: c0 cannot be fitted"
         return (
             FitResult.failed(Status.NOT_IDENTIFIABLE, reason, samples=n_fit),
@@ -592,6 +596,42 @@ class _Frozen:
     f_scale: float
     active: np.ndarray  # parameters at a bound (bool)
     w_mean: float  # mean weight of the fitted steps, the residuals' normalisation
+    alpha_collinear: bool  # α left out as collinear with the chip-time regressors
+
+
+def _load_scale(key: Key) -> float:
+    """S_kv/B_load [s/token] of ``key``, T_load = scale·h_load·ISL (0 when either is unknown)."""
+    _, kv, bw = key
+    return 0.0 if kv is None or bw is None else kv / bw
+
+
+def _basis_rows(x: np.ndarray, key: Key) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample row of x (n, 7): u = (1, M, W) with P = (t_step, k_ffn, k_attn)·u and T_compute =
+    (0, k_ffn, k_attn)·u (M = (1 − h)·ISL, W = attention_work, MODEL.md §7), shape (n, 3);
+    q = h_load·ISL, T_load = _load_scale·q, shape (n,); and whether min(T_load, T_compute) is
+    T_load under ``key``'s coefficients (bool, (n,))."""
+    isl, h = x[:, 2], x[:, 3]
+    u = np.column_stack([np.ones(len(x)), (1.0 - h) * isl, attention_work(isl, h)])
+    q = x[:, 4] * isl
+    coef = key[0]
+    return u, q, _load_scale(key) * q <= u[:, 1] * coef.k_ffn + u[:, 2] * coef.k_attn
+
+
+def _transform(key: Key, names: list[str]) -> np.ndarray:
+    """T, shape (p + 1, 12): (design columns in ``names`` order, z) = T·v for a row's basis v of
+    :meth:`LatencyFitter._basis`, under ``key``."""
+    coef = key[0]
+    g = _load_scale(key)
+    t = np.zeros((len(names) + 1, 12))
+    for i, name in enumerate(names):
+        if name == "c0":
+            t[i, 0:3] = coef.t_step, coef.k_ffn, coef.k_attn
+        elif name == "c1":
+            t[i, 3:6] = coef.t_step, coef.k_ffn, coef.k_attn
+        else:
+            t[i, 6:10] = -g, 0.0, -coef.k_ffn, -coef.k_attn
+    t[-1, 10:12] = 1.0, -g
+    return t
 
 
 class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
@@ -607,9 +647,15 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
     between, the exact weighted least squares of all stored steps under the given coefficients
     with the refit's soft_l1 IRLS weights frozen (a new step: the weight at its residual under
     the refit's solution, coefficients and f_scale) and the parameters it held at a bound fixed
-    there; covariance, R² and statuses as in :func:`fit_latency` at that solution. It refits
-    instead when a free parameter leaves its bounds or the fit's structure changes (which
-    parameters are fitted, which steps enter). The result is cached while the samples,
+    there, solved from running sums: the design is linear in the coefficients and S_kv/B_load
+    (P = (t_step, k_ffn, k_attn)·u, T_load = (S_kv/B_load)·q), so the Gram matrix of each step's
+    basis v (12 numbers: u, u·running, the loaded share of the min() branch, y, q; weighted by
+    frozen weight × requests) gives the normal equations under any coefficients by a 12×12
+    transform; covariance, R² and statuses are computed as in :func:`fit_latency` at that solution
+    when the result is first read (:class:`~fitters.online.LazyFitResult`), with the refit's
+    collinearity verdicts. It refits instead when a free parameter leaves its bounds, the fit's
+    structure changes (which parameters are fitted, which steps enter) or a loaded step's
+    min(T_load, T_compute) changes branch under the new coefficients. The result is cached while the samples,
     ``coef``, ``kv_bytes_per_token`` and ``load_bandwidth`` are unchanged (compared by value).
     Raises ValueError for capacity < 1, min_samples < 1 or every < 1.
     """
@@ -619,7 +665,7 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
             raise ValueError("capacity must be ≥ 1")
         if min_samples < 1:
             raise ValueError("min_samples must be ≥ 1")
-        super().__init__(capacity, len(_COLUMNS), every)
+        super().__init__(capacity, len(_COLUMNS), every, basis_width=12)
         self.capacity = capacity
         self.min_samples = min_samples
 
@@ -659,7 +705,8 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         sol = fitted.solution
         weights[fitted.rows] = sol.weights
         w_mean = float(x[fitted.rows, 6].mean())
-        return out, _Frozen(key, fitted.names, sol.values, sol.f_scale, sol.active, w_mean), weights
+        collinear = "alpha" not in fitted.names and bool(np.any(x[:, 4] > 0)) and _load_scale(key) > 0
+        return out, _Frozen(key, fitted.names, sol.values, sol.f_scale, sol.active, w_mean, collinear), weights
 
     def _weigh(self, x: np.ndarray, key: Key, state: _Frozen) -> np.ndarray:
         arrays = _arrays(x, *state.key)
@@ -667,24 +714,63 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         resid = (design @ state.theta - arrays["z"]) * np.sqrt(arrays["w"] / state.w_mean)
         return soft_l1_weight(resid, state.f_scale)
 
+    def _basis(self, x: np.ndarray, w: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray, None]:
+        u, q, load_branch = _basis_rows(x, state.key)
+        loaded = q > 0
+        v = np.column_stack([u, u * x[:, 5:6], q * (loaded & load_branch), u * (loaded & ~load_branch)[:, None],
+                             x[:, 1], q])
+        in_fit = np.ones(len(x), dtype=bool) if "alpha" in state.names else ~loaded
+        return v, w * x[:, 6] * in_fit, None
+
+    def _moved(self, x: np.ndarray, key: Key, state: _Frozen) -> bool:
+        """Whether ``key`` moves some stored step's P + T_load by more than COEF_TOL relative to
+        the refit's. max_j |Δc_j|/c_j over (t_step, k_ffn, k_attn) bounds it from above (u ≥ 0),
+        so the O(n) check runs only when that bound does not settle it."""
+        now, then = key[0], state.key[0]
+        if _load_scale(key) == _load_scale(state.key) and then.t_step > 0:
+            bound = 0.0
+            for a, b in ((now.t_step, then.t_step), (now.k_ffn, then.k_ffn), (now.k_attn, then.k_attn)):
+                if a != b:
+                    bound = max(bound, abs(a - b) / b if b > 0 else math.inf)
+            if bound <= COEF_TOL:
+                return False
+        arr_now, arr_then = _arrays(x, *key), _arrays(x, *state.key)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            moved = (np.abs(arr_now["p"] - arr_then["p"]) + np.abs(arr_now["t_load"] - arr_then["t_load"])) \
+                / arr_then["p"]
+        return not float(np.max(moved)) <= COEF_TOL  # nan (P = 0) counts as moved
+
     def _exact(self, x: np.ndarray, w: np.ndarray, key: Key, state: _Frozen) -> tuple[FitResult, FitResult] | None:
-        if key != state.key:
-            now, then = _arrays(x, *key), _arrays(x, *state.key)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                moved = (np.abs(now["p"] - then["p"]) + np.abs(now["t_load"] - then["t_load"])) / then["p"]
-            if not float(np.max(moved)) <= COEF_TOL:  # nan (P = 0) counts as moved
-                return None
+        coef, kv, bw = key
+        _check_inputs(coef, kv, bw)
+        if key != state.key and self._moved(x, key, state):
+            return None
+        # the structure _fit_matrix would find (with the refit's collinearity verdicts), else refit
+        loaded = x[:, 4] > 0
+        with_alpha = bool(loaded.any()) and kv is not None and bw is not None and not state.alpha_collinear
+        if with_alpha != ("alpha" in state.names):
+            return None
+        r = x[:, 5] if with_alpha else x[~loaded, 5]
+        if len(r) < self.min_samples or (float(np.ptp(r)) > _RUNNING_TOL * max(1.0, float(np.max(np.abs(r))))) \
+                != ("c1" in state.names):
+            return None
+        if with_alpha and key != state.key and not np.array_equal(_basis_rows(x, key)[2][loaded],
+                                                                  _basis_rows(x, state.key)[2][loaded]):
+            return None  # min(T_load, T_compute) changed branch: the basis no longer holds
+        t = _transform(key, state.names)
+        m = t @ self.sums.g[0] @ t.T
+        names = state.names
+        lower = np.array([_BOUNDS[n][0] for n in names])
+        upper = np.array([_BOUNDS[n][1] for n in names])
+        sol = solve_normal(m[:-1, :-1], m[:-1, -1], state.active, state.theta, lower, upper)
+        if sol is None:
+            return None
+        theta, xc, wc = sol[0], x.copy(), w.copy()
 
         def solver(design, z, sw, lower, upper, names, rows):
-            if names != state.names:
-                return None
             a, b = _normalised(design, z, sw)
-            sol = frozen_wls(a, b, w[rows], state.active, state.theta, lower, upper)
-            if sol is None:
-                return None
-            theta = sol[0]
             return _Solution(theta, _robust_covariance(a, b, theta, state.f_scale), design @ theta, state.f_scale,
-                             state.active, w[rows])
+                             state.active, wc[rows])
 
-        out = _fit_matrix(x, *key, self.min_samples, solver)
-        return None if out is None or out[1] is None else out[0]
+        both = shared(lambda: _fit_matrix(xc, coef, kv, bw, self.min_samples, solver, names)[0])
+        return LazyFitResult(lambda: both()[0]), LazyFitResult(lambda: both()[1])

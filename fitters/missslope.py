@@ -28,7 +28,7 @@ from scipy.optimize import least_squares, nnls
 
 from .chiptime import robust_sigma
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit
+from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, solve_normal
 from .result import Estimate, FitResult, Status
 
 # A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip
@@ -36,6 +36,7 @@ from .result import Estimate, FitResult, Status
 ANOMALY_SIGMAS = 3.5
 # Steps whose h agree to this measure the same point of the curve (one node of the h quadrature).
 H_RESOLUTION = 0.01
+_NODES = round(1.0 / H_RESOLUTION) + 1  # node indices of h ∈ [0, 1]
 _MAX_ROUNDS = 10
 _POLE_FLOOR = 1e-9  # keeps 1 - s·h > 0 at h = 1 (no miss token left: TPS_miss = 0)
 
@@ -266,10 +267,15 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
     is kept, 0 when flagged against the refit's reference (a new row: flagged when more than
     ANOMALY_SIGMAS of the refit's σ below that reference); in between, the exact step is the
     line of :func:`fit_miss_slope` over the kept rows (it has no robust loss, so that is the whole
-    fit) with the sandwich covariance about the frozen reference."""
+    fit) with the sandwich covariance about the frozen reference. The line comes from running
+    sums per node of the h quadrature (:class:`~fitters.online.GramSums` of (1, h, TPS) over the
+    kept rows, one group per node): a node's centre is Σh/count and its weight width/count, so the
+    quadrature-weighted normal equations are Σ_node width/count·sums (O(nodes), not O(n)); the
+    result's statistics are computed by :func:`_line` when first read
+    (:class:`~fitters.online.LazyFitResult`)."""
 
     def __init__(self, bucket: Bucket, capacity: int, min_samples: int, min_h_span: float, every: int) -> None:
-        super().__init__(capacity, 3, every)
+        super().__init__(capacity, 3, every, basis_width=3, groups=_NODES)
         self.min_samples, self.min_h_span = min_samples, min_h_span
         self._extra = {"isl_bucket_lo": bucket[0], "isl_bucket_hi": bucket[1]}
 
@@ -285,11 +291,30 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         rel = _reference_residuals(ref.p, x[:, 1], x[:, 2] / ref.y_scale)
         return (rel >= -ANOMALY_SIGMAS * ref.sigma).astype(float)
 
+    def _basis(self, x: np.ndarray, w: np.ndarray, ref: _Reference) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        h = x[:, 1]
+        return np.column_stack([np.ones(len(x)), h, x[:, 2]]), w, np.floor(h / H_RESOLUTION + 0.5).astype(int)
+
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
                ref: _Reference) -> tuple[FitResult, np.ndarray] | None:
         keep = w > 0.5
-        res = _line(x[:, 1], x[:, 2], keep, ref, self.min_samples, self.min_h_span)
-        return (self._with_bucket(res), ~keep) if res.ok else None
+        if _check(x[keep, 1], self.min_samples, self.min_h_span, "") is not None:
+            return None
+        g = self.sums.g
+        nodes = np.flatnonzero(g[:, 0, 0] > 0.5)  # counts are exact integers
+        sums, count = g[nodes], g[nodes, 0, 0]
+        half_gap = np.diff(sums[:, 0, 1] / count) / 2.0  # between the nodes' mean h
+        width = np.zeros(len(nodes))
+        width[:-1] += half_gap
+        width[1:] += half_gap
+        m = np.tensordot(width / count, sums, axes=1)
+        sol = solve_normal(m[:2, :2], m[:2, 2], np.zeros(2, dtype=bool), np.zeros(2), np.full(2, -np.inf),
+                           np.full(2, np.inf))
+        if sol is None or sol[0][0] <= 0:
+            return None  # TPS0 ≤ 0: not identifiable, refit
+        h, y = x[:, 1].copy(), x[:, 2].copy()
+        res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
+        return res, ~keep
 
 
 class MissSlopeFitter:

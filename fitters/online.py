@@ -14,19 +14,33 @@ rows in a :class:`RowBuffer` and derives from :class:`AmortizedFit`, which decid
   refit's f_scale). So the published solution depends on the rows and the last refit only,
   never on how often it was read.
 
-Weighted least squares with frozen weights is :func:`frozen_wls` (normal equations, O(n·p²), no
-iteration); :func:`soft_l1_weight` is the IRLS weight of scipy's soft_l1 loss.
+The exact step never revisits the rows: :class:`GramSums` keeps Σ w·v·vᵀ of each row's basis
+vector v (the fitter's design and target, under the refit's frozen state) per group, added when a
+row is weighed, subtracted when the buffer evicts it and rebuilt from the rows at every refit (so
+rounding drift spans at most ``every`` rows); a fitter maps it to its p×p normal equations
+(p ≤ 5) and :func:`solve_normal` solves them. Statistics only the analysis reads (covariance,
+stderr, R², outliers, MAPE, condition number) are a :class:`LazyFitResult`: computed from a copy
+of the rows and the solution the first time a field is read, by the same code as the pure fit, so
+the values are those an eager computation would have published.
+
+Weighted least squares with frozen weights on rows is :func:`frozen_wls`; :func:`soft_l1_weight`
+is the IRLS weight of scipy's soft_l1 loss.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import numpy as np
 
-# K: rows between robust refits. Measured on the bundled 0.32 trace (one model, 370 scrapes): a
-# refit costs 0.7-2.4 ms per fitter, an exact step 0.2-0.4 ms; the fit step per cycle costs
-# 4.3 ms at K = 1, 1.09 at 8, 0.87 at 16, 0.81 at 32: past 16 the exact steps dominate, and a
-# frozen weight is at most 16 rows (80 s of 5-s scrapes) old.
+from .result import FitResult
+
+# K: rows between robust refits. Measured on the bundled 0.32 trace (one model, 369 cycles) with
+# exact steps from running sums: a refit costs 0.8 ms (chip time), 2.2 ms (latency), 4.4 ms (miss
+# slope, its reference curve), an exact step 0.08-0.1 ms; the fit step per cycle costs 0.69 ms
+# at K = 16, 0.56 at 32, 0.51 at 64 (exact steps and numpy call overhead dominate), but at 64 the
+# frozen weights get old enough to move the accuracy benchmark's real-trace direct â (0.76 → 0.81).
 REFIT_EVERY = 16
 
 R = TypeVar("R")
@@ -80,38 +94,122 @@ def soft_l1_weight(r: np.ndarray, f_scale: float) -> np.ndarray:
 def frozen_wls(a: np.ndarray, b: np.ndarray, w: np.ndarray, fixed: np.ndarray, theta_fixed: np.ndarray,
                lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Weighted least squares min Σ w·(a·θ − b)² with the parameters in ``fixed`` held at
-    ``theta_fixed`` (the bounds active at the last refit) and the others free, from the normal
-    equations (no iteration).
+    ``theta_fixed`` (the bounds active at the last refit) and the others free: :func:`solve_normal`
+    of the rows' normal equations.
 
     Args:
         a: design, shape (n, p); b: targets, shape (n,); w: weights ≥ 0, shape (n,).
+        fixed, theta_fixed, lower, upper: as :func:`solve_normal`.
+    Returns:
+        as :func:`solve_normal`.
+    """
+    aw = a * w[:, None]
+    return solve_normal(aw.T @ a, aw.T @ b, fixed, theta_fixed, lower, upper)
+
+
+def solve_normal(ata: np.ndarray, atb: np.ndarray, fixed: np.ndarray, theta_fixed: np.ndarray,
+                 lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The solution of the normal equations AᵀWA·θ = AᵀWb with the parameters in ``fixed`` held at
+    ``theta_fixed`` and the others free (no iteration).
+
+    Args:
+        ata: AᵀWA, shape (p, p); atb: AᵀWb, shape (p,).
         fixed: bool mask, shape (p,); theta_fixed: values of the fixed parameters, shape (p,)
             (entries of free parameters are ignored); lower, upper: bounds, shape (p,).
     Returns:
-        (θ, shape (p,); inverse of the free parameters' normal matrix (a_freeᵀ·W·a_free)⁻¹,
-        shape (p_free, p_free)), or None when the normal matrix is singular or a free parameter
-        leaves [lower, upper] (the caller then refits).
+        (θ, shape (p,); inverse of the free parameters' normal matrix, shape (p_free, p_free)), or
+        None when that matrix is singular or a free parameter leaves [lower, upper] (the caller
+        then refits). The free block is scaled to unit diagonal before inverting (the columns'
+        units span orders of magnitude).
     """
-    free = ~fixed
-    theta = np.where(fixed, theta_fixed, 0.0)
-    af = a[:, free]
-    rhs = b - a[:, fixed] @ theta[fixed] if fixed.any() else b
-    aw = af * w[:, None]
+    if fixed.any():
+        free = ~fixed
+        theta = np.where(fixed, theta_fixed, 0.0)
+        rhs = atb[free] - ata[free][:, fixed] @ theta[fixed]
+        m = ata[free][:, free]
+    else:
+        free, theta, rhs, m = slice(None), np.empty(len(atb)), atb, ata
+    d = np.sqrt(m.diagonal())
+    if not d.all():
+        return None
+    dd = d[:, None] * d
     try:
-        inv = np.linalg.inv(aw.T @ af)
+        inv = np.linalg.inv(m / dd) / dd
     except np.linalg.LinAlgError:
         return None
-    theta[free] = inv @ (aw.T @ rhs)
-    if not (np.all(np.isfinite(theta)) and np.all(theta >= lower) and np.all(theta <= upper)):
+    theta[free] = inv @ rhs
+    if not (np.isfinite(theta).all() and (theta >= lower).all() and (theta <= upper).all()):
         return None
     return theta, inv
+
+
+class GramSums:
+    """Σ w·v·vᵀ over weighted basis rows v (width q) in ``groups`` groups: ``g``, shape
+    (groups, q, q), updated and downdated row by row in O(q²) (fitters/online.py module docstring).
+    Raises ValueError for width < 1 or groups < 1."""
+
+    def __init__(self, width: int, groups: int = 1) -> None:
+        if width < 1 or groups < 1:
+            raise ValueError("width and groups must be ≥ 1")
+        self.g = np.zeros((groups, width, width))
+
+    def add(self, v: np.ndarray, w: np.ndarray, group: np.ndarray | None = None) -> None:
+        """Add rows v, shape (n, q), with weights w, shape (n,) (negative: remove), to their group
+        (int array, shape (n,); None: group 0)."""
+        outer = np.einsum("ni,nj->nij", v * w[:, None], v)
+        if group is None:
+            self.g[0] += outer.sum(axis=0)
+        else:
+            np.add.at(self.g, group, outer)
+
+    def reset(self, v: np.ndarray, w: np.ndarray, group: np.ndarray | None = None) -> None:
+        """The sums of exactly these rows (as :meth:`add`)."""
+        self.g[:] = 0.0
+        self.add(v, w, group)
+
+
+class LazyFitResult(FitResult):
+    """A :class:`~fitters.result.FitResult` whose fields are computed by ``build()`` when one is
+    first read (then kept): the exact step's statistics cost an O(n) pass the fit step itself does
+    not need. ``build`` must own copies of its inputs (the row buffer moves on)."""
+
+    def __init__(self, build: Callable[[], FitResult]) -> None:  # noqa: super().__init__ would set the fields
+        object.__setattr__(self, "_build", build)
+        object.__setattr__(self, "_full", None)
+
+    def resolve(self) -> FitResult:
+        """The built FitResult."""
+        if self._full is None:
+            object.__setattr__(self, "_full", self._build())
+            object.__setattr__(self, "_build", None)
+        return self._full
+
+    def __eq__(self, other: object) -> bool:
+        return self.resolve() == (other.resolve() if isinstance(other, LazyFitResult) else other)
+
+    __hash__ = None  # type: ignore[assignment]  (as FitResult: eq without frozen hash of dicts)
+
+
+for _f in dataclasses.fields(FitResult):
+    setattr(LazyFitResult, _f.name, property(lambda self, _n=_f.name: getattr(self.resolve(), _n)))
+
+
+def shared(build: Callable[[], tuple]) -> Callable[[], tuple]:
+    """``build`` run once, on the first call (several LazyFitResults built by one pass)."""
+    box: list = []
+
+    def once() -> tuple:
+        if not box:
+            box.append(build())
+        return box[0]
+    return once
 
 
 class AmortizedFit(Generic[S, R]):
     """A fitter's rows plus the refit policy of this module (MODEL.md §6).
 
     Rows are ``width`` floats; the buffer holds one more column, each row's frozen weight (nan
-    until weighed). A subclass supplies three hooks over the buffered rows ``x`` (shape
+    until weighed). A subclass supplies four hooks over the buffered rows ``x`` (shape
     (n, width), oldest first) and ``key`` (extra inputs of the fit, compared by value, e.g. the
     chip-time coefficients of the latency fit; None when there are none):
 
@@ -120,17 +218,23 @@ class AmortizedFit(Generic[S, R]):
       is not ok: then every read with new rows refits), ``weights`` shape (n,) the frozen weights.
     * ``_weigh(x_new, key, state) -> weights``: the weight of rows that arrived since the refit,
       under the refit's estimate.
-    * ``_exact(x, w, key, state) -> result | None``: the exact solution with frozen weights ``w``;
-      None when it cannot stand (solution out of bounds, data changed otherwise): refit.
+    * ``_basis(x, w, state) -> (v, w_eff, group)``: each row's basis vector, shape (n, q), its
+      weight in :attr:`sums`, shape (n,), and its group (int, shape (n,)) or None — fixed from a
+      refit to the next, so the sums can be added to and subtracted from.
+    * ``_exact(x, w, key, state) -> result | None``: the exact solution with frozen weights ``w``,
+      from :attr:`sums` (the sums of every buffered row's basis); None when it cannot stand
+      (solution out of bounds, data changed otherwise): refit.
 
     :meth:`solve` returns the current result, cached until a row arrives or ``key`` changes.
     ``refits`` counts robust refits (a diagnostic). Raises ValueError for every < 1.
     """
 
-    def __init__(self, capacity: int, width: int, every: int = REFIT_EVERY) -> None:
+    def __init__(self, capacity: int, width: int, every: int = REFIT_EVERY, basis_width: int = 1,
+                 groups: int = 1) -> None:
         if every < 1:
             raise ValueError("every must be ≥ 1")
         self.rows = RowBuffer(capacity, width + 1)
+        self.sums = GramSums(basis_width, groups)
         self.every = every
         self.refits = 0
         self._state: S | None = None
@@ -141,8 +245,16 @@ class AmortizedFit(Generic[S, R]):
         return len(self.rows)
 
     def append(self, row) -> None:
-        """Store one row of ``width`` floats (unweighed)."""
+        """Store one row of ``width`` floats (unweighed); an evicted weighed row leaves the sums."""
+        if len(self.rows) == self.rows.capacity and self._state is not None:
+            old = self.rows.view()[:1]
+            if not np.isnan(old[0, -1]):
+                self._add(old, -1.0)
         self.rows.append((*row, np.nan))
+
+    def _add(self, data: np.ndarray, sign: float) -> None:
+        v, w, group = self._basis(data[:, :-1], data[:, -1], self._state)
+        self.sums.add(v, sign * w, group)
 
     def solve(self, key: object = None) -> R:
         """The fit of the buffered rows under ``key``: an exact step or a robust refit (module docstring)."""
@@ -153,12 +265,15 @@ class AmortizedFit(Generic[S, R]):
         x, w = data[:, :-1], data[:, -1]
         out = None
         if self._state is not None and appended - self._refit_at < self.every:
-            new = np.isnan(w)
-            if new.any():
+            new = np.flatnonzero(np.isnan(w))
+            if len(new):
                 w[new] = self._weigh(x[new], key, self._state)
+                self._add(data[new], 1.0)
             out = self._exact(x, w, key, self._state)
         if out is None:
             out, self._state, data[:, -1] = self._refit(x, key, self._state)
+            if self._state is not None:
+                self.sums.reset(*self._basis(x, data[:, -1], self._state))
             self._refit_at = appended
             self.refits += 1
         self._cache = (appended, key, out)
@@ -168,6 +283,9 @@ class AmortizedFit(Generic[S, R]):
         raise NotImplementedError
 
     def _weigh(self, x: np.ndarray, key: object, state: S) -> np.ndarray:
+        raise NotImplementedError
+
+    def _basis(self, x: np.ndarray, w: np.ndarray, state: S) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         raise NotImplementedError
 
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object, state: S) -> R | None:
