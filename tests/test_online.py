@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy.optimize import least_squares
 
-from fitters.online import RowBuffer, frozen_wls, soft_l1_weight
+from fitters.online import GramSums, LazyFitResult, RowBuffer, frozen_wls, soft_l1_weight, solve_normal
+from fitters.result import FitResult, Status
 
 
 @pytest.mark.parametrize("n", [0, 3, 7, 8, 19, 64])
@@ -100,3 +101,65 @@ def test_analyzer_fit_step_is_what_the_analysis_publishes():
     assert published.fits["overlap"] is step.overlap
     state = runner.analyzer._state[model]
     assert state.chip.refits < 120 // 2  # amortized: far fewer refits than fit steps
+
+
+def test_running_sums_with_downdates_solve_as_lstsq_on_the_kept_rows():
+    # rows added one by one, the oldest removed as a ring buffer of 30 evicts them: the normal
+    # equations of the sums solve as lstsq on the 30 remaining √w-scaled rows
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0, 1, (100, 3)) * [1.0, 1e3, 1e-4]  # columns orders of magnitude apart
+    b = a @ [2.0, 3e-3, 5e4] + 0.01 * rng.standard_normal(100)
+    w = rng.uniform(0.2, 1.0, 100)
+    v = np.column_stack([a, b])
+    sums = GramSums(4)
+    for i in range(100):
+        sums.add(v[i:i + 1], w[i:i + 1])
+        if i >= 30:
+            sums.add(v[i - 30:i - 29], -w[i - 30:i - 29])
+    rows = slice(70, 100)
+    sw = np.sqrt(w[rows])
+    expected = np.linalg.lstsq(a[rows] * sw[:, None], b[rows] * sw, rcond=None)[0]
+    g = sums.g[0]
+    theta, _ = solve_normal(g[:3, :3], g[:3, 3], np.zeros(3, dtype=bool), np.zeros(3), np.full(3, -np.inf),
+                            np.full(3, np.inf))
+    assert theta == pytest.approx(expected, rel=1e-8)
+    rebuilt = GramSums(4)
+    rebuilt.reset(v[rows], w[rows])
+    assert sums.g == pytest.approx(rebuilt.g, rel=1e-9, abs=1e-9 * np.abs(rebuilt.g).max())
+
+
+def test_grouped_sums_keep_each_group_apart():
+    v = np.array([[1.0, 2.0], [1.0, 3.0], [1.0, 5.0]])
+    sums = GramSums(2, groups=3)
+    sums.add(v, np.ones(3), np.array([2, 0, 2]))
+    assert sums.g[0].tolist() == [[1.0, 3.0], [3.0, 9.0]]
+    assert sums.g[1].tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    assert sums.g[2].tolist() == [[2.0, 7.0], [7.0, 29.0]]
+
+
+def test_chip_time_sums_after_evictions_equal_a_rebuild():
+    from fitters.chiptime import ChipTimeFitter
+    from tests.test_chiptime import make_steps
+
+    fitter = ChipTimeFitter(capacity=40, every=64)
+    for o in make_steps(np.random.default_rng(5), 100, outliers=2):
+        fitter.update(o)
+        fitter.result()
+    data = fitter.rows.view()
+    assert len(data) == 40 and fitter.refits < 100
+    rebuilt = GramSums(6)
+    rebuilt.reset(*fitter._basis(data[:, :-1], data[:, -1], fitter._state))
+    assert fitter.sums.g == pytest.approx(rebuilt.g, rel=1e-9, abs=1e-12 * np.abs(rebuilt.g).max())
+
+
+def test_lazy_fit_result_builds_once_on_first_read():
+    calls = []
+
+    def build():
+        calls.append(1)
+        return FitResult(Status.OK, samples=7, r2=0.5)
+    lazy = LazyFitResult(build)
+    assert calls == []
+    assert lazy.samples == 7 and lazy.r2 == 0.5 and lazy.ok
+    assert lazy == FitResult(Status.OK, samples=7, r2=0.5)
+    assert calls == [1]
