@@ -9,8 +9,8 @@ read assembles are rendering, timed by the /metrics latency), on the same texts,
   (``Analyzer.fits`` of every model), amortized over consecutive real scrapes of the bundled vLLM 0.32 trace
   (~48 KB each, 1 model: every scrape from the first, so the layout change when the first
   requests arrive is inside the timed cycles) and of a 64-model body built from the same real
-  families (``model_name`` relabelled; ~2 MB; quick: 16 scrapes inside one phase, full: 120
-  scrapes of sweep A with every fit active; both after the layout settled). The first body
+  families (``model_name`` relabelled; ~2 MB; 60 (quick) or 120 scrapes of sweep A after its
+  layout settled, every fit active). The first body
   of each sequence is the sidecar's start-up (full parse with prometheus-client, plan of the hot
   path; exporter/parse.py ``Parser``): it is timed and reported on its own, not amortized.
 
@@ -50,8 +50,7 @@ BARS = {"cycle_vs_floor": 3.0, "promclient_vs_cycle": 5.0, "rss_vs_floor": 1.15,
 MARGIN = 0.15  # relative slack of --check on timing ratios (2-core CI timer noise)
 DEPS = "import numpy, scipy.optimize, scipy.stats, prometheus_client, requests, yaml"
 TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
-STEADY = 200  # quick 64-model sequence: inside one phase, the trace's layout settled long before
-SWEEP = 10  # full 64-model sequence: sweep A from just after its one layout change (scrape 5)
+SWEEP = 10  # 64-model sequence: sweep A from just after the trace's one layout change (scrape 5)
 READ_EVERY = 6  # memory run: the analysis is read every 6 cycles (Prometheus at 30 s, kvhit at 5 s)
 
 
@@ -272,9 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t_start = time.perf_counter()
     texts = _trace_texts()
-    # quick: 16 steps of one steady phase (the fits mostly wait for variation in h); full: 120 steps
-    # of sweep A after its layout settled, every fit of the 64 models active
-    many = [(t, _fleet(x, 64)) for t, x in (texts[STEADY:STEADY + 17] if args.quick else texts[SWEEP:SWEEP + 121])]
+    # sweep A after its layout settled: 60 steps (quick) or 120 (full), the fits of all 64 models active
+    many = [(t, _fleet(x, 64)) for t, x in texts[SWEEP:SWEEP + (61 if args.quick else 121)]]
     import exporter.cli  # noqa: F401  (imports done before the freeze, as in kvhit run)
     gc.collect()
     gc.freeze()
