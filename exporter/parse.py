@@ -454,9 +454,9 @@ class _Plan:
         if repr(_parse(lines, truncated, reference.timestamp, _read_lines, b)) != repr(reference):
             return None
         prefixes = [lines[i].rpartition(" ")[0] + " " for i in sample_pos]
-        read: set[int] = set()
-        _map_leaves(b.recipe, lambda k: read.add(k) or k)
-        needed = sorted(read)
+        # every value the readers check (non_finite, negative), whether or not a leaf reads it: e.g.
+        # prompt_tokens_by_source{source="local_cache_hit"} is read and checked, never summed
+        needed = sorted(b.values)
         if len(comment_pos) < 2 or len(needed) < 2 or "" in (p.strip() for p in prefixes):
             return None
         # leaves renumbered to positions in ``needed``: the values are then a plain list

@@ -136,6 +136,10 @@ def test_hot_path_declines_what_it_cannot_prove():
     assert hot is None and "ttft" not in ref.models[next(iter(ref.models))].histograms
     hot, _ = _hot(text, text.replace(line, f"{key} {float(value) + 7}"))
     assert hot is not None and hot.models[next(iter(hot.models))].counters["hits"] == float(value) + 7
+    # a series the readers check but no signal sums (another source label) counts its NaN too
+    other = next(x for x in text.split("\n") if 'source="local_cache_hit"' in x and "by_source_total" in x)
+    hot, ref = _hot(text, text.replace(other, other.rsplit(" ", 1)[0] + " NaN"))
+    assert hot is None and "'non_finite': 1" in ref
 
 
 from test_fuzz_exposition import FIXTURES, garbage_values, mutated  # noqa: E402  (the issue-7 mutations)
