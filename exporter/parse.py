@@ -409,14 +409,10 @@ class Parser:
                 self._misses = 0
                 return snap
         self._misses += 1
-        lines, truncated = _body_lines(text)
-        try:
-            snap = _parse(lines, truncated, timestamp, _read_library)
-        except _Rejected:
-            return _parse(lines, truncated, timestamp, _read_lines)
+        snap = parse_exposition(text, timestamp)
         if self._misses & (self._misses - 1) == 0:  # the 1st, 2nd, 4th, 8th… miss in a row: a layout
             # that changes every scrape is not planned again every scrape
-            self._plan = _Plan.build(text, lines, truncated, snap) or plan
+            self._plan = _Plan.build(text, snap) or plan
         return snap
 
 
@@ -441,10 +437,12 @@ class _Plan:
     engine_hists: tuple[int, ...]  # which evaluated maps are per-engine histograms
 
     @classmethod
-    def build(cls, text: str, lines: list[str], truncated: bool, reference: Snapshot) -> "_Plan | None":
-        """The plan of a body prometheus-client accepted (``reference``), None when not clean."""
-        if truncated or reference.quirks or reference.engine not in ("vllm_v1", "vllm") or not reference.models:
-            return None
+    def build(cls, text: str, reference: Snapshot) -> "_Plan | None":
+        """The plan of a body whose reference Snapshot (:func:`parse_exposition`) is ``reference``,
+        None when the body is not clean."""
+        if reference.quirks or reference.engine not in ("vllm_v1", "vllm") or not reference.models:
+            return None  # a cut body is a quirk (truncated)
+        lines, truncated = _body_lines(text)
         raw = text.split("\n")
         comment_pos = [i for i, line in enumerate(lines) if line[0] == "#"]
         sample_pos = [i for i, line in enumerate(lines) if line[0] != "#"]
