@@ -34,7 +34,6 @@ more than the stated noise margin (``MARGIN``). Writes benchmarks/results/accura
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -47,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import finish, missed, parser  # noqa: E402
 from exporter.config import Config, Geometry, Prices  # noqa: E402
 from exporter.replay import TraceClock, replay  # noqa: E402
 from exporter.runner import Runner  # noqa: E402
@@ -297,15 +297,12 @@ def markdown(rows: list[Row], real: list, slopes: list, quick: bool, elapsed: fl
     for name, lo, a, a_se, d, d_se, n_anom in slopes:
         lines.append(f"| {name} | [{lo}, {2 * lo}) | {_f(a)} ± {_f(a_se)} | {_f(d)} ± {_f(d_se)} | {_f(n_anom, 'd')} |")
     miss = misses(matrix_rows)
-    lines += ["", "Bars missed (2 % noise rows): " + ("none" if not miss else ""), *[f"- {m}" for m in miss], ""]
+    lines += missed("Bars missed (2 % noise rows)", miss)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="reduced matrix (CI)")
-    p.add_argument("--check", action="store_true", help="exit 1 when a bar is missed beyond its noise margin")
-    p.add_argument("--out", help="markdown file (default benchmarks/results/accuracy-{quick,full}.md)")
+    p = parser(__doc__, "accuracy")
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -314,15 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = list(pool.map(run_row, rows))
     real, slopes = real_vllm()
     text = markdown(rows, real, slopes, args.quick, time.perf_counter() - t0)
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"accuracy-{'quick' if args.quick else 'full'}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    miss = misses([r for r in rows if not r.dips])
-    if args.check and miss:
-        print(f"accuracy: {len(miss)} bar(s) missed beyond the noise margin", file=sys.stderr)
-        return 1
-    return 0
+    return finish("accuracy", args, text, misses([r for r in rows if not r.dips]))
 
 
 if __name__ == "__main__":

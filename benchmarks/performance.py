@@ -45,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import finish, missed, parser  # noqa: E402
+
 BARS = {"cycle_vs_floor": 3.0, "promclient_vs_cycle": 5.0, "rss_vs_floor": 1.15, "rss_growth": 0.02,
         "metrics_p99_s": 0.050}
 MARGIN = 0.15  # relative slack of --check on timing ratios (2-core CI timer noise)
@@ -260,10 +262,7 @@ def startup() -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--check", action="store_true")
-    p.add_argument("--out")
+    p = parser(__doc__, "performance")
     p.add_argument("--rss-child", type=int, dest="rss_child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rss_child:
@@ -320,16 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         miss.append(f"RSS grew {100 * growth:+.2f} % over the second half (bar ± 2 %)")
     if http["p99"] > BARS["metrics_p99_s"] * (1 + MARGIN):
         miss.append(f"/metrics p99 {http['p99'] * 1e3:.1f} ms (bar < 50 ms)")
-    lines += ["", "Bars missed: " + ("none" if not miss else ""), *[f"- {m}" for m in miss], ""]
-    text = "\n".join(lines)
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"performance{'-quick' if args.quick else ''}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    if args.check and miss:
-        print(f"performance: {len(miss)} bar(s) missed beyond the noise margin", file=sys.stderr)
-        return 1
-    return 0
+    lines += missed("Bars missed", miss)
+    return finish("performance", args, "\n".join(lines), miss)
 
 
 if __name__ == "__main__":
