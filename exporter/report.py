@@ -132,6 +132,16 @@ def _pyplot():
     return plt
 
 
+def _versus_h(plt, fig, ax, ylabel: str, title: str, legend_size: int = 8, grid: str = "major") -> bytes:
+    """A plot against the token hit ratio finished (labels, grid, legend) as PNG bytes."""
+    ax.set_xlabel("token hit ratio h")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which=grid)
+    ax.legend(fontsize=legend_size)
+    return _png(plt, fig)
+
+
 def _png(plt, fig) -> bytes:
     """The figure as PNG bytes; the figure is closed (pyplot keeps every open figure alive)."""
     buf = io.BytesIO()
@@ -174,12 +184,8 @@ def plot_bathtub(plt, m: dict) -> bytes | None:
         if b.get("h_now") is not None and b.get("revenue_now") is not None:
             ax.plot([b["h_now"]], [b["revenue_now"]], "o", color=color, markersize=9, markeredgecolor="k",
                     label=f"now: h={b['h_now']:.3f}" + (" (valley active)" if b.get("valley_active") else ""))
-    ax.set_xlabel("token hit ratio h")
-    ax.set_ylabel("revenue per machine-second R(h) [price/s]")
-    ax.set_title("Bathtub: revenue vs hit ratio (MODEL.md §4)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(plt, fig)
+    return _versus_h(plt, fig, ax, "revenue per machine-second R(h) [price/s]",
+                     "Bathtub: revenue vs hit ratio (MODEL.md §4)")
 
 
 def _isl_groups(steps: list[Observation], value) -> dict[str, tuple[list[float], list[float]]]:
@@ -224,12 +230,7 @@ def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
     if h_now is not None and m.get("observed_ttft_seconds") is not None:
         ax.plot([h_now], [m["observed_ttft_seconds"]], "D", color="#d62728", markersize=9,
                 label="observed, publish window")
-    ax.set_xlabel("token hit ratio h")
-    ax.set_ylabel("TTFT [s]")
-    ax.set_title("TTFT vs hit ratio: model and observed (MODEL.md §3.2, §7)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(plt, fig)
+    return _versus_h(plt, fig, ax, "TTFT [s]", "TTFT vs hit ratio: model and observed (MODEL.md §3.2, §7)")
 
 
 def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
@@ -260,13 +261,9 @@ def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
         ax.plot(xs, ys, "o", color="#2ca02c", alpha=0.25, markersize=3, label=f"delivered, {label}")
     for label, (xs, ys) in sorted(obs_p.items()):
         ax.plot(xs, ys, "x", color="#9467bd", alpha=0.3, markersize=3, label=f"physical, {label}")
-    ax.set_xlabel("token hit ratio h")
-    ax.set_ylabel("TPM [tokens/min]")
     ax.set_yscale("log")
-    ax.set_title("Delivered vs physical TPM (MODEL.md §3.4)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    return _png(plt, fig)
+    return _versus_h(plt, fig, ax, "TPM [tokens/min]", "Delivered vs physical TPM (MODEL.md §3.4)", legend_size=7,
+                     grid="both")
 
 
 def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
