@@ -173,14 +173,16 @@ def vllm_counter(text: str, name: str, model: str) -> float | None:
 
 @dataclass(frozen=True)
 class Record:
-    t: float  # unix time the proxy received the scrape
+    t: float  # unix time the proxy's handler started on the scrape
     body: str
+    upstream_seconds: float = 0.0  # how long vLLM took to answer it
 
 
 class RecordingProxy:
     """HTTP /metrics proxy in front of vLLM: kvhit scrapes through it; every successful upstream
-    answer is recorded with the time of the request, so the test sees exactly the bodies kvhit
-    ingested. An unreachable upstream answers 502 (kvhit counts it as ``http_502``)."""
+    answer is recorded with the time its handler started, so the test sees exactly the bodies
+    kvhit ingested. On a starved machine that time can lag kvhit's request by up to kvhit's scrape
+    timeout. An unreachable upstream answers 502 (kvhit counts it as ``http_502``)."""
 
     def __init__(self, upstream: str, upstream_timeout: float = 2.5) -> None:
         self.upstream, self.upstream_timeout = upstream, upstream_timeout
@@ -200,7 +202,7 @@ class RecordingProxy:
                     ok, body = False, b"upstream unreachable\n"
                 if ok:
                     with proxy._lock:
-                        proxy.records.append(Record(t, body.decode("utf-8", errors="replace")))
+                        proxy.records.append(Record(t, body.decode("utf-8", errors="replace"), time.time() - t))
                 else:
                     with proxy._lock:
                         proxy.failures += 1
