@@ -76,7 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner = Runner(cfg, cfg.prometheus, scope="fleet")
         source = PrometheusSource(cfg.prometheus, fleet_families(), selector_matchers(cfg.selector),
                                   interval=cfg.interval, delay=cfg.prometheus_delay, timeout=cfg.timeout,
-                                  max_bytes=cfg.max_body_bytes)
+                                  max_bytes=cfg.max_body_bytes, headers=cfg.prometheus_headers,
+                                  bearer_token_file=cfg.prometheus_bearer_token_file)
         reading = f"fleet {cfg.selector or '{}'} from Prometheus {redact_url(cfg.prometheus)}"
     else:
         runner = Runner(cfg, cfg.target)

@@ -13,6 +13,12 @@ selector                                  PromQL label matchers picking the flee
                                           ``{namespace="llm"}`` (fleet mode; unset: every pod)
 prometheus_delay                          seconds fleet-mode queries lag behind now, for stores
                                           whose samples arrive late (0)
+prometheus_headers                        HTTP headers of every fleet-mode query, a mapping, e.g.
+                                          ``{X-Scope-OrgID: team-a}`` (Mimir/Cortex tenant;
+                                          in the environment: that YAML text)
+prometheus_bearer_token_file              file whose content is sent as ``Authorization: Bearer``
+                                          with every fleet-mode query, read again each time (a
+                                          rotated Kubernetes service-account token)
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes (5)
 timeout                                   scrape timeout, seconds (3)
@@ -156,6 +162,8 @@ class Config:
     prometheus: str | None = None
     selector: str | None = None
     prometheus_delay: float = 0.0
+    prometheus_headers: dict[str, str] | None = None
+    prometheus_bearer_token_file: str | None = None
     listen: str = "0.0.0.0:9471"
     interval: float = 5.0
     timeout: float = 3.0
@@ -192,11 +200,18 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
             if not math.isfinite(out):
                 raise ValueError
             return out
+        if "dict" in typ:
+            if isinstance(value, str):  # the environment: the mapping as YAML text
+                value = yaml.safe_load(value)
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                         for k, v in value.items()):
+                raise ValueError
+            return dict(value)
         if "str" in typ:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError
             return str(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, yaml.YAMLError):
         raise ConfigError(f"config key {key}: expected {typ.replace(' | None', '')}, got {value!r}") from None
     return value
 
@@ -348,13 +363,37 @@ def validate(cfg: Config) -> None:
         if cfg.target is not None:
             raise ConfigError("config key prometheus: fleet mode reads Prometheus instead of a target: "
                               "set target or prometheus, not both")
-    elif cfg.selector is not None:
-        raise ConfigError("config key selector: only with prometheus (fleet mode)")
+        _validate_prometheus_auth(cfg)
+    else:
+        for key in ("selector", "prometheus_headers", "prometheus_bearer_token_file"):
+            if getattr(cfg, key) is not None:
+                raise ConfigError(f"config key {key}: only with prometheus (fleet mode)")
     selector_matchers(cfg.selector)
     host, sep, port = cfg.listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"config key listen: expected ADDRESS:PORT, got {cfg.listen!r}")
     _validate_geometry(cfg)
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+
+
+def _validate_prometheus_auth(cfg: Config) -> None:
+    """Headers that requests can send as given, and a readable token file (values never shown)."""
+    for name, value in (cfg.prometheus_headers or {}).items():
+        if not _HEADER_NAME.fullmatch(name):
+            raise ConfigError(f"config key prometheus_headers: {name[:40]!r} is not an HTTP header name")
+        if any(c in value for c in "\r\n\0"):
+            raise ConfigError(f"config key prometheus_headers: the value of {name} has a line break or NUL")
+    if cfg.prometheus_bearer_token_file is not None:
+        if any(name.lower() == "authorization" for name in cfg.prometheus_headers or {}):
+            raise ConfigError("config key prometheus_headers: Authorization is set by prometheus_bearer_token_file; "
+                              "set one of them")
+        try:
+            Path(cfg.prometheus_bearer_token_file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"config key prometheus_bearer_token_file: cannot read "
+                              f"{cfg.prometheus_bearer_token_file}: {exc.strerror}") from None
 
 
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|\Z)')

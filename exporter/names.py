@@ -37,7 +37,7 @@ UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, 
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
                    "(refused, no_answer, timeout, http_<code>, redirect, too_large, encoding, incomplete, parse, out_of_order, "
-                   "internal, error; fleet mode also query_error, bad_response) [scrapes].",
+                   "internal, error; fleet mode also query_error, bad_response, credentials) [scrapes].",
                    ("target", "reason"), "counter")
 LAST_SUCCESS = _m("kvhit_last_success_timestamp_seconds", "Unix time of the last successful scrape [s].", ("target",))
 DATA_AGE = _m("kvhit_data_age_seconds", "Age of the last successful scrape, the one every per-model value comes "

@@ -94,9 +94,10 @@ class LiveSource:
         start = time.time()
         return start, self.read().decode("utf-8", errors="replace")
 
-    def read(self, form: Mapping[str, str] | None = None) -> bytes:
+    def read(self, form: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None) -> bytes:
         """The body of one GET of ``url``, or of one POST of the ``form`` fields (the Prometheus
-        query API), under the deadline and size cap of the class docstring.
+        query API), with ``headers`` added to the session's, under the deadline and size cap of
+        the class docstring.
 
         Raises:
             ScrapeError: reason as in the class docstring.
@@ -105,10 +106,11 @@ class LiveSource:
         where = self._where
         try:
             if form is None:
-                resp = self._session.get(self.url, timeout=self.timeout, stream=True, allow_redirects=True)
+                resp = self._session.get(self.url, timeout=self.timeout, stream=True, allow_redirects=True,
+                                         headers=headers)
             else:
                 resp = self._session.post(self.url, data=form, timeout=self.timeout, stream=True,
-                                          allow_redirects=True, headers={"Accept": "application/json"})
+                                          allow_redirects=True, headers={"Accept": "application/json", **(headers or {})})
             with resp:
                 if resp.status_code != 200:
                     raise ScrapeError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {where}")
@@ -259,8 +261,12 @@ class PrometheusSource:
         interval: seconds of the first range [s].
         delay: seconds t lags behind now, for stores whose samples arrive late (remote write) [s].
         timeout, max_bytes: deadline [s] and body cap [bytes] of one query, as :class:`LiveSource`.
+        headers: HTTP headers sent with every query (``X-Scope-OrgID`` for a Mimir tenant).
+        bearer_token_file: a file whose stripped content is sent as ``Authorization: Bearer``, read
+            at every fetch (Kubernetes rotates projected service-account tokens).
         clock: unix time now [s].
-    Errors (:class:`ScrapeError` reasons): those of :class:`LiveSource` (``refused``, ``timeout``,
+    Errors (:class:`ScrapeError` reasons): ``credentials`` (the token file cannot be read or is
+    empty: nothing is sent); those of :class:`LiveSource` (``refused``, ``timeout``,
     ``http_<status>`` — Prometheus answers a bad query with 400/422 —, ``too_large``, …);
     ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
@@ -269,8 +275,10 @@ class PrometheusSource:
 
     def __init__(self, url: str, families: Sequence[Family], matchers: Sequence[str] = (), interval: float = 5.0,
                  delay: float = 0.0, timeout: float = 3.0, max_bytes: int = DEFAULT_MAX_BYTES,
+                 headers: Mapping[str, str] | None = None, bearer_token_file: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.families = tuple(families)
+        self._headers, self._token_file = dict(headers or {}), bearer_token_file
         self.matchers = tuple(matchers)
         self.interval, self.delay, self.clock = interval, delay, clock
         self._http = LiveSource(url.rstrip("/") + "/api/v1/query", timeout=timeout, max_bytes=max_bytes)
@@ -287,11 +295,23 @@ class PrometheusSource:
         t = self.clock() - self.delay
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval
-        body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"})
+        body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._request_headers())
         rows = _vector(body, self._where)
         text = self._render(rows)
         self._end = t
         return t, text
+
+    def _request_headers(self) -> dict[str, str]:
+        if self._token_file is None:
+            return self._headers
+        try:
+            token = Path(self._token_file).read_text(errors="replace").strip()
+        except OSError as exc:
+            raise ScrapeError("credentials", f"cannot read the bearer token file {self._token_file}: "
+                                             f"{exc.strerror}") from None
+        if not token or any(c in token for c in "\r\n\0"):
+            raise ScrapeError("credentials", f"the bearer token file {self._token_file} is empty or not one line")
+        return {**self._headers, "Authorization": f"Bearer {token}"}
 
     def promql(self, seconds: float) -> str:
         """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds)."""

@@ -121,17 +121,20 @@ def prometheus_query(base_url: str, expr: str, at: float | None = None) -> list[
 
 class FakePrometheus:
     """``POST /api/v1/query`` answered with the next queued (status, body), an empty instant
-    vector when none is queued; ``forms`` records every request's form fields."""
+    vector when none is queued; ``forms`` and ``headers`` record every request's form fields and
+    HTTP headers."""
 
     def __init__(self) -> None:
         self.answers: list[tuple[int, bytes]] = []
         self.forms: list[dict[str, str]] = []
+        self.headers: list[dict[str, str]] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server API)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 fake.forms.append({k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
+                fake.headers.append(dict(self.headers))
                 status, answer = fake.answers.pop(0) if fake.answers else (200, fake.vector([]))
                 reply(self, status, answer, content_type="application/json")
 

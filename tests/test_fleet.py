@@ -71,6 +71,15 @@ def _at(samples: list[tuple[float, float]], t: float) -> float:
     raise AssertionError(f"no samples around {t}")
 
 
+def _scrape_gaps(raw: dict[str, list[tuple[float, float]]], t0: float, t1: float) -> dict[str, float]:
+    """Per pod, the longest time [s] between two of its raw samples around [t0, t1]."""
+    out = {}
+    for pod, samples in raw.items():
+        ts = [t for t, _ in samples if t0 - 2 * SCRAPE <= t <= t1 + SCRAPE]
+        out[pod] = max(b - a for a, b in zip(ts, ts[1:]))
+    return out
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """Three simulators, Prometheus scraping them, kvhit in fleet mode reading Prometheus."""
@@ -109,10 +118,20 @@ def fleet(tmp_path_factory):
             return analysis()["models"].get(MODEL, {}).get("window_seconds", 0) >= WINDOW
 
         wait_for(window_full, 40, f"kvhit's {WINDOW:g}-s window", kvhit)
-        doc = analysis()
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
-            metrics = r.read().decode()
-        time.sleep(2 * SCRAPE)  # the samples just after the window's end, for the interpolation
+        # The hand check's bound needs regular scrapes around the window; a starved machine can
+        # delay Prometheus' scrapes: then take a later window (never a looser bound).
+        for attempt in range(3):
+            doc = analysis()
+            with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+                metrics = r.read().decode()
+            time.sleep(2 * SCRAPE)  # the samples just after the window's end, for the interpolation
+            t1 = doc["timestamp"]
+            gaps = _scrape_gaps(_raw(prom, "vllm:prefix_cache_queries_total", t1 + 2 * SCRAPE),
+                                t1 - doc["models"][MODEL]["window_seconds"], t1)
+            if max(gaps.values()) < 1.5 * SCRAPE:
+                break
+            print(f"window {attempt}: Prometheus scraped a pod {max(gaps.values()):.1f}s apart; taking a later one")
+            time.sleep(WINDOW)
         yield {"prom": prom, "analysis": doc, "metrics": metrics}
     finally:
         stop.set()
@@ -153,11 +172,11 @@ def test_fleet_hit_ratio_equals_the_pods_counter_deltas_summed_by_hand(fleet):
     ext = {pod: _at(s, t1) - _at(s, t0) for pod, s in raw["external_prefix_cache_hits"].items()}
 
     # Preconditions of the bound: regular scrapes (no pod missing from a range), and δ.
+    gaps = _scrape_gaps(raw["prefix_cache_queries"], t0, t1)
+    assert max(gaps.values()) < 1.5 * SCRAPE, gaps
     delta = 0.0
     for pod, samples in raw["prefix_cache_queries"].items():
         inside = [(t, v) for t, v in samples if t0 - 2 * SCRAPE <= t <= t1 + SCRAPE]
-        gaps = [b[0] - a[0] for a, b in zip(inside, inside[1:])]
-        assert max(gaps) < 1.5 * SCRAPE, (pod, gaps)
         rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(inside, inside[1:])]
         mean = (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
         delta = max(delta, max(abs(r / mean - 1) for r in rates))
@@ -397,6 +416,67 @@ def test_config_prometheus_selector_and_delay(tmp_path):
     for case, (flags, key) in bad.items():
         with pytest.raises(ConfigError, match=f"^config key {key}: "):
             load_config(None, environ={}, flags=flags)
+
+
+def test_tenant_header_and_a_rotated_bearer_token_reach_every_query(fake, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    clock = Clock(3000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock,
+                           headers={"X-Scope-OrgID": "team-a"}, bearer_token_file=str(token))
+    src.fetch()
+    token.write_text("second-token")  # Kubernetes rotated the projected token
+    clock.t = 3005.0
+    src.fetch()
+    assert [(h["X-Scope-OrgID"], h["Authorization"]) for h in fake.headers] == \
+        [("team-a", "Bearer first-token"), ("team-a", "Bearer second-token")]
+    # A token that cannot be read: no query is sent (nothing unauthenticated), the range stays.
+    for content in (None, "  \n"):
+        token.unlink(missing_ok=True)
+        if content is not None:
+            token.write_text(content)
+        clock.t += 5.0
+        with pytest.raises(ScrapeError) as err:
+            src.fetch()
+        assert err.value.reason == "credentials" and "second-token" not in str(err.value)
+        assert len(fake.forms) == 2
+    token.write_text("third-token")
+    clock.t = 3020.0
+    src.fetch()
+    assert fake.headers[-1]["Authorization"] == "Bearer third-token" and "[15000ms]" in fake.forms[-1]["query"]
+    # Basic auth from the URL's user:password: requests sends it.
+    basic = PrometheusSource(fake.url.replace("://", "://kvhit:s3cret@"), FAMILIES, clock=clock)
+    basic.fetch()
+    assert fake.headers[-1]["Authorization"] == "Basic a3ZoaXQ6czNjcmV0"  # base64("kvhit:s3cret")
+
+
+def test_config_prometheus_headers_and_token_file(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("t")
+    env = {"KVHIT_PROMETHEUS": "http://prom:9090", "KVHIT_PROMETHEUS_HEADERS": "{X-Scope-OrgID: team-a}",
+           "KVHIT_PROMETHEUS_BEARER_TOKEN_FILE": str(token)}
+    cfg = load_config(None, environ=env)
+    assert cfg.prometheus_headers == {"X-Scope-OrgID": "team-a"} and cfg.prometheus_bearer_token_file == str(token)
+    yaml_file = tmp_path / "kvhit.yaml"
+    yaml_file.write_text("prometheus: http://prom:9090\nprometheus_headers:\n  X-Scope-OrgID: team-b\n")
+    assert load_config(str(yaml_file), environ={}).prometheus_headers == {"X-Scope-OrgID": "team-b"}
+    p = {"prometheus": "http://p"}
+    bad = {
+        "not a mapping": ({**p, "prometheus_headers": "X-Scope-OrgID"}, "prometheus_headers"),
+        "not a header name": ({**p, "prometheus_headers": {"X Scope": "a"}}, "prometheus_headers"),
+        "line break": ({**p, "prometheus_headers": {"X-Scope-OrgID": "a\r\nX-Evil: 1"}}, "prometheus_headers"),
+        "two Authorizations": ({**p, "prometheus_headers": {"authorization": "Basic x"},
+                                "prometheus_bearer_token_file": str(token)}, "prometheus_headers"),
+        "unreadable token": ({**p, "prometheus_bearer_token_file": str(tmp_path / "none")},
+                             "prometheus_bearer_token_file"),
+        "headers in pod mode": ({"target": "http://x/metrics", "prometheus_headers": {"A": "b"}}, "prometheus_headers"),
+        "token in pod mode": ({"target": "http://x/metrics", "prometheus_bearer_token_file": str(token)},
+                              "prometheus_bearer_token_file"),
+    }
+    for case, (flags, key) in bad.items():
+        with pytest.raises(ConfigError, match=f"^config key {key}: ") as err:
+            load_config(None, environ={}, flags=flags)
+        assert "X-Evil: 1" not in str(err.value), case  # a header value is never echoed
 
 
 def test_bad_selector_on_the_command_line_exits_2_with_one_line(capsys):
