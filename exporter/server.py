@@ -1,5 +1,6 @@
 """kvhit's HTTP endpoints (WSGI, served by a threading wsgiref server).
 
+- ``/``: what is served where (a landing page, as Prometheus exporters have).
 - ``/metrics``: Prometheus exposition via prometheus-client (content negotiation, gzip).
 - ``/healthz``: 200 while the process serves (liveness).
 - ``/readyz``: 200 when a successful scrape is at most two intervals old, else 503.
@@ -156,6 +157,15 @@ def _text(start_response: Callable, status: str, body: str) -> list[bytes]:
     return [data]
 
 
+_LANDING = """kvhit: prefix-cache hit-ratio analysis of a vLLM server
+/metrics           Prometheus exposition of the analysis
+/healthz           liveness
+/readyz            200 while the last successful scrape is fresh
+/api/v1/analysis   the analysis as JSON
+/api/v1/predict    ?hit_ratio=H[&isl=N&osl=N&model_name=M]: what-if from the current fit
+"""
+
+
 def make_app(runner: Runner) -> Callable:
     """The WSGI application for one runner (a fresh registry holding kvhit's collector only)."""
     registry = CollectorRegistry(auto_describe=False)
@@ -177,8 +187,7 @@ def make_app(runner: Runner) -> Callable:
             return _json(start_response, "200 OK", analysis_to_dict(analysis, health))
         if path == "/api/v1/predict":
             return _predict(runner, environ, start_response)
-        return _text(start_response, "404 Not Found",
-                     "kvhit: /metrics /healthz /readyz /api/v1/analysis /api/v1/predict\n")
+        return _text(start_response, "200 OK" if path == "/" else "404 Not Found", _LANDING)
 
     return app
 

@@ -175,6 +175,9 @@ def test_run_against_fake_target_then_target_gone():
         assert abs(h - a1["intended_hit_ratio"]) > 1e-3  # measured, not designed
         assert ready  # /readyz 200 while scrapes are fresh
         assert get(base + "/healthz")[0] == 200
+        status, landing = get(base + "/")
+        assert status == 200 and all(f"\n{path} " in landing for path in ("/metrics", "/api/v1/predict"))
+        assert get(base + "/nothing-here")[0] == 404
         status, pbody = get(base + "/api/v1/predict?hit_ratio=0.5&isl=2048&osl=32")
         assert status in (200, 400), (status, pbody)
         pdoc = json.loads(pbody)
