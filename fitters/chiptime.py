@@ -38,9 +38,14 @@ _HINTS = {
 }
 # Uncentred R² of a column regressed on the kept ones above which it is not identifiable.
 COLLINEAR_R2 = 0.999
-# Residuals beyond this many robust sigmas are outliers: down-weighted by the loss, left out
-# of R² and the covariance.
+# Residuals beyond this many robust sigmas are outliers: left out of the fit (a tail-chunk dip
+# does a fraction of a step's work in the step's time, MODEL.md §4: even soft_l1's bounded pull
+# of a few of them bends the coefficients), of R² and of the covariance.
 OUTLIER_SIGMAS = 3.5
+# Rows are rejected as outliers only when REJECT_AFTER × min_samples inliers remain: on fewer, the
+# residual σ of a 5-term fit is itself uncertain, and the rows that would correct an early misfit
+# would be cut (the accuracy benchmark's valley delay doubled when rejecting from min_samples on).
+REJECT_AFTER = 3
 _MAD_TO_SIGMA = 1.4826
 
 
@@ -75,14 +80,16 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
     simpler kept columns > ``COLLINEAR_R2``; keep-order t_step, k_ffn, k_dec, k_attn, k_ctx);
     residuals relative to each step's size (busy-time noise grows with Δt); NNLS start;
     ``least_squares`` with bounds (0, ∞) and a soft_l1 loss whose f_scale is the MAD of the
-    NNLS residuals, so an odd step does not bend the fit.
+    NNLS residuals; then the rows beyond OUTLIER_SIGMAS robust σ of that solution's residuals
+    are flagged as outliers (tail-chunk dips, MODEL.md §4) and the fit is repeated without them
+    (when at least REJECT_AFTER·``min_samples`` rows remain), so they do not bend it.
 
     Returns a FitResult with params in CHIP_TIME_TERMS order ("t_step" [s/step], "k_ffn"
     [s/token], "k_attn" [s/token²], "k_dec" [s/token], "k_ctx" [s/(token·token)]), all ≥ 0.
     A dropped term has value 0, stderr nan and status not_identifiable with a reason; the kept
     terms then carry the combined prediction, which stays valid. ``covariance`` is 5×5 in that
     order (rows/columns of dropped terms are 0: they are fixed at 0), from s²·(JᵀJ)⁻¹ over the
-    inlier rows. ``samples`` = usable rows (all enter the robust fit); ``r2`` is the uncentred
+    inlier rows. ``samples`` = usable rows (outliers included); ``r2`` is the uncentred
     R² (1 - Σr²/Σy², the model has no intercept) over inliers;
     ``extra``: "outliers" (rows beyond OUTLIER_SIGMAS robust σ of the relative residual),
     "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design).
@@ -111,6 +118,7 @@ class _Frozen:
     beta: np.ndarray  # the robust solution
     f_scale: float  # of the soft_l1 loss, relative residual units
     active: np.ndarray  # kept terms at their bound 0 (bool, (len(kept),))
+    reject: float  # |relative residual| beyond which a row is an outlier (weight 0)
 
 
 def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
@@ -149,14 +157,24 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     aw, yw = a / size[:, None], y / size
     sigma0 = robust_sigma(aw @ p0 - yw)
     warm = previous is not None and previous.kept == kept
-    fit = least_squares(
-        lambda p: aw @ p - yw, previous.beta[kept] * x_scale[kept] if warm else p0, jac=lambda p: aw,
-        bounds=(0.0, np.inf), loss="soft_l1", f_scale=sigma0,
-    )
+
+    def solve(rows: np.ndarray | slice, p: np.ndarray):
+        return least_squares(lambda q: aw[rows] @ q - yw[rows], p, jac=lambda q: aw[rows], bounds=(0.0, np.inf),
+                             loss="soft_l1", f_scale=sigma0)
+    fit = solve(slice(None), previous.beta[kept] * x_scale[kept] if warm else p0)
+    resid = aw @ fit.x - yw
+    # relative residuals below 1e-6 are rounding, never outliers (a noiseless simulator)
+    reject = max(OUTLIER_SIGMAS * robust_sigma(resid), 1e-6)
+    inlier = np.abs(resid) <= reject
+    if int(inlier.sum()) < max(REJECT_AFTER * min_samples, len(kept) + 1):
+        inlier[:], reject = True, math.inf  # too few rows to call any of them an outlier
+    elif not inlier.all():
+        fit = solve(inlier, fit.x)
+        resid = aw @ fit.x - yw
     start, beta = np.zeros(len(CHIP_TIME_TERMS)), np.zeros(len(CHIP_TIME_TERMS))
     start[kept], beta[kept] = p0 / x_scale[kept], fit.x / x_scale[kept]
-    frozen = _Frozen(kept, dropped, x_scale > 0, start, floor, beta, sigma0, fit.active_mask != 0)
-    weights = soft_l1_weight(aw @ fit.x - yw, sigma0)
+    frozen = _Frozen(kept, dropped, x_scale > 0, start, floor, beta, sigma0, fit.active_mask != 0, reject)
+    weights = soft_l1_weight(resid, sigma0) * inlier
     x, y = x.copy(), y.copy()
     return LazyFitResult(lambda: _publish(x, y, x_scale, size, kept, dropped, fit.x, min_samples)), frozen, weights
 
@@ -176,7 +194,7 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
     aw, yw = a / size[:, None], y / size
     resid = aw @ p - yw
     inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
-    if int(inlier.sum()) < max(min_samples, len(kept) + 1):
+    if int(inlier.sum()) < max(3 * min_samples, len(kept) + 1):
         # Near-identical rows make the robust σ ~0 and every row an "outlier": too few inliers
         # to judge outliers at all, so every row counts.
         inlier = np.ones_like(inlier)
@@ -289,8 +307,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
     buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
     between, the exact weighted least squares of all buffered rows in the relative residuals of
     that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
-    IRLS weights frozen (a new row: the weight at its residual under the refit's solution and
-    f_scale), its dropped terms dropped and the terms it held at 0 fixed at 0, solved from the
+    IRLS weights frozen (its outliers at 0; a new row: the weight at its residual under the
+    refit's solution and f_scale, 0 beyond the refit's outlier threshold), its dropped terms dropped and the terms it held at 0 fixed at 0, solved from the
     running sums of the rows' normal equations (:class:`~fitters.online.GramSums` of
     (regressors, Δt)/size, 6×6); outliers, covariance, R² and the rest are computed from that
     solution as in :func:`fit_chip_time` when the result is first read
@@ -325,7 +343,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
 
     def _weigh(self, x: np.ndarray, key: object, state: _Frozen) -> np.ndarray:
         size = np.maximum(x[:, :-1] @ state.start, state.floor)
-        return soft_l1_weight((x[:, :-1] @ state.beta - x[:, -1]) / size, state.f_scale)
+        resid = (x[:, :-1] @ state.beta - x[:, -1]) / size
+        return soft_l1_weight(resid, state.f_scale) * (np.abs(resid) <= state.reject)
 
     def _basis(self, x: np.ndarray, w: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray, None]:
         # (regressors, Δt) divided by the row's size under the refit's start: the relative residuals
