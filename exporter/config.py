@@ -13,12 +13,14 @@ selector                                  PromQL label matchers picking the flee
                                           ``{namespace="llm"}`` (fleet mode; unset: every pod)
 prometheus_delay                          seconds fleet-mode queries lag behind now, for stores
                                           whose samples arrive late (0)
-prometheus_headers                        HTTP headers of every fleet-mode query, a mapping, e.g.
-                                          ``{X-Scope-OrgID: team-a}`` (Mimir/Cortex tenant;
-                                          in the environment: that YAML text)
-prometheus_bearer_token_file              file whose content is sent as ``Authorization: Bearer``
+prometheus_headers                        HTTP headers of every fleet-mode query, a mapping of
+                                          quoted strings, e.g. ``{X-Scope-OrgID: "team-a"}``
+                                          (Mimir/Cortex tenant; in the environment: that YAML
+                                          text, which replaces the file's whole mapping)
+prometheus_bearer_token_file              file whose token is sent as ``Authorization: Bearer``
                                           with every fleet-mode query, read again each time (a
-                                          rotated Kubernetes service-account token)
+                                          rotated Kubernetes service-account token); not with a
+                                          user:password in the URL
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes (5)
 timeout                                   scrape timeout, seconds (3)
@@ -81,6 +83,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from exporter.sources import read_bearer_token, redact_url
 from fitters.model import kv_bytes_per_token, kv_bytes_per_token_mla
 
 
@@ -188,6 +191,8 @@ _SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
 def _coerce(key: str, value: Any, typ: str) -> Any:
     if value is None:
         return None
+    if "dict" in typ:
+        return _string_mapping(key, value)
     try:
         if "int" in typ and "float" not in typ:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -200,20 +205,31 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
             if not math.isfinite(out):
                 raise ValueError
             return out
-        if "dict" in typ:
-            if isinstance(value, str):  # the environment: the mapping as YAML text
-                value = yaml.safe_load(value)
-            if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
-                                                         for k, v in value.items()):
-                raise ValueError
-            return dict(value)
         if "str" in typ:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError
             return str(value)
-    except (TypeError, ValueError, yaml.YAMLError):
+    except (TypeError, ValueError):
         raise ConfigError(f"config key {key}: expected {typ.replace(' | None', '')}, got {value!r}") from None
     return value
+
+
+def _string_mapping(key: str, value: Any) -> dict[str, str]:
+    """A mapping of strings to strings, else ConfigError naming the first bad entry by its key
+    only (header values can be secrets; YAML reads an unquoted 12345 as a number, 0123 as 83).
+    A string is the mapping as YAML text (the environment)."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"config key {key}: not a YAML mapping (value not shown)") from None
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config key {key}: expected a mapping of names to quoted strings (value not shown)")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ConfigError(f"config key {key}: the value of {str(k)[:40]!r} must be a quoted string, "
+                              f"e.g. \"12345\" (value not shown)")
+    return dict(value)
 
 
 def _build(cls, data: Mapping[str, Any], prefix: str = ""):
@@ -314,10 +330,15 @@ def _with_hf_config(g: Geometry) -> Geometry:
 
 
 def _host(url: str) -> str | None:
+    """The URL's host; None when there is none or the URL cannot be used as given: an unbalanced
+    "[", a port that is no number, or an "@" after the host (a user:password with an unencoded
+    "/", "?" or "#" ends the host part early)."""
     try:
-        return urlsplit(url).hostname
-    except ValueError:  # e.g. an unbalanced "[" in the host
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+    except ValueError:
         return None
+    return None if "@" in parts.path + parts.query + parts.fragment else parts.hostname
 
 
 def validate(cfg: Config) -> None:
@@ -355,11 +376,12 @@ def validate(cfg: Config) -> None:
         if value is not None and not ok(value):
             raise ConfigError(f"config key {key}: {what}, got {value!r}")
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
-        raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host, got {cfg.target!r}")
+        raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host (percent-encode "
+                          f"/ ? # @ in a user:password), got {redact_url(cfg.target)!r}")
     if cfg.prometheus is not None:
-        if not cfg.prometheus.startswith(("http://", "https://")):
-            raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API, "
-                              f"got {cfg.prometheus!r}")
+        if not (cfg.prometheus.startswith(("http://", "https://")) and _host(cfg.prometheus)):
+            raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API with a "
+                              f"host (percent-encode / ? # @ in a user:password), got {redact_url(cfg.prometheus)!r}")
         if cfg.target is not None:
             raise ConfigError("config key prometheus: fleet mode reads Prometheus instead of a target: "
                               "set target or prometheus, not both")
@@ -376,24 +398,44 @@ def validate(cfg: Config) -> None:
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+_RESERVED_HEADERS = ("content-type", "content-length", "host", "transfer-encoding")  # the query's own
 
 
 def _validate_prometheus_auth(cfg: Config) -> None:
-    """Headers that requests can send as given, and a readable token file (values never shown)."""
+    """Headers that requests can send as given, one Authorization, a readable token (values never shown)."""
+    key = "config key prometheus_headers"
+    seen: set[str] = set()
     for name, value in (cfg.prometheus_headers or {}).items():
         if not _HEADER_NAME.fullmatch(name):
-            raise ConfigError(f"config key prometheus_headers: {name[:40]!r} is not an HTTP header name")
-        if any(c in value for c in "\r\n\0"):
-            raise ConfigError(f"config key prometheus_headers: the value of {name} has a line break or NUL")
+            raise ConfigError(f"{key}: {name[:40]!r} is not an HTTP header name")
+        if name.lower() in seen:
+            raise ConfigError(f"{key}: {name} is given twice (header names ignore case)")
+        seen.add(name.lower())
+        if name.lower() in _RESERVED_HEADERS:
+            raise ConfigError(f"{key}: {name} is set by kvhit's query itself")
+        if not value or value != value.strip() or any(c in value for c in "\r\n\0") or not _latin1(value):
+            raise ConfigError(f"{key}: the value of {name} must be non-empty, without surrounding spaces, line "
+                              f"breaks or NUL, in ISO-8859-1 (value not shown)")
+    authorization = "authorization" in seen
     if cfg.prometheus_bearer_token_file is not None:
-        if any(name.lower() == "authorization" for name in cfg.prometheus_headers or {}):
-            raise ConfigError("config key prometheus_headers: Authorization is set by prometheus_bearer_token_file; "
-                              "set one of them")
+        if authorization:
+            raise ConfigError(f"{key}: Authorization is set by prometheus_bearer_token_file; set one of them")
         try:
-            Path(cfg.prometheus_bearer_token_file).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"config key prometheus_bearer_token_file: cannot read "
-                              f"{cfg.prometheus_bearer_token_file}: {exc.strerror}") from None
+            read_bearer_token(cfg.prometheus_bearer_token_file)
+        except ValueError as exc:
+            raise ConfigError(f"config key prometheus_bearer_token_file: {exc}") from None
+        authorization = True
+    if authorization and "@" in cfg.prometheus.partition("://")[2]:
+        raise ConfigError("config key prometheus: a user:password in the URL and an Authorization (header or "
+                          "bearer token file) cannot both be sent; set one of them")
+
+
+def _latin1(value: str) -> bool:
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|\Z)')

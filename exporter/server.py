@@ -157,7 +157,7 @@ def _text(start_response: Callable, status: str, body: str) -> list[bytes]:
     return [data]
 
 
-_LANDING = """kvhit: prefix-cache hit-ratio analysis of a vLLM server
+_LANDING = """kvhit: prefix-cache hit-ratio analysis of vLLM (a pod, or a fleet through Prometheus)
 /metrics           Prometheus exposition of the analysis
 /healthz           liveness
 /readyz            200 while the last successful scrape is fresh

@@ -14,20 +14,22 @@ import json
 import math
 import os
 import re
+import stat
 import tarfile
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from requests.auth import AuthBase
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+_MAX_TOKEN_BYTES = 64 * 1024  # a Kubernetes service-account token is ~1 KB
 _PROM_FILE = re.compile(r"(?:^|/)(\d{10,16})\.prom$")
 
 
@@ -43,11 +45,50 @@ class ScrapeError(Exception):
 
 
 def redact_url(url: str) -> str:
-    """The URL without ``user:password@`` (for logs, messages and the ``target`` label)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
+    """The URL without ``user:password@`` (for logs, messages and the ``target`` label). Up to the
+    last ``@``, so a password with an unencoded ``/``, ``?`` or ``#`` (which ends the URL's
+    authority early) is hidden too; an ``@`` in a path or query hides more than needed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
         return url
-    return urlunsplit(parts._replace(netloc="<redacted>@" + parts.netloc.rpartition("@")[2]))
+    return f"{scheme}://<redacted>@{rest.rpartition('@')[2]}"
+
+
+def read_bearer_token(path: str) -> str:
+    """The token in file ``path``: its content stripped, one line of printable ASCII without
+    spaces (RFC 6750 b64token; a Kubernetes service-account token is a ~1-KB JWT).
+
+    Raises:
+        ValueError: the file is missing, not a regular file (a FIFO would block), unreadable,
+            empty, over _MAX_TOKEN_BYTES, or not such a line; the message never shows the content.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"the bearer token file {path} is not a regular file")
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_TOKEN_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read the bearer token file {path}: {exc.strerror}") from None
+    if len(raw) > _MAX_TOKEN_BYTES:
+        raise ValueError(f"the bearer token file {path} is over {_MAX_TOKEN_BYTES} bytes")
+    token = raw.strip()
+    if not token:
+        raise ValueError(f"the bearer token file {path} is empty")
+    if not all(0x21 <= b <= 0x7E for b in token):
+        raise ValueError(f"the bearer token file {path} is not one line of printable ASCII")
+    return token.decode("ascii")
+
+
+class _Authorization(AuthBase):
+    """Sets the Authorization header. Passed as requests' ``auth``, it also keeps requests from
+    replacing the header with a URL's user:password or a ~/.netrc entry."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
+        r.headers["Authorization"] = self.value
+        return r
 
 
 @dataclass
@@ -94,22 +135,25 @@ class LiveSource:
         start = time.time()
         return start, self.read().decode("utf-8", errors="replace")
 
-    def read(self, form: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None) -> bytes:
+    def read(self, form: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+             authorization: str | None = None) -> bytes:
         """The body of one GET of ``url``, or of one POST of the ``form`` fields (the Prometheus
-        query API), with ``headers`` added to the session's, under the deadline and size cap of
-        the class docstring.
+        query API), with ``headers`` added to the session's and ``authorization`` as the
+        Authorization header (None: the URL's user:password, if any), under the deadline and size
+        cap of the class docstring.
 
         Raises:
             ScrapeError: reason as in the class docstring.
         """
         deadline = time.monotonic() + self.timeout
         where = self._where
+        auth = None if authorization is None else _Authorization(authorization)
         try:
             if form is None:
                 resp = self._session.get(self.url, timeout=self.timeout, stream=True, allow_redirects=True,
-                                         headers=headers)
+                                         headers=headers, auth=auth)
             else:
-                resp = self._session.post(self.url, data=form, timeout=self.timeout, stream=True,
+                resp = self._session.post(self.url, data=form, timeout=self.timeout, stream=True, auth=auth,
                                           allow_redirects=True, headers={"Accept": "application/json", **(headers or {})})
             with resp:
                 if resp.status_code != 200:
@@ -261,12 +305,14 @@ class PrometheusSource:
         interval: seconds of the first range [s].
         delay: seconds t lags behind now, for stores whose samples arrive late (remote write) [s].
         timeout, max_bytes: deadline [s] and body cap [bytes] of one query, as :class:`LiveSource`.
-        headers: HTTP headers sent with every query (``X-Scope-OrgID`` for a Mimir tenant).
-        bearer_token_file: a file whose stripped content is sent as ``Authorization: Bearer``, read
-            at every fetch (Kubernetes rotates projected service-account tokens).
+        headers: HTTP headers sent with every query (``X-Scope-OrgID`` for a Mimir tenant); an
+            ``Authorization`` among them is sent as given (never a URL's user:password instead).
+        bearer_token_file: a file whose token (:func:`read_bearer_token`) is sent as
+            ``Authorization: Bearer``, read at every fetch (Kubernetes rotates projected
+            service-account tokens).
         clock: unix time now [s].
-    Errors (:class:`ScrapeError` reasons): ``credentials`` (the token file cannot be read or is
-    empty: nothing is sent); those of :class:`LiveSource` (``refused``, ``timeout``,
+    Errors (:class:`ScrapeError` reasons): ``credentials`` (the token file cannot be read, or
+    holds no token: no query is sent); those of :class:`LiveSource` (``refused``, ``timeout``,
     ``http_<status>`` — Prometheus answers a bad query with 400/422 —, ``too_large``, …);
     ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
@@ -278,7 +324,9 @@ class PrometheusSource:
                  headers: Mapping[str, str] | None = None, bearer_token_file: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.families = tuple(families)
-        self._headers, self._token_file = dict(headers or {}), bearer_token_file
+        self._headers = {k: v for k, v in (headers or {}).items() if k.lower() != "authorization"}
+        self._authorization = next((v for k, v in (headers or {}).items() if k.lower() == "authorization"), None)
+        self._token_file = bearer_token_file
         self.matchers = tuple(matchers)
         self.interval, self.delay, self.clock = interval, delay, clock
         self._http = LiveSource(url.rstrip("/") + "/api/v1/query", timeout=timeout, max_bytes=max_bytes)
@@ -295,23 +343,20 @@ class PrometheusSource:
         t = self.clock() - self.delay
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval
-        body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._request_headers())
+        body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._headers,
+                               self._bearer())
         rows = _vector(body, self._where)
         text = self._render(rows)
         self._end = t
         return t, text
 
-    def _request_headers(self) -> dict[str, str]:
+    def _bearer(self) -> str | None:
         if self._token_file is None:
-            return self._headers
+            return self._authorization
         try:
-            token = Path(self._token_file).read_text(errors="replace").strip()
-        except OSError as exc:
-            raise ScrapeError("credentials", f"cannot read the bearer token file {self._token_file}: "
-                                             f"{exc.strerror}") from None
-        if not token or any(c in token for c in "\r\n\0"):
-            raise ScrapeError("credentials", f"the bearer token file {self._token_file} is empty or not one line")
-        return {**self._headers, "Authorization": f"Bearer {token}"}
+            return f"Bearer {read_bearer_token(self._token_file)}"
+        except ValueError as exc:
+            raise ScrapeError("credentials", str(exc)) from None
 
     def promql(self, seconds: float) -> str:
         """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds)."""

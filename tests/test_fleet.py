@@ -31,7 +31,7 @@ from exporter.collector import KvhitCollector
 from exporter.config import Config, ConfigError, load_config, selector_matchers
 from exporter.parse import parse_exposition
 from exporter.runner import Runner
-from exporter.sources import Family, PrometheusSource, ScrapeError
+from exporter.sources import Family, PrometheusSource, ScrapeError, redact_url
 from local_servers import FakePrometheus, Processes, free_port, http_ok, prometheus_query, start_prometheus, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -431,7 +431,7 @@ def test_tenant_header_and_a_rotated_bearer_token_reach_every_query(fake, tmp_pa
     assert [(h["X-Scope-OrgID"], h["Authorization"]) for h in fake.headers] == \
         [("team-a", "Bearer first-token"), ("team-a", "Bearer second-token")]
     # A token that cannot be read: no query is sent (nothing unauthenticated), the range stays.
-    for content in (None, "  \n"):
+    for content in (None, "  \n", "x" * (64 * 1024 + 1)):
         token.unlink(missing_ok=True)
         if content is not None:
             token.write_text(content)
@@ -441,9 +441,9 @@ def test_tenant_header_and_a_rotated_bearer_token_reach_every_query(fake, tmp_pa
         assert err.value.reason == "credentials" and "second-token" not in str(err.value)
         assert len(fake.forms) == 2
     token.write_text("third-token")
-    clock.t = 3020.0
+    clock.t = 3025.0
     src.fetch()
-    assert fake.headers[-1]["Authorization"] == "Bearer third-token" and "[15000ms]" in fake.forms[-1]["query"]
+    assert fake.headers[-1]["Authorization"] == "Bearer third-token" and "[20000ms]" in fake.forms[-1]["query"]
     # Basic auth from the URL's user:password: requests sends it.
     basic = PrometheusSource(fake.url.replace("://", "://kvhit:s3cret@"), FAMILIES, clock=clock)
     basic.fetch()
@@ -472,11 +472,65 @@ def test_config_prometheus_headers_and_token_file(tmp_path):
         "headers in pod mode": ({"target": "http://x/metrics", "prometheus_headers": {"A": "b"}}, "prometheus_headers"),
         "token in pod mode": ({"target": "http://x/metrics", "prometheus_bearer_token_file": str(token)},
                               "prometheus_bearer_token_file"),
+        # YAML reads an unquoted tenant 12345 as a number (and 0123 as 83): quote it
+        "unquoted number": ({**p, "prometheus_headers": {"X-Scope-OrgID": 67890}}, "prometheus_headers"),
+        "case twins": ({**p, "prometheus_headers": {"x-scope-orgid": "a", "X-Scope-OrgID": "b"}}, "prometheus_headers"),
+        "kvhit's own header": ({**p, "prometheus_headers": {"Content-Type": "text/plain"}}, "prometheus_headers"),
+        "surrounding space": ({**p, "prometheus_headers": {"X-Scope-OrgID": " team-a"}}, "prometheus_headers"),
+        "not ISO-8859-1": ({**p, "prometheus_headers": {"X-Scope-OrgID": "团队"}}, "prometheus_headers"),
+        "empty value": ({**p, "prometheus_headers": {"X-Scope-OrgID": ""}}, "prometheus_headers"),
+        "URL password and a token": ({"prometheus": "http://u:pw@p", "prometheus_bearer_token_file": str(token)},
+                                     "prometheus"),
+        "URL password and Authorization": ({"prometheus": "http://u:pw@p",
+                                            "prometheus_headers": {"Authorization": "Bearer x"}}, "prometheus"),
+        "no host": ({"prometheus": "http://"}, "prometheus"),
     }
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for name, content in (("bom", b"\xef\xbb\xbfsekrit\n"), ("two-lines", b"sekrit\nb\n"), ("empty", b" \n")):
+        (tmp_path / name).write_bytes(content)
+    for name in ("fifo", "bom", "two-lines", "empty", "missing"):  # a FIFO must not block the start
+        bad[f"token file {name}"] = ({**p, "prometheus_bearer_token_file": str(tmp_path / name)},
+                                     "prometheus_bearer_token_file")
     for case, (flags, key) in bad.items():
         with pytest.raises(ConfigError, match=f"^config key {key}: ") as err:
             load_config(None, environ={}, flags=flags)
-        assert "X-Evil: 1" not in str(err.value), case  # a header value is never echoed
+        for secret in ("X-Evil: 1", "67890", "团队", "pw", "Bearer x", "sekrit"):  # never echoed
+            assert secret not in str(err.value).replace(str(tmp_path), ""), (case, str(err.value))
+    with pytest.raises(ConfigError, match="^config key prometheus_headers: not a YAML mapping") as err:
+        load_config(None, environ={"KVHIT_PROMETHEUS": "http://p", "KVHIT_PROMETHEUS_HEADERS": "{a: Bearer sk-1: x"})
+    assert "sk-1" not in str(err.value)
+    # A password with an unencoded "/" ends the URL's authority early: still never shown.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, environ={}, flags={"prometheus": "http://alice:pa/ss@", "prometheus_headers": {"A": "b"}})
+    assert "pa/ss" not in str(err.value) and "<redacted>" in str(err.value)
+
+
+def test_bearer_token_beats_a_netrc_entry_and_a_bad_token_is_credentials(fake, tmp_path, monkeypatch):
+    host = "127.0.0.1"
+    (tmp_path / ".netrc").write_text(f"machine {host} login bob password netrcpw\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(tmp_path / ".netrc"))
+    plain = PrometheusSource(fake.url, FAMILIES, clock=Clock(5000.0))
+    plain.fetch()
+    assert fake.headers[-1]["Authorization"].startswith("Basic ")  # requests reads ~/.netrc: the test is live
+    token = tmp_path / "token"
+    token.write_text("the-token\n")
+    src = PrometheusSource(fake.url, FAMILIES, clock=Clock(5000.0), bearer_token_file=str(token))
+    src.fetch()
+    assert fake.headers[-1]["Authorization"] == "Bearer the-token"
+    token.write_bytes(b"\xef\xbb\xbfthe-token")  # a BOM: not printable ASCII
+    with pytest.raises(ScrapeError) as err:
+        src.fetch()
+    assert err.value.reason == "credentials" and "printable ASCII" in str(err.value)
+
+
+def test_redact_url_hides_a_password_with_unencoded_characters():
+    for url in ("http://alice:pa/ss@prom:9090/x", "http://alice:pa?ss@prom:9090", "http://alice:pa#ss@prom:9090",
+                "http://alice:p%40ss@prom:9090"):
+        assert redact_url(url) == "http://<redacted>@" + url.rpartition("@")[2]
+    assert redact_url("http://prom:9090/api") == "http://prom:9090/api"
 
 
 def test_bad_selector_on_the_command_line_exits_2_with_one_line(capsys):
