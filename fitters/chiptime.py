@@ -46,6 +46,7 @@ OUTLIER_SIGMAS = 3.5
 # residual σ of a 5-term fit is itself uncertain, and the rows that would correct an early misfit
 # would be cut (the accuracy benchmark's valley delay doubled when rejecting from min_samples on).
 REJECT_AFTER = 3
+REJECT_ROUNDS = 4  # flag-and-refit rounds at most (two settle a seed-002 dip pattern)
 _MAD_TO_SIGMA = 1.4826
 
 
@@ -81,8 +82,10 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
     residuals relative to each step's size (busy-time noise grows with Δt); NNLS start;
     ``least_squares`` with bounds (0, ∞) and a soft_l1 loss whose f_scale is the MAD of the
     NNLS residuals; then the rows beyond OUTLIER_SIGMAS robust σ of that solution's residuals
-    are flagged as outliers (tail-chunk dips, MODEL.md §4) and the fit is repeated without them
-    (when at least REJECT_AFTER·``min_samples`` rows remain), so they do not bend it.
+    are flagged as outliers (tail-chunk dips, MODEL.md §4) and the fit is repeated without them,
+    flagging again at each new solution (σ of every row) until the set holds still, at most
+    REJECT_ROUNDS times and only while REJECT_AFTER·``min_samples`` rows remain, so they do not
+    bend it.
 
     Returns a FitResult with params in CHIP_TIME_TERMS order ("t_step" [s/step], "k_ffn"
     [s/token], "k_attn" [s/token²], "k_dec" [s/token], "k_ctx" [s/(token·token)]), all ≥ 0.
@@ -163,12 +166,21 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
                              loss="soft_l1", f_scale=sigma0)
     fit = solve(slice(None), previous.beta[kept] * x_scale[kept] if warm else p0)
     resid = aw @ fit.x - yw
-    # relative residuals below 1e-6 are rounding, never outliers (a noiseless simulator)
-    reject = max(OUTLIER_SIGMAS * robust_sigma(resid), 1e-6)
-    inlier = np.abs(resid) <= reject
-    if int(inlier.sum()) < max(REJECT_AFTER * min_samples, len(kept) + 1):
-        inlier[:], reject = True, math.inf  # too few rows to call any of them an outlier
-    elif not inlier.all():
+    inlier, reject = np.ones(n, dtype=bool), math.inf
+    # Many dips at one h bend the first solution and widen the residuals' σ, so some of them pass:
+    # flag, refit without the flagged rows, and flag again with σ of every row's residual at the
+    # new solution, until the set holds still. (σ of the inliers alone would shrink round by
+    # round and erode a real engine's tails.)
+    for _ in range(REJECT_ROUNDS):
+        # relative residuals below 1e-6 are rounding, never outliers (a noiseless simulator)
+        bound = max(OUTLIER_SIGMAS * robust_sigma(resid), 1e-6)
+        flagged = np.abs(resid) <= bound
+        if int(flagged.sum()) < max(REJECT_AFTER * min_samples, len(kept) + 1):
+            break  # too few rows left to call the others outliers
+        reject = bound
+        if np.array_equal(flagged, inlier):
+            break
+        inlier = flagged
         fit = solve(inlier, fit.x)
         resid = aw @ fit.x - yw
     start, beta = np.zeros(len(CHIP_TIME_TERMS)), np.zeros(len(CHIP_TIME_TERMS))
