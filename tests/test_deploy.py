@@ -257,12 +257,14 @@ def _selects(pm: dict, dep: dict) -> bool:
 
 
 def test_fleet_example_is_the_sidecar_container_reading_prometheus(rendered, plain):
-    """Same image, ports, probes, resources and securityContext as the sidecar; only its args and
-    its ConfigMap differ, and kvhit's own validation accepts them (a bad key would exit 2)."""
+    """Same image, ports, liveness probe, resources and securityContext as the sidecar, plus a
+    readiness probe on /readyz (kvhit is the fleet pod's only container); only its args and its
+    ConfigMap differ, and kvhit's own validation accepts them (a bad key would exit 2)."""
     docs = rendered[FLEET]
     fleet, sidecar = only(docs, "Deployment"), only(plain, "Deployment")
     c, s = kvhit_container(fleet), kvhit_container(sidecar)
-    assert {k: v for k, v in c.items() if k not in ("args", "volumeMounts")} == \
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "kvhit"}
+    assert {k: v for k, v in c.items() if k not in ("args", "volumeMounts", "readinessProbe")} == \
         {k: v for k, v in s.items() if k not in ("args", "volumeMounts")}
     assert c["volumeMounts"] == s["volumeMounts"]
     args = dict(a.split("=", 1) for a in c["args"])
@@ -310,7 +312,8 @@ def test_sidecar_container_spec(plain):
         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"}}
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "kvhit"}
+    # no readiness probe: a sidecar that is not ready would take vLLM out of its Service
+    assert "readinessProbe" not in c
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "kvhit"}
     listen = next(a for a in c["args"] if a.startswith("--listen="))
     assert listen == f"--listen=0.0.0.0:{ports['kvhit']}"
@@ -424,7 +427,8 @@ def _metric(port: int, name: str, **labels: str) -> float | None:
 @contextlib.contextmanager
 def running_as_specified(docs: list[dict], dep: dict, tmp_path: Path, upstream: tuple[str, str, str]):
     """Start the kvhit container of ``dep`` (ConfigMaps from ``docs``) exactly as specified; yields
-    (process, port, container, mount path → local dir) once its readiness probe answers 200.
+    (process, port, container, mount path → local dir) once it scraped its upstream (``/readyz``
+    200) and its probes (the readiness probe where the spec has one) answer 200.
 
     Substitutions, and only these: the image's ENTRYPOINT "kvhit" is the kvhit installed here; the
     ConfigMap's files are written under tmp_path + the mount path, and args naming the mount path
@@ -483,11 +487,13 @@ def running_as_specified(docs: list[dict], dep: dict, tmp_path: Path, upstream: 
             return _get(f"http://127.0.0.1:{port}{get['path']}")
 
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None and probe("readinessProbe")[0] != 200:
+        while time.monotonic() < deadline and proc.poll() is None and _get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
             time.sleep(0.3)
         assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert probe("readinessProbe")[0] == 200
-        assert probe("livenessProbe")[0] == 200
+        assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        for kind in ("readinessProbe", "livenessProbe"):
+            if kind in c:
+                assert probe(kind)[0] == 200, kind
         # The process serving is the sandboxed kvhit: no capabilities, no_new_privs, "/" read-only.
         status_lines = dict(ln.split(":", 1) for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines())
         assert int(status_lines["CapEff"], 16) == 0 and status_lines["NoNewPrivs"].strip() == "1"
