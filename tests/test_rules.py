@@ -14,7 +14,8 @@ from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, COUNTER_SUFFIXES, ROOT
 from promql_selectors import selectors
 
 ALERTS = {"KvhitValley", "KvhitRevenueBelowZeroHitBaseline", "KvhitPredictedTTFTAboveSLO",
-          "KvhitPrefixCachingNotPaying", "KvhitCacheThrash", "KvhitFitNotOk", "KvhitTargetDown", "KvhitAbsent"}
+          "KvhitPrefixCachingNotPaying", "KvhitCacheThrash", "KvhitFitNotOk", "KvhitTargetDown", "KvhitTargetNeverUp",
+          "KvhitAbsent"}
 
 
 def _duration(s: str) -> int:
