@@ -5,8 +5,9 @@ read assembles are rendering, timed by the /metrics latency), on the same texts,
 
 * ``floor``: split every line, split off the value, ``float()`` it — no parser can do less;
 * ``prometheus_client``: ``list(text_string_to_metric_families(text))`` alone (no analysis);
-* ``kvhit cycle``: parse + step/window (``Runner.ingest_text``), then the fit step
-  (``Analyzer.fits`` of every model), amortized over consecutive real scrapes of the bundled vLLM 0.32 trace
+* ``kvhit cycle``: ``Runner.ingest_text`` as kvhit runs it: parse + step/window
+  (``Parser.parse``, ``Analyzer.ingest``, timed alone too) then the fit step
+  (``Analyzer.fit_step``: every model's fits, with the publish window's inputs), amortized over consecutive real scrapes of the bundled vLLM 0.32 trace
   (~48 KB each, 1 model: every scrape from the first, so the layout change when the first
   requests arrive is inside the timed cycles) and of a 64-model body built from the same real
   families (``model_name`` relabelled; ~2 MB; 60 (quick) or 120 scrapes of sweep A after its
@@ -119,17 +120,17 @@ def measure(texts: list[tuple[float, str]], reps: int) -> dict[str, float]:
     timed = texts[1:]
     state = {}
 
-    def fit(r) -> None:
-        for model in r.analyzer.windows.models():
-            r.analyzer.fits(model)  # the fit step (exporter/analyzer.py): refits every K rows, exact between
+    def feed(r, t: float, text: str, with_fits: bool) -> None:
+        if with_fits:
+            r.ingest_text(t, text)  # parse + window + the fit step (Analyzer.fit_step), as kvhit runs
+        else:
+            r.analyzer.ingest(r.parser.parse(text, t))  # parse + window alone
 
     def start(with_fits: bool) -> float:
         r, clock = _runner()
         clock.t = texts[0][0]
         t0 = time.perf_counter()
-        r.ingest_text(*texts[0])
-        if with_fits:
-            fit(r)
+        feed(r, *texts[0], with_fits)
         state["runner"], state["clock"] = r, clock
         return time.perf_counter() - t0
 
@@ -137,9 +138,7 @@ def measure(texts: list[tuple[float, str]], reps: int) -> dict[str, float]:
         r, clock = state["runner"], state["clock"]
         for t, text in timed:
             clock.t = t
-            r.ingest_text(t, text)
-            if with_fits:
-                fit(r)
+            feed(r, t, text, with_fits)
 
     first, ingest, cycle = float("inf"), float("inf"), float("inf")
     for _ in range(reps):
@@ -284,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = [f"# kvhit performance ({'quick' if args.quick else 'full'}; benchmarks/performance.py)", "",
              "Per analysis cycle, amortized over consecutive real scrapes, same texts, same run: parse + step/window "
-             "(`ingest_text`), then + the fit step (`Analyzer.fits` of every model: robust refit every 16 new rows, "
+             "(`Parser.parse`, `Analyzer.ingest`), then the whole cycle as kvhit runs it (`Runner.ingest_text`: "
+             "also the fit step `Analyzer.fit_step`, every model's fits: robust refit every 16 new rows, "
              "exact weighted least squares in between). Bars on the cycle with fits: ≤ 3× floor, ≥ 5× faster than "
              "prometheus_client alone. Start-up body: the first scrape (full parse with prometheus-client, the hot "
              "path's plan, first fits), not amortized.", "",

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.observe import Context, hit_problem, hit_tokens, kv_capacity_tokens, observe, window_notes
+from exporter.observe import (ISL_HISTOGRAM, Context, hit_problem, hit_tokens, kv_capacity_tokens, observe,
+                              request_isl, window_notes)
 from exporter.parse import Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
@@ -31,6 +32,7 @@ from fitters.whatif import FittedModel, Prediction
 
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
+BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
 BATHTUB_GRID = tuple(i / 20 for i in range(20)) + (0.97, 0.99)
 
@@ -176,6 +178,7 @@ class Analyzer:
         self._state: dict[str, _ModelState] = {}
         self._seen: dict[str, float] = {}  # model → time of the last snapshot that had it
         self._cache: Analysis | None = None
+        self._fits: dict[str, ModelFits] = {}  # model → the fit step's fits at the latest snapshot
         self._last: Snapshot | None = None
         self.last_observations: dict[str, Observation] = {}  # the latest ingest's steps
 
@@ -190,6 +193,7 @@ class Analyzer:
         deltas = self.windows.push(snap)
         self._last = snap
         self._cache = None
+        self._fits = {}
         out: dict[str, Observation] = {}
         for model, delta in deltas.items():
             st = self._state.setdefault(model, _ModelState())
@@ -237,6 +241,30 @@ class Analyzer:
         slo = self.config.slo
         return {k: v for k, v in (("ttft", slo.ttft_seconds), ("tpot", slo.tpot_seconds)) if v is not None}
 
+    def fit_step(self) -> None:
+        """The fit step of an analysis cycle, run after every :meth:`ingest` (exporter/runner.py):
+        every model's fits (:meth:`fits`) with the inputs the analysis publishes them for, the
+        publish window's mean ISL and measured B_load. So the fitters' robust refits fall on the
+        same snapshots however often the analysis is read, and every published fit depends on the
+        snapshots alone (fitters/online.py); :meth:`analysis` publishes the fits of this step."""
+        for model in self.windows.models():
+            self._window_fits(model)
+
+    def _window_fits(self, model: str) -> ModelFits | None:
+        """The fits at the latest snapshot (cached until the next ingest): :meth:`fits` with the
+        window's ISL and B_load read from only the signals they need, not the whole window."""
+        out = self._fits.get(model)
+        snap = self._last
+        if out is not None or snap is None or model not in snap.models:
+            return out
+        w = self.windows.window(model, counters=BANDWIDTH_COUNTERS, histograms=(ISL_HISTOGRAM,))
+        if w is None:
+            return None
+        bandwidth = _bandwidth(w, self.config.load_bandwidth_bytes_per_second)
+        isl = request_isl(w, self._context(snap, model, self._state[model]))
+        out = self._fits[model] = self.fits(model, isl, bandwidth[0] if bandwidth else None)
+        return out
+
     def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None) -> ModelFits:
         """The online fitters' results for ``model`` now: the fit step of an analysis cycle
         (MODEL.md §6: robust refits every few new steps, exact updates in between,
@@ -279,7 +307,7 @@ class Analyzer:
                                                      "model.hf_config) not configured")
         bandwidth = _bandwidth(w, cfg.load_bandwidth_bytes_per_second)
 
-        mf = self.fits(model, isl, bandwidth[0] if bandwidth else None)
+        mf = self._window_fits(model)  # the fit step's: the same window ISL and B_load
         chip, coef, slope = mf.chip_time, mf.coefficients, mf.miss_slope
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": mf.overlap, "load_aware": mf.load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl, osl, kv, bandwidth, coef, fits)
@@ -309,7 +337,12 @@ class Analyzer:
             cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max])
         derived = {}
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
-        if isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
+        attention = chip.params["k_attn"]
+        if not attention.ok:
+            # With attention work (1 - h²) not told apart from FFN work (1 - h), the curve's
+            # h-shape is the kept terms' alone: a slope with an exact-looking stderr but no meaning.
+            unknown.setdefault("miss_slope_derived", f"the chip-time fit's attention term: {attention.reason}")
+        elif isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
             tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi)
             derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
         contention = None
@@ -403,7 +436,7 @@ def _steps_per_request(w: Delta) -> float | None:
 
 def _bandwidth(w: Delta, configured: float | None) -> tuple[float, str] | None:
     """B_load: measured from vLLM's KV-offload load counters when exported, else configured (§3.2)."""
-    b, s = w.counters.get("kv_offload_load_bytes"), w.counters.get("kv_offload_load_seconds")
+    b, s = (w.counters.get(name) for name in BANDWIDTH_COUNTERS)
     if b and s and b > 0 and s > 0 and math.isfinite(b / s):
         return b / s, "measured"
     return (configured, "configured") if configured else None

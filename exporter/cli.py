@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
-from exporter.config import (Config, ConfigError, Geometry, check_t_load, load_config, load_web_config,
-                             selector_matchers)
+from exporter.config import (Config, ConfigError, Geometry, bounded, check_t_load, load_config,
+                             load_web_config, redact_url, selector_matchers)
 from exporter.jsonapi import analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
@@ -31,7 +31,7 @@ from exporter.report import load_source, render
 from exporter.runner import Runner
 from exporter.server import serve
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
-from exporter.sources import Family, LiveSource, PrometheusSource, load_trace, redact_url
+from exporter.sources import Family, LiveSource, PrometheusSource, load_trace
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
@@ -324,9 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(func=cmd_replay)
 
     d = sub.add_parser("demo", help="replay the bundled real vLLM trace, serving kvhit's /metrics meanwhile")
-    d.add_argument("--speed", type=float, default=20.0, help="replay speed-up (default 20x)")
+    d.add_argument("--speed", type=bounded(1e-3, 1e6), default=20.0, help="replay speed-up (default 20x)")
     d.add_argument("--listen", default="127.0.0.1:9471", help="ADDR:PORT (default 127.0.0.1:9471)")
-    d.add_argument("--print-every", type=int, default=15, dest="print_every", help="print every N scrapes")
+    d.add_argument("--print-every", type=bounded(1, 1e9, integer=True), default=15, dest="print_every",
+                   help="print every N scrapes")
     d.add_argument("--loop", action="store_true", help="keep serving after the replay ends")
     d.add_argument("--config", help="YAML config file (prices, SLOs, ...; the demo model's geometry where unset)")
     d.set_defaults(func=cmd_demo)

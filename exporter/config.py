@@ -22,7 +22,7 @@ prometheus_bearer_token_file              file whose token is sent as ``Authoriz
                                           rotated Kubernetes service-account token); not with a
                                           user:password in the URL
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
-interval                                  seconds between scrapes (5)
+interval                                  seconds between scrapes, 0.1 to 86400 (5)
 timeout                                   scrape timeout, seconds (3)
 window_seconds                            publish window, seconds (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
@@ -71,20 +71,24 @@ does not depend on: they are rejected with a message saying so.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import re
 import ssl
+import stat
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.sources import read_bearer_token, redact_url
 from fitters.model import kv_bytes_per_token, kv_bytes_per_token_mla
+
+
+MIN_INTERVAL, MAX_INTERVAL = 0.1, 86400.0  # seconds between scrapes
 
 
 class ConfigError(ValueError):
@@ -329,6 +333,20 @@ def _with_hf_config(g: Geometry) -> Geometry:
     return replace(g, **{k: v for k, v in derived.items() if getattr(g, k) is None and v is not None})
 
 
+def bounded(lo: float, hi: float = math.inf, integer: bool = False, open_low: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in [lo, hi] ((lo, hi] with ``open_low``), a whole one
+    with ``integer``; anything else is argparse's usage error (one line, exit 2)."""
+    def parse(text: str) -> float:
+        try:
+            v = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if integer else ''}number, got {text!r}") from None
+        if not (math.isfinite(v) and (lo < v if open_low else lo <= v) and v <= hi):
+            raise argparse.ArgumentTypeError(f"must be in {'(' if open_low else '['}{lo:g}, {hi:g}], got {text}")
+        return v
+    return parse
+
+
 def _host(url: str) -> str | None:
     """The URL's host; None when there is none or the URL cannot be used as given: an unbalanced
     "[", a port that is no number, or an "@" after the host (a user:password with an unencoded
@@ -344,7 +362,9 @@ def _host(url: str) -> str | None:
 def validate(cfg: Config) -> None:
     """Range checks; raises ConfigError naming the key."""
     checks = [
-        ("interval", cfg.interval, lambda v: v > 0, "must be > 0 seconds"),
+        # more often than 10 times a second hammers vLLM's /metrics; a day is no sidecar's cadence
+        ("interval", cfg.interval, lambda v: MIN_INTERVAL <= v <= MAX_INTERVAL,
+         f"must be in [{MIN_INTERVAL:g}, {MAX_INTERVAL:g}] seconds"),
         ("timeout", cfg.timeout, lambda v: v > 0, "must be > 0 seconds"),
         ("window_seconds", cfg.window_seconds, lambda v: v > 0, "must be > 0 seconds"),
         ("gap_seconds", cfg.gap_seconds, lambda v: v > cfg.interval,
@@ -395,6 +415,44 @@ def validate(cfg: Config) -> None:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"config key listen: expected ADDRESS:PORT, got {cfg.listen!r}")
     _validate_geometry(cfg)
+
+
+MAX_TOKEN_BYTES = 64 * 1024  # a Kubernetes service-account token is ~1 KB
+
+
+def redact_url(url: str) -> str:
+    """The URL without ``user:password@`` (for logs, messages and the ``target`` label). Up to the
+    last ``@``, so a password with an unencoded ``/``, ``?`` or ``#`` (which ends the URL's
+    authority early) is hidden too; an ``@`` in a path or query hides more than needed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    return f"{scheme}://<redacted>@{rest.rpartition('@')[2]}"
+
+
+def read_bearer_token(path: str) -> str:
+    """The token in file ``path``: its content stripped, one line of printable ASCII without
+    spaces (RFC 6750 b64token; a Kubernetes service-account token is a ~1-KB JWT).
+
+    Raises:
+        ValueError: the file is missing, not a regular file (a FIFO would block), unreadable,
+            empty, over MAX_TOKEN_BYTES, or not such a line; the message never shows the content.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"the bearer token file {path} is not a regular file")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TOKEN_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read the bearer token file {path}: {exc.strerror}") from None
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise ValueError(f"the bearer token file {path} is over {MAX_TOKEN_BYTES} bytes")
+    token = raw.strip()
+    if not token:
+        raise ValueError(f"the bearer token file {path} is empty")
+    if not all(0x21 <= b <= 0x7E for b in token):
+        raise ValueError(f"the bearer token file {path} is not one line of printable ASCII")
+    return token.decode("ascii")
 
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token

@@ -38,6 +38,14 @@ class Context:
     since: tuple[int, ...] = ()
 
 
+ISL_HISTOGRAM = "request_prompt_tokens"
+
+
+def request_isl(delta: Delta, ctx: Context) -> float | None:
+    """ISL [tokens]: the mean prompt length of the requests finished in the delta, else ``ctx.isl``."""
+    return mean_length(delta, ISL_HISTOGRAM) or ctx.isl
+
+
 def mean_length(delta: Delta, hist: str) -> float | None:
     """Mean per-request length from a request-length histogram's Δsum/Δcount [tokens]."""
     h = delta.histograms.get(hist)
@@ -94,7 +102,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     Raises nothing: unknown inputs become None fields.
     """
     q, k, e = hit_tokens(delta, ctx)
-    isl = mean_length(delta, "request_prompt_tokens") or ctx.isl
+    isl = request_isl(delta, ctx)
     osl = mean_length(delta, "request_generation_tokens") or ctx.osl
     g = delta.counters.get("generation_tokens")  # None = unknown, never 0
     steps_h = delta.histograms.get("iteration_tokens")

@@ -30,9 +30,9 @@ from typing import Callable
 
 from exporter.analyzer import Analysis, Analyzer
 from exporter.collector import Health
-from exporter.config import Config
+from exporter.config import Config, redact_url
 from exporter.parse import ParseError, Parser, Snapshot
-from exporter.sources import LiveSource, PrometheusSource, ScrapeError, redact_url
+from exporter.sources import LiveSource, PrometheusSource, ScrapeError
 
 log = logging.getLogger("kvhit")
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
@@ -65,7 +65,7 @@ class Runner:
                  scope: str = "") -> None:
         self.config = config
         self.analyzer = Analyzer(config)
-        self._parser = Parser()  # the hot path: remembers this target's layout
+        self.parser = Parser()  # the hot path: remembers this target's layout
         self.clock = clock if clock is not None else SteadyClock()
         self._lock = threading.Lock()
         self._health = Health(target=redact_url(target), scope=scope)
@@ -86,7 +86,7 @@ class Runner:
         try:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
-            snap = self._parser.parse(text, timestamp)
+            snap = self.parser.parse(text, timestamp)
         except ParseError as exc:
             self.record_failure("parse", str(exc), duration)
             return False
@@ -102,6 +102,7 @@ class Runner:
         try:
             with self._lock:
                 self.analyzer.ingest(snap)
+                self.analyzer.fit_step()
         except Exception as exc:
             log.debug("analysis of a snapshot failed", exc_info=True)
             # the type only: an exception's text may quote a label value from the scraped body

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
+from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded
 from fitters.model import attention_work, decode_context_per_token
 
 # Bucket edges as vLLM 0.32 exports them (tests/data/samples/25_*).
@@ -493,12 +494,13 @@ def add_arguments(p) -> None:
     """Arguments of ``kvhit simulate`` (an argparse parser)."""
     p.add_argument("--listen", default="127.0.0.1:9400", help="ADDR:PORT to serve /metrics on (default 127.0.0.1:9400)")
     p.add_argument("--scenario", default="sweep", choices=PRESETS, help="hit-ratio schedule and truth (default sweep)")
-    p.add_argument("--miss-slope", type=float, dest="miss_slope",
+    p.add_argument("--miss-slope", type=bounded(0, 1, open_low=True), dest="miss_slope",
                    help="true a: k_dec chosen so the line through TPS_miss(h) over [0, 0.95] has this slope")
-    p.add_argument("--alpha", type=float, help="true overlap α in [0, 1] (default 0.5)")
-    p.add_argument("--noise", type=float, default=0.02, help="relative measurement noise σ (default 0.02)")
-    p.add_argument("--interval", type=float, default=5.0, help="simulated seconds per scrape interval (default 5)")
-    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second (default 1)")
+    p.add_argument("--alpha", type=bounded(0, 1), help="true overlap α in [0, 1] (default 0.5)")
+    p.add_argument("--noise", type=bounded(0, 1), default=0.02, help="relative measurement noise σ (default 0.02)")
+    p.add_argument("--interval", type=bounded(MIN_INTERVAL, MAX_INTERVAL), default=5.0,
+                   help="simulated seconds per scrape interval (default 5)")
+    p.add_argument("--speed", type=bounded(1e-3, 1e6), default=1.0, help="simulated seconds per wall second (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--loop", action="store_true", help="repeat the schedule forever (counters keep growing)")
 
@@ -506,18 +508,17 @@ def add_arguments(p) -> None:
 def cmd_simulate(args) -> int:
     """Serve the ground-truth simulator until the schedule ends (or forever with --loop)."""
     host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--listen: expected ADDR:PORT, got {args.listen!r}")
-    if not (args.noise >= 0 and args.interval > 0 and args.speed > 0):
-        raise ValueError("--noise must be >= 0, --interval and --speed > 0")
+    if not host or not port.isdigit() or not int(port) < 65536:  # 0: any free port
+        raise ConfigError(f"--listen: expected ADDR:PORT, got {args.listen!r}")
     sc = preset(args.scenario, seed=args.seed, noise=args.noise)
     truth = sc.truth
     if args.alpha is not None:
-        if not 0.0 <= args.alpha <= 1.0:
-            raise ValueError("--alpha must be in [0, 1]")
         truth = replace(truth, alpha=args.alpha)
     if args.miss_slope is not None:
-        truth = calibrate_truth(truth, args.miss_slope)
+        try:
+            truth = calibrate_truth(truth, args.miss_slope)
+        except ValueError as exc:
+            raise ConfigError(f"--miss-slope: {exc}") from None
     sc = replace(sc, truth=truth, interval=args.interval)
 
     tps0, a = true_line(truth)

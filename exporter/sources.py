@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import stat
 import tarfile
 import time
 import zlib
@@ -28,8 +27,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from requests.auth import AuthBase
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
+from exporter.config import read_bearer_token, redact_url
+
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-_MAX_TOKEN_BYTES = 64 * 1024  # a Kubernetes service-account token is ~1 KB
+_EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
 _PROM_FILE = re.compile(r"(?:^|/)(\d{10,16})\.prom$")
 
 
@@ -42,41 +43,6 @@ class ScrapeError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def redact_url(url: str) -> str:
-    """The URL without ``user:password@`` (for logs, messages and the ``target`` label). Up to the
-    last ``@``, so a password with an unencoded ``/``, ``?`` or ``#`` (which ends the URL's
-    authority early) is hidden too; an ``@`` in a path or query hides more than needed."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    return f"{scheme}://<redacted>@{rest.rpartition('@')[2]}"
-
-
-def read_bearer_token(path: str) -> str:
-    """The token in file ``path``: its content stripped, one line of printable ASCII without
-    spaces (RFC 6750 b64token; a Kubernetes service-account token is a ~1-KB JWT).
-
-    Raises:
-        ValueError: the file is missing, not a regular file (a FIFO would block), unreadable,
-            empty, over _MAX_TOKEN_BYTES, or not such a line; the message never shows the content.
-    """
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ValueError(f"the bearer token file {path} is not a regular file")
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_TOKEN_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read the bearer token file {path}: {exc.strerror}") from None
-    if len(raw) > _MAX_TOKEN_BYTES:
-        raise ValueError(f"the bearer token file {path} is over {_MAX_TOKEN_BYTES} bytes")
-    token = raw.strip()
-    if not token:
-        raise ValueError(f"the bearer token file {path} is empty")
-    if not all(0x21 <= b <= 0x7E for b in token):
-        raise ValueError(f"the bearer token file {path} is not one line of printable ASCII")
-    return token.decode("ascii")
 
 
 class _Authorization(AuthBase):
@@ -513,9 +479,10 @@ def load_trace(path: str | os.PathLike) -> Trace:
     Files are ordered by the unix-ms timestamp in their names (out-of-order listing is fine).
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: no ``<unix_ms>.prom`` file in it, two files with the same stamp, or a
-            ``phases.json`` that is not UTF-8 JSON of an object (with a ``phases`` list); the
-            message names the file.
+        ValueError: not a readable directory or tar archive, no ``<unix_ms>.prom`` file in it, a
+            stamp before 2001 (a name in seconds, not milliseconds), two files with the same
+            stamp, or a ``phases.json`` that is not UTF-8 JSON of an object with a ``phases`` list
+            of objects with numeric ``start_ms`` < ``end_ms``; the message names the file.
     """
     p = Path(path)
     if not p.exists():
@@ -526,10 +493,13 @@ def load_trace(path: str | os.PathLike) -> Trace:
         for f in p.rglob("*"):
             _take(str(f.relative_to(p)), lambda f=f: f.read_bytes(), files, phases_doc)
     else:
-        with tarfile.open(p, "r:*") as tar:
-            for member in tar.getmembers():
-                if member.isfile():
-                    _take(member.name, lambda m=member: tar.extractfile(m).read(), files, phases_doc)
+        try:
+            with tarfile.open(p, "r:*") as tar:
+                for member in tar.getmembers():
+                    if member.isfile():
+                        _take(member.name, lambda m=member: tar.extractfile(m).read(), files, phases_doc)
+        except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:  # not an archive, or cut short
+            raise ValueError(f"{p}: not a readable trace directory or tar archive ({type(exc).__name__})") from None
     if not files:
         raise ValueError(f"no <unix_ms>.prom files in {p}")
     snaps = sorted((t, text) for t, (_, text) in files.items())
@@ -540,6 +510,9 @@ def _take(name: str, read, files: dict, phases_doc: dict) -> None:
     m = _PROM_FILE.search(name)
     if m:
         t = int(m.group(1)) / 1000.0
+        if t < _EARLIEST_STAMP:
+            raise ValueError(f"{name}: {m.group(1)} ms is before 2001: trace files are named by unix time in "
+                             "milliseconds (13 digits), not seconds")
         if t in files:  # one of them would be lost, and which one depends on the listing order
             raise ValueError(f"two snapshots stamped {m.group(1)} ms in the trace ({files[t][0]} and {name}): "
                              "keep one")
@@ -553,6 +526,11 @@ def _take(name: str, read, files: dict, phases_doc: dict) -> None:
             raise ValueError(f"{name} in the trace is not JSON: {exc}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("phases", []), list):
             raise ValueError(f'{name} in the trace is not an object with a "phases" list')
+        for i, ph in enumerate(doc.get("phases", [])):
+            ok = isinstance(ph, dict) and all(isinstance(ph.get(k), (int, float)) and not isinstance(ph.get(k), bool)
+                                              and math.isfinite(ph[k]) for k in ("start_ms", "end_ms"))
+            if not ok or not ph["start_ms"] < ph["end_ms"]:
+                raise ValueError(f"{name} in the trace: phase {i} needs numeric start_ms < end_ms")
         phases_doc.update(doc)
 
 

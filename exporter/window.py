@@ -33,7 +33,7 @@ import math
 import operator
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Collection, Mapping
 
 from exporter.parse import Buckets, Histogram, ModelSignals, Snapshot
 
@@ -212,17 +212,19 @@ def _sum_hist_deltas(parts: list[HistogramDelta]) -> HistogramDelta:
     return HistogramDelta(math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts), edges, counts)
 
 
-def add_deltas(deltas: list[Delta]) -> Delta:
+def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
+               histograms: Collection[str] | None = None) -> Delta:
     """Sum consecutive step deltas into one interval delta (first.t0 .. last.t1).
 
     Only signals present in every step are summed; one missing step makes the total unknown.
+    ``counters`` / ``histograms``: sum only these (None: all), for a reader that needs a few.
     """
     first, last = deltas[0], deltas[-1]
-    names = set(first.counters).intersection(*(d.counters for d in deltas[1:]))
-    counters = {n: math.fsum(d.counters[n] for d in deltas) for n in names}
-    hnames = set(first.histograms).intersection(*(d.histograms for d in deltas[1:]))
+    names = set(first.counters if counters is None else counters).intersection(*(d.counters for d in deltas))
+    sums = {n: math.fsum(d.counters[n] for d in deltas) for n in names}
+    hnames = set(first.histograms if histograms is None else histograms).intersection(*(d.histograms for d in deltas))
     hists = {n: _sum_hist_deltas([d.histograms[n] for d in deltas]) for n in hnames}
-    return Delta(first.t0, last.t1, counters, hists, first.start, last.end,
+    return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), steps=len(deltas))
 
 
@@ -240,11 +242,12 @@ class ModelWindow:
         while len(self.steps) >= 2 and self.steps[1].t0 <= latest - self.window_seconds:
             self.steps.popleft()
 
-    def total(self) -> Delta | None:
-        """The publish-window delta, or None before two snapshots exist."""
+    def total(self, counters: Collection[str] | None = None, histograms: Collection[str] | None = None) -> Delta | None:
+        """The publish-window delta (of only ``counters`` / ``histograms`` when given, as
+        :func:`add_deltas`), or None before two snapshots exist."""
         if not self.steps:
             return None
-        return add_deltas(list(self.steps))
+        return add_deltas(list(self.steps), counters, histograms)
 
 
 class Windows:
@@ -291,10 +294,12 @@ class Windows:
                 del self._models[model]  # the model disappeared: its window is over
         return out
 
-    def window(self, model: str) -> Delta | None:
-        """Publish-window delta of ``model`` (None when fewer than two snapshots exist)."""
+    def window(self, model: str, counters: Collection[str] | None = None,
+               histograms: Collection[str] | None = None) -> Delta | None:
+        """Publish-window delta of ``model`` (of only ``counters`` / ``histograms`` when given; None
+        when fewer than two snapshots exist)."""
         w = self._models.get(model)
-        return None if w is None else w.total()
+        return None if w is None else w.total(counters, histograms)
 
     def models(self) -> list[str]:
         return sorted(self._models)

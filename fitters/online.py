@@ -11,8 +11,9 @@ rows in a :class:`RowBuffer` and derives from :class:`AmortizedFit`, which decid
 * otherwise the EXACT solution of all current rows with the robust weights frozen at the last
   refit: each row keeps the weight the refit gave it, and a row that arrived since is weighted
   under the refit's estimate (for a robust loss, the loss's IRLS weight at its residual with the
-  refit's f_scale). So the published solution depends on the rows and the last refit only,
-  never on how often it was read.
+  refit's f_scale). So the published solution depends on the rows and the last refit only;
+  and as the analyzer solves after every new snapshot (exporter/analyzer.py
+  ``Analyzer.fit_step``), the refits fall on the same rows however often the analysis is read.
 
 The exact step never revisits the rows: :class:`GramSums` keeps Σ w·v·vᵀ of each row's basis
 vector v (the fitter's design and target, under the refit's frozen state) per group, added when a

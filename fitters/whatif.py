@@ -37,6 +37,18 @@ class Prediction:
     revenue: float
 
 
+# from_dict's checks: (field, accepts, what it must be); _OPTIONAL fields may also be None.
+_FIELD_RANGES = (
+    *((n, lambda v: v >= 0, "a finite number >= 0") for n in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx",
+                                                             "steps_per_request", "c0", "c1", "running",
+                                                             "queue_time", "p_miss", "p_hit", "p_out")),
+    *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
+    *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
+    ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
+)
+_OPTIONAL = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth"}
+
+
 @dataclass(frozen=True)
 class FittedModel:
     """Everything needed to predict, as plain numbers (JSON-serialisable).
@@ -86,7 +98,8 @@ class FittedModel:
         """Predict at (h, ISL, OSL).
 
         Raises:
-            ValueError: h outside [0, 1) or non-positive ISL / negative OSL.
+            ValueError: h outside [0, 1) or non-positive ISL / negative OSL; a fit whose chip
+                time per request is 0 or not finite (coefficients far out of any real range).
         """
         if not (0.0 <= hit_ratio < 1.0) or not isl > 0 or osl < 0:
             raise ValueError("need 0 <= hit_ratio < 1, isl > 0, osl >= 0")
@@ -99,6 +112,8 @@ class FittedModel:
             prefill = predict_prefill_latency(coef, self.c0, self.c1, self.running, isl, hit_ratio, h_load,
                                               self.alpha, self.kv_bytes_per_token, self.load_bandwidth)
             ttft_l = None if prefill is None else self.queue_time + prefill
+        if not (t_chip > 0 and math.isfinite(t_chip)):
+            raise ValueError(f"the fit gives a chip time of {t_chip!r} s per request: not a usable fit")
         delivered = tpm_delivered(isl, osl, t_chip)
         physical = tpm_physical(isl, osl, hit_ratio, t_chip)
         return Prediction(
@@ -117,7 +132,10 @@ class FittedModel:
         """Load from :meth:`to_dict` output.
 
         Raises:
-            ValueError: wrong schema version, missing or non-finite required fields.
+            ValueError: wrong schema version, missing fields, or a field out of its range (the
+                message names it): coefficients, steps per request, running, queue time and
+                prices finite and ≥ 0, c0/c1 ≥ 0, α and the loaded share in [0, 1], S_kv and
+                B_load > 0, gpus a whole number ≥ 1.
         """
         if data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"fit schema_version must be {SCHEMA_VERSION}")
@@ -127,8 +145,10 @@ class FittedModel:
             model = cls(**kwargs)
         except TypeError as exc:
             raise ValueError(f"fit is missing fields: {exc}") from None
-        for name in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx", "steps_per_request"):
+        for name, ok, what in _FIELD_RANGES:
             v = getattr(model, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"fit field {name} must be a finite number >= 0")
+            if v is None and name in _OPTIONAL:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+                raise ValueError(f"fit field {name} must be {what}")
         return model

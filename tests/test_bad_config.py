@@ -92,7 +92,7 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
     assert code == 2 and "config key prices.hit_price_ratio: must be in (0, 1]" in err
     monkeypatch.delenv("KVHIT_PRICES_HIT_PRICE_RATIO")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--interval", "-5"])
-    assert code == 2 and "config key interval: must be > 0 seconds" in err
+    assert code == 2 and "config key interval: must be in [0.1, 86400] seconds" in err
 
 
 WEB = {

@@ -498,6 +498,12 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
     ({"schema_version": 1, "models": {"a": {"fits": [], "fit": None}}}, "model 'a' has no usable fit"),
     ({"schema_version": 1, "models": {}}, "no model analysed yet"),
     ({"schema_version": 1, "models": {"a": {}, "b": {}}}, "2 models analysed; choose one with --model: ['a', 'b']"),
+    # numbers out of their range (a hand-edited file): named, never a traceback or a negative TTFT
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "gpus": 0}}}}, "fit field gpus must be a whole number >= 1"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "c0": -5.0, "c1": 0.0, "running": 4.0, "queue_time": 0.0}}}},
+     "fit field c0 must be a finite number >= 0"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "alpha": 5.0}}}}, "fit field alpha must be a number in [0, 1]"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "p_miss": -1.0}}}}, "fit field p_miss must be a finite number >= 0"),
 ])
 def test_predict_on_a_document_of_the_wrong_shape_exits_2_with_one_line_naming_it(tmp_path, capsys, doc, says):
     code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
@@ -522,6 +528,12 @@ def test_predict_out_of_range_exits_2_with_one_line(tmp_path, capsys, args, says
     assert err.count("\n") == 1 and says in err, err
 
 
+def test_predict_with_coefficients_out_of_any_real_range_exits_2(tmp_path, capsys):
+    doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0, "fit": {**FIT, "t_step": 1e308}}}}
+    code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "chip time of inf s per request" in err, err
+
+
 def test_predict_at_the_highest_hit_ratio_one_computed_token(tmp_path, capsys):
     code, out, err = _predict(tmp_path, capsys, DOC, "--hit-ratio", str(1 - 1 / 2048))
     assert code == 0, err
@@ -539,6 +551,12 @@ def test_predict_at_the_highest_hit_ratio_one_computed_token(tmp_path, capsys):
     (b'{"phases": [', "phases.json in the trace is not JSON: Expecting value: line 1 column 13"),
     (b'[1, 2]', 'phases.json in the trace is not an object with a "phases" list'),
     (b'{"phases": 3}', 'phases.json in the trace is not an object with a "phases" list'),
+    (b'{"phases": [1]}', "phases.json in the trace: phase 0 needs numeric start_ms < end_ms"),
+    (b'{"phases": [{"name": "x", "start_unix": 1, "end_unix": 2}]}',
+     "phases.json in the trace: phase 0 needs numeric start_ms < end_ms"),
+    (b'{"phases": [{"start_ms": 0, "end_ms": 1}, {"start_ms": "a", "end_ms": "b"}]}',
+     "phases.json in the trace: phase 1 needs numeric start_ms < end_ms"),
+    (b'{"phases": [{"start_ms": 5, "end_ms": 5}]}', "phases.json in the trace: phase 0 needs numeric start_ms < end_ms"),
 ])
 def test_replay_with_a_bad_phases_json_exits_1_naming_it(tmp_path, capsys, body, says):
     from exporter.cli import main
@@ -549,6 +567,55 @@ def test_replay_with_a_bad_phases_json_exits_1_naming_it(tmp_path, capsys, body,
     assert main(["replay", str(tmp_path), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize("archive", [b"x\n", b"", "cut"])
+def test_replay_and_report_of_a_bad_archive_exit_1_with_one_line(tmp_path, capsys, archive):
+    from importlib import resources
+
+    from exporter.cli import main
+    real = (resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz").read_bytes()
+    path = tmp_path / "t.tar.gz"
+    path.write_bytes(real[:1000] if archive == "cut" else archive)
+    for argv in (["replay", str(path), "--quiet"], ["report", str(path), "--out", str(tmp_path / "r")]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not a readable trace directory or tar archive" in err, err
+
+
+def test_trace_files_named_in_seconds_are_refused(tmp_path, capsys):
+    from exporter.cli import main
+    texts, _, stamps = _trace_texts()
+    for text, ms in zip(texts[:3], stamps[:3]):
+        (tmp_path / f"{ms // 1000}.prom").write_text(text)  # unix seconds: read as ms, 1970
+    assert main(["replay", str(tmp_path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "milliseconds (13 digits)" in err, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["demo", "--speed", "0"], "argument --speed: must be in [0.001, 1e+06], got 0"),
+    (["demo", "--speed", "nan"], "argument --speed: must be in [0.001, 1e+06], got nan"),
+    (["demo", "--print-every", "0"], "argument --print-every: must be in [1, 1e+09], got 0"),
+    (["demo", "--print-every", "1.5"], "argument --print-every: expected a whole number, got '1.5'"),
+    (["simulate", "--noise", "-1"], "argument --noise: must be in [0, 1], got -1"),
+    (["simulate", "--alpha", "2"], "argument --alpha: must be in [0, 1], got 2"),
+    (["simulate", "--interval", "0"], "argument --interval: must be in [0.1, 86400], got 0"),
+    (["simulate", "--miss-slope", "5"], "argument --miss-slope: must be in (0, 1], got 5"),
+    (["simulate", "--listen", "127.0.0.1:99999"], "--listen: expected ADDR:PORT, got '127.0.0.1:99999'"),
+    (["run", "--target", "http://127.0.0.1:9/metrics", "--interval", "1e12"],
+     "config key interval: must be in [0.1, 86400] seconds"),
+    (["run", "--target", "http://127.0.0.1:9/metrics", "--interval", "0.000001"],
+     "config key interval: must be in [0.1, 86400] seconds"),
+])
+def test_numbers_out_of_range_on_the_command_line_exit_2(capsys, argv, says):
+    from exporter.cli import main
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and "Traceback" not in err, err
 
 
 # ---- /api/v1/predict: the same checks over HTTP ---------------------------------------------------

@@ -28,10 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter import simulate
 from exporter.cli import fleet_families, main
 from exporter.collector import KvhitCollector
-from exporter.config import Config, ConfigError, load_config, selector_matchers
+from exporter.config import Config, ConfigError, load_config, redact_url, selector_matchers
 from exporter.parse import parse_exposition
 from exporter.runner import Runner
-from exporter.sources import Family, PrometheusSource, ScrapeError, redact_url
+from exporter.sources import Family, PrometheusSource, ScrapeError
 from local_servers import FakePrometheus, Processes, free_port, http_ok, prometheus_query, start_prometheus, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

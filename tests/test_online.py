@@ -73,9 +73,11 @@ def test_frozen_wls_declines_outside_the_bounds_and_when_singular():
     assert frozen_wls(twin, b, np.ones(10), np.zeros(2, dtype=bool), np.zeros(2), lo, np.full(2, np.inf)) is None
 
 
-def test_analyzer_fit_step_is_what_the_analysis_publishes():
-    # Analyzer.fits is the fit step of a cycle; the analysis reads its fits from it, so after a
-    # fit step every fit the analysis publishes is the one the step computed (cached, not refitted).
+def test_published_fits_do_not_depend_on_how_often_the_analysis_is_read():
+    # The fit step runs after every ingest (Analyzer.fit_step), so the robust refits fall on the
+    # same snapshots whether the analysis is read after every scrape, every 15th or only at the end:
+    # the published fits are equal to the last digit (a newcomer saw the miss-slope stderr move
+    # 0.008 -> 0.022 with `kvhit demo --print-every` when fits ran only on reads).
     from importlib import resources
 
     from exporter.config import load_config
@@ -83,24 +85,24 @@ def test_analyzer_fit_step_is_what_the_analysis_publishes():
     from exporter.sources import load_trace
 
     trace = load_trace(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz")
-    snaps = list(trace.snapshots)[:120]
-    clock = [snaps[0][0]]
-    runner = Runner(load_config(None, environ={}), "trace", clock=lambda: clock[0])
-    for t, text in snaps:
-        clock[0] = t
-        assert runner.ingest_text(t, text)
-        for model in runner.analyzer.windows.models():
-            runner.analyzer.fits(model)
-    (model,) = runner.analyzer.windows.models()
-    step = runner.analyzer.fits(model)
-    published = runner.current()[0].models[model]
-    assert step.chip_time.ok and step.miss_slope.ok and step.load_aware.ok
-    assert published.fits["chip_time"] is step.chip_time
-    assert published.fits["miss_slope"] is step.miss_slope
-    assert published.fits["load_aware"] is step.load_aware
-    assert published.fits["overlap"] is step.overlap
-    state = runner.analyzer._state[model]
-    assert state.chip.refits < 120 // 2  # amortized: far fewer refits than fit steps
+    snaps = list(trace.snapshots)[:150]
+    finals = []
+    for read_every in (1, 15, len(snaps)):
+        clock = [snaps[0][0]]
+        runner = Runner(load_config(None, environ={}), "trace", clock=lambda: clock[0])
+        for i, (t, text) in enumerate(snaps, 1):
+            clock[0] = t
+            assert runner.ingest_text(t, text)
+            if i % read_every == 0:
+                runner.current()
+        (model,) = runner.current()[0].models
+        m = runner.current()[0].models[model]
+        finals.append({name: (fit.status, {k: (e.value, e.stderr) for k, e in fit.params.items()})
+                       for name, fit in m.fits.items()})
+        state = runner.analyzer._state[model]
+        assert state.chip.refits < len(snaps) // 4  # amortized: far fewer refits than fit steps
+    assert finals[0]["chip_time"][0].value == "ok" and finals[0]["miss_slope"][0].value == "ok"
+    assert finals[0] == finals[1] == finals[2]
 
 
 def test_running_sums_with_downdates_solve_as_lstsq_on_the_kept_rows():

@@ -137,3 +137,28 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     tps0 = my - slope * mh
     assert f"TPS0={tps0:.1f} tokens/s a={-slope / tps0:.4f}" in out, out
     assert f"a={0.5:.4f}" in out  # the calibrated slope is the one asked for
+
+
+def test_no_derived_slope_while_the_chip_time_fit_cannot_see_attention():
+    # A sweep's first steps (h from 0 to 0.25, one ISL): attention work n·ISL²(1 − h²)/2 and FFN
+    # work n·ISL·(1 − h) are collinear over that range, so k_attn is not identifiable and the
+    # chip-time curve's h-shape is unknown. A newcomer saw kvhit publish derived a = −3e-15 ± 6e-12
+    # there (true a 0.78): now it is absent, with the reason, while the direct line is published.
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep")
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for i, (t, text, truth) in enumerate(generate(sc)):
+        clock.t = t
+        runner.ingest_text(t, text)
+        if i == 24:
+            break
+    assert 0.2 <= truth.h <= 0.3
+    m = runner.current()[0].models[sc.model_name]
+    assert m.fits["chip_time"].ok and not m.fits["chip_time"].params["k_attn"].ok
+    assert m.fits["miss_slope"].ok  # the direct line has its h span
+    assert m.miss_slope_derived == {}
+    assert m.unknown["miss_slope_derived"].startswith("the chip-time fit's attention term: ")
