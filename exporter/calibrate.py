@@ -167,6 +167,7 @@ class Recorder:
         self.out_dir, self.interval = out_dir, interval
         self.scrapes = 0
         self.errors: dict[str, int] = {}
+        self.last_error = ""  # the message of the latest failed scrape
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kvhit-recorder", daemon=True)
 
@@ -182,6 +183,7 @@ class Recorder:
             t, text = self.source.fetch()
         except ScrapeError as exc:
             self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
+            self.last_error = str(exc)
             return None
         name = f"{int(t * 1000)}.prom"
         tmp = self.out_dir / f".{name}.tmp"
@@ -279,8 +281,9 @@ class Driver:
             return {"t_send": t_send, "t_done": time.time(), "ok": False, "error": type(exc).__name__}
         t_done = time.time()
         if resp.status_code != 200:
+            # one line of the body (an error page's HTML or JSON), for the log and the message
             return {"t_send": t_send, "t_done": t_done, "ok": False, "error": f"HTTP {resp.status_code}",
-                    "detail": resp.text[:300]}
+                    "detail": " ".join(resp.text.split())[:200]}
         try:
             usage = resp.json().get("usage")
         except ValueError:
@@ -577,13 +580,16 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     out_dir = Path(args.out or f"kvhit-calibrate-{int(time.time())}")
     if out_dir.is_dir() and any(out_dir.glob("*.prom")):
         raise ConfigError(f"--out {out_dir}: already holds a recording; choose a new directory")
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     report_path = Path(args.report) if args.report else out_dir / "report.json"
 
     recorder = Recorder(metrics_url, out_dir, args.interval, timeout=cfg.timeout)
     first = recorder.scrape_once()
     if first is None:
-        raise CalibrationError(f"cannot scrape {metrics_url}: {recorder.errors}")
+        if created:
+            out_dir.rmdir()  # nothing recorded: leave no empty directory behind
+        raise CalibrationError(recorder.last_error)
     try:
         snap = parse_exposition(first[1], first[0])
     except ParseError as exc:

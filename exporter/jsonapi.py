@@ -142,7 +142,7 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
             raise ValueError(f"{name} must be in [1, {MAX_TOKENS}] tokens, got {x:g}")
     if not 0 <= h <= 1 - 1 / n_in:
         raise ValueError(f"hit_ratio must be in [0, 1 - 1/isl] = [0, {1 - 1 / n_in:.6g}] (the last prompt token "
-                         f"is always computed), got {h:g}")
+                         f"is always computed), got {h!r}")
     return h, n_in, n_out
 
 

@@ -232,6 +232,9 @@ def test_refuses_to_mix_recordings(capsys, tmp_path):
     assert "--out" in capsys.readouterr().err
 
 
-def test_unreachable_endpoint_exits_1(capsys, tmp_path):
-    assert main(["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path)]) == 1
-    assert "cannot scrape" in capsys.readouterr().err
+def test_unreachable_endpoint_exits_1_with_one_line_and_leaves_no_empty_directory(capsys, tmp_path):
+    out = tmp_path / "new"
+    assert main(["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kvhit: cannot reach http://127.0.0.1:9/metrics: ConnectionError"], err
+    assert not out.exists()
