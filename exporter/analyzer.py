@@ -266,9 +266,9 @@ class Analyzer:
         return out
 
     def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None) -> ModelFits:
-        """The online fitters' results for ``model`` now: the fit step of an analysis cycle
-        (MODEL.md §6: robust refits every few new steps, exact updates in between,
-        fitters/online.py); :meth:`analysis` reads its fits from here.
+        """The online fitters' results for ``model`` now with these inputs (MODEL.md §6: robust
+        refits every few new steps, exact updates in between, fitters/online.py); :meth:`fit_step`
+        calls it with the publish window's ISL and B_load, and :meth:`analysis` publishes that.
 
         Args:
             isl: the ISL [tokens] whose miss-slope bucket to return (the publish window's mean);

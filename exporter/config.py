@@ -347,6 +347,19 @@ def bounded(lo: float, hi: float = math.inf, integer: bool = False, open_low: bo
     return parse
 
 
+def listen_address(listen: str, key: str, any_port: bool = False) -> tuple[str, int]:
+    """(host, port) of ``ADDR:PORT`` or ``[v6 address]:PORT`` (host "" when ADDR is empty: every
+    interface); port 1-65535, or 0 (any free port) with ``any_port``.
+
+    Raises:
+        ConfigError: not of that form; the message starts with ``key``.
+    """
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
+        raise ConfigError(f"{key}: expected ADDR:PORT, got {listen!r}")
+    return host.strip("[]"), int(port)
+
+
 def _host(url: str) -> str | None:
     """The URL's host; None when there is none or the URL cannot be used as given: an unbalanced
     "[", a port that is no number, or an "@" after the host (a user:password with an unencoded
@@ -411,9 +424,7 @@ def validate(cfg: Config) -> None:
             if getattr(cfg, key) is not None:
                 raise ConfigError(f"config key {key}: only with prometheus (fleet mode)")
     selector_matchers(cfg.selector)
-    host, sep, port = cfg.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"config key listen: expected ADDRESS:PORT, got {cfg.listen!r}")
+    listen_address(cfg.listen, "config key listen")
     _validate_geometry(cfg)
 
 
@@ -483,7 +494,7 @@ def _validate_prometheus_auth(cfg: Config) -> None:
         except ValueError as exc:
             raise ConfigError(f"config key prometheus_bearer_token_file: {exc}") from None
         authorization = True
-    if authorization and "@" in cfg.prometheus.partition("://")[2]:
+    if authorization and redact_url(cfg.prometheus) != cfg.prometheus:  # it carries a user:password
         raise ConfigError("config key prometheus: a user:password in the URL and an Authorization (header or "
                           "bearer token file) cannot both be sent; set one of them")
 

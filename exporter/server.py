@@ -38,7 +38,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from exporter.collector import KvhitCollector
-from exporter.config import WebConfig
+from exporter.config import WebConfig, listen_address
 from exporter.jsonapi import analysis_to_dict, load_fit, what_if
 from exporter.runner import Runner
 
@@ -217,16 +217,17 @@ def serve(runner: Runner, listen: str, web: WebConfig | None = None) -> tuple[WS
     and basic auth when ``web`` says so; returns (server, thread).
 
     Raises:
+        ConfigError: ``listen`` is not ADDR:PORT (port 0: any free one).
         OSError: the address cannot be bound.
         ssl.SSLError: the certificate or key cannot be loaded (load_config checked them already).
     """
     web = web or WebConfig()
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
+    host, port = listen_address(listen, "listen", any_port=True)  # 0: any free port (tests, benchmarks)
+    host = host or "0.0.0.0"
     app = make_app(runner)
     if web.users:
         app = with_basic_auth(app, web.users)
-    server = make_server(host, int(port), app, server_class=_ThreadingServer6 if ":" in host else _ThreadingServer,
+    server = make_server(host, port, app, server_class=_ThreadingServer6 if ":" in host else _ThreadingServer,
                          handler_class=_QuietHandler)
     if web.tls:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

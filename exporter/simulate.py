@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
-from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded
+from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address
 from fitters.model import attention_work, decode_context_per_token
 
 # Bucket edges as vLLM 0.32 exports them (tests/data/samples/25_*).
@@ -507,8 +507,8 @@ def add_arguments(p) -> None:
 
 def cmd_simulate(args) -> int:
     """Serve the ground-truth simulator until the schedule ends (or forever with --loop)."""
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit() or not int(port) < 65536:  # 0: any free port
+    host, port = listen_address(args.listen, "--listen", any_port=True)
+    if not host:  # the simulator binds where it is told, never every interface by default
         raise ConfigError(f"--listen: expected ADDR:PORT, got {args.listen!r}")
     sc = preset(args.scenario, seed=args.seed, noise=args.noise)
     truth = sc.truth
@@ -524,9 +524,9 @@ def cmd_simulate(args) -> int:
     tps0, a = true_line(truth)
 
     def ready(p: int) -> None:
-        print(f"kvhit simulate: {args.scenario} on http://{host.strip('[]')}:{p}/metrics "
+        print(f"kvhit simulate: {args.scenario} on http://{host}:{p}/metrics "
               f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, 0.95] at "
               f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
 
-    serve(sc, host.strip("[]"), int(port), speed=args.speed, loop=args.loop, on_ready=ready)
+    serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready)
     return 0

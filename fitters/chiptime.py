@@ -206,9 +206,9 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
     aw, yw = a / size[:, None], y / size
     resid = aw @ p - yw
     inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
-    if int(inlier.sum()) < max(3 * min_samples, len(kept) + 1):
-        # Near-identical rows make the robust σ ~0 and every row an "outlier": too few inliers
-        # to judge outliers at all, so every row counts.
+    if int(inlier.sum()) < max(REJECT_AFTER * min_samples, len(kept) + 1):
+        # As in the fit: too few inliers to judge outliers at all (near-identical rows make the
+        # robust σ ~0 and every row an "outlier"), so every row counts.
         inlier = np.ones_like(inlier)
     n_in = int(inlier.sum())
     a_in = aw[inlier]
@@ -320,11 +320,12 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
     between, the exact weighted least squares of all buffered rows in the relative residuals of
     that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
     IRLS weights frozen (its outliers at 0; a new row: the weight at its residual under the
-    refit's solution and f_scale, 0 beyond the refit's outlier threshold), its dropped terms dropped and the terms it held at 0 fixed at 0, solved from the
-    running sums of the rows' normal equations (:class:`~fitters.online.GramSums` of
-    (regressors, Δt)/size, 6×6); outliers, covariance, R² and the rest are computed from that
-    solution as in :func:`fit_chip_time` when the result is first read
-    (:class:`~fitters.online.LazyFitResult`). It refits instead when a free term would turn negative or a regressor column becomes
+    refit's solution and f_scale, 0 beyond the refit's outlier threshold), its dropped terms
+    dropped and the terms it held at 0 fixed at 0, solved from the running sums of the rows'
+    normal equations (:class:`~fitters.online.GramSums` of (regressors, Δt)/size, 6×6);
+    outliers, covariance, R² and the rest are computed from that solution as in
+    :func:`fit_chip_time` when the result is first read (:class:`~fitters.online.LazyFitResult`).
+    It refits instead when a free term would turn negative or a regressor column becomes
     (non-)zero. Cached until new data. Nothing is learned at construction.
     Raises ValueError for capacity < 1 or every < 1.
     """
