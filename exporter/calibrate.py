@@ -557,7 +557,7 @@ def _validate(args: argparse.Namespace) -> None:
     for name, value in (("phase-seconds", args.phase_seconds), ("interval", args.interval),
                         ("request-timeout", args.request_timeout)):
         if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--{name} {value}: must be > 0")
+            raise ConfigError(f"--{name} {value}: must be a finite number > 0")
     if args.phase_seconds < 3 * args.interval:
         raise ConfigError(f"--phase-seconds {args.phase_seconds}: at least 3 scrape intervals ({3 * args.interval:g} s)")
     if args.block_size is not None and args.block_size < 1:

@@ -123,7 +123,7 @@ def print_phases(model: str, phases: list[PhaseSummary]) -> None:
     for p in phases:
         print(f"{p.name[:12]:12s} {fmt(p.designed_hit_ratio, '.2f'):>8s} {fmt(p.hit_ratio, '.4f'):>7s} "
               f"{p.steps:5d} {p.busy_steps:4d} {p.busy_seconds:8.1f} {fmt(p.predicted_busy_seconds, '.1f'):>8s} "
-              f"{fmt(None if p.busy_error is None else 100 * p.busy_error, '+.1f'):>6s}% "
+              f"{'-' if p.busy_error is None else f'{100 * p.busy_error:+.1f}%':>7s} "
               f"{fmt(p.miss_tps, '.0f'):>8s} {fmt(p.prefill_seconds):>10s}")
 
 
@@ -210,9 +210,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_t_load(cfg)
     with resources.as_file(resources.files("exporter") / "data" / DEMO_TRACE) as path:
         trace = load_trace(path)
-    print(f"kvhit demo: replaying {len(trace.snapshots)} scrapes of a real vLLM 0.32 CPU server "
-          f"({len(trace.phases)} phases of a hit-ratio sweep) at {args.speed:g}x; kvhit's metrics on "
-          f"http://{cfg.listen}/metrics")
     servers = []
     t0, wall0 = trace.snapshots[0][0], time.monotonic()
 
@@ -228,7 +225,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     def on_start(runner: Runner) -> None:
         result_runner.append(runner)
-        servers.append(serve(runner, cfg.listen)[0])
+        servers.append(serve(runner, cfg.listen)[0])  # a busy port fails here, before the URL is printed
+        print(f"kvhit demo: replaying {len(trace.snapshots)} scrapes of a real vLLM 0.32 CPU server "
+              f"({len(trace.phases)} phases of a hit-ratio sweep) at {args.speed:g}x; kvhit's metrics on "
+              f"http://{cfg.listen}/metrics", flush=True)
 
     result = replay(trace, cfg, "demo", on_step, on_start)
     analysis, _ = result.runner.current()
@@ -260,17 +260,17 @@ def _demo_line(t: float, m: ModelAnalysis) -> str:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    """What-if from a saved analysis; any problem with the file or the arguments is a ConfigError
-    (exit 2, one line): the file unreadable or not JSON, a document of the wrong shape
-    (:func:`load_fit`), ISL/OSL/h out of range (:func:`what_if`)."""
+    """What-if from a saved analysis, one line on error. Exit 1 (what the file holds): the file
+    unreadable or not JSON, a document of the wrong shape or without the ``--model``
+    (:func:`load_fit`). Exit 2 (the command line alone): ISL/OSL/h out of range (:func:`what_if`)."""
     try:
         doc = json.loads(Path(args.fit).read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--fit {args.fit}: cannot read a JSON analysis ({type(exc).__name__})") from None
+        raise ValueError(f"--fit {args.fit}: cannot read a JSON analysis ({type(exc).__name__})") from None
     try:
         name, fitted, m = load_fit(doc, args.model)
     except ValueError as exc:
-        raise ConfigError(f"--fit {args.fit}: {exc}") from None
+        raise ValueError(f"--fit {args.fit}: {exc}") from None
     isl = args.isl if args.isl is not None else m.get("isl")
     osl = args.osl if args.osl is not None else m.get("osl")
     if isl is None or osl is None:

@@ -206,16 +206,17 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
             if isinstance(value, bool):
                 raise ValueError
             out = float(value)
-            if not math.isfinite(out):
-                raise ValueError
-            return out
-        if "str" in typ:
+        elif "str" in typ:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError
             return str(value)
+        else:
+            return value
     except (TypeError, ValueError):
         raise ConfigError(f"config key {key}: expected {typ.replace(' | None', '')}, got {value!r}") from None
-    return value
+    if not math.isfinite(out):  # a float, but YAML's .nan / .inf is no setting
+        raise ConfigError(f"config key {key}: must be a finite number, got {value!r}")
+    return out
 
 
 def _string_mapping(key: str, value: Any) -> dict[str, str]:

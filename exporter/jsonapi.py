@@ -146,6 +146,14 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
     return h, n_in, n_out
 
 
+def check_analysis_doc(doc) -> dict:
+    """``doc`` (any parsed JSON value) when it is an analysis document (``/api/v1/analysis``:
+    a JSON object with ``schema_version`` 1 and a ``models`` object). Raises ValueError, one line."""
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("models"), dict):
+        raise ValueError("not a kvhit analysis document (a JSON object with schema_version 1 and a models object)")
+    return doc
+
+
 def load_fit(doc, model_name: str | None = None, choose: str = "--model") -> tuple[str, FittedModel, dict]:
     """The FittedModel of one model from an analysis document (``/api/v1/analysis`` JSON).
 
@@ -160,9 +168,7 @@ def load_fit(doc, model_name: str | None = None, choose: str = "--model") -> tup
             with a ``models`` object), no model or several and no ``model_name``, a model that
             is not an object, no usable fit, a fit with a missing or non-numeric field.
     """
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("models"), dict):
-        raise ValueError("not a kvhit analysis document (a JSON object with schema_version 1 and a models object)")
-    models = doc["models"]
+    models = check_analysis_doc(doc)["models"]
     if model_name is None:
         if not models:
             raise ValueError("no model analysed yet (a model appears once two scrapes have shown it)")

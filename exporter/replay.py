@@ -84,6 +84,9 @@ def replay(trace: Trace, config: Config, target: str,
     Returns the runner (for the final analysis), every step observation and per-phase
     summaries per model. Unless ``config.gap_seconds`` is set, ``config.interval`` is raised to
     the trace's median step, so that the default scrape-gap threshold follows the recording.
+
+    Raises:
+        ValueError: no snapshot of the trace could be read (one line: how many, and why).
     """
     # the trace's own scrape interval (median step): a recorder that scraped every 2 min must not
     # have every step taken for a scrape gap
@@ -103,6 +106,10 @@ def replay(trace: Trace, config: Config, target: str,
         result.steps.extend(obs.items())
         if on_step is not None:
             on_step(i, t, obs)
+    health = runner.current()[1]
+    if health.last_success is None:  # nothing was analysed: not a result to print as one
+        reasons = ", ".join(f"{k} ×{n}" for k, n in sorted(health.errors.items()))
+        raise ValueError(f"{target}: none of the {len(trace.snapshots)} scrapes could be read ({reasons})")
     if trace.phases:
         for model in sorted({m for m, _ in result.steps}):
             steps = [o for m, o in result.steps if m == model]

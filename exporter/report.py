@@ -39,7 +39,7 @@ from pathlib import Path
 import requests
 
 from exporter.config import Config, ConfigError
-from exporter.jsonapi import analysis_to_dict
+from exporter.jsonapi import analysis_to_dict, check_analysis_doc
 from exporter.replay import replay
 from exporter.sources import load_trace
 from fitters.chiptime import design_row, predict_busy_time
@@ -82,8 +82,8 @@ def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportDat
         return ReportData(source, _check_doc(doc, source))
     try:
         trace = load_trace(path)
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"{source}: {exc}") from None
+    except (OSError, ValueError) as exc:  # the message names the trace
+        raise ReportError(str(exc)) from None
     result = replay(trace, config, source)
     analysis, health = result.runner.current()
     steps: dict[str, list[Observation]] = {}
@@ -113,9 +113,10 @@ def _fetch(url: str, timeout: float) -> dict:
 
 
 def _check_doc(doc, where: str) -> dict:
-    if not isinstance(doc, dict) or doc.get("schema_version") != 1 or not isinstance(doc.get("models"), dict):
-        raise ReportError(f"{where}: not a kvhit analysis document (schema_version 1 with models)")
-    return doc
+    try:
+        return check_analysis_doc(doc)
+    except ValueError as exc:
+        raise ReportError(f"{where}: {exc}") from None
 
 
 # --- plots ----------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def serve(runner: Runner, listen: str, web: WebConfig | None = None) -> tuple[WS
 
     Raises:
         ConfigError: ``listen`` is not ADDR:PORT (port 0: any free one).
-        OSError: the address cannot be bound.
+        OSError: the address cannot be bound (the message names ``listen``).
         ssl.SSLError: the certificate or key cannot be loaded (load_config checked them already).
     """
     web = web or WebConfig()
@@ -227,8 +227,11 @@ def serve(runner: Runner, listen: str, web: WebConfig | None = None) -> tuple[WS
     app = make_app(runner)
     if web.users:
         app = with_basic_auth(app, web.users)
-    server = make_server(host, port, app, server_class=_ThreadingServer6 if ":" in host else _ThreadingServer,
-                         handler_class=_QuietHandler)
+    try:
+        server = make_server(host, port, app, server_class=_ThreadingServer6 if ":" in host else _ThreadingServer,
+                             handler_class=_QuietHandler)
+    except OSError as exc:  # e.g. the port is in use: name the address, not only the errno
+        raise OSError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
     if web.tls:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2

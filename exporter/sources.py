@@ -482,13 +482,25 @@ def load_trace(path: str | os.PathLike) -> Trace:
         ValueError: not a readable directory or tar archive, no ``<unix_ms>.prom`` file in it, a
             stamp before 2001 (a name in seconds, not milliseconds), two files with the same
             stamp, or a ``phases.json`` that is not UTF-8 JSON of an object with a ``phases`` list
-            of objects with numeric ``start_ms`` < ``end_ms``; the message names the file.
+            of objects with numeric ``start_ms`` < ``end_ms``; every message starts with the trace's path
+            (and names the file inside it).
     """
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"trace not found: {p}")
+        raise FileNotFoundError(f"{p}: trace not found")
     files: dict[float, tuple[str, str]] = {}  # unix s → (file name, text)
     phases_doc: dict = {}
+    try:
+        _read_trace(p, files, phases_doc)
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None
+    if not files:
+        raise ValueError(f"{p}: no <unix_ms>.prom files in it")
+    snaps = sorted((t, text) for t, (_, text) in files.items())
+    return Trace(snaps, list(phases_doc.get("phases", [])), {k: v for k, v in phases_doc.items() if k != "phases"})
+
+
+def _read_trace(p: Path, files: dict, phases_doc: dict) -> None:
     if p.is_dir():
         for f in p.rglob("*"):
             _take(str(f.relative_to(p)), lambda f=f: f.read_bytes(), files, phases_doc)
@@ -499,11 +511,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
                     if member.isfile():
                         _take(member.name, lambda m=member: tar.extractfile(m).read(), files, phases_doc)
         except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:  # not an archive, or cut short
-            raise ValueError(f"{p}: not a readable trace directory or tar archive ({type(exc).__name__})") from None
-    if not files:
-        raise ValueError(f"no <unix_ms>.prom files in {p}")
-    snaps = sorted((t, text) for t, (_, text) in files.items())
-    return Trace(snaps, list(phases_doc.get("phases", [])), {k: v for k, v in phases_doc.items() if k != "phases"})
+            raise ValueError(f"not a readable trace directory or tar archive ({type(exc).__name__})") from None
 
 
 def _take(name: str, read, files: dict, phases_doc: dict) -> None:

@@ -215,6 +215,7 @@ def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
     (["--hit-ratios", "0.5"], "--hit-ratios"),
     (["--hit-ratios", "0,1.5"], "--hit-ratios"),
     (["--phase-seconds", "1", "--interval", "2"], "--phase-seconds"),
+    (["--phase-seconds", "inf"], "--phase-seconds inf: must be a finite number > 0"),
     (["--isl", "1"], "--isl"),
     (["--token-range", "9:3"], "--token-range"),
     (["--endpoint", "ftp://x"], "--endpoint"),

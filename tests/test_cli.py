@@ -505,9 +505,10 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "alpha": 5.0}}}}, "fit field alpha must be a number in [0, 1]"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "p_miss": -1.0}}}}, "fit field p_miss must be a finite number >= 0"),
 ])
-def test_predict_on_a_document_of_the_wrong_shape_exits_2_with_one_line_naming_it(tmp_path, capsys, doc, says):
+def test_predict_on_a_document_of_the_wrong_shape_exits_1_with_one_line_naming_it(tmp_path, capsys, doc, says):
+    # exit 1: what the file holds is wrong, not the command line (that is exit 2, below)
     code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
-    assert code == 2 and out == ""
+    assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("kvhit: --fit ") and says in err, err
     assert "Traceback" not in err and "__init__" not in err and "attribute" not in err
 
@@ -581,6 +582,30 @@ def test_replay_and_report_of_a_bad_archive_exit_1_with_one_line(tmp_path, capsy
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "not a readable trace directory or tar archive" in err, err
+
+
+def test_replay_and_report_of_a_trace_with_no_readable_scrape_exit_1_with_one_line(tmp_path, capsys):
+    # three HTML error pages recorded instead of /metrics: nothing was analysed, so no result is printed
+    from exporter.cli import main
+    for ms in (1700000001000, 1700000002000, 1700000003000):
+        (tmp_path / f"{ms}.prom").write_text("<html><body>502 Bad Gateway</body></html>\n")
+    for argv in (["replay", str(tmp_path), "--quiet"], ["report", str(tmp_path), "--out", str(tmp_path / "r")]):
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, (out, err)
+        assert err == f"kvhit: {tmp_path}: none of the 3 scrapes could be read (parse ×3)\n", err
+    assert not (tmp_path / "r").exists()
+
+
+def test_predict_and_report_refuse_a_json_that_is_not_an_analysis_alike(tmp_path, capsys):
+    from exporter.cli import main
+    bad = tmp_path / "other.json"
+    bad.write_text('{"data": []}')
+    assert main(["predict", "--fit", str(bad), "--hit-ratio", "0.5"]) == 1
+    assert main(["report", str(bad), "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.endswith("not a kvhit analysis document (a JSON object with schema_version 1 "
+                                               "and a models object)") for line in err), err
 
 
 def test_trace_files_named_in_seconds_are_refused(tmp_path, capsys):
