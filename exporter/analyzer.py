@@ -389,6 +389,11 @@ def _window_hits(w: Delta, ctx: Context, unknown: dict[str, str]) -> dict[str, f
     if problem:
         unknown.setdefault("hit_ratio", problem)
         return out
+    if w.foreign:
+        unknown.setdefault("hit_ratio", "scrapes from two processes inside the publish window (_created moved to before "
+                                        "the previous scrape: does the target URL reach several pods?): unknown until "
+                                        "that step leaves the window")
+        return out
     if "hit_ratio" not in unknown and not {"queries", "hits"} <= set(w.counters):
         unknown["hit_ratio"] = ("prefix_cache_queries/hits missing at a scrape inside the publish window (a cut or "
                                 "bad body): unknown until that scrape leaves the window")

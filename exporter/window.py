@@ -14,6 +14,9 @@ Bad days, each handled as a kind:
   engine's lifetime total as an increase, never a negative one.
 * A step across which the model's engine set changed (DP scale, a cut body) has no increases:
   unknown, not a partial or inflated sum.
+* A step whose ``_created`` stamps changed to a time before the previous scrape came from another
+  process (one target URL load-balancing several pods): no increases either, never a pod's
+  lifetime total taken for a restart's increase.
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
   go down are dropped, never clamped to 0; a Δsum outside what the bucket deltas allow
   (:attr:`HistogramDelta.problem`, e.g. all observations ≤ 1 ms but a mean of 0.5 s) makes the
@@ -36,6 +39,9 @@ from dataclasses import dataclass, field
 from typing import Collection, Mapping
 
 from exporter.parse import Buckets, Histogram, ModelSignals, Snapshot
+
+# Clock difference tolerated between kvhit's scrape time and the engine's ``_created`` stamps.
+CREATED_SKEW_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,8 @@ class Delta:
         histograms: canonical histogram → :class:`HistogramDelta`.
         start, end: gauges at the two ends (:attr:`ModelSignals.gauges`).
         resets: number of steps inside the interval in which the model's counters reset.
+        foreign: number of steps inside the interval whose two scrapes came from different
+            processes (no increases: :func:`step_delta`).
         steps: number of scrape-to-scrape steps summed.
     """
 
@@ -124,6 +132,7 @@ class Delta:
     start: Mapping[str, float]
     end: Mapping[str, float]
     resets: int = 0
+    foreign: int = 0
     steps: int = 1
 
     @property
@@ -131,12 +140,15 @@ class Delta:
         return self.t1 - self.t0
 
 
-def _restarted(prev: ModelSignals, cur: ModelSignals) -> bool:
-    """The engine restarted: a ``_created`` timestamp changed or any counter went down."""
+def _restarted(prev: ModelSignals, cur: ModelSignals, t0: float) -> bool | None:
+    """The engine restarted: a ``_created`` timestamp changed or any counter went down. None: a
+    ``_created`` changed to a time before the previous scrape (``t0``, less CREATED_SKEW_SECONDS):
+    a restarted engine creates its series after the old one was last scraped, so this is another
+    process's series (a target URL reaching several pods), not a restart."""
     for name, b in cur.created.items():
         a = prev.created.get(name)
         if a is not None and b != a:
-            return True
+            return True if b > t0 - CREATED_SKEW_SECONDS else None
     if any(v < prev.counters[n] for n, v in cur.counters.items() if n in prev.counters):
         return True
     return any(h.count < prev.histograms[n].count for n, h in cur.histograms.items() if n in prev.histograms)
@@ -149,6 +161,9 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
     A restart detected on any series of an engine (value down, or ``_created`` changed) is
     applied to all of that engine's signals, so that ratios of its counters stay consistent:
     every increase is then the current value, as Prometheus ``increase()`` counts a reset.
+    A ``_created`` that changed to before ``t0`` is another process, not a restart (a target URL
+    that reaches several pods): the step has no increases (``foreign``), never a pod's lifetime
+    total counted as one step's increase.
     With per-engine signals (parsed snapshots) increases are formed per engine and summed —
     only signals every engine has at both ends; when the engine set changed the step has no
     increases at all. Signals built by hand (no ``engines``) are one engine.
@@ -156,9 +171,11 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
     if prev.engines and cur.engines:
         if set(prev.engines) != set(cur.engines):
             return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0)
-        parts = [_engine_increase(prev.engines[e], cur.engines[e]) for e in sorted(cur.engines)]
+        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0) for e in sorted(cur.engines)]
     else:
-        parts = [_engine_increase(prev, cur)]
+        parts = [_engine_increase(prev, cur, t0)]
+    if any(r is None for _, _, r in parts):  # two processes' counters: no increase between them
+        return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=1)
     counters = {n: math.fsum(c[n] for c, _, _ in parts)
                 for n in set(parts[0][0]).intersection(*(c for c, _, _ in parts[1:]))}
     hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
@@ -167,9 +184,11 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
     return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int(restarted))
 
 
-def _engine_increase(prev: ModelSignals, cur: ModelSignals
-                     ) -> tuple[dict[str, float], dict[str, HistogramDelta], bool]:
-    restarted = _restarted(prev, cur)
+def _engine_increase(prev: ModelSignals, cur: ModelSignals, t0: float
+                     ) -> tuple[dict[str, float], dict[str, HistogramDelta], bool | None]:
+    restarted = _restarted(prev, cur, t0)
+    if restarted is None:
+        return {}, {}, None
     counters = {n: (v if restarted else v - prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters}
     hists = {n: _hist_increase(prev.histograms[n], h, restarted)
              for n, h in cur.histograms.items() if n in prev.histograms}
@@ -225,7 +244,7 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     hnames = set(first.histograms if histograms is None else histograms).intersection(*(d.histograms for d in deltas))
     hists = {n: _sum_hist_deltas([d.histograms[n] for d in deltas]) for n in hnames}
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
-                 resets=sum(d.resets for d in deltas), steps=len(deltas))
+                 resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas))
 
 
 @dataclass

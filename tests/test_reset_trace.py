@@ -167,3 +167,49 @@ def test_model_missing_from_one_cut_scrape_keeps_its_fit_history(original):
     # the missing scrape and the next one add no step; the four after it add busy steps
     assert seen[K] == seen[K - 1] > 0
     assert seen[K + 5] > seen[K - 1]
+
+
+def test_a_target_url_reaching_two_pods_adds_no_lifetime_total_to_the_24h_rollup(original):
+    # One Service URL as target, two pods behind it: some scrapes reach pod B, started an hour
+    # before pod A, with 3x A's counts. Each A→B and B→A step joins two processes' counters (a
+    # _created that moved to before the previous scrape): no increase, never a pod's lifetime
+    # total counted as a restart's. The 24-h rollup keeps exactly the A→A steps.
+    names = _cumulative_names(original.snapshots[0][1])
+
+    def pod_b(text: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            m = _SAMPLE.match(line)
+            if m and m.group(1) in names:
+                line = f"{m.group(1)}{m.group(2) or ''} {3 * float(m.group(3))!r}"
+            elif m and m.group(1).endswith("_created"):
+                line = f"{m.group(1)}{m.group(2) or ''} {float(m.group(3)) - 3600.0!r}"
+            lines.append(line)
+        return "\n".join(lines) + "\n"
+
+    flips = (40, 70, 100, 120)  # B answered between A's scrapes k and k+1
+    q = [counter(text, "prefix_cache_queries_total") for _, text in original.snapshots]
+    k = [counter(text, "prefix_cache_hits_total") for _, text in original.snapshots]
+    snaps = []
+    for i, (t, text) in enumerate(original.snapshots):
+        snaps.append((t, text))
+        if i in flips:
+            snaps.append((t + 1.0, pod_b(text)))
+    seen = {}
+
+    def on_step(i, t, obs):
+        if i == 45:  # the window holds the steps around the first flip (snapshot 41 is B)
+            seen["m"] = runner[0].current()[0].models["tiny"]
+
+    runner = []
+    result = replay(Trace(snaps, [], {}), Config(), "lb", on_step, runner.append)
+    assert "all" not in seen["m"].hit_ratio and "two processes" in seen["m"].unknown["hit_ratio"]
+    m = result.runner.current()[0].models["tiny"]
+    # the last flip has left the publish window: h is A's again, Δhits/Δqueries since the window base
+    times = [t for t, _ in original.snapshots]
+    j = max(i for i in range(N) if times[i] <= times[-1] - 60.0)
+    assert j > 121 and m.hit_ratio["all"] == pytest.approx((k[-1] - k[j]) / (q[-1] - q[j]), rel=1e-12)
+    kept_q = q[-1] - q[0] - sum(q[i + 1] - q[i] for i in flips)
+    kept_k = k[-1] - k[0] - sum(k[i + 1] - k[i] for i in flips)
+    assert m.caching.history_hit_ratio == pytest.approx(kept_k / kept_q, rel=1e-12)
+    assert sum(1 for _, o in result.steps if o.queried_tokens is None) == 2 * len(flips)
