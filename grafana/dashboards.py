@@ -3,14 +3,15 @@
     python grafana/dashboards.py            # (re)write grafana/dashboards/*.json
     python grafana/dashboards.py --check    # exit 1 when the committed JSON differs
 
-Two dashboards, both with the variables datasource, namespace, model_name (a single model on
-kvhit-model) and pod (the pods serving the selected models):
+Two dashboards, both with the variables datasource, namespace, model_name (a single namespace and
+model on kvhit-model) and pod (the pods serving the selected models):
 
 - ``kvhit-model`` (kvhit / model): one model on selected pods — the token hit ratio with the
   valley band (h*, h_even), the bathtub R(h) with the current operating point, R'(h) with its 95 %
   interval, predicted vs observed TTFT, Delivered vs Physical TPM, queue depth and KV usage, cost per
   1M SLO-passing output tokens, a and α with their error bands, fit status and quality, chip-time
   coefficients, sidecar health and the remaining model internals, and the firing kvhit alerts.
+  The panels with bands (fillBelowTo) repeat once per selected pod: see ``band``.
 - ``kvhit-fleet`` (kvhit / fleet): per model across pods, from the recording rules in
   ``rules/kvhit-recording.yml``.
 
@@ -113,8 +114,22 @@ def stat_panel(ids: Ids, title: str, unit: str, description: str, *, w: int = 12
             .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
 
 
+def per_pod(panel):
+    """One copy of the panel per selected pod (Grafana's panel repeat, stacked vertically), so that
+    its queries' ``pod=~"$pod"`` selects one pod; the title says which."""
+    return panel.repeat("pod").repeat_direction("v")
+
+
 def band(panel, upper: str, lower: str, color: str):
-    """Fill between two series (by display name): Grafana's fillBelowTo."""
+    """Fill between two series (by display name): Grafana's fillBelowTo.
+
+    fillBelowTo names one series by its display name, exactly (no pattern, no variables), so the
+    names of the pair must be fixed and the pair unique in the panel. Two pods in one panel would
+    give their series one name each and Grafana would join whichever it finds first; per-pod legends
+    (``{{pod}}``) could not be named by a fixed fillBelowTo. So band panels are ``per_pod`` and the
+    model dashboard shows one namespace (a pod name is unique only within its namespace); every other
+    label of a band series is fixed by its query (tests/test_dashboards.py checks).
+    """
     return (panel.override_by_name(upper, [prop("custom.fillBelowTo", lower), prop("custom.fillOpacity", 15),
                                            prop("color", {"mode": "fixed", "fixedColor": color}),
                                            prop("custom.lineStyle", {"fill": "dash", "dash": [4, 4]})])
@@ -126,8 +141,9 @@ def band(panel, upper: str, lower: str, color: str):
 
 
 def variables(one_model: bool = False) -> list:
-    """datasource, namespace, model_name (a single model when ``one_model``: the bathtub of two
-    models averaged is no model's), and the pods serving the selected models."""
+    """datasource, namespace, model_name (a single namespace and model when ``one_model``: the
+    bathtub of two models averaged is no model's, and a pod is named uniquely only in its namespace),
+    and the pods serving the selected models."""
     def label_var(name: str, label: str, query: str, multi: bool = True) -> QueryVariable:
         v = (QueryVariable(name).label(label).datasource(DS).query(query).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
              .sort(VariableSort.ALPHABETICAL_ASC))
@@ -138,7 +154,7 @@ def variables(one_model: bool = False) -> list:
 
     out = [
         DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        label_var("namespace", "Namespace", "label_values(kvhit_up, namespace)"),
+        label_var("namespace", "Namespace", "label_values(kvhit_up, namespace)", multi=not one_model),
         label_var("model_name", "Model", 'label_values(kvhit_window_seconds{namespace=~"$namespace"}, model_name)',
                   multi=not one_model),
         label_var("pod", "Pod",
@@ -178,10 +194,11 @@ def model_dashboard() -> Dashboard:
 
     # --- economics -------------------------------------------------------------------------------
     d = d.with_row(Row("Economics: hit ratio and the bathtub (MODEL.md §4)").id(ids()))
-    hit = (ts(ids, "Token hit ratio and the valley band", "percentunit",
-              "Token-level prefix-cache hit ratio h over kvhit's publish window (per pod) and over 5 min from "
-              "vLLM's counters (per model). The band is the valley of the form the valley alert follows, from "
-              "its bottom h* to h_even where R(h) climbs back to R(0); 1 when the valley has no exit.")
+    hit = (ts(ids, "Token hit ratio and the valley band ($pod)", "percentunit",
+              "Token-level prefix-cache hit ratio h over kvhit's publish window (this pod) and over 5 min from "
+              "vLLM's counters (the model, all pods). The band is the pod's valley in the form the valley alert "
+              "follows, from its bottom h* to h_even where R(h) climbs back to R(0); 1 when the valley has no "
+              "exit. One panel per selected pod.")
            .min(0).max(1)
            .with_target(q("A", f'kvhit_hit_ratio{{source="all", {SEL}}}', "h {{pod}}"))
            .with_target(q("B", f"kvhit_valley_bottom_hit_ratio{{{SEL}}} and kvhit_valley_active{{{SEL}}}",
@@ -190,7 +207,7 @@ def model_dashboard() -> Dashboard:
                                f" and kvhit_valley_active{{{SEL}}}", "break-even h_even"))
            .with_target(q("D", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}",
                           "h of {{model_name}}, vLLM counters (5m)")))
-    d = d.with_panel(band(hit, "break-even h_even", "valley bottom h*", "red"))
+    d = d.with_panel(per_pod(band(hit, "break-even h_even", "valley bottom h*", "red")))
 
     d = d.with_panel(
         barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point")
@@ -210,9 +227,9 @@ def model_dashboard() -> Dashboard:
         .override_by_name("R(h)", [prop("color", {"mode": "fixed", "fixedColor": "blue"})])
         .override_by_name("current h", [prop("color", {"mode": "fixed", "fixedColor": "orange"})]))
 
-    slope = (ts(ids, "Revenue slope R'(h) with its 95 % interval", SLOPE,
+    slope = (ts(ids, "Revenue slope R'(h) with its 95 % interval ($pod)", SLOPE,
                 "dR/dh at the current hit ratio per form; below 0 more hits earn less. The valley alert needs "
-                "the whole 95 % interval below 0.")
+                "the whole 95 % interval below 0. One panel per selected pod.")
              .thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.LINE))
              .thresholds(thresholds((None, "red"), (0, "green")))
              .with_target(q("A", f"kvhit_revenue_slope{{{SEL}}}", "R'(h) {{form}} {{pod}}"))
@@ -220,7 +237,8 @@ def model_dashboard() -> Dashboard:
              .with_target(q("C", f'kvhit_revenue_slope_bound{{bound="upper", form="chip_time", {SEL}}}', "chip_time upper"))
              .with_target(q("D", f'kvhit_revenue_slope_bound{{bound="lower", form="linear", {SEL}}}', "linear lower"))
              .with_target(q("E", f'kvhit_revenue_slope_bound{{bound="upper", form="linear", {SEL}}}', "linear upper")))
-    slope = band(band(slope, "chip_time upper", "chip_time lower", "purple"), "linear upper", "linear lower", "blue")
+    slope = per_pod(band(band(slope, "chip_time upper", "chip_time lower", "purple"), "linear upper", "linear lower",
+                         "blue"))
     d = d.with_panel(slope)
 
     d = d.with_panel(
@@ -337,9 +355,10 @@ def model_dashboard() -> Dashboard:
 
     # --- fits ---------------------------------------------------------------------------------------
     d = d.with_row(Row("Fits (MODEL.md §4, §6, §7)").id(ids()))
-    ab = (ts(ids, "Miss slope a and overlap α with 95 % bands", "none",
+    ab = (ts(ids, "Miss slope a and overlap α with 95 % bands ($pod)", "none",
              "a of TPS_miss(h) = TPS0(1 - a h), direct and derived (never averaged), and the overlap α, each with "
-             "±1.96 standard errors. α is absent (not identifiable) without hits loaded from host memory.")
+             "±1.96 standard errors. α is absent (not identifiable) without hits loaded from host memory. One "
+             "panel per selected pod.")
           .with_target(q("A", f"kvhit_miss_slope{{{SEL}}}", "a {{method}}"))
           .with_target(q("B", f'kvhit_miss_slope{{method="direct", {SEL}}} - {Z95} * kvhit_miss_slope_stderr{{method="direct", {SEL}}}', "a direct -1.96σ"))
           .with_target(q("C", f'kvhit_miss_slope{{method="direct", {SEL}}} + {Z95} * kvhit_miss_slope_stderr{{method="direct", {SEL}}}', "a direct +1.96σ"))
@@ -348,8 +367,8 @@ def model_dashboard() -> Dashboard:
           .with_target(q("F", f"kvhit_overlap_ratio{{{SEL}}}", "α"))
           .with_target(q("G", f"kvhit_overlap_ratio{{{SEL}}} - {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}", "α -1.96σ"))
           .with_target(q("H", f"kvhit_overlap_ratio{{{SEL}}} + {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}", "α +1.96σ")))
-    ab = band(band(band(ab, "a direct +1.96σ", "a direct -1.96σ", "blue"), "a derived +1.96σ", "a derived -1.96σ",
-                   "purple"), "α +1.96σ", "α -1.96σ", "orange")
+    ab = per_pod(band(band(band(ab, "a direct +1.96σ", "a direct -1.96σ", "blue"), "a derived +1.96σ",
+                           "a derived -1.96σ", "purple"), "α +1.96σ", "α -1.96σ", "orange"))
     d = d.with_panel(ab)
     d = d.with_panel(
         table_panel(ids, "Fit status", "none",

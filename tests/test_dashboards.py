@@ -15,11 +15,11 @@ from observability import (COUNTER_SUFFIXES, DASHBOARDS, ROOT, dashboard_targets
 from promql_selectors import selectors
 
 REQUIRED_PANELS = {  # the issue's list → the panel titles that implement it
-    "token hit ratio with the valley band": "Token hit ratio and the valley band",
+    "token hit ratio with the valley band": "Token hit ratio and the valley band ($pod)",
     "the bathtub curve R(h) with the current operating point": "Bathtub R(h) and the current operating point",
     "predicted vs observed TTFT": "TTFT: predicted vs observed",
     "Delivered vs Physical TPM": "Delivered vs physical TPM",
-    "a and α with their error bands": "Miss slope a and overlap α with 95 % bands",
+    "a and α with their error bands": "Miss slope a and overlap α with 95 % bands ($pod)",
     "fit status": "Fit status",
     "queue depth": "Queue depth",
     "KV usage": "KV cache usage",
@@ -61,7 +61,9 @@ def test_variables_and_data_source():
         assert v["datasource"]["type"] == "datasource" and v["datasource"]["query"] == "prometheus"
         for name in ("namespace", "model_name", "pod"):
             assert v[name]["type"] == "query" and v[name]["datasource"]["uid"] == "${datasource}"
-            if uid == "kvhit-model" and name == "model_name":  # one model: its bathtub, not an average of several
+            # one model: its bathtub, not an average of several; one namespace: a pod name is unique only
+            # there, and the per-pod band panels repeat by pod name
+            if uid == "kvhit-model" and name in ("namespace", "model_name"):
                 assert not v[name].get("includeAll") and not v[name].get("multi")
             else:
                 assert v[name]["includeAll"] and v[name]["multi"] and v[name]["allValue"] == ".*"
@@ -141,3 +143,73 @@ def test_grafana_provisioning_points_at_the_dashboards():
     assert doc["apiVersion"] == 1 and provider["type"] == "file" and provider["options"]["path"]
     ds = yaml.safe_load((ROOT / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
     assert ds["datasources"][0]["type"] == "prometheus"
+
+
+# A kvhit sidecar is one (namespace, pod); its `target` (the vLLM URL it scrapes) is one per pod.
+POD_IDENTITY = {"namespace", "pod"}
+ONE_PER_POD = {"target"}
+
+
+def _series_labels(expr: str) -> set[str]:
+    """Labels that can tell apart the series of ``expr``'s result: the (namespace, pod) of the scrape
+    and the own labels (exporter/names.py) of its first selector — a binary operation keeps the left
+    side's labels — less those an ``=`` matcher fixes. ``X and kvhit_valley_active`` keeps one form
+    per pod and model (kvhit_valley_active follows one form), so form tells nothing apart there."""
+    first = selectors(expr)[0]
+    assert first.name in names.BY_NAME, f"band series from {first.name}: teach this test its labels"
+    labels = (POD_IDENTITY | set(names.BY_NAME[first.name].labels)) - ONE_PER_POD
+    labels -= {k for k, op, v in first.matchers if op == "=" and not v.startswith("$")}
+    if re.search(r"\band\s+kvhit_valley_active\{", expr):
+        labels.discard("form")
+    return labels
+
+
+def _pinned(panel: dict, target: dict, variables: dict[str, dict]) -> set[str]:
+    """Labels with one value in a panel: matched to a single-valued variable, or to the variable the
+    panel repeats for (each copy of a repeated panel gets one value of it)."""
+    out = set()
+    for s in selectors(target["expr"]):
+        for k, op, v in s.matchers:
+            name = v[1:] if v.startswith("$") else None
+            if name in variables and (panel.get("repeat") == name or not variables[name].get("multi")):
+                out.add(k)
+    return out
+
+
+def _legend_series(panel: dict, name: str) -> list[dict]:
+    """The panel's targets whose legend format can render as ``name`` ({{label}} = any value without
+    white space, as pod, form, method, ... values are)."""
+    out = []
+    for t in panel["targets"]:
+        parts = re.split(r"\{\{\s*[A-Za-z_][A-Za-z0-9_]*\s*\}\}", t.get("legendFormat", ""))
+        if re.fullmatch(r"\S+".join(map(re.escape, parts)), name):
+            out.append(t)
+    return out
+
+
+def test_band_series_cannot_collide_across_pods():
+    """fillBelowTo pairs the series named by an override (byName) with the series named by its value
+    (Grafana matches display names, ie rendered legend formats). With several pods shown, a legend
+    that omits a label telling series apart (pod at least) gives two pods' series one name, and the
+    band joins whichever series Grafana finds first. So each paired name must be one target's legend,
+    and every label that tells that target's series apart is in the legend or has one value in the
+    panel (a single-valued variable, or the variable the panel repeats for)."""
+    bands = 0
+    for uid, d in dashboards().items():
+        variables = dashboard_variables(d)
+        for p in panels(d):
+            for o in p.get("fieldConfig", {}).get("overrides", []):
+                fill = [prop["value"] for prop in o["properties"] if prop["id"] == "custom.fillBelowTo"]
+                if not fill:
+                    continue
+                bands += 1
+                assert o["matcher"]["id"] == "byName", f"{uid} / {p['title']}: fillBelowTo on {o['matcher']}"
+                for name in (o["matcher"]["options"], fill[0]):
+                    found = _legend_series(p, name)
+                    assert len(found) == 1, f"{uid} / {p['title']}: {name!r} is the legend of {len(found)} targets"
+                    t = found[0]
+                    legend = set(re.findall(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}", t["legendFormat"]))
+                    loose = _series_labels(t["expr"]) - legend - _pinned(p, t, variables)
+                    assert not loose, (f"{uid} / {p['title']} / {t['refId']}: series differing in {sorted(loose)} "
+                                       f"all show as {name!r}: fillBelowTo may pair another pod's series")
+    assert bands, "no fillBelowTo band on any dashboard"

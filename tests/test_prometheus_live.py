@@ -12,7 +12,8 @@ The stack, all on 127.0.0.1 with free ports, stopped by PID at the end:
 - a fake vLLM: the trace's own /metrics snapshots of phases A0–A1 (h 0 → 0.3), one per second, looped
   with every counter carried on across loops so that rates stay real;
 - Prometheus (1-s scrapes and rule evaluations) loading a copy of rules/ whose `for:` durations are
-  shortened to 3 s (expressions, labels and annotations unchanged: the shipped `for:` values are
+  shortened to 3 s and whose history requirements (`offset 23h`: KvhitPrefixCachingNotPaying waits
+  for a day of counters) to 1 s (labels and annotations unchanged: the shipped `for:` and offsets are
   tested at their boundary by promtool in tests/test_rules.py);
 - Alertmanager with deploy/alertmanager.yml's route tree (receiver URLs pointed at a local webhook,
   group waits shortened) and that webhook, which records what it receives.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import threading
 import time
@@ -41,6 +43,7 @@ from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, RULES, TRACE, alert_ru
 from promql_selectors import selectors
 
 SHORT_FOR = "3s"
+SHORT_OFFSET = "1s"
 MODEL = "tiny"  # model_name of the bundled trace
 DEADLINE = 120.0  # seconds for everything expected to fire
 # What each scenario must show (independently of kvhit's output: from the configs below and the
@@ -79,6 +82,12 @@ ABSENT_BY_DESIGN = {
     "kvhit_overlap_ratio_stderr": 'kvhit_fit_status{fit="overlap", status="not_identifiable"} == 1',
     "kvhit_recommended_max_num_seqs": 'kvhit_fit_status{fit="max_num_seqs", status="not_identifiable"} == 1',
 }
+
+
+def short_history(expr: str) -> str:
+    """An alert expression with the history it requires (``offset d``) cut to SHORT_OFFSET: this
+    stack lives for seconds, not for the day KvhitPrefixCachingNotPaying waits for."""
+    return re.sub(r"\boffset\s+\w+", f"offset {SHORT_OFFSET}", expr)
 
 
 # --- small servers in the test process -------------------------------------------------------------
@@ -212,7 +221,7 @@ class Stack:
         wait_for(lambda: http_ok(f"{self.url('alertmanager')}/-/ready"), 60, "alertmanager ready", am)
 
     def write_rules(self) -> None:
-        """rules/ with every alert's `for:` shortened to SHORT_FOR; nothing else changed."""
+        """rules/ with every alert's `for:` shortened to SHORT_FOR and its offsets to SHORT_OFFSET."""
         (self.tmp / "rules").mkdir()
         for path in RULES:
             doc = yaml.safe_load(path.read_text())
@@ -220,6 +229,7 @@ class Stack:
                 for r in g["rules"]:
                     if "alert" in r:
                         r["for"] = SHORT_FOR
+                        r["expr"] = short_history(r["expr"])
             (self.tmp / "rules" / path.name).write_text(yaml.safe_dump(doc, sort_keys=False))
 
     def write_alertmanager_config(self) -> None:
@@ -367,7 +377,7 @@ def test_every_rule_expression_returns_data(stack):
     for r in alert_rules():
         for s in selectors(r["expr"]):
             assert stack.query(s.promql()), f"{r['alert']}: selector {s.promql()} is empty"
-        result = stack.query(r["expr"])
+        result = stack.query(short_history(r["expr"]))
         if r["alert"] in firing:
             assert result, f"{r['alert']}: expected to hold in this stack, empty"
         else:  # thrash, fit not ok: the data is there, the condition does not hold

@@ -74,10 +74,13 @@ def test_each_alert_has_a_for_boundary_unit_test():
     and the alert firing at it. The boundary is `for:`, or `for:` + one evaluation when the expression
     needs two samples (a rate, a standard deviation) before it can be true at all; an alert that reads
     a recording rule (level:metric:operations) of another group sees it one evaluation later or not,
-    as promtool evaluates groups in no fixed order, so its firing check may sit one evaluation later."""
+    as promtool evaluates groups in no fixed order, so its firing check may sit one evaluation later.
+    An expression that requires history (a selector read at `offset d`: promtool's series start at 0)
+    can first be true at d, so its boundary is d + `for:`."""
     for rule in alert_rules():
         a, need = rule["alert"], _duration(rule["for"])
         late = 1 if re.search(r"\b[a-z_]+:[a-z_]+:[a-z0-9_]+\b", rule["expr"]) else 0
+        need += max((_duration(d) for d in re.findall(r"\boffset\s+(\w+)", rule["expr"])), default=0)
         boundary = False
         for path in RULE_TESTS:
             doc = yaml.safe_load(path.read_text())
