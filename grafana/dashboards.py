@@ -503,11 +503,19 @@ def fleet_dashboard() -> Dashboard:
         .with_target(q("C", f'namespace_model_name:kvhit_tpm_tokens_per_minute:sum{{basis="predicted", {MODEL}}}',
                        "{{model_name}} {{kind}} capacity (kvhit)")))
     d = d.with_panel(
-        ts(ids, "Pods in the valley", PODS, "Pods whose kvhit reports the valley, of the pods with a live kvhit analysis.")
+        ts(ids, "Pods analysed, in the valley, in the sums", PODS,
+           "Pods whose kvhit reports the valley, of the pods with a live kvhit analysis; and how many pods the "
+           "revenue and predicted-capacity sums hold (only pods whose fit is ok publish them).")
         .with_target(q("A", f"namespace_model_name:kvhit_valley_active:sum{{{MODEL}}}", "{{model_name}} in the valley"))
-        .with_target(q("B", f"namespace_model_name:kvhit_window_seconds:count{{{MODEL}}}", "{{model_name}} analysed")))
+        .with_target(q("B", f"namespace_model_name:kvhit_window_seconds:count{{{MODEL}}}", "{{model_name}} analysed"))
+        .with_target(q("C", f"namespace_model_name:kvhit_revenue_per_second:count{{{MODEL}}}",
+                       "{{model_name}} in the {{form}} revenue sum"))
+        .with_target(q("D", f'namespace_model_name:kvhit_tpm_tokens_per_minute:count{{basis="predicted", {MODEL}}}',
+                       "{{model_name}} in the {{kind}} capacity sum")))
     d = d.with_panel(
-        ts(ids, "Revenue per second per model", PRICE_S, "R(h) at each pod's current hit ratio, summed over pods.")
+        ts(ids, "Revenue per second per model", PRICE_S,
+           "R(h) at each pod's current hit ratio, summed over the pods whose fit is ok (how many: 'Pods analysed, "
+           "in the valley, in the sums').")
         .with_target(q("A", f"namespace_model_name:kvhit_revenue_per_second:sum{{{MODEL}}}", "{{model_name}} {{form}}")))
     d = d.with_panel(
         ts(ids, "TTFT per model", "s", "Observed mean TTFT from vLLM's histogram (5 min) and the worst pod's prediction.")
