@@ -5,7 +5,7 @@
 
 What it writes (never edit these by hand):
 
-1. ``deploy/kustomize/monitoring/generated/``: one PrometheusRule per Prometheus rule file under
+1. ``deploy/kustomize/rules-and-dashboards/generated/``: one PrometheusRule per Prometheus rule file under
    ``rules/`` (a YAML mapping with ``groups:``; promtool unit-test files — ``rule_files:`` /
    ``tests:``, e.g. ``rules/tests/*.test.yml`` — are skipped), one ConfigMap labelled
    ``grafana_dashboard: "1"`` per Grafana dashboard JSON under ``grafana/``, and the
@@ -30,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
-GENERATED = KUSTOMIZE / "monitoring" / "generated"
+GENERATED = KUSTOMIZE / "rules-and-dashboards" / "generated"
 EXAMPLE = KUSTOMIZE / "examples" / "vllm-with-kvhit"
 PLAIN = ROOT / "deploy" / "kvhit-sidecar.yaml"
 COMMON_LABELS = {"app.kubernetes.io/name": "kvhit", "app.kubernetes.io/part-of": "kvhit"}
@@ -46,8 +46,9 @@ PLAIN_HEADER = """\
 # and its Grafana dashboard ConfigMaps. To add kvhit to
 # your own vLLM Deployment instead, copy from the Deployment below the container named kvhit, the
 # volume kvhit-config and the pod label kvhit/sidecar: enabled, and apply the other objects.
-# Set the label release: on the PodMonitor and PrometheusRules to your kube-prometheus-stack
-# release name, and the kvhit image to the one you pushed.
+# Set the label release: on the PodMonitors and PrometheusRules to your kube-prometheus-stack
+# release name, and the kvhit image to the one you pushed. In a second namespace, apply only the
+# Deployment, ConfigMap and PodMonitors: the PrometheusRules and dashboards are once per cluster.
 """
 
 
@@ -133,7 +134,7 @@ def dashboard_configmap(path: Path, root: Path = ROOT) -> dict:
 
 
 def generated_files(root: Path = ROOT) -> dict[str, str]:
-    """Relative path under monitoring/generated/ → file text."""
+    """Relative path under rules-and-dashboards/generated/ → file text."""
     files: dict[str, str] = {}
     for path in rule_files(root):
         obj = prometheus_rule(path, root)

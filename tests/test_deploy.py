@@ -114,15 +114,21 @@ def kvhit_container(deployment: dict) -> dict:
 
 
 def test_kubectl_kustomize_renders_every_kustomization(rendered):
-    assert set(rendered) == {"base", "monitoring", "monitoring/generated", "examples/vllm-with-kvhit", FLEET}
+    assert set(rendered) == {"base", "monitoring", "rules-and-dashboards", "rules-and-dashboards/generated",
+                             "examples/vllm-with-kvhit", FLEET}
     for name, docs in rendered.items():
         assert docs, f"{name} rendered nothing"
-    for example, services in (("examples/vllm-with-kvhit", 1), (FLEET, 0)):
+    # the sidecar example is the single-namespace quick start (rules and dashboards included); the
+    # fleet example goes into a namespace of its own next to it: PodMonitors only, or every rule
+    # would be evaluated twice and every dashboard provisioned twice
+    for example, services, cluster_wide in (("examples/vllm-with-kvhit", 1, True), (FLEET, 0, False)):
         kinds = sorted(d["kind"] for d in rendered[example])
         assert kinds.count("Deployment") == 1 and kinds.count("Service") == services, example
         assert kinds.count("PodMonitor") == 2  # kvhit (sidecars), kvhit-fleet
-        assert kinds.count("PrometheusRule") == len(render.rule_files()) >= 1
-        assert kinds.count("ConfigMap") == len(render.dashboard_files()) + 1 >= 2  # dashboards + kvhit's config
+        assert kinds.count("PrometheusRule") == (len(render.rule_files()) if cluster_wide else 0)
+        assert kinds.count("ConfigMap") == (len(render.dashboard_files()) if cluster_wide else 0) + 1  # + kvhit's config
+    assert sorted(d["kind"] for d in rendered["monitoring"]) == ["PodMonitor", "PodMonitor"]
+    assert {d["kind"] for d in rendered["rules-and-dashboards"]} == {"PrometheusRule", "ConfigMap"}
 
 
 def _with_component(tmp_path: Path, deployments: list[dict]) -> list[dict]:
@@ -230,10 +236,11 @@ def test_dashboard_configmaps_equal_grafana_dir(plain):
         assert len(json.dumps(d)) < 256 * 1024, d["metadata"]["name"]
 
 
-def test_release_label_is_set_in_one_place(plain):
+def test_release_label_is_set_in_one_place(plain, rendered):
     files = [p for p in KUSTOMIZE.rglob("*.yaml") if re.search(r"^\s*release:", p.read_text(), re.M)]
-    assert [p.relative_to(KUSTOMIZE) for p in files] == [Path("monitoring/kustomization.yaml")]
-    for d in plain:
+    assert [p.relative_to(KUSTOMIZE) for p in files] == [Path("components/release/kustomization.yaml")]
+    # every kustomization meant to be applied (generated/ is a part of rules-and-dashboards)
+    for d in plain + [d for name, docs in rendered.items() if not name.endswith("generated") for d in docs]:
         if d["apiVersion"] == "monitoring.coreos.com/v1":
             assert d["metadata"]["labels"]["release"] == "kube-prometheus-stack", d["metadata"]["name"]
 
