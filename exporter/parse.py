@@ -537,6 +537,9 @@ def _body_lines(text: str) -> tuple[list[str], bool]:
 
 def _parse(lines: list[str], truncated: bool, timestamp: float, read, b: _Builder | None = None) -> Snapshot:
     if not lines:  # a target answering 200 with nothing (a recorder killed mid-write) is not a scrape
+        if truncated:  # one line and no newline: a JSON error, "Unauthorized", minified HTML, or cut
+            raise ParseError("not Prometheus text exposition: one line without a final newline (an error "
+                             "message or a page, not /metrics?)")
         raise ParseError("empty body: nothing to read (not even a comment line)")
     b = _Builder() if b is None else b
     if truncated:

@@ -480,6 +480,14 @@ def test_an_empty_body_is_a_parse_error_not_a_scrape_without_models(body):
         parse_exposition(body, T)
 
 
+@pytest.mark.parametrize("body", ['{"error":"unauthorized"}', "Unauthorized", "<html><body>login</body></html>"])
+def test_one_line_without_newline_is_not_called_an_empty_body(body):
+    # the body is never logged, so the message is the operator's only clue: not "empty"
+    with pytest.raises(ParseError, match="one line without a final newline") as info:
+        parse_exposition(body, T)
+    assert "empty" not in str(info.value) and body not in str(info.value)
+
+
 def test_an_empty_body_keeps_the_runner_state():
     from exporter.config import Config
     from exporter.replay import TraceClock

@@ -57,6 +57,7 @@ EXPECT_FIRING = {
     ("KvhitPrefixCachingNotPaying", "ns-flat"),
     ("KvhitPrefixCachingNotPaying", "ns-live"),
     ("KvhitTargetNeverUp", "ns-down"),  # its target never answered (KvhitTargetDown needs an earlier success)
+    ("KvhitTargetNotAnalysable", "ns-notvllm"),  # its target answers with another kvhit's metrics, no vLLM
     ("KvhitAbsent", "ns-gone"),
 }
 NEVER = {  # (alert, namespace or None for any): must stay inactive (neither pending nor firing)
@@ -166,7 +167,7 @@ class Stack:
         self.servers: list[ThreadingHTTPServer] = []
         self.received: list[tuple[str, dict]] = []
         self.lock = threading.Lock()
-        self.ports = {k: free_port() for k in ("valley", "flat", "down", "live", "gone", "dead_vllm", "vllm",
+        self.ports = {k: free_port() for k in ("valley", "flat", "down", "live", "gone", "notvllm", "dead_vllm", "vllm",
                                                "webhook", "prometheus", "alertmanager")}
         self.alerts_seen: list[dict] = []  # every /api/v1/alerts entry observed while polling
 
@@ -201,6 +202,9 @@ class Stack:
         self.spawn("kvhit-down", [sys.executable, "-m", "exporter.cli", "run", "--interval", "1",
                                   "--target", f"{self.url('dead_vllm')}/metrics",
                                   "--listen", f"127.0.0.1:{self.ports['down']}"])
+        self.spawn("kvhit-notvllm", [sys.executable, "-m", "exporter.cli", "run", "--interval", "1",
+                                     "--target", f"{self.url('flat')}/metrics",  # an exporter, not vLLM
+                                     "--listen", f"127.0.0.1:{self.ports['notvllm']}"])
         self.spawn("kvhit-live", [sys.executable, "-m", "exporter.cli", "run", "--interval", "1",
                                   "--target", f"{self.url('vllm')}/quirky/metrics",
                                   "--listen", f"127.0.0.1:{self.ports['live']}"])
@@ -260,7 +264,7 @@ class Stack:
                 {"job_name": "kvhit", "static_configs": [
                     target("valley", "ns-valley", "vllm-valley-0"), target("flat", "ns-flat", "vllm-flat-0"),
                     target("down", "ns-down", "vllm-down-0"), target("live", "ns-live", "vllm-live-0"),
-                    target("gone", "ns-gone", "vllm-gone-0")]},
+                    target("gone", "ns-gone", "vllm-gone-0"), target("notvllm", "ns-notvllm", "vllm-notvllm-0")]},
                 {"job_name": "vllm", "static_configs": [
                     target("vllm", "ns-valley", "vllm-valley-0"), target("vllm", "ns-flat", "vllm-flat-0"),
                     target("vllm", "ns-live", "vllm-live-0")]},
