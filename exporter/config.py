@@ -433,13 +433,19 @@ MAX_TOKEN_BYTES = 64 * 1024  # a Kubernetes service-account token is ~1 KB
 
 
 def redact_url(url: str) -> str:
-    """The URL without ``user:password@`` (for logs, messages and the ``target`` label). Up to the
+    """The URL without ``user:password@`` and without query values (``?token=…`` → ``?token=<redacted>``:
+    a credential there is as secret) — for logs, messages and the ``target`` label. Userinfo up to the
     last ``@``, so a password with an unencoded ``/``, ``?`` or ``#`` (which ends the URL's
     authority early) is hidden too; an ``@`` in a path or query hides more than needed."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    return f"{scheme}://<redacted>@{rest.rpartition('@')[2]}"
+    if sep and "@" in rest:
+        rest = "<redacted>@" + rest.rpartition("@")[2]
+    head, qmark, query = rest.partition("?")
+    if qmark:
+        query, hash_, fragment = query.partition("#")
+        query = "&".join(k + ("=<redacted>" if eq else "") for k, eq, _ in (kv.partition("=") for kv in query.split("&")))
+        rest = head + qmark + query + hash_ + fragment
+    return f"{scheme}{sep}{rest}"
 
 
 def read_bearer_token(path: str) -> str:

@@ -531,6 +531,12 @@ def test_redact_url_hides_a_password_with_unencoded_characters():
                 "http://alice:p%40ss@prom:9090"):
         assert redact_url(url) == "http://<redacted>@" + url.rpartition("@")[2]
     assert redact_url("http://prom:9090/api") == "http://prom:9090/api"
+    # a token in the query string is as secret as a password; keys stay (they tell URLs apart)
+    assert redact_url("http://vllm:8000/metrics?token=abc123&format=text") == \
+        "http://vllm:8000/metrics?token=<redacted>&format=<redacted>"
+    assert redact_url("http://admin:s3cr3t@vllm:8000/metrics?token=abc123#top") == \
+        "http://<redacted>@vllm:8000/metrics?token=<redacted>#top"
+    assert redact_url("http://vllm:8000/metrics?flag") == "http://vllm:8000/metrics?flag"
 
 
 def test_bad_selector_on_the_command_line_exits_2_with_one_line(capsys):
