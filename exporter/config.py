@@ -284,17 +284,19 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
 
 
 def load_config(path: str | None = None, environ: Mapping[str, str] | None = None,
-                flags: Mapping[str, Any] | None = None) -> Config:
-    """Build and validate the configuration (YAML < env < flags).
+                flags: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None) -> Config:
+    """Build and validate the configuration (defaults < YAML < env < flags).
 
     Args:
         path: YAML file or None.
         environ: environment (default ``os.environ``).
         flags: command-line values already named by key (None values are ignored).
+        defaults: a command's own defaults, by key, in place of :class:`Config`'s (e.g. ``kvhit
+            demo`` serves on 127.0.0.1 unless told otherwise).
     Raises:
         ConfigError: unknown key, wrong type, out-of-range value, unreadable file.
     """
-    data: dict = {}
+    data: dict = dict(defaults or {})
     if path:
         try:
             loaded = yaml.safe_load(Path(path).read_text())
@@ -304,7 +306,7 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
             raise ConfigError(f"config file {path}: not valid YAML ({type(exc).__name__})") from None
         if loaded is not None and not isinstance(loaded, Mapping):
             raise ConfigError(f"config file {path}: top level must be a mapping")
-        data = dict(loaded or {})
+        data = _merge(data, dict(loaded or {}))
     data = _merge(data, env_overrides(os.environ if environ is None else environ))
     data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
     cfg = _build(Config, data)

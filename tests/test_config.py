@@ -37,6 +37,15 @@ def test_precedence_yaml_env_flags_top_level_key(tmp_path):
     assert load_config(None, environ={}, flags={"interval": 9.0}).interval == 9.0
 
 
+def test_a_command_s_defaults_are_the_lowest_layer(tmp_path):
+    # kvhit demo serves on 127.0.0.1 by default, yet --config and KVHIT_LISTEN still win over that
+    local = {"listen": "127.0.0.1:9471"}
+    assert load_config(None, environ={}, defaults=local).listen == "127.0.0.1:9471"
+    assert load_config(_yaml(tmp_path, "listen: 127.0.0.1:1111\n"), environ={}, defaults=local).listen == "127.0.0.1:1111"
+    assert load_config(None, environ={"KVHIT_LISTEN": "127.0.0.1:2222"}, defaults=local).listen == "127.0.0.1:2222"
+    assert load_config(None, environ={}).listen == "0.0.0.0:9471"  # the sidecar's own default
+
+
 def test_precedence_nested_key(tmp_path):
     path = _yaml(tmp_path, "prices:\n  hit_price_ratio: 0.2\n  miss_per_million: 3\n")
     env = {"KVHIT_PRICES_HIT_PRICE_RATIO": "0.25"}
