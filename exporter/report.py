@@ -393,9 +393,15 @@ def _slug(name: str) -> str:
 
 
 def render(data: ReportData, out_dir: Path) -> Path:
-    """Write ``report.html`` and the PNGs into ``out_dir``; returns the HTML path."""
+    """Write ``report.html`` and the PNGs into ``out_dir``; returns the HTML path. The PNGs of a
+    report written there before (named in its ``report.html``) are removed first: a plot of
+    another source must not lie beside this report."""
     plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
+    previous = out_dir / "report.html"
+    if previous.is_file():
+        for fname in re.findall(r"data-file='([\w.-]+\.png)'", previous.read_text(encoding="utf-8", errors="replace")):
+            (out_dir / fname).unlink(missing_ok=True)
     doc = data.doc
     parts = [f"<h1>kvhit capacity report</h1><p>source <code>{html.escape(data.source)}</code> · engine "
              f"<code>{html.escape(str(doc.get('engine')))}</code>"

@@ -111,6 +111,15 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path):
     saved.write_text(json.dumps(doc))
     assert main(["report", str(saved), "--out", str(tmp_path / "json")]) == 0
     assert (tmp_path / "json" / "report.html").read_text().count("<img ") == 3
+    # written over a trace report: its per-step plot (not in this report) does not stay behind
+    trace_dir = tmp_path / "json-over-trace"
+    trace_dir.mkdir()
+    (trace_dir / "report.html").write_text("<img data-file='tiny-diagnostics.png' src=''>")
+    (trace_dir / "tiny-diagnostics.png").write_bytes(b"old plot")
+    (trace_dir / "notes.txt").write_text("mine")  # not kvhit's: kept
+    assert main(["report", str(saved), "--out", str(trace_dir)]) == 0
+    assert sorted(p.name for p in trace_dir.iterdir()) == sorted(
+        ["report.html", "notes.txt"] + [p.name for p in (tmp_path / "json").glob("*.png")])
     # a vLLM /metrics URL is not a kvhit analysis: refused with exit code 2 naming the argument
     with pytest.raises(ConfigError, match="PATH\\|URL"):
         load_source("http://127.0.0.1:8000/metrics", cfg)
