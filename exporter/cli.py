@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=cmd_calibrate)
 
     sim = sub.add_parser("simulate", help="ground-truth simulator: serve vLLM-format /metrics from MODEL.md's "
-                                          "physics with known parameters (127.0.0.1)")
+                                          "physics with known parameters (default on 127.0.0.1:9400)")
     add_simulate_arguments(sim)
     sim.set_defaults(func=cmd_simulate)
 

@@ -53,6 +53,10 @@ _TOKEN_EDGES = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 20
 _ITER_EDGES = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 
 
+# kvhit's model.* keys of the default truth's S_kv (Llama-2-7B fp16, tp 1: 2·32·32·128·2 bytes/token).
+SIM_GEOMETRY = {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype_bytes": 2}
+
+
 @dataclass(frozen=True)
 class Truth:
     """The simulated engine's known parameters (MODEL.md §1 symbols).
@@ -73,7 +77,7 @@ class Truth:
     c0: float = 1.0
     c1: float = 0.05
     alpha: float = 0.5
-    kv_bytes_per_token: float = 524288.0  # Llama-2-7B fp16, tp=1 (MODEL.md §3.6)
+    kv_bytes_per_token: float = 524288.0  # Llama-2-7B fp16, tp=1 (MODEL.md §3.6): SIM_GEOMETRY
     load_bandwidth: float = 12.5e9
     load_share: float = 0.5
     queue_seconds: float = 0.05
@@ -437,7 +441,10 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
         def log_message(self, *args) -> None:
             pass
 
-    httpd = ThreadingHTTPServer((host, port), Handler)
+    try:
+        httpd = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:  # e.g. the port is in use: name the address, not only the errno
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -505,6 +512,17 @@ def add_arguments(p) -> None:
     p.add_argument("--loop", action="store_true", help="repeat the schedule forever (counters keep growing)")
 
 
+def kvhit_run_command(truth: Truth, url: str, interval: float) -> str:
+    """The ``kvhit run`` command line that analyses the simulator at ``url`` with its truth's S_kv
+    and B_load (so α can be fitted) at its scrape interval; the geometry is :data:`SIM_GEOMETRY`
+    when the truth keeps its default S_kv, else left out (α then needs it configured)."""
+    env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()} \
+        if truth.kv_bytes_per_token == Truth.kv_bytes_per_token else {}
+    env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = f"{truth.load_bandwidth:g}"
+    return " ".join([*(f"{k}={v}" for k, v in env.items()), "kvhit run", "--target", url,
+                     "--interval", f"{interval:g}", "--listen", "127.0.0.1:9471"])
+
+
 def cmd_simulate(args) -> int:
     """Serve the ground-truth simulator until the schedule ends (or forever with --loop)."""
     host, port = listen_address(args.listen, "--listen", any_port=True)
@@ -527,6 +545,9 @@ def cmd_simulate(args) -> int:
         print(f"kvhit simulate: {args.scenario} on http://{host}:{p}/metrics "
               f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, 0.95] at "
               f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
+        print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', sc.interval)}"
+              + ("" if args.speed == 1 else " (fitted times are in wall seconds: at --speed "
+                 f"{args.speed:g} they come out {args.speed:g}x too small)"), flush=True)
 
     serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready)
     return 0

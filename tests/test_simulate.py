@@ -137,6 +137,15 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     tps0 = my - slope * mh
     assert f"TPS0={tps0:.1f} tokens/s a={-slope / tps0:.4f}" in out, out
     assert f"a={0.5:.4f}" in out  # the calibrated slope is the one asked for
+    # the command it prints configures kvhit with the truth's S_kv and B_load (α identifiable)
+    line = next(x for x in out.splitlines() if "analyse it with: " in x).split("analyse it with: ", 1)[1]
+    env = dict(w.split("=", 1) for w in line.split() if w.startswith("KVHIT_"))
+    assert "kvhit run --target http://127.0.0.1:" in line and "--interval 5 " in line
+    assert "1e+06x too small" in out  # --speed 1e6: the wall-second warning
+    from exporter.config import load_config
+    cfg = load_config(None, environ=env)
+    assert cfg.model.kv_bytes_per_token() == Truth().kv_bytes_per_token == 2 * 32 * 32 * 128 * 2
+    assert cfg.load_bandwidth_bytes_per_second == Truth().load_bandwidth
 
 
 def test_no_derived_slope_while_the_chip_time_fit_cannot_see_attention():
