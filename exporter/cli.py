@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from exporter import __version__
 from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
@@ -299,8 +300,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 # --- entry point --------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors as one line (exit 2), like kvhit's config errors."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvhit", description="vLLM prefix-cache hit economics: exporter and analyzer")
+    p = _Parser(prog="kvhit", description="vLLM prefix-cache hit economics: exporter and analyzer")
+    p.add_argument("--version", action="version", version=f"kvhit {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="the sidecar: scrape --target (or a fleet through --prometheus), serve "

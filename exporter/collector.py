@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter import names as N
+from exporter import __version__, names as N
 from exporter.analyzer import Analysis, ModelAnalysis
 from fitters.caching import STATES
 from fitters.result import STATUSES
@@ -86,6 +86,7 @@ class KvhitCollector(Collector):
         analysis, health = self.provider()
         f = _Families({"scope": health.scope} if health.scope else {})
         t = {"target": health.target}
+        f.add(N.BUILD_INFO, {**t, "version": __version__}, 1.0)
         f.add(N.UP, t, 1.0 if health.up else 0.0)
         f.add(N.SCRAPE_DURATION, t, health.duration)
         f.add(N.LAST_SUCCESS, t, health.last_success)

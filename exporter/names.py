@@ -33,6 +33,8 @@ def _m(name: str, help: str, labels: tuple[str, ...] = MODEL, type: str = "gauge
 
 
 # --- scrape health ---------------------------------------------------------------------
+BUILD_INFO = _m("kvhit_build_info", "kvhit's version (label version; value 1): which kvhit a pod runs.",
+                ("target", "version"))
 UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "

@@ -641,6 +641,7 @@ def test_numbers_out_of_range_on_the_command_line_exit_2(capsys, argv, says):
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and says in err and "Traceback" not in err, err
+    assert err.count("\n") == 1, err  # one line, argparse's usage errors too
 
 
 # ---- /api/v1/predict: the same checks over HTTP ---------------------------------------------------
