@@ -88,6 +88,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     server, _ = serve(runner, cfg.listen, web)
     log.info("kvhit serving on %s (%s%s), %s every %ss", cfg.listen, "https" if web.tls else "http",
              ", basic auth" if web.users else "", reading, cfg.interval)
+    if cfg.timeout > cfg.interval:  # allowed (a slow /metrics under load), but Prometheus refuses it
+        log.warning("timeout %ss > interval %ss: a hanging target keeps kvhit_up 1 and kvhit_stale 0 for up to "
+                    "interval + timeout = %ss", cfg.timeout, cfg.interval, cfg.interval + cfg.timeout)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
