@@ -178,7 +178,8 @@ class Analyzer:
         self._state: dict[str, _ModelState] = {}
         self._seen: dict[str, float] = {}  # model → time of the last snapshot that had it
         self._cache: Analysis | None = None
-        self._fits: dict[str, ModelFits] = {}  # model → the fit step's fits at the latest snapshot
+        # model → the fit step's fits at the latest snapshot, and the window's B_load they used
+        self._fits: dict[str, tuple[ModelFits, tuple[float, str] | None]] = {}
         self._last: Snapshot | None = None
         self.last_observations: dict[str, Observation] = {}  # the latest ingest's steps
 
@@ -250,9 +251,10 @@ class Analyzer:
         for model in self.windows.models():
             self._window_fits(model)
 
-    def _window_fits(self, model: str) -> ModelFits | None:
-        """The fits at the latest snapshot (cached until the next ingest): :meth:`fits` with the
-        window's ISL and B_load read from only the signals they need, not the whole window."""
+    def _window_fits(self, model: str) -> tuple[ModelFits, tuple[float, str] | None] | None:
+        """(fits, B_load) at the latest snapshot (cached until the next ingest): :meth:`fits` with
+        the window's ISL and B_load (:func:`_bandwidth`) read from only the signals they need, not
+        the whole window."""
         out = self._fits.get(model)
         snap = self._last
         if out is not None or snap is None or model not in snap.models:
@@ -262,7 +264,7 @@ class Analyzer:
             return None
         bandwidth = _bandwidth(w, self.config.load_bandwidth_bytes_per_second)
         isl = request_isl(w, self._context(snap, model, self._state[model]))
-        out = self._fits[model] = self.fits(model, isl, bandwidth[0] if bandwidth else None)
+        out = self._fits[model] = (self.fits(model, isl, bandwidth[0] if bandwidth else None), bandwidth)
         return out
 
     def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None) -> ModelFits:
@@ -305,9 +307,7 @@ class Analyzer:
         if kv is None:
             unknown.setdefault("kv_bytes_per_token", "model geometry (model.layers, kv_heads, head_dim or "
                                                      "model.hf_config) not configured")
-        bandwidth = _bandwidth(w, cfg.load_bandwidth_bytes_per_second)
-
-        mf = self._window_fits(model)  # the fit step's: the same window ISL and B_load
+        mf, bandwidth = self._window_fits(model)  # the fit step's: the same window ISL and B_load
         chip, coef, slope = mf.chip_time, mf.coefficients, mf.miss_slope
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": mf.overlap, "load_aware": mf.load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl, osl, kv, bandwidth, coef, fits)
