@@ -80,7 +80,7 @@ import ssl
 import stat
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -89,6 +89,7 @@ from fitters.model import kv_bytes_per_token, kv_bytes_per_token_mla
 
 
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 86400.0  # seconds between scrapes
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -361,6 +362,15 @@ def listen_address(listen: str, key: str, any_port: bool = False) -> tuple[str, 
     if not sep or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         raise ConfigError(f"{key}: expected ADDR:PORT, got {listen!r}")
     return host.strip("[]"), int(port)
+
+
+def listening(bind: Callable[[], T], where: str) -> T:
+    """``bind()`` (a server constructor that binds), with an OSError (e.g. the port is in use)
+    raised again as one naming ``where``, the ADDR:PORT, not only the errno."""
+    try:
+        return bind()
+    except OSError as exc:
+        raise OSError(f"cannot listen on {where}: {exc.strerror or exc}") from None
 
 
 def _host(url: str) -> str | None:

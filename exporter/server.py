@@ -38,7 +38,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from exporter.collector import KvhitCollector
-from exporter.config import WebConfig, listen_address
+from exporter.config import WebConfig, listen_address, listening
 from exporter.jsonapi import analysis_to_dict, load_fit, what_if
 from exporter.runner import Runner
 
@@ -227,11 +227,8 @@ def serve(runner: Runner, listen: str, web: WebConfig | None = None) -> tuple[WS
     app = make_app(runner)
     if web.users:
         app = with_basic_auth(app, web.users)
-    try:
-        server = make_server(host, port, app, server_class=_ThreadingServer6 if ":" in host else _ThreadingServer,
-                             handler_class=_QuietHandler)
-    except OSError as exc:  # e.g. the port is in use: name the address, not only the errno
-        raise OSError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    server = listening(lambda: make_server(host, port, app, handler_class=_QuietHandler,
+                                           server_class=_ThreadingServer6 if ":" in host else _ThreadingServer), listen)
     if web.tls:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2

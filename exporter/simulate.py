@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
-from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address
+from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening
 from fitters.model import attention_work, decode_context_per_token
 
 # Bucket edges as vLLM 0.32 exports them (tests/data/samples/25_*).
@@ -441,10 +441,7 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
         def log_message(self, *args) -> None:
             pass
 
-    try:
-        httpd = ThreadingHTTPServer((host, port), Handler)
-    except OSError as exc:  # e.g. the port is in use: name the address, not only the errno
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    httpd = listening(lambda: ThreadingHTTPServer((host, port), Handler), f"{host}:{port}")
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
