@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
 from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening
-from fitters.model import attention_work, decode_context_per_token
+from fitters.model import attention_work, decode_context_per_token, kv_bytes_per_token
 
 # Bucket edges as vLLM 0.32 exports them (tests/data/samples/25_*).
 _TIME_EDGES = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
@@ -53,7 +53,7 @@ _TOKEN_EDGES = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 20
 _ITER_EDGES = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 
 
-# kvhit's model.* keys of the default truth's S_kv (Llama-2-7B fp16, tp 1: 2·32·32·128·2 bytes/token).
+# kvhit's model.* keys of the default truth's S_kv (Llama-2-7B fp16, tp 1).
 SIM_GEOMETRY = {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype_bytes": 2}
 
 
@@ -77,7 +77,7 @@ class Truth:
     c0: float = 1.0
     c1: float = 0.05
     alpha: float = 0.5
-    kv_bytes_per_token: float = 524288.0  # Llama-2-7B fp16, tp=1 (MODEL.md §3.6): SIM_GEOMETRY
+    kv_bytes_per_token: float = kv_bytes_per_token(**SIM_GEOMETRY, tp=1)  # Llama-2-7B fp16 (MODEL.md §3.6)
     load_bandwidth: float = 12.5e9
     load_share: float = 0.5
     queue_seconds: float = 0.05
