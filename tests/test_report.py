@@ -118,6 +118,7 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path):
     (trace_dir / "tiny-diagnostics.png").write_bytes(b"old plot")
     (trace_dir / "notes.txt").write_text("mine")  # not kvhit's: kept
     assert main(["report", str(saved), "--out", str(trace_dir)]) == 0
+    assert not (trace_dir / "tiny-diagnostics.png").exists() and (trace_dir / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in trace_dir.iterdir()) == sorted(
         ["report.html", "notes.txt"] + [p.name for p in (tmp_path / "json").glob("*.png")])
     # a vLLM /metrics URL is not a kvhit analysis: refused with exit code 2 naming the argument
