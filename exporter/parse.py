@@ -430,7 +430,8 @@ class _Plan:
     comments: tuple[str, ...]
     sample_at: itemgetter
     prefixes: tuple[str, ...]  # per sample line: its key and the space before the value
-    key_lengths: tuple[int, ...]  # per sample line: len(key)
+    unread: tuple[int, ...]  # positions of the sample lines whose values are not converted …
+    unread_key_lengths: tuple[int, ...]  # … and len(key) of each
     needed_at: itemgetter  # the sample lines whose values the leaves read …
     cuts: tuple[slice, ...]  # … and where their value starts (leaves index this list)
     evaluate: object  # (values, timestamp) → (Snapshot, evaluated maps): see _compile
@@ -459,8 +460,10 @@ class _Plan:
             return None
         # leaves renumbered to positions in ``needed``: the values are then a plain list
         position = {k: i for i, k in enumerate(needed)}
+        unread = sorted(set(range(len(sample_pos))) - position.keys())
         return cls(len(raw), itemgetter(*comment_pos), tuple(raw[i] for i in comment_pos), itemgetter(*sample_pos),
-                   tuple(prefixes), tuple(len(p) - 1 for p in prefixes), itemgetter(*(sample_pos[k] for k in needed)),
+                   tuple(prefixes), tuple(sample_pos[k] for k in unread), tuple(len(prefixes[k]) - 1 for k in unread),
+                   itemgetter(*(sample_pos[k] for k in needed)),
                    tuple(slice(len(prefixes[k]), None) for k in needed),
                    *_compile(_map_leaves(b.recipe, position.__getitem__)))
 
@@ -472,11 +475,12 @@ class _Plan:
         lines = text.split("\n")
         if len(lines) != self.lines or lines[-1] or self.comment_at(lines) != self.comments:
             return None
-        samples = self.sample_at(lines)
-        if not all(map(str.startswith, samples, self.prefixes)):
+        if not all(map(str.startswith, self.sample_at(lines), self.prefixes)):
             return None
-        # something after every key (the readers drop a bare key as malformed, read or not)
-        if not all(map(operator.gt, map(len, map(str.strip, samples)), self.key_lengths)):
+        # something after every key (the readers drop a bare key as malformed, read or not); a
+        # line whose value is converted below has it when float() reads it
+        if not all(map(operator.gt, map(len, map(str.strip, map(lines.__getitem__, self.unread))),
+                       self.unread_key_lengths)):
             return None
         strings = list(map(getitem, self.needed_at(lines), self.cuts))
         if "_" in "".join(strings):
