@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.observe import (ISL_HISTOGRAM, Context, hit_problem, hit_tokens, kv_capacity_tokens, observe,
-                              request_isl, window_notes)
+from exporter.observe import (ISL_HISTOGRAM, Context, hit_problem, hit_tokens, kv_capacity_tokens, mean_length,
+                              observe, request_isl, window_notes)
 from exporter.parse import Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
@@ -301,7 +301,11 @@ class Analyzer:
         wobs = observe(w, ctx)
         unknown = dict(snap.models[model].unknown)
         hit = _window_hits(w, ctx, unknown)
+        # predictions use the latest known means (wobs falls back to the last step's when no
+        # request finished in the window); what is published as the window's means is the window's
+        # own, never that fallback (MODEL.md §2: window deltas; absent = no data)
         isl, osl = wobs.isl, wobs.osl
+        isl_w, osl_w = mean_length(w, ISL_HISTOGRAM), mean_length(w, "request_generation_tokens")
         tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus)
         kv = cfg.model.kv_bytes_per_token()
         if kv is None:
@@ -310,13 +314,13 @@ class Analyzer:
         mf, bandwidth = self._window_fits(model)  # the fit step's: the same window ISL and B_load
         chip, coef, slope = mf.chip_time, mf.coefficients, mf.miss_slope
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": mf.overlap, "load_aware": mf.load_aware}
-        seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl, osl, kv, bandwidth, coef, fits)
+        seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits)
 
-        warnings = window_notes(w, ctx, hit, unknown, {"isl": isl, "osl": osl, "observed_ttft": wobs.ttft_mean})
+        warnings = window_notes(w, ctx, hit, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             warnings=warnings,
-            isl=isl, osl=osl, observed_ttft=wobs.ttft_mean, tpm_observed=tpm, fits=fits,
+            isl=isl_w, osl=osl_w, observed_ttft=wobs.ttft_mean, tpm_observed=tpm, fits=fits,
             load_bandwidth=bandwidth, kv_bytes_per_token=kv,
             anomalies=int(slope.extra.get("anomalies", 0)), anomaly_times=tuple(st.slope.anomaly_times()),
             **seed3,

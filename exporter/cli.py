@@ -97,15 +97,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Everything alive now (modules, config, server) lives as long as the process: moved out of
     # the collector's reach, a full collection only walks the analysis state (benchmarks/performance.py).
     gc.freeze()
+    poll_loop(runner, source, stop)
+    server.shutdown()
+    return 0
+
+
+def poll_loop(runner: Runner, source, stop: threading.Event, clock=time.monotonic) -> None:
+    """Poll until ``stop`` is set. Attempts *start* ``runner.next_delay()`` apart: the time a scrape
+    took is deducted from the wait, so a target answering within the timeout never makes the data
+    look older than interval + timeout (``kvhit_stale``) or two intervals (per-model values removed,
+    /readyz 503), which waiting a full interval after each scrape did."""
     while not stop.is_set():
+        start = clock()
         try:
             runner.poll(source)
         except Exception:  # the sidecar never dies of one bad cycle; the error is counted
             log.exception("analysis cycle failed")
             runner.record_failure("internal", "analysis cycle failed")
-        stop.wait(runner.next_delay())
-    server.shutdown()
-    return 0
+        stop.wait(max(0.0, runner.next_delay() - (clock() - start)))
 
 
 # --- replay / demo ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ headless-browser test checks. matplotlib is the optional extra ``report``
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
 import json
@@ -388,8 +389,14 @@ window.addEventListener('load', function () {
 </script>"""
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+def _slug(name: str, used: set[str]) -> str:
+    """A file-name stem for ``name``: never a dotfile, and unique within one report (names that
+    reduce to the same stem, e.g. "tiny" and "tiny!", get a short hash of the name appended)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_").lstrip(".") or "model"
+    if stem in used:
+        stem = f"{stem}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    used.add(stem)
+    return stem
 
 
 def render(data: ReportData, out_dir: Path) -> Path:
@@ -409,7 +416,9 @@ def render(data: ReportData, out_dir: Path) -> Path:
              + f" · analysis at unix {_fmt(doc.get('timestamp'), '.0f')}</p>"]
     if not doc.get("models"):
         parts.append("<p>No model was analysed (fewer than two scrapes, or an unsupported engine).</p>")
+    used: set[str] = set()
     for name, m in sorted(doc.get("models", {}).items()):
+        slug = _slug(name, used)
         steps = data.steps.get(name, [])
         parts.append(f"<h2>model <code>{html.escape(name)}</code></h2><table>")
         parts += [f"<tr><th>{html.escape(k)}</th><td>{v}</td></tr>" for k, v in _summary_rows(m)]
@@ -425,7 +434,7 @@ def render(data: ReportData, out_dir: Path) -> Path:
                        else "not enough data for this plot yet")
                 parts.append(f"<h3>{title}</h3><p class='na'>{why}.</p>")
                 continue
-            fname = f"{_slug(name)}-{key}.png"
+            fname = f"{slug}-{key}.png"
             (out_dir / fname).write_bytes(png)
             b64 = base64.b64encode(png).decode()
             parts.append(f"<h3>{title}</h3><img alt='{html.escape(title)}' data-file='{fname}' "

@@ -682,6 +682,26 @@ def test_api_predict_before_any_model_says_so_without_command_line_flags():
     assert "--" not in doc["error"]
 
 
+def test_api_predict_after_the_target_went_away_says_the_data_is_old_not_that_no_model_exists():
+    # the simulator's sweep fed with a fake clock, then the clock moves 11 s past the last good
+    # scrape with no new one: more than two 5-s intervals, so the per-model values are withdrawn
+    from exporter.config import Config
+    from exporter.runner import Runner
+    from exporter.simulate import generate, preset
+    now = [0.0]
+    runner = Runner(Config(interval=5.0), "sim", clock=lambda: now[0])
+    for t, text, _ in generate(preset("sweep", noise=0.0)):
+        now[0] = t
+        runner.ingest_text(t, text)
+    status, _ = _api(runner, "hit_ratio=0.5&isl=2048&osl=32")
+    assert status.startswith("200")
+    now[0] += 11.0
+    status, doc = _api(runner, "hit_ratio=0.5&isl=2048&osl=32")
+    assert status.startswith("400")
+    assert doc["error"].startswith("no current analysis: the last successful scrape is 11 s old")
+    assert "no model analysed yet" not in doc["error"]
+
+
 def test_several_models_are_chosen_with_the_callers_own_means():
     from exporter.jsonapi import load_fit
     doc = {"schema_version": 1, "models": {"a": {}, "b": {}}}

@@ -401,3 +401,53 @@ def test_system_clock_steps_change_no_stamp(target, monkeypatch):
     # stamps start at the wall clock of the start and advance by real (monotonic) time only
     assert stamps[0] >= 2_000_000_000.0 and all(0 < b - a < 5.0 for a, b in zip(stamps, stamps[1:]))
     assert 0 <= health.age < 5.0 and health.stale is False
+
+
+def test_a_slow_target_within_the_timeout_never_looks_stale(snapshots):
+    # vLLM answers every scrape in 2.8 s of fake time, under the 3-s timeout: every attempt succeeds,
+    # so kvhit's values must stay fresh. Attempts start 5 s apart (the interval), so a value is at
+    # most 5 + 2.8 = 7.8 s old when the next scrape lands: below interval + timeout = 8 s (stale)
+    # and 2 × 5 = 10 s (per-model values removed, /readyz 503). Waiting a full interval after each
+    # scrape instead spaced attempts 7.8 s apart: the age reached 10.6 s on every cycle.
+    from exporter.cli import poll_loop
+
+    interval, answer = 5.0, 2.8
+    clock = FakeClock(2_000_000_000.0)
+    runner = Runner(Config(interval=interval, timeout=3.0), "http://vllm:8000/metrics", clock=clock)
+    seen = []  # (age, stale, per-model series shown, ready) at every 0.1 s of fake time
+
+    def look(seconds: float) -> None:
+        for _ in range(round(seconds * 10)):
+            clock.t += 0.1
+            _, health = runner.current()
+            if health.age is not None:
+                seen.append((health.age, health.stale, bool(per_model(exposition(runner))), runner.ready()))
+
+    class SlowSource:
+        def __init__(self) -> None:
+            self.i = 0
+
+        def fetch(self) -> tuple[float, str]:
+            look(answer)  # the previous values are on show while vLLM takes its time
+            self.i += 1
+            return clock.t, snapshots[self.i]
+
+    class Stop:
+        def __init__(self) -> None:
+            self.waits = 0
+
+        def is_set(self) -> bool:
+            return self.waits >= 12
+
+        def wait(self, seconds: float) -> bool:
+            self.waits += 1
+            look(seconds)
+            return self.is_set()
+
+    poll_loop(runner, SlowSource(), Stop(), clock=clock)
+    assert runner.current()[1].up
+    after_first = seen[round(answer * 10):]  # once the first scrape has landed and a step exists
+    assert max(age for age, *_ in seen) == pytest.approx(interval + answer, abs=0.11)
+    assert not any(stale for _, stale, _, _ in after_first)
+    assert all(ready for *_, ready in after_first)
+    assert all(shown for _, _, shown, _ in seen[seen.index(next(s for s in seen if s[2])):])

@@ -187,6 +187,19 @@ def test_zero_hits_with_prompts_shorter_than_a_block_are_explained():
     assert "short_prompts" not in info(pub, "kvhit_warning_info", "warning")
 
 
+def test_isl_of_a_window_where_no_request_finished_is_unknown_not_the_last_seen_mean():
+    # 10 prompts of 20 tokens finish in the first 5-s step (ISL = 200 / 10 = 20), then the counters
+    # stand still for 24 more scrapes (120 s): the 60-s publish window holds no finished request
+    idle = SHORT.format(q=200.0, n=10.0, n20=10.0)
+    pub = published(run(SHORT.format(q=0.0, n=0.0, n20=0.0), *[idle] * 25))
+    assert series(pub, "kvhit_isl_tokens") == {}  # never 20, the mean of requests of 2 minutes ago
+    assert info(pub, "kvhit_unknown_info", "signal")["isl"] == \
+        "no request finished in the publish window (no data, not 0)"
+    # while the first step is still inside the window, its mean is published: 20 tokens
+    pub = published(run(SHORT.format(q=0.0, n=0.0, n20=0.0), *[idle] * 5))
+    assert series(pub, "kvhit_isl_tokens")[(("model_name", "m"),)] == pytest.approx(20.0)
+
+
 # --- a missing hit metric is unknown, zero queries are no data -------------------------------
 
 PROMPTS = """\
