@@ -212,15 +212,18 @@ class Runner:
             health = self._health
         now = self.clock()
         age = None if health.last_success is None else max(0.0, now - health.last_success)
-        interval = self.config.interval
-        stale = age is None or not health.up or age > interval + self.config.timeout
-        if age is None or age > 2 * interval:
+        stale = age is None or not health.up or age > self.config.interval + self.config.timeout
+        if not self.fresh(age):
             analysis = analysis.without_models()
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
         return analysis, replace(health, age=age, stale=stale)
 
+    def fresh(self, age: float | None) -> bool:
+        """Whether a last successful scrape ``age`` seconds old (None: none yet) is fresh enough to
+        publish per-model values from: at most two intervals old."""
+        return age is not None and age <= 2 * self.config.interval
+
     def ready(self) -> bool:
         """A fresh successful scrape exists (what /readyz reports)."""
-        _, health = self.current()
-        return health.age is not None and health.age <= 2 * self.config.interval
+        return self.fresh(self.current()[1].age)

@@ -201,7 +201,7 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
     try:
         if "hit_ratio" not in q:
             raise ValueError("hit_ratio is required")
-        if not analysis.models and health.age is not None and health.age > 2 * runner.config.interval:
+        if not analysis.models and health.age is not None and not runner.fresh(health.age):
             # the models exist but their values were withdrawn as stale: say that, not "no model yet"
             raise ValueError(f"no current analysis: the last successful scrape is {health.age:.0f} s old, more "
                              f"than two scrape intervals (see kvhit_up and kvhit_scrape_errors_total)")
