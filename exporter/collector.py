@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__, names as N
 from exporter.analyzer import Analysis, ModelAnalysis
+from exporter.parse import QUIRKS
 from fitters.caching import STATES
 from fitters.result import STATUSES
 
@@ -92,10 +93,12 @@ class KvhitCollector(Collector):
         f.add(N.LAST_SUCCESS, t, health.last_success)
         f.add(N.DATA_AGE, t, health.age)
         f.add(N.STALE, t, 1.0 if health.stale else 0.0)
-        for reason, count in sorted(health.errors.items()):
-            f.add(N.SCRAPE_ERRORS, {**t, "reason": reason}, count)
-        for quirk, count in sorted(health.quirks.items()):
-            f.add(N.INPUT_QUIRKS, {**t, "quirk": quirk}, count)
+        # every known reason and quirk from 0 on, so rate() and increase() see the first one
+        reasons = N.SCRAPE_ERROR_REASONS + (N.FLEET_ERROR_REASONS if health.scope == "fleet" else ())
+        for reason in sorted({*reasons, *health.errors}):
+            f.add(N.SCRAPE_ERRORS, {**t, "reason": reason}, health.errors.get(reason, 0))
+        for quirk in sorted({*QUIRKS, *health.quirks}):
+            f.add(N.INPUT_QUIRKS, {**t, "quirk": quirk}, health.quirks.get(quirk, 0))
         f.add(N.UNTRACKED_SERIES, t, health.untracked_series)
         f.add(N.ENGINE_INFO, {**t, "engine": analysis.engine, "reason": analysis.engine_reason}, 1.0)
         for model in analysis.models.values():

@@ -37,10 +37,14 @@ BUILD_INFO = _m("kvhit_build_info", "kvhit's version (label version; value 1): w
                 ("target", "version"))
 UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
+# Label values of kvhit_scrape_errors_total exported at 0 from the start: a series born at its first
+# error would hide that error from rate() and increase(). http_<code> series appear when met.
+SCRAPE_ERROR_REASONS = ("refused", "no_answer", "timeout", "redirect", "too_large", "encoding", "incomplete",
+                        "parse", "out_of_order", "internal", "error")
+FLEET_ERROR_REASONS = ("query_error", "bad_response", "credentials")  # fleet mode only
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
-                   "(refused, no_answer, timeout, http_<code>, redirect, too_large, encoding, incomplete, parse, out_of_order, "
-                   "internal, error; fleet mode also query_error, bad_response, credentials) [scrapes].",
-                   ("target", "reason"), "counter")
+                   f"({', '.join(SCRAPE_ERROR_REASONS)}, http_<code>; fleet mode also {', '.join(FLEET_ERROR_REASONS)}) "
+                   "[scrapes].", ("target", "reason"), "counter")
 LAST_SUCCESS = _m("kvhit_last_success_timestamp_seconds", "Unix time of the last successful scrape [s].", ("target",))
 DATA_AGE = _m("kvhit_data_age_seconds", "Age of the last successful scrape, the one every per-model value comes "
               "from; per-model series are removed once it exceeds two scrape intervals [s].", ("target",))

@@ -364,7 +364,7 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
     # every failure kind was served once per down phase, and counted exactly
     expo = exposition(runner)
     got = {dict(ls)["reason"]: v for (n, ls), v in expo.items() if n == "kvhit_scrape_errors_total"}
-    assert got == expected_errors
+    assert {r: v for r, v in got.items() if v} == expected_errors
     assert set(expected_errors) == {REASON[m] for m in DOWN_MODES}
     # every down phase but the last (570–600 s, recovered below) ended in a recovery, no restart
     assert recoveries == 9
@@ -451,3 +451,32 @@ def test_a_slow_target_within_the_timeout_never_looks_stale(snapshots):
     assert not any(stale for _, stale, _, _ in after_first)
     assert all(ready for *_, ready in after_first)
     assert all(shown for _, _, shown, _ in seen[seen.index(next(s for s in seen if s[2])):])
+
+
+def test_error_and_quirk_counters_exist_at_zero_before_the_first_one(snapshots):
+    # A counter series born at its first error hides that error from rate() and increase() (the
+    # dashboards' error panels): the kinds kvhit knows are exported at 0 before any scrape, and the
+    # first timeout then moves its series 0 → 1.
+    import re
+    from pathlib import Path
+    clock = FakeClock(2_000_000_000.0)
+    runner = Runner(Config(), "http://vllm:8000/metrics", clock=clock)
+    expo = exposition(runner)
+    for reason in ("refused", "timeout", "parse", "out_of_order", "internal"):
+        assert value(expo, "kvhit_scrape_errors_total", reason=reason) == 0.0
+    for quirk in ("truncated", "non_finite", "negative", "duplicate_series"):
+        assert value(expo, "kvhit_input_quirks_total", quirk=quirk) == 0.0
+    assert value(expo, "kvhit_scrape_errors_total", reason="query_error") is None  # fleet mode only
+    assert value(exposition(Runner(Config(), "http://prom:9090", scope="fleet", clock=clock)),
+                 "kvhit_scrape_errors_total", reason="query_error", scope="fleet") == 0.0
+
+    class Timeout:
+        def fetch(self):
+            raise ScrapeError("timeout", "no complete answer within 3s from vllm")
+    runner.poll(Timeout())
+    assert value(exposition(runner), "kvhit_scrape_errors_total", reason="timeout") == 1.0
+    # every reason the code can count is among those exported from the start (http_<code> aside)
+    from exporter import names
+    src = "".join(p.read_text() for p in Path(names.__file__).parent.glob("*.py"))
+    raised = set(re.findall(r'(?:ScrapeError|record_failure)\(\s*"([a-z_]+)"', src))
+    assert raised and raised <= set(names.SCRAPE_ERROR_REASONS) | set(names.FLEET_ERROR_REASONS)

@@ -390,11 +390,16 @@ def _series(scope: str) -> list:
 
 def test_scope_label_on_every_series_in_fleet_mode_only():
     fleet_mode, pod_mode = _series("fleet"), _series("")
-    assert len(fleet_mode) == len(pod_mode) > 50
+    fleet_errors = ("query_error", "bad_response", "credentials")
+    # the same series, plus fleet mode's own error reasons at 0 (query_error, bad_response, credentials)
+    assert len(fleet_mode) == len(pod_mode) + 3 and len(pod_mode) > 50
+    assert {s.labels["reason"] for s in fleet_mode if s.name == "kvhit_scrape_errors_total"} \
+        - {s.labels["reason"] for s in pod_mode if s.name == "kvhit_scrape_errors_total"} \
+        == set(fleet_errors)
     assert all(s.labels.get("scope") == "fleet" for s in fleet_mode)
     assert not any("scope" in s.labels for s in pod_mode)
-    assert [(s.name, {k: v for k, v in s.labels.items() if k != "scope"}, s.value) for s in fleet_mode] == \
-        [(s.name, s.labels, s.value) for s in pod_mode]
+    assert [(s.name, {k: v for k, v in s.labels.items() if k != "scope"}, s.value) for s in fleet_mode
+            if s.labels.get("reason") not in fleet_errors] == [(s.name, s.labels, s.value) for s in pod_mode]
 
 
 def test_config_prometheus_selector_and_delay(tmp_path):
