@@ -9,6 +9,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -191,9 +192,30 @@ def _write_outputs(args: argparse.Namespace, result: ReplayResult) -> None:
         Path(args.save_fit).write_text(json.dumps(doc, indent=1))
 
 
+def _check_output(path: str | None, flag: str, directory: bool = False) -> None:
+    """Refuse an output path before the work rather than after it. Raises ValueError
+    ``"FLAG PATH: why"`` for a directory where a file goes (or the reverse), a missing or
+    unwritable parent directory; a missing ``directory`` is fine (it is created)."""
+    if not path:
+        return
+    p = Path(path)
+    if directory:
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"{flag} {path}: exists and is not a directory")
+        return
+    if p.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory, not a file")
+    if not p.parent.is_dir():
+        raise ValueError(f"{flag} {path}: no directory {p.parent}")
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{flag} {path}: not writable")
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _config(args, window_seconds=args.window_seconds)
     check_t_load(cfg)
+    for flag, path in (("--json", args.json), ("--metrics-out", args.metrics_out), ("--save-fit", args.save_fit)):
+        _check_output(path, flag)
     trace = load_trace(args.path)
     t0 = trace.snapshots[0][0]
     if not args.quiet:
@@ -303,6 +325,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """HTML page with PNG plots from a trace, a saved analysis or a running kvhit (exporter/report.py)."""
     cfg = _config(args, window_seconds=args.window_seconds)
+    _check_output(args.out, "--out", directory=True)
     data = load_source(args.source, cfg)
     path = render(data, Path(args.out))
     print(f"kvhit report: {path}")

@@ -739,3 +739,23 @@ def test_prefix_cache_verdict_is_an_object_as_the_schema_says(sim_runner):
     assert isinstance(v["state"], str) and v["provisional"] is True  # 7 minutes of history, not 24 h
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert '"prefix_cache_verdict": {"state": str|null' in readme and '"kv_usage_max"}|null' not in readme
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_replay_with_its_flag(tmp_path, capsys):
+    # the trace is the bundled one (~370 scrapes): nothing of it may be replayed or printed first
+    from exporter.cli import main
+    trace = str(TRACE)
+    (tmp_path / "a-file").write_text("mine\n")
+    cases = [
+        (["replay", trace, "--json", str(tmp_path / "no-such-dir" / "x.json")],
+         f"kvhit: --json {tmp_path}/no-such-dir/x.json: no directory {tmp_path}/no-such-dir\n"),
+        (["replay", trace, "--metrics-out", str(tmp_path)], f"kvhit: --metrics-out {tmp_path}: is a directory, not a file\n"),
+        (["replay", trace, "--save-fit", str(tmp_path / "a-file" / "fit.json")],
+         f"kvhit: --save-fit {tmp_path}/a-file/fit.json: no directory {tmp_path}/a-file\n"),
+        (["report", trace, "--out", str(tmp_path / "a-file")], f"kvhit: --out {tmp_path}/a-file: exists and is not a directory\n"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 1
+        out, err = capsys.readouterr()
+        assert (out, err) == ("", says)
+    assert (tmp_path / "a-file").read_text() == "mine\n"
