@@ -30,6 +30,7 @@ is the IRLS weight of scipy's soft_l1 loss.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -227,7 +228,8 @@ class AmortizedFit(Generic[S, R]):
       (solution out of bounds, data changed otherwise): refit.
 
     :meth:`solve` returns the current result, cached until a row arrives or ``key`` changes.
-    ``refits`` counts robust refits (a diagnostic). Raises ValueError for every < 1.
+    ``refits`` counts robust refits and ``refit_seconds`` sums their wall time [s] (diagnostics,
+    benchmarks/performance.py). Raises ValueError for every < 1.
     """
 
     def __init__(self, capacity: int, width: int, every: int = REFIT_EVERY, basis_width: int = 1,
@@ -238,6 +240,7 @@ class AmortizedFit(Generic[S, R]):
         self.sums = GramSums(basis_width, groups)
         self.every = every
         self.refits = 0
+        self.refit_seconds = 0.0
         self._state: S | None = None
         self._refit_at = 0  # rows.appended at the last refit
         self._cache: tuple[int, object, R] | None = None
@@ -272,11 +275,13 @@ class AmortizedFit(Generic[S, R]):
                 self._add(data[new], 1.0)
             out = self._exact(x, w, key, self._state)
         if out is None:
+            start = time.perf_counter()
             out, self._state, data[:, -1] = self._refit(x, key, self._state)
             if self._state is not None:
                 self.sums.reset(*self._basis(x, data[:, -1], self._state))
             self._refit_at = appended
             self.refits += 1
+            self.refit_seconds += time.perf_counter() - start
         self._cache = (appended, key, out)
         return out
 
