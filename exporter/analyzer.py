@@ -203,7 +203,7 @@ class Analyzer:
             st.chip.update(obs)
             st.slope.update(obs)
             st.latency.update(obs)
-            _update_seed3(st, delta, obs)
+            _update_seed3(st, delta, obs, engine_count(snap, model))
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
@@ -306,7 +306,8 @@ class Analyzer:
         # own, never that fallback (MODEL.md §2: window deltas; absent = no data)
         isl, osl = wobs.isl, wobs.osl
         isl_w, osl_w = mean_length(w, ISL_HISTOGRAM), mean_length(w, "request_generation_tokens")
-        tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus)
+        engines = engine_count(snap, model)
+        tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines)
         kv = cfg.model.kv_bytes_per_token()
         if kv is None:
             unknown.setdefault("kv_bytes_per_token", "model geometry (model.layers, kv_heads, head_dim or "
@@ -317,6 +318,12 @@ class Analyzer:
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits)
 
         warnings = window_notes(w, ctx, hit, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
+        if engines > 1:
+            warnings["data_parallel"] = (
+                f"{engines} data-parallel engines in one exposition: the chip-time fit sees their summed work per "
+                f"wall-clock second, so its coefficients and the service TTFT predicted from them describe the "
+                f"{engines} engines as one machine (one request's prefill takes about {engines}x that; the "
+                f"load-aware TTFT is fitted to the observed one); per-GPU TPM counts tp x pp x {engines} GPUs")
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             warnings=warnings,
@@ -330,7 +337,7 @@ class Analyzer:
         linear = self._linear_bathtub(slope, h_now)
         if coef is None or h_now is None or isl is None or osl is None or steps_per_request is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
-        fitted = self._fitted(coef, steps_per_request, fits, wobs, hit, kv, bandwidth)
+        fitted = self._fitted(coef, steps_per_request, fits, wobs, hit, kv, bandwidth, engines)
         preds = {"current": fitted.predict(h_now, isl, osl)}
         if cfg.target_hit_ratio is not None:
             preds["target"] = fitted.predict(cfg.target_hit_ratio, isl, osl)
@@ -365,7 +372,7 @@ class Analyzer:
 
     def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float, fits: dict[str, FitResult],
                 wobs: Observation, hit: dict[str, float], kv: float | None,
-                bandwidth: tuple[float, str] | None) -> FittedModel:
+                bandwidth: tuple[float, str] | None, engines: int) -> FittedModel:
         cfg = self.config
         la = fits["load_aware"]
         h_all, h_load = hit.get("all"), hit.get("loaded")
@@ -376,7 +383,7 @@ class Analyzer:
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
             hit_load_share=(h_load / h_all) if h_all and h_load is not None else 0.0,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
-            gpus=cfg.model.gpus, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out)
+            gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out)
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:
@@ -464,8 +471,15 @@ def _tpot_histogram(d: Delta):
     return None, None
 
 
-def _update_seed3(st: _ModelState, d: Delta, obs: Observation) -> None:
-    """Feed one step to the 24 h hit rollup and the TPOT-vs-concurrency fitter (MODEL.md §5)."""
+def engine_count(snap: Snapshot, model: str) -> int:
+    """Data-parallel engines of ``model`` in one exposition (vLLM's ``engine`` label, SGLang's
+    ``dp_rank``); 1 for signals built by hand."""
+    return max(1, len(snap.models[model].engines))
+
+
+def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
+    """Feed one step to the 24 h hit rollup and the TPOT-vs-concurrency fitter (MODEL.md §5);
+    the fitter's concurrency is per engine (``--max-num-seqs`` is), running / ``engines``."""
     hits = None
     if obs.hit_tokens_device is not None and obs.hit_tokens_loaded is not None:
         hits = obs.hit_tokens_device + obs.hit_tokens_loaded
@@ -474,7 +488,8 @@ def _update_seed3(st: _ModelState, d: Delta, obs: Observation) -> None:
     st.rollup.update(d.t0, d.t1, obs.queried_tokens, hits, (pre.sum, pre.count) if both else None,
                      (dec.sum, dec.count) if both else None, d.end.get("kv_usage"))
     tpot, source = _tpot_histogram(d)
-    if tpot is not None and not obs.anomaly_hint and st.tpot.update(obs.t, obs.running, tpot.buckets, tpot.count):
+    running = None if obs.running is None else obs.running / engines
+    if tpot is not None and not obs.anomaly_hint and st.tpot.update(obs.t, running, tpot.buckets, tpot.count):
         st.tpot_source = source
 
 

@@ -168,3 +168,19 @@ def test_config_keys_validated_and_named():
                        ({"sizing": {"nope": 1}}, "sizing.nope")):
         with pytest.raises(ConfigError, match=key.replace(".", "\\.")):
             load_config(None, environ={}, flags=flags)
+
+
+def test_max_num_seqs_levels_are_per_engine_with_data_parallel_engines():
+    # the same step on two data-parallel engines: num_requests_running 4 on each (8 summed), 10
+    # requests each. --max-num-seqs is per engine, so the concurrency level is 4 with 20 requests;
+    # TPOT buckets summed 10, 16, 20 at 0.02, 0.05, 0.1 s: P95 rank 19 → 0.05 + 0.05·(19 − 16)/4 = 0.0875 s
+    def two(k: int) -> str:
+        body = scrape(k)
+        other = [ln.replace('engine="0"', 'engine="1"') for ln in body.splitlines()
+                 if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info")]
+        return body + "\n".join(other) + "\n"
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    a.ingest(parse_exposition(two(0), 1000.0))
+    a.ingest(parse_exposition(two(1), 1010.0))
+    m = a.analysis().models["m"]
+    assert m.fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]

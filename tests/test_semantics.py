@@ -298,3 +298,38 @@ def test_series_over_max_series_are_counted_logged_once_never_partial(caplog):
     pub = published(run(body, body))
     assert series(pub, "kvhit_untracked_series") == {(): 0.0}
     assert len(series(pub, "kvhit_window_seconds")) == 5
+
+
+# --- data-parallel engines in one exposition -----------------------------------------------------
+
+DP = """\
+# TYPE vllm:prompt_tokens_total counter
+# TYPE vllm:generation_tokens_total counter
+{lines}# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",engine="0",kv_offloading_size="None"}} 1.0
+"""
+
+
+def _dp(counts: dict[str, tuple[float, float]]) -> str:
+    return DP.format(lines="".join(
+        f'vllm:prompt_tokens_total{{engine="{e}",model_name="m"}} {p}\n'
+        f'vllm:generation_tokens_total{{engine="{e}",model_name="m"}} {g}\n' for e, (p, g) in counts.items()))
+
+
+def test_data_parallel_engines_divide_per_gpu_tpm_and_say_they_are_fitted_as_one_machine():
+    # engine 0: +600 prompt, +60 generated; engine 1: +400, +40, in one 5-s step:
+    # delivered TPM of the pod (1000 + 100)·60/5 = 13200; tp = pp = 1 and 2 engines → 2 GPUs: 6600 each
+    pub = published(run(_dp({"0": (0.0, 0.0), "1": (0.0, 0.0)}), _dp({"0": (600.0, 60.0), "1": (400.0, 40.0)})))
+    tpm = series(pub, "kvhit_tpm_tokens_per_minute")
+    assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "instance"))] \
+        == pytest.approx(13200.0)
+    assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "gpu"))] \
+        == pytest.approx(6600.0)
+    assert info(pub, "kvhit_warning_info", "warning")["data_parallel"].startswith(
+        "2 data-parallel engines in one exposition")
+    # one engine doing all of it: the same pod TPM on 1 GPU, no warning
+    pub = published(run(_dp({"0": (0.0, 0.0)}), _dp({"0": (1000.0, 100.0)})))
+    tpm = series(pub, "kvhit_tpm_tokens_per_minute")
+    assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "gpu"))] \
+        == pytest.approx(13200.0)
+    assert "data_parallel" not in info(pub, "kvhit_warning_info", "warning")
