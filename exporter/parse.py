@@ -818,7 +818,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         unit = hit_unit.get(model, "")
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
         unknown = _unknown_reasons(era, since, counters, v0_no_data, unit, acc.incomplete.get(model, set()),
-                                   b.cache_config)
+                                   b.cache_config, "lmcache" in b.families)
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
                  "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
         if len(per_engine) == 1:  # one engine: the model's maps are that engine's (evaluated once)
@@ -1042,7 +1042,11 @@ def offload_configured(cache_config: Mapping[str, str]) -> bool | None:
 
 
 def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, object], v0_no_data: bool,
-                     hit_unit: str, incomplete: set[str], cache_config: Mapping[str, str]) -> dict[str, str]:
+                     hit_unit: str, incomplete: set[str], cache_config: Mapping[str, str],
+                     connector: bool) -> dict[str, str]:
+    """Signal → why it is unknown, for one model. ``connector``: a KV connector's own metrics
+    (``lmcache:``) are in the exposition, which cache_config_info never shows (MODEL.md §2: h_load
+    is 0 only when no connector or offloading is in use)."""
     reasons: dict[str, str] = {}
     if era == "vllm_v0":
         reasons["hit_ratio"] = ("vLLM V0 exports only gpu_prefix_cache_hit_rate, a lifetime block-level "
@@ -1067,4 +1071,7 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
                                            "cache_config_info to rule out a KV connector")
         elif offload:
             reasons["hit_ratio_loaded"] = "KV offloading is configured but no external_prefix_cache_* counters"
+        elif connector:
+            reasons["hit_ratio_loaded"] = ("LMCache metrics in the exposition (a KV connector) but no "
+                                           "external_prefix_cache_* counters (vLLM < 0.11.1): its hits are not counted")
     return reasons

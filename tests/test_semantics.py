@@ -333,3 +333,20 @@ def test_data_parallel_engines_divide_per_gpu_tpm_and_say_they_are_fitted_as_one
     assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "gpu"))] \
         == pytest.approx(13200.0)
     assert "data_parallel" not in info(pub, "kvhit_warning_info", "warning")
+
+
+def test_lmcache_metrics_without_external_counters_make_loaded_hits_unknown_never_zero():
+    # vLLM 0.10-shaped (no external_prefix_cache_*), cache_config_info without offloading, but
+    # LMCache's own metrics in the body: a KV connector is in use, whose hits vLLM does not count.
+    # Δq = 1000, Δk = 100: the device ratio 0.1 is known; loaded, and so the whole h, are not.
+    lm = "# TYPE lmcache:num_hit_tokens_total counter\nlmcache:num_hit_tokens_total{{model_name=\"m\"}} {n}\n"
+    a = V010.format(q=0.0, k=0.0, p=0.0, extra=lm.format(n=0.0))
+    b = V010.format(q=1000.0, k=100.0, p=0.0, extra=lm.format(n=500.0))
+    pub = published(run(a, b))
+    h = series(pub, "kvhit_hit_ratio")
+    assert h[(("model_name", "m"), ("source", "device"))] == pytest.approx(0.1)
+    assert (("model_name", "m"), ("source", "all")) not in h and (("model_name", "m"), ("source", "loaded")) not in h
+    assert info(pub, "kvhit_unknown_info", "signal")["hit_ratio_loaded"].startswith("LMCache metrics in the exposition")
+    # the same body without LMCache: no connector, loaded hits are 0 and h = 0.1
+    pub = published(run(V010.format(q=0.0, k=0.0, p=0.0, extra=""), V010.format(q=1000.0, k=100.0, p=0.0, extra="")))
+    assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "all"))] == pytest.approx(0.1)
