@@ -80,7 +80,8 @@ OBSERVED_TTFT = _m("kvhit_observed_ttft_seconds", "Mean TTFT (includes queueing)
                    "Δsum/Δcount of vllm:time_to_first_token_seconds [s].", section="§2")
 TPM = _m("kvhit_tpm_tokens_per_minute", "Delivered TPM counts cached input, physical TPM only computed tokens; "
          "basis=observed from counters over the publish window, predicted = capacity from the chip-time "
-         "model at the current h, ISL, OSL; per=gpu divides by tp*pp [tokens/min].",
+         "model at the current h, ISL, OSL and the observed engine steps per request (they fall as concurrency "
+         "rises); per=gpu divides by tp*pp*engines [tokens/min].",
          MODEL + ("kind", "basis", "per"), section="§3.4")
 
 # --- fits (MODEL.md §4, §6, §7, §3.2) -----------------------------------------------------
@@ -96,8 +97,10 @@ CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficie
                MODEL + ("term",), section="§7")
 CHIP_COEF_STDERR = _m("kvhit_chip_time_coefficient_stderr_seconds", "Standard error of each chip-time coefficient "
                       "[s per unit of the term, as the coefficient].", MODEL + ("term",), section="§7")
-FIXED_TIME = _m("kvhit_fixed_time_seconds", "T_fixed: hit-independent chip time per request, T_step x observed "
-                "engine steps per request in the publish window [s].", section="§7")
+FIXED_TIME = _m("kvhit_fixed_time_seconds", "T_fixed of the per-request chip time t_chip (TPM, chip_time bathtub): "
+                "hit-independent chip time per request, T_step x observed engine steps per request in the publish "
+                "window, prefill and decode steps; the service TTFT counts the prefill's one step, T_step [s].",
+                section="§7")
 TPS0 = _m("kvhit_miss_tps0_tokens_per_second", "TPS0, miss-token throughput at h=0 of TPS_miss(h)=TPS0*(1-a*h); "
           "method=direct (robust line through busy-step miss tokens per busy second, current ISL bucket) or "
           "derived (line through the chip-time model's M/t_chip(h)) [tokens/s].", MODEL + ("method",), section="§4")
@@ -125,7 +128,8 @@ SLO = _m("kvhit_slo_seconds", "The configured latency SLO, slo=ttft (slo.ttft_se
          "tpot (slo.tpot_seconds, time per output token); absent when not configured [s].", MODEL + ("slo",),
          section="§5")
 PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the current or target hit ratio: "
-                    "kind=service is the unloaded chip-time TTFT of seed 000 (T_fixed+T_load+T_compute-T_overlap); "
+                    "kind=service is the unloaded chip-time TTFT of seed 000 (T_fixed+T_load+T_compute-T_overlap, "
+                    "T_fixed = T_step, one engine step, not kvhit_fixed_time_seconds); "
                     "load_aware adds queueing and contention at the current concurrency [s].",
                     MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
 REVENUE = _m("kvhit_revenue_per_second", "R(h) at the current hit ratio, revenue per machine-second in configured "

@@ -47,6 +47,10 @@ def test_readme_lists_exactly_the_published_metrics():
     readme = (ROOT / "README.md").read_text()
     listed = set(re.findall(r"^\| `(kvhit_[a-z0-9_]+)` \|", readme, flags=re.M))
     assert listed == {m.name for m in names.ALL}
+    # each row says what the HELP text says (a row may add a sentence after it)
+    rows = dict(re.findall(r"^\| `(kvhit_[a-z0-9_]+)` \| [^|]*\| (.*?) \| [^|]* \|$", readme, flags=re.M))
+    for m in names.ALL:
+        assert rows[m.name].replace("\\|", "|").startswith(m.help), m.name
 
 
 def test_metric_names_follow_prometheus_conventions():
