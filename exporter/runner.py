@@ -217,6 +217,11 @@ class Runner:
             analysis = analysis.without_models()
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
+        elif health.scope == "fleet" and analysis.engine == "unknown" and not analysis.models:
+            # the query succeeded and returned nothing: the selector, not the exposition, is at fault
+            analysis = replace(analysis, engine_reason=(
+                f"Prometheus answered but no vLLM series matched the selector {self.config.selector or '{}'} "
+                "(check --selector, and that Prometheus scrapes the vLLM pods)"))
         return analysis, replace(health, age=age, stale=stale)
 
     def fresh(self, age: float | None) -> bool:

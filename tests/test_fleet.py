@@ -332,6 +332,20 @@ def test_empty_answer_is_no_data_not_zero(fake):
     assert "vllm:" not in text
     snap = parse_exposition(text, 1.0)
     assert snap.models == {} and snap.engine == "unknown"
+    # a fleet kvhit whose selector matches nothing says so (kvhit_engine_info's reason, the
+    # KvhitTargetNotAnalysable alert), not that an exposition held no vLLM metrics
+    clock = Clock(5000.0)
+    runner = Runner(Config(selector='{namespace="llm"}'), fake.url, clock=clock, scope="fleet")
+    for t in (4990.0, 4995.0):
+        assert runner.ingest_text(t, text)
+    analysis, health = runner.current()
+    assert health.up and analysis.models == {}
+    assert analysis.engine_reason == ('Prometheus answered but no vLLM series matched the selector {namespace="llm"} '
+                                      "(check --selector, and that Prometheus scrapes the vLLM pods)")
+    # a pod's sidecar reading the same empty body keeps the exposition's own reason
+    pod = Runner(Config(), "http://vllm:8000/metrics", clock=clock)
+    assert pod.ingest_text(4995.0, text)
+    assert pod.current()[0].engine_reason == "no vLLM metrics in the exposition"
 
 
 @pytest.mark.parametrize("status, body, reason", [
