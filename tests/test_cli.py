@@ -401,17 +401,44 @@ def test_predict_matches_hand_computation(replayed):
     pred = json.loads(done.stdout)
     assert pred["model_name"] == MODEL_NAME
     p = pred["prediction"]
-    for key in ("ttft_service", "ttft_load_aware", "tpm_delivered", "tpm_physical"):
-        assert isinstance(p[key], float) and math.isfinite(p[key]) and p[key] > 0, key
 
-    # MODEL.md §7 per request and §3.4, written out from the saved coefficients.
+    # The window quantities the saved fit carries, read from the raw trace here (prometheus_client's
+    # parser, not kvhit's): publish window = newest scrape >= 60 s before the last one, to the last
+    # (MODEL.md §1). T_fixed's steps per request = Δcount(iteration_tokens)/Δcount(prefill_time)
+    # (§7); queue time = Δsum/Δcount of request_queue_time_seconds; running = mean of the window's
+    # two ends (§2 gauges, as observe() takes a step's).
+    texts, _, stamps = _trace_texts()
+    j = max(i for i, ms in enumerate(stamps) if ms <= stamps[-1] - 60_000)
+    base, last = texts[j], texts[-1]
+
+    def inc(name: str) -> float:
+        return counter_sum(last, name) - counter_sum(base, name)
+    done = inc("vllm:request_prefill_time_seconds_count")
+    assert done > 0
+    steps_per_request = inc("vllm:iteration_tokens_total_count") / done
+    queue_time = inc("vllm:request_queue_time_seconds_sum") / inc("vllm:request_queue_time_seconds_count")
+    running = (counter_sum(base, "vllm:num_requests_running") + counter_sum(last, "vllm:num_requests_running")) / 2
+
+    # MODEL.md §7 per request and §3.4, written out from the saved coefficients (the fitted ones
+    # are the fit's output; the steps per request, queue time and running are checked above).
     f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    assert f["steps_per_request"] == pytest.approx(steps_per_request, rel=1e-12)
+    assert f["queue_time"] == pytest.approx(queue_time, rel=1e-9)
+    assert f["running"] == pytest.approx(running, rel=1e-12)
     m, hh = (1 - h) * isl, h * isl
-    t_chip = (f["t_step"] * f["steps_per_request"] + f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
-              + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2)))
+    t_compute = f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
+    t_chip = (f["t_step"] * steps_per_request + t_compute + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2)))
     assert p["t_chip"] == pytest.approx(t_chip, rel=1e-12)
     assert p["tpm_delivered"] == pytest.approx((isl + osl) * 60 / t_chip, rel=1e-12)
     assert p["tpm_physical"] == pytest.approx((isl * (1 - h) + osl) * 60 / t_chip, rel=1e-12)
+    # TTFT (§3.2 + §7 latency layer). The trace has no loaded hits (external hits 0), so α is not
+    # identifiable and T_load = 0: the service TTFT is one engine step plus the compute,
+    # T_step + T_compute; the load-aware one is the window's queue time plus the contended prefill,
+    # queue + (c0 + c1·running)·(T_step + T_compute).
+    assert f["alpha"] is None and f["hit_load_share"] == 0.0
+    assert p["ttft_service"] == pytest.approx(f["t_step"] + t_compute, rel=1e-12)
+    assert p["ttft_load_aware"] == pytest.approx(
+        queue_time + (f["c0"] + f["c1"] * running) * (f["t_step"] + t_compute), rel=1e-9)
     # Caching raises delivered throughput over the h = 0 prediction of the same fit.
     t0 = f["t_step"] * f["steps_per_request"] + f["k_ffn"] * isl + f["k_attn"] * isl * isl / 2 \
         + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2))
