@@ -571,6 +571,38 @@ def test_predict_at_the_highest_hit_ratio_one_computed_token(tmp_path, capsys):
     assert p["isl"] == 2048 and p["osl"] == 32 and p["t_chip"] == pytest.approx(0.04592285, rel=1e-12)
 
 
+def test_predict_with_loaded_hits_overlap_contention_gpus_and_prices_by_hand(tmp_path, capsys):
+    # Every field of a saved fit in use. FIT's coefficients, plus: half the hits loaded, α = 0.5,
+    # S_kv = 100,000 B, B_load = 1e9 B/s, c0 = 1.1, c1 = 0.05, running 4, queue 0.03 s, 4 GPUs,
+    # prices (1e-6, 1e-7, 2e-6). ISL 2048, OSL 32 (the file's), h = 0.5:
+    fit = {**FIT, "c0": 1.1, "c1": 0.05, "running": 4.0, "queue_time": 0.03, "alpha": 0.5, "hit_load_share": 0.5,
+           "kv_bytes_per_token": 100_000.0, "load_bandwidth": 1e9, "gpus": 4, "p_miss": 1e-6, "p_hit": 1e-7,
+           "p_out": 2e-6}
+    code, out, err = _predict(tmp_path, capsys, {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0,
+                                                                                       "fit": fit}}},
+                              "--hit-ratio", "0.5")
+    assert code == 0, err
+    p = json.loads(out)["prediction"]
+    # M = H = 1024. T_compute = 2e-4·1024 + 6e-8·(1024·1024 + 1024²/2) = 0.2048 + 0.09437184 = 0.29917184 s
+    # t_chip = T_step·steps + T_compute + OSL·k_dec = 0.02 + 0.29917184 + 0.0256 = 0.34477184 s (§7)
+    assert p["t_chip"] == pytest.approx(0.34477184, rel=1e-12)
+    # h_load = 0.5·0.5 = 0.25 → T_load = 0.25·2048·100,000/1e9 = 0.0512 s; α·min = 0.5·0.0512 = 0.0256
+    # service (§3.2, one step): 0.002 + 0.0512 + 0.29917184 − 0.0256 = 0.32677184 s
+    assert p["ttft_service"] == pytest.approx(0.32677184, rel=1e-12)
+    # load-aware: queue + (1.1 + 0.05·4)·(0.002 + 0.29917184) + 0.0512 − 0.0256
+    #   = 0.03 + 1.3·0.30117184 + 0.0256 = 0.03 + 0.391523392 + 0.0256 = 0.447123392 s
+    assert p["ttft_load_aware"] == pytest.approx(0.447123392, rel=1e-12)
+    # TPM (§3.4): delivered (2048 + 32)·60/0.34477184 = 124,800/0.34477184; physical (1024 + 32)·60 = 63,360
+    # over the same; per GPU ÷ 4
+    assert p["tpm_delivered"] == pytest.approx(124_800 / 0.34477184, rel=1e-12)
+    assert p["tpm_physical"] == pytest.approx(63_360 / 0.34477184, rel=1e-12)
+    assert p["tpm_delivered_per_gpu"] == pytest.approx(124_800 / 0.34477184 / 4, rel=1e-12)
+    assert p["tpm_physical_per_gpu"] == pytest.approx(63_360 / 0.34477184 / 4, rel=1e-12)
+    # revenue (§4 chip_time): (1e-6·1024 + 1e-7·1024 + 2e-6·32)/t_chip = (1.024e-3 + 1.024e-4 + 6.4e-5)/t_chip
+    #   = 1.1904e-3/0.34477184
+    assert p["revenue"] == pytest.approx(1.1904e-3 / 0.34477184, rel=1e-12)
+
+
 # ---- replay: a bad phases.json -------------------------------------------------------------------
 
 
