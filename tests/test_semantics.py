@@ -350,6 +350,34 @@ def test_data_parallel_engines_divide_per_gpu_tpm_and_say_they_are_fitted_as_one
     assert "data_parallel" not in info(pub, "kvhit_warning_info", "warning")
 
 
+def test_data_parallel_engines_divide_the_predicted_per_gpu_tpm_too():
+    # The simulator's noise-free sweep served by two identical data-parallel engines (every
+    # engine="0" series copied as engine="1"): the chip-time fit is ok and TPM is predicted.
+    # MODEL.md §3.4: per GPU = per instance / (tp·pp × engines) = / (1·1·2), for the predicted
+    # basis as for the observed one.
+    from exporter.replay import TraceClock
+    from exporter.simulate import generate, preset
+
+    def two_engines(text: str) -> str:
+        return text + "".join(ln.replace('engine="0"', 'engine="1"') + "\n" for ln in text.splitlines()
+                              if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info"))
+
+    sc = preset("sweep", noise=0.0)
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for t, text, _ in generate(sc):
+        clock.t = t
+        assert runner.ingest_text(t, two_engines(text))
+    pub = published(runner)
+    assert info(pub, "kvhit_warning_info", "warning")["data_parallel"].startswith("2 data-parallel engines")
+    tpm = {(dict(k)["basis"], dict(k)["kind"], dict(k)["per"]): v
+           for k, v in series(pub, "kvhit_tpm_tokens_per_minute").items()}
+    for basis in ("observed", "predicted"):
+        for kind in ("delivered", "physical"):
+            assert tpm[(basis, kind, "instance")] > 0
+            assert tpm[(basis, kind, "gpu")] == pytest.approx(tpm[(basis, kind, "instance")] / 2, rel=1e-12)
+
+
 def test_lmcache_metrics_without_external_counters_make_loaded_hits_unknown_never_zero():
     # vLLM 0.10-shaped (no external_prefix_cache_*), cache_config_info without offloading, but
     # LMCache's own metrics in the body: a KV connector is in use, whose hits vLLM does not count.
