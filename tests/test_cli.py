@@ -393,6 +393,30 @@ def test_replay_json_outputs(replayed):
     assert value(text, "kvhit_hit_ratio", model_name=MODEL_NAME, source="all") is not None
 
 
+def _raw_final_window() -> dict[str, float]:
+    """The trace's final publish window read from the raw files with prometheus_client's parser
+    (not kvhit's): newest scrape >= 60 s before the last one, to the last (MODEL.md §1).
+    steps_per_request = Δcount(iteration_tokens)/Δcount(prefill_time) (§7, T_fixed's share);
+    queue_time = Δsum/Δcount of request_queue_time_seconds; running = mean of the window's two
+    ends (§2 gauges, as observe() takes a step's); h = Δhits/Δqueries; isl = Δsum/Δcount of
+    request_prompt_tokens."""
+    texts, _, stamps = _trace_texts()
+    j = max(i for i, ms in enumerate(stamps) if ms <= stamps[-1] - 60_000)
+    base, last = texts[j], texts[-1]
+
+    def inc(name: str) -> float:
+        return counter_sum(last, name) - counter_sum(base, name)
+    done = inc("vllm:request_prefill_time_seconds_count")
+    assert done > 0
+    return {
+        "steps_per_request": inc("vllm:iteration_tokens_total_count") / done,
+        "queue_time": inc("vllm:request_queue_time_seconds_sum") / inc("vllm:request_queue_time_seconds_count"),
+        "running": (counter_sum(base, "vllm:num_requests_running") + counter_sum(last, "vllm:num_requests_running")) / 2,
+        "h": inc("vllm:prefix_cache_hits_total") / inc("vllm:prefix_cache_queries_total"),
+        "isl": inc("vllm:request_prompt_tokens_sum") / inc("vllm:request_prompt_tokens_count"),
+    }
+
+
 def test_predict_matches_hand_computation(replayed):
     _, out = replayed
     h, isl, osl = 0.5, 2048.0, 32.0
@@ -402,22 +426,9 @@ def test_predict_matches_hand_computation(replayed):
     assert pred["model_name"] == MODEL_NAME
     p = pred["prediction"]
 
-    # The window quantities the saved fit carries, read from the raw trace here (prometheus_client's
-    # parser, not kvhit's): publish window = newest scrape >= 60 s before the last one, to the last
-    # (MODEL.md §1). T_fixed's steps per request = Δcount(iteration_tokens)/Δcount(prefill_time)
-    # (§7); queue time = Δsum/Δcount of request_queue_time_seconds; running = mean of the window's
-    # two ends (§2 gauges, as observe() takes a step's).
-    texts, _, stamps = _trace_texts()
-    j = max(i for i, ms in enumerate(stamps) if ms <= stamps[-1] - 60_000)
-    base, last = texts[j], texts[-1]
-
-    def inc(name: str) -> float:
-        return counter_sum(last, name) - counter_sum(base, name)
-    done = inc("vllm:request_prefill_time_seconds_count")
-    assert done > 0
-    steps_per_request = inc("vllm:iteration_tokens_total_count") / done
-    queue_time = inc("vllm:request_queue_time_seconds_sum") / inc("vllm:request_queue_time_seconds_count")
-    running = (counter_sum(base, "vllm:num_requests_running") + counter_sum(last, "vllm:num_requests_running")) / 2
+    # The window quantities the saved fit carries, read from the raw trace (_raw_final_window).
+    w = _raw_final_window()
+    steps_per_request, queue_time, running = w["steps_per_request"], w["queue_time"], w["running"]
 
     # MODEL.md §7 per request and §3.4, written out from the saved coefficients (the fitted ones
     # are the fit's output; the steps per request, queue time and running are checked above).
@@ -443,6 +454,32 @@ def test_predict_matches_hand_computation(replayed):
     t0 = f["t_step"] * f["steps_per_request"] + f["k_ffn"] * isl + f["k_attn"] * isl * isl / 2 \
         + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2))
     assert t_chip < t0
+
+
+def test_replay_publishes_fixed_time_contention_and_both_predicted_ttfts_by_hand(replayed):
+    # The exposition of the replay, composed from the fit's coefficients (the fit's output) and the
+    # final window's own quantities read from the raw trace, per MODEL.md §3.2 and §7.
+    _, out = replayed
+    text = out["metrics"].read_text()
+    f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    w = _raw_final_window()
+    # T_fixed = T_step × steps per request
+    assert value(text, "kvhit_fixed_time_seconds", model_name=MODEL_NAME) == \
+        pytest.approx(f["t_step"] * w["steps_per_request"], rel=1e-12)
+    # contention c = c0 + c1·running at the window's running
+    c = f["c0"] + f["c1"] * w["running"]
+    assert value(text, "kvhit_contention_factor", model_name=MODEL_NAME) == pytest.approx(c, rel=1e-12)
+    # TTFT at the window's h ("current") and at the configured target (default 0.9), window ISL:
+    # no loaded hits in this trace, so service = T_step + T_compute(h) and
+    # load_aware = queue + c·(T_step + T_compute(h)), T_compute = k_ffn·M + k_attn·(M·H + M²/2)
+    assert value(text, "kvhit_target_hit_ratio", model_name=MODEL_NAME) == 0.9
+    for which, h in (("current", w["h"]), ("target", 0.9)):
+        m, hh = (1 - h) * w["isl"], h * w["isl"]
+        prefill = f["t_step"] + f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
+        assert value(text, "kvhit_predicted_ttft_seconds", model_name=MODEL_NAME, hit_ratio=which,
+                     kind="service") == pytest.approx(prefill, rel=1e-9), which
+        assert value(text, "kvhit_predicted_ttft_seconds", model_name=MODEL_NAME, hit_ratio=which,
+                     kind="load_aware") == pytest.approx(w["queue_time"] + c * prefill, rel=1e-9), which
 
 
 # ---- demo ----------------------------------------------------------------------------------
