@@ -393,6 +393,30 @@ def test_replay_json_outputs(replayed):
     assert value(text, "kvhit_hit_ratio", model_name=MODEL_NAME, source="all") is not None
 
 
+def _raw_final_window() -> dict[str, float]:
+    """The trace's final publish window read from the raw files with prometheus_client's parser
+    (not kvhit's): newest scrape >= 60 s before the last one, to the last (MODEL.md §1).
+    steps_per_request = Δcount(iteration_tokens)/Δcount(prefill_time) (§7, T_fixed's share);
+    queue_time = Δsum/Δcount of request_queue_time_seconds; running = mean of the window's two
+    ends (§2 gauges, as observe() takes a step's); h = Δhits/Δqueries; isl = Δsum/Δcount of
+    request_prompt_tokens."""
+    texts, _, stamps = _trace_texts()
+    j = max(i for i, ms in enumerate(stamps) if ms <= stamps[-1] - 60_000)
+    base, last = texts[j], texts[-1]
+
+    def inc(name: str) -> float:
+        return counter_sum(last, name) - counter_sum(base, name)
+    done = inc("vllm:request_prefill_time_seconds_count")
+    assert done > 0
+    return {
+        "steps_per_request": inc("vllm:iteration_tokens_total_count") / done,
+        "queue_time": inc("vllm:request_queue_time_seconds_sum") / inc("vllm:request_queue_time_seconds_count"),
+        "running": (counter_sum(base, "vllm:num_requests_running") + counter_sum(last, "vllm:num_requests_running")) / 2,
+        "h": inc("vllm:prefix_cache_hits_total") / inc("vllm:prefix_cache_queries_total"),
+        "isl": inc("vllm:request_prompt_tokens_sum") / inc("vllm:request_prompt_tokens_count"),
+    }
+
+
 def test_predict_matches_hand_computation(replayed):
     _, out = replayed
     h, isl, osl = 0.5, 2048.0, 32.0
@@ -401,21 +425,61 @@ def test_predict_matches_hand_computation(replayed):
     pred = json.loads(done.stdout)
     assert pred["model_name"] == MODEL_NAME
     p = pred["prediction"]
-    for key in ("ttft_service", "ttft_load_aware", "tpm_delivered", "tpm_physical"):
-        assert isinstance(p[key], float) and math.isfinite(p[key]) and p[key] > 0, key
 
-    # MODEL.md §7 per request and §3.4, written out from the saved coefficients.
+    # The window quantities the saved fit carries, read from the raw trace (_raw_final_window).
+    w = _raw_final_window()
+    steps_per_request, queue_time, running = w["steps_per_request"], w["queue_time"], w["running"]
+
+    # MODEL.md §7 per request and §3.4, written out from the saved coefficients (the fitted ones
+    # are the fit's output; the steps per request, queue time and running are checked above).
     f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    assert f["steps_per_request"] == pytest.approx(steps_per_request, rel=1e-12)
+    assert f["queue_time"] == pytest.approx(queue_time, rel=1e-9)
+    assert f["running"] == pytest.approx(running, rel=1e-12)
     m, hh = (1 - h) * isl, h * isl
-    t_chip = (f["t_step"] * f["steps_per_request"] + f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
-              + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2)))
+    t_compute = f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
+    t_chip = (f["t_step"] * steps_per_request + t_compute + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2)))
     assert p["t_chip"] == pytest.approx(t_chip, rel=1e-12)
     assert p["tpm_delivered"] == pytest.approx((isl + osl) * 60 / t_chip, rel=1e-12)
     assert p["tpm_physical"] == pytest.approx((isl * (1 - h) + osl) * 60 / t_chip, rel=1e-12)
+    # TTFT (§3.2 + §7 latency layer). The trace has no loaded hits (external hits 0), so α is not
+    # identifiable and T_load = 0: the service TTFT is one engine step plus the compute,
+    # T_step + T_compute; the load-aware one is the window's queue time plus the contended prefill,
+    # queue + (c0 + c1·running)·(T_step + T_compute).
+    assert f["alpha"] is None and f["hit_load_share"] == 0.0
+    assert p["ttft_service"] == pytest.approx(f["t_step"] + t_compute, rel=1e-12)
+    assert p["ttft_load_aware"] == pytest.approx(
+        queue_time + (f["c0"] + f["c1"] * running) * (f["t_step"] + t_compute), rel=1e-9)
     # Caching raises delivered throughput over the h = 0 prediction of the same fit.
     t0 = f["t_step"] * f["steps_per_request"] + f["k_ffn"] * isl + f["k_attn"] * isl * isl / 2 \
         + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2))
     assert t_chip < t0
+
+
+def test_replay_publishes_fixed_time_contention_and_both_predicted_ttfts_by_hand(replayed):
+    # The exposition of the replay, composed from the fit's coefficients (the fit's output) and the
+    # final window's own quantities read from the raw trace, per MODEL.md §3.2 and §7.
+    _, out = replayed
+    text = out["metrics"].read_text()
+    f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    w = _raw_final_window()
+    # T_fixed = T_step × steps per request
+    assert value(text, "kvhit_fixed_time_seconds", model_name=MODEL_NAME) == \
+        pytest.approx(f["t_step"] * w["steps_per_request"], rel=1e-12)
+    # contention c = c0 + c1·running at the window's running
+    c = f["c0"] + f["c1"] * w["running"]
+    assert value(text, "kvhit_contention_factor", model_name=MODEL_NAME) == pytest.approx(c, rel=1e-12)
+    # TTFT at the window's h ("current") and at the configured target (default 0.9), window ISL:
+    # no loaded hits in this trace, so service = T_step + T_compute(h) and
+    # load_aware = queue + c·(T_step + T_compute(h)), T_compute = k_ffn·M + k_attn·(M·H + M²/2)
+    assert value(text, "kvhit_target_hit_ratio", model_name=MODEL_NAME) == 0.9
+    for which, h in (("current", w["h"]), ("target", 0.9)):
+        m, hh = (1 - h) * w["isl"], h * w["isl"]
+        prefill = f["t_step"] + f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
+        assert value(text, "kvhit_predicted_ttft_seconds", model_name=MODEL_NAME, hit_ratio=which,
+                     kind="service") == pytest.approx(prefill, rel=1e-9), which
+        assert value(text, "kvhit_predicted_ttft_seconds", model_name=MODEL_NAME, hit_ratio=which,
+                     kind="load_aware") == pytest.approx(w["queue_time"] + c * prefill, rel=1e-9), which
 
 
 # ---- demo ----------------------------------------------------------------------------------
@@ -542,6 +606,38 @@ def test_predict_at_the_highest_hit_ratio_one_computed_token(tmp_path, capsys):
     # MODEL.md §7 by hand: M = 1 miss token, H = 2047 hits, ISL 2048, OSL 32 (the file's).
     # t_step·steps + k_ffn·M + k_attn·(M·H + M²/2) + OSL·k_dec = 0.02 + 0.0002 + 0.00012285 + 0.0256
     assert p["isl"] == 2048 and p["osl"] == 32 and p["t_chip"] == pytest.approx(0.04592285, rel=1e-12)
+
+
+def test_predict_with_loaded_hits_overlap_contention_gpus_and_prices_by_hand(tmp_path, capsys):
+    # Every field of a saved fit in use. FIT's coefficients, plus: half the hits loaded, α = 0.5,
+    # S_kv = 100,000 B, B_load = 1e9 B/s, c0 = 1.1, c1 = 0.05, running 4, queue 0.03 s, 4 GPUs,
+    # prices (1e-6, 1e-7, 2e-6). ISL 2048, OSL 32 (the file's), h = 0.5:
+    fit = {**FIT, "c0": 1.1, "c1": 0.05, "running": 4.0, "queue_time": 0.03, "alpha": 0.5, "hit_load_share": 0.5,
+           "kv_bytes_per_token": 100_000.0, "load_bandwidth": 1e9, "gpus": 4, "p_miss": 1e-6, "p_hit": 1e-7,
+           "p_out": 2e-6}
+    code, out, err = _predict(tmp_path, capsys, {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0,
+                                                                                       "fit": fit}}},
+                              "--hit-ratio", "0.5")
+    assert code == 0, err
+    p = json.loads(out)["prediction"]
+    # M = H = 1024. T_compute = 2e-4·1024 + 6e-8·(1024·1024 + 1024²/2) = 0.2048 + 0.09437184 = 0.29917184 s
+    # t_chip = T_step·steps + T_compute + OSL·k_dec = 0.02 + 0.29917184 + 0.0256 = 0.34477184 s (§7)
+    assert p["t_chip"] == pytest.approx(0.34477184, rel=1e-12)
+    # h_load = 0.5·0.5 = 0.25 → T_load = 0.25·2048·100,000/1e9 = 0.0512 s; α·min = 0.5·0.0512 = 0.0256
+    # service (§3.2, one step): 0.002 + 0.0512 + 0.29917184 − 0.0256 = 0.32677184 s
+    assert p["ttft_service"] == pytest.approx(0.32677184, rel=1e-12)
+    # load-aware: queue + (1.1 + 0.05·4)·(0.002 + 0.29917184) + 0.0512 − 0.0256
+    #   = 0.03 + 1.3·0.30117184 + 0.0256 = 0.03 + 0.391523392 + 0.0256 = 0.447123392 s
+    assert p["ttft_load_aware"] == pytest.approx(0.447123392, rel=1e-12)
+    # TPM (§3.4): delivered (2048 + 32)·60/0.34477184 = 124,800/0.34477184; physical (1024 + 32)·60 = 63,360
+    # over the same; per GPU ÷ 4
+    assert p["tpm_delivered"] == pytest.approx(124_800 / 0.34477184, rel=1e-12)
+    assert p["tpm_physical"] == pytest.approx(63_360 / 0.34477184, rel=1e-12)
+    assert p["tpm_delivered_per_gpu"] == pytest.approx(124_800 / 0.34477184 / 4, rel=1e-12)
+    assert p["tpm_physical_per_gpu"] == pytest.approx(63_360 / 0.34477184 / 4, rel=1e-12)
+    # revenue (§4 chip_time): (1e-6·1024 + 1e-7·1024 + 2e-6·32)/t_chip = (1.024e-3 + 1.024e-4 + 6.4e-5)/t_chip
+    #   = 1.1904e-3/0.34477184
+    assert p["revenue"] == pytest.approx(1.1904e-3 / 0.34477184, rel=1e-12)
 
 
 # ---- replay: a bad phases.json -------------------------------------------------------------------

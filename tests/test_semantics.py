@@ -222,6 +222,21 @@ def test_missing_hit_counters_are_unknown_never_zero():
         pytest.approx(3960.0)
 
 
+def test_physical_tpm_without_local_compute_counter_uses_the_window_hit_ratio():
+    # vLLM < 0.16 (no prompt_tokens_by_source): the miss prompt tokens are prompt·(1 − h) of the
+    # window (MODEL.md §3.4 physical). Δq = 1000, Δk = 400 (no connector: h_load 0) → h = 0.4;
+    # Δprompt = 1000, Δgeneration = 100 over one 5-s step:
+    #   delivered (1000 + 100)·60/5 = 13,200; physical (1000·0.6 + 100)·60/5 = 700·12 = 8,400
+    a = V010.format(q=0.0, k=0.0, p=0.0, extra=PROMPTS.format(p=0.0, g=0.0))
+    b = V010.format(q=1000.0, k=400.0, p=0.0, extra=PROMPTS.format(p=1000.0, g=100.0))
+    pub = published(run(a, b))
+    assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "all"))] == pytest.approx(0.4)
+    tpm = series(pub, "kvhit_tpm_tokens_per_minute")
+    observed = {(dict(k)["kind"], dict(k)["per"]): v for k, v in tpm.items() if dict(k)["basis"] == "observed"}
+    assert observed == pytest.approx({("delivered", "instance"): 13_200.0, ("physical", "instance"): 8_400.0,
+                                      ("delivered", "gpu"): 13_200.0, ("physical", "gpu"): 8_400.0})
+
+
 def test_zero_queries_in_the_window_is_no_data_not_zero_percent():
     body = SHORT.format(q=200.0, n=10.0, n20=10.0)
     pub = published(run(body, body))  # nothing happened: Δq = 0
@@ -333,6 +348,34 @@ def test_data_parallel_engines_divide_per_gpu_tpm_and_say_they_are_fitted_as_one
     assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "gpu"))] \
         == pytest.approx(13200.0)
     assert "data_parallel" not in info(pub, "kvhit_warning_info", "warning")
+
+
+def test_data_parallel_engines_divide_the_predicted_per_gpu_tpm_too():
+    # The simulator's noise-free sweep served by two identical data-parallel engines (every
+    # engine="0" series copied as engine="1"): the chip-time fit is ok and TPM is predicted.
+    # MODEL.md §3.4: per GPU = per instance / (tp·pp × engines) = / (1·1·2), for the predicted
+    # basis as for the observed one.
+    from exporter.replay import TraceClock
+    from exporter.simulate import generate, preset
+
+    def two_engines(text: str) -> str:
+        return text + "".join(ln.replace('engine="0"', 'engine="1"') + "\n" for ln in text.splitlines()
+                              if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info"))
+
+    sc = preset("sweep", noise=0.0)
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for t, text, _ in generate(sc):
+        clock.t = t
+        assert runner.ingest_text(t, two_engines(text))
+    pub = published(runner)
+    assert info(pub, "kvhit_warning_info", "warning")["data_parallel"].startswith("2 data-parallel engines")
+    tpm = {(dict(k)["basis"], dict(k)["kind"], dict(k)["per"]): v
+           for k, v in series(pub, "kvhit_tpm_tokens_per_minute").items()}
+    for basis in ("observed", "predicted"):
+        for kind in ("delivered", "physical"):
+            assert tpm[(basis, kind, "instance")] > 0
+            assert tpm[(basis, kind, "gpu")] == pytest.approx(tpm[(basis, kind, "instance")] / 2, rel=1e-12)
 
 
 def test_lmcache_metrics_without_external_counters_make_loaded_hits_unknown_never_zero():
