@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.observe import (ISL_HISTOGRAM, Context, hit_problem, hit_tokens, kv_capacity_tokens, mean_length,
-                              observe, request_isl, window_notes)
+from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, hit_problem, hit_tokens, kv_capacity_tokens,
+                              mean_length, observe, request_isl, window_notes)
 from exporter.parse import Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
@@ -203,7 +203,7 @@ class Analyzer:
             st.chip.update(obs)
             st.slope.update(obs)
             st.latency.update(obs)
-            _update_seed3(st, delta, obs, engine_count(snap, model))
+            _update_seed3(st, delta, obs, _engine_count(snap, model))
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
@@ -305,8 +305,8 @@ class Analyzer:
         # request finished in the window); what is published as the window's means is the window's
         # own, never that fallback (MODEL.md §2: window deltas; absent = no data)
         isl, osl = wobs.isl, wobs.osl
-        isl_w, osl_w = mean_length(w, ISL_HISTOGRAM), mean_length(w, "request_generation_tokens")
-        engines = engine_count(snap, model)
+        isl_w, osl_w = mean_length(w, ISL_HISTOGRAM), mean_length(w, OSL_HISTOGRAM)
+        engines = _engine_count(snap, model)
         tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines)
         kv = cfg.model.kv_bytes_per_token()
         if kv is None:
@@ -471,7 +471,7 @@ def _tpot_histogram(d: Delta):
     return None, None
 
 
-def engine_count(snap: Snapshot, model: str) -> int:
+def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines of ``model`` in one exposition (vLLM's ``engine`` label, SGLang's
     ``dp_rank``); 1 for signals built by hand."""
     return max(1, len(snap.models[model].engines))

@@ -39,6 +39,7 @@ class Context:
 
 
 ISL_HISTOGRAM = "request_prompt_tokens"
+OSL_HISTOGRAM = "request_generation_tokens"
 
 
 def request_isl(delta: Delta, ctx: Context) -> float | None:
@@ -103,7 +104,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     """
     q, k, e = hit_tokens(delta, ctx)
     isl = request_isl(delta, ctx)
-    osl = mean_length(delta, "request_generation_tokens") or ctx.osl
+    osl = mean_length(delta, OSL_HISTOGRAM) or ctx.osl
     g = delta.counters.get("generation_tokens")  # None = unknown, never 0
     steps_h = delta.histograms.get("iteration_tokens")
     steps = steps_h.count if steps_h is not None else 0.0
@@ -190,8 +191,8 @@ def _excludes_preempted(delta: Delta, ctx: Context) -> bool:
 # Histogram behind each published window mean: signal → (canonical histogram, vLLM family, what a
 # zero Δcount means).
 _MEANS = {
-    "isl": ("request_prompt_tokens", "vllm:request_prompt_tokens", "no request finished"),
-    "osl": ("request_generation_tokens", "vllm:request_generation_tokens", "no request finished"),
+    "isl": (ISL_HISTOGRAM, "vllm:request_prompt_tokens", "no request finished"),
+    "osl": (OSL_HISTOGRAM, "vllm:request_generation_tokens", "no request finished"),
     "observed_ttft": ("ttft", "vllm:time_to_first_token_seconds", "no first token"),
 }
 
