@@ -13,11 +13,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
+from scipy.optimize import nnls
 
 from .model import CHIP_TIME_TERMS, ChipTimeCoefficients
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, soft_l1_weight, solve_normal
+from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, soft_l1_weight, solve_normal
 from .result import Estimate, FitResult, Status
 
 # What each coefficient multiplies, in words, for reasons.
@@ -80,8 +80,9 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
     all-zero or (near-)collinear columns dropped (uncentred R² of the column regressed on the
     simpler kept columns > ``COLLINEAR_R2``; keep-order t_step, k_ffn, k_dec, k_attn, k_ctx);
     residuals relative to each step's size (busy-time noise grows with Δt); NNLS start;
-    ``least_squares`` with bounds (0, ∞) and a soft_l1 loss whose f_scale is the MAD of the
-    NNLS residuals; then the rows beyond OUTLIER_SIGMAS robust σ of that solution's residuals
+    the soft_l1 least squares with bounds (0, ∞) (``least_squares``'s minimum, found by
+    :func:`~fitters.online.bounded_lsq`) whose f_scale is the MAD of the NNLS residuals; then
+    the rows beyond OUTLIER_SIGMAS robust σ of that solution's residuals
     are flagged as outliers (tail-chunk dips, MODEL.md §4) and the fit is repeated without them,
     flagging again at each new solution (σ of every row) until the set holds still, at most
     REJECT_ROUNDS times and only while REJECT_AFTER·``min_samples`` rows remain, so they do not
@@ -127,7 +128,7 @@ class _Frozen:
 def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
                 previous: _Frozen | None = None) -> tuple[FitResult, _Frozen | None, np.ndarray]:
     """The robust fit of :func:`fit_chip_time` on design rows x, shape (n, 5), and Δt_busy y,
-    shape (n,) [s]; least_squares starts from ``previous``'s solution when it kept the same terms
+    shape (n,) [s]; the soft_l1 solve starts from ``previous``'s solution when it kept the same terms
     (same minimum: the soft_l1 problem is convex), else from NNLS.
 
     Returns (fit, what the refit froze or None when the fit is not ok, each row's IRLS weight at
@@ -161,11 +162,10 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     sigma0 = robust_sigma(aw @ p0 - yw)
     warm = previous is not None and previous.kept == kept
 
-    def solve(rows: np.ndarray | slice, p: np.ndarray):
-        return least_squares(lambda q: aw[rows] @ q - yw[rows], p, jac=lambda q: aw[rows], bounds=(0.0, np.inf),
-                             loss="soft_l1", f_scale=sigma0)
-    fit = solve(slice(None), previous.beta[kept] * x_scale[kept] if warm else p0)
-    resid = aw @ fit.x - yw
+    def solve(rows: np.ndarray | slice, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return bounded_lsq(aw[rows], yw[rows], p, 0.0, np.inf, sigma0)
+    fit, active = solve(slice(None), previous.beta[kept] * x_scale[kept] if warm else p0)
+    resid = aw @ fit - yw
     inlier, reject = np.ones(n, dtype=bool), math.inf
     # Many dips at one h bend the first solution and widen the residuals' σ, so some of them pass:
     # flag, refit without the flagged rows, and flag again with σ of every row's residual at the
@@ -181,14 +181,14 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
         if np.array_equal(flagged, inlier):
             break
         inlier = flagged
-        fit = solve(inlier, fit.x)
-        resid = aw @ fit.x - yw
+        fit, active = solve(inlier, fit)
+        resid = aw @ fit - yw
     start, beta = np.zeros(len(CHIP_TIME_TERMS)), np.zeros(len(CHIP_TIME_TERMS))
-    start[kept], beta[kept] = p0 / x_scale[kept], fit.x / x_scale[kept]
-    frozen = _Frozen(kept, dropped, x_scale > 0, start, floor, beta, sigma0, fit.active_mask != 0, reject)
+    start[kept], beta[kept] = p0 / x_scale[kept], fit / x_scale[kept]
+    frozen = _Frozen(kept, dropped, x_scale > 0, start, floor, beta, sigma0, active, reject)
     weights = soft_l1_weight(resid, sigma0) * inlier
     x, y = x.copy(), y.copy()
-    return LazyFitResult(lambda: _publish(x, y, x_scale, size, kept, dropped, fit.x, min_samples)), frozen, weights
+    return LazyFitResult(lambda: _publish(x, y, x_scale, size, kept, dropped, fit, min_samples)), frozen, weights
 
 
 def _rms(x: np.ndarray) -> np.ndarray:
@@ -375,13 +375,13 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         if sol is None:
             return None
         beta = np.zeros(len(CHIP_TIME_TERMS))
-        beta[kept] = sol[0]
+        beta[kept] = sol
         xr, y = xr.copy(), x[:, -1].copy()
 
         def publish() -> FitResult:
             x_scale = _rms(xr)
             size = np.maximum(xr @ state.start, state.floor)
-            return _publish(xr, y, x_scale, size, kept, state.dropped, sol[0] * x_scale[kept], self.min_samples)
+            return _publish(xr, y, x_scale, size, kept, state.dropped, sol * x_scale[kept], self.min_samples)
         return LazyFitResult(publish), beta
 
     def coefficients(self) -> ChipTimeCoefficients | None:

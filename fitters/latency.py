@@ -24,9 +24,9 @@ The model is linear in (c0, c1, α):
 
     y − T_load = c0·P + c1·P·r − α·m,    y = prefill_time_mean, r = running, m = min(T_load, T_compute)
 
-and is fitted with ``scipy.optimize.least_squares`` (bounds c0, c1 ≥ 0, 0 ≤ α ≤ 1, soft-L1 loss),
-each step weighted by its number of finished requests (the variance of a window mean falls
-like 1/n). The chip-time coefficients are inputs, not fitted here: they come from the chip-time
+and is fitted by soft-L1 least squares (bounds c0, c1 ≥ 0, 0 ≤ α ≤ 1; the minimum
+``scipy.optimize.least_squares`` finds, found by :func:`fitters.online.bounded_lsq`), each step
+weighted by its number of finished requests (the variance of a window mean falls like 1/n). The chip-time coefficients are inputs, not fitted here: they come from the chip-time
 fit (fitters/chiptime.py) and change as it converges, so :class:`LatencyFitter` keeps the raw
 samples and refits from them with whichever coefficients it is given.
 
@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from fitters.model import ChipTimeCoefficients, attention_work, load_time, ttft_unified
 from fitters.observation import Observation
-from fitters.online import REFIT_EVERY, AmortizedFit, LazyFitResult, frozen_wls, shared, soft_l1_weight, solve_normal
+from fitters.online import (REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, frozen_wls, shared, soft_l1_weight,
+                            solve_normal)
 from fitters.result import Estimate, FitResult, Status
 
 __all__ = [
@@ -268,29 +268,22 @@ def _solve(design: np.ndarray, z: np.ndarray, w: np.ndarray, lower: np.ndarray, 
     Two passes: plain least squares gives the residual scale (1.4826·MAD of the weighted
     residuals) and the start, then soft-L1 with that f_scale so a few outlier steps cannot bend
     the fit. The plain pass is the normal equations when their solution is inside the bounds
-    (then it is the bounded solution), else a bounded least_squares. Both problems are convex:
-    ``start`` (e.g. the previous solution) only changes where the iterations begin. Covariance:
+    (then it is the bounded solution), else :func:`~fitters.online.bounded_lsq`. Both problems
+    are convex: ``start`` (e.g. the previous solution) only changes where the iterations begin. Covariance:
     :func:`_robust_covariance`.
     """
     a, b = _normalised(design, z, w)
     x0 = np.clip(np.ones(design.shape[1]) * 0.5 if start is None else start, lower, upper)
     p = design.shape[1]
     plain = frozen_wls(a, b, np.ones(len(b)), np.zeros(p, dtype=bool), x0, lower, upper)
-    if plain is None:
-        first = least_squares(lambda t: a @ t - b, x0, jac=lambda t: a, bounds=(lower, upper), method="trf",
-                              x_scale="jac").x
-    else:
-        first = plain[0]
+    first = bounded_lsq(a, b, x0, lower, upper)[0] if plain is None else plain
     res0 = a @ first - b
     mad = float(np.median(np.abs(res0 - np.median(res0))))
     floor = 1e-9 * float(np.median(np.abs(b))) + 1e-15  # noiseless data: keep f_scale > 0
     f_scale = max(1.4826 * mad, floor)
-    robust = least_squares(
-        lambda t: a @ t - b, first if start is None else x0, jac=lambda t: a, bounds=(lower, upper),
-        method="trf", x_scale="jac", loss="soft_l1", f_scale=f_scale,
-    )
-    return _Solution(robust.x, _robust_covariance(a, b, robust.x, f_scale), design @ robust.x, f_scale,
-                     robust.active_mask != 0, soft_l1_weight(a @ robust.x - b, f_scale))
+    theta, active = bounded_lsq(a, b, first if start is None else x0, lower, upper, f_scale)
+    return _Solution(theta, _robust_covariance(a, b, theta, f_scale), design @ theta, f_scale, active,
+                     soft_l1_weight(a @ theta - b, f_scale))
 
 
 def _robust_covariance(a: np.ndarray, b: np.ndarray, theta: np.ndarray, f_scale: float) -> np.ndarray:
@@ -372,7 +365,7 @@ def fit_latency(
     """Fit the load-aware prefill latency layer and the overlap α (MODEL.md §3.2, §6, §7).
 
     Model (module docstring): y − T_load = c0·P + c1·P·running − α·min(T_load, T_compute),
-    least_squares with bounds c0, c1 ≥ 0, 0 ≤ α ≤ 1, soft-L1 loss, weights = requests finished.
+    soft-L1 least squares with bounds c0, c1 ≥ 0, 0 ≤ α ≤ 1, weights = requests finished.
 
     Args:
         samples: per-step :class:`LatencySample` (any order).
@@ -765,7 +758,7 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         sol = solve_normal(m[:-1, :-1], m[:-1, -1], state.active, state.theta, lower, upper)
         if sol is None:
             return None
-        theta, xc, wc = sol[0], x.copy(), w.copy()
+        theta, xc, wc = sol, x.copy(), w.copy()
 
         def solver(design, z, sw, lower, upper, names, rows):
             a, b = _normalised(design, z, sw)

@@ -310,7 +310,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         m = np.tensordot(width / count, sums, axes=1)
         sol = solve_normal(m[:2, :2], m[:2, 2], np.zeros(2, dtype=bool), np.zeros(2), np.full(2, -np.inf),
                            np.full(2, np.inf))
-        if sol is None or sol[0][0] <= 0:
+        if sol is None or sol[0] <= 0:
             return None  # TPS0 ≤ 0: not identifiable, refit
         h, y = x[:, 1].copy(), x[:, 2].copy()
         res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
