@@ -76,21 +76,19 @@ class HistogramDelta(Buckets):
             return "no observation in the interval"
         if not math.isfinite(self.sum):
             return "no _sum (or one engine or step lacks it)"
-        lo = hi = 0.0
-        prev_le, prev_c = 0.0, 0.0
-        for le, c in zip(self.edges, self.counts):
-            n = c - prev_c
-            if math.isinf(le):
-                if n > 0:
-                    hi = math.inf
-                    lo += n * prev_le
-                prev_c = c
-                break
-            lo += n * prev_le
-            hi += n * le
-            prev_le, prev_c = le, c
-        if not self.counts:
+        edges, counts = self.edges, self.counts
+        if not counts:
             return ""
+        k = len(edges) - (edges[-1] == math.inf)  # the finite edges
+        n = tuple(map(operator.sub, counts[:k], (0.0, *counts[:max(k - 1, 0)])))  # observations per bucket
+        lo = sum(map(operator.mul, n, (0.0, *edges[:max(k - 1, 0)])))  # each at its bucket's lower edge …
+        hi = sum(map(operator.mul, n, edges[:k]))  # … or its upper edge
+        prev_le, prev_c = (edges[k - 1], counts[k - 1]) if k else (0.0, 0.0)
+        if k < len(edges):  # the +Inf bucket
+            if counts[k] > prev_c:
+                hi = math.inf
+                lo += (counts[k] - prev_c) * prev_le
+            prev_c = counts[k]
         rest = self.count - prev_c
         if rest > 0:  # observations above the highest edge listed
             lo += rest * prev_le
@@ -223,7 +221,7 @@ def _sum_hist_deltas(parts: list[HistogramDelta]) -> HistogramDelta:
     if len(parts) == 1:
         return parts[0]
     edges = parts[0].edges
-    if all(p.edges == edges for p in parts[1:]):
+    if all(p.edges is edges or p.edges == edges for p in parts[1:]):
         counts = tuple(map(math.fsum, zip(*(p.counts for p in parts))))
     else:
         edges = tuple(sorted(set(edges).intersection(*(p.edges for p in parts[1:]))))
@@ -239,9 +237,12 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     ``counters`` / ``histograms``: sum only these (None: all), for a reader that needs a few.
     """
     first, last = deltas[0], deltas[-1]
-    names = set(first.counters if counters is None else counters).intersection(*(d.counters for d in deltas))
+    # names every step has (a few names: look them up, do not intersect whole maps)
+    names = [n for n in (first.counters if counters is None else counters)
+             if all(n in d.counters for d in deltas)]
     sums = {n: math.fsum(d.counters[n] for d in deltas) for n in names}
-    hnames = set(first.histograms if histograms is None else histograms).intersection(*(d.histograms for d in deltas))
+    hnames = [n for n in (first.histograms if histograms is None else histograms)
+              if all(n in d.histograms for d in deltas)]
     hists = {n: _sum_hist_deltas([d.histograms[n] for d in deltas]) for n in hnames}
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas))

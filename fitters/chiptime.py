@@ -366,7 +366,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
                state: _Frozen) -> tuple[FitResult, np.ndarray] | None:
         xr = x[:, :-1]
-        if not np.array_equal(np.any(xr > 0, axis=0), state.nonzero):  # regressors are ≥ 0
+        if not np.array_equal(xr.any(axis=0), state.nonzero):  # regressors are ≥ 0
             return None
         kept, k = state.kept, len(state.kept)
         g = self.sums.g[0]

@@ -36,6 +36,7 @@ Two published TTFTs come out of this module (MODEL.md §7):
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -483,8 +484,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
             FitResult.failed(Status.NOT_IDENTIFIABLE, reason, samples=n_fit),
             overlap_failed("load-aware fit not identifiable"),
         ), None
-    lower = np.array([_BOUNDS[n][0] for n in names])
-    upper = np.array([_BOUNDS[n][1] for n in names])
+    lower, upper = _bounds(tuple(names))
     sol = solver(design, arrays["z"], arrays["w"], lower, upper, names, rows)
     if sol is None:
         return None
@@ -590,6 +590,15 @@ class _Frozen:
     active: np.ndarray  # parameters at a bound (bool)
     w_mean: float  # mean weight of the fitted steps, the residuals' normalisation
     alpha_collinear: bool  # α left out as collinear with the chip-time regressors
+
+
+@functools.lru_cache(maxsize=16)
+def _bounds(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bounds of the fitted parameters ``names`` (_BOUNDS), shape (p,) each; shared
+    read-only arrays."""
+    lower, upper = np.array([_BOUNDS[n][0] for n in names]), np.array([_BOUNDS[n][1] for n in names])
+    lower.flags.writeable = upper.flags.writeable = False
+    return lower, upper
 
 
 def _load_scale(key: Key) -> float:
@@ -753,9 +762,7 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         t = _transform(key, state.names)
         m = t @ self.sums.g[0] @ t.T
         names = state.names
-        lower = np.array([_BOUNDS[n][0] for n in names])
-        upper = np.array([_BOUNDS[n][1] for n in names])
-        sol = solve_normal(m[:-1, :-1], m[:-1, -1], state.active, state.theta, lower, upper)
+        sol = solve_normal(m[:-1, :-1], m[:-1, -1], state.active, state.theta, *_bounds(tuple(names)))
         if sol is None:
             return None
         theta, xc, wc = sol, x.copy(), w.copy()

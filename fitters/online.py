@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import numpy as np
+from scipy.linalg.lapack import dposv
 
 from .result import FitResult
 
@@ -93,6 +94,16 @@ def soft_l1_weight(r: np.ndarray, f_scale: float) -> np.ndarray:
     return 1.0 / np.sqrt(1.0 + (r / f_scale) ** 2)
 
 
+def _spd_solve(m: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, int]:
+    """x with m·x = rhs for a symmetric positive definite m (a normal matrix; LAPACK dposv, a
+    Cholesky solve without numpy's per-call overhead), and LAPACK's info: nonzero when m is
+    not positive definite (singular: the caller refits or falls back)."""
+    if not len(rhs):  # every parameter held: nothing to solve
+        return rhs.copy(), 0
+    _, x, info = dposv(m, rhs)
+    return x, info
+
+
 def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray | float, upper: np.ndarray | float,
                 f_scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The minimum of a bounded linear least squares, what scipy's ``least_squares(lambda x: a·x − b,
@@ -145,10 +156,10 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
             d = np.sqrt(h.diagonal())
             if not d.all():
                 break
-            try:
-                step = np.linalg.solve(h / np.outer(d, d), g[free] / d) / d
-            except np.linalg.LinAlgError:
+            step, info = _spd_solve(h / np.outer(d, d), g[free] / d)
+            if info:
                 break
+            step /= d
         xf, decrement = x[free], float(g[free] @ step) * inv_f2
         with np.errstate(divide="ignore", invalid="ignore"):  # the longest step inside the bounds
             room = np.where(step > 0, (xf - lo[free]) / step, np.where(step < 0, (xf - hi[free]) / step, np.inf))
@@ -222,10 +233,10 @@ def solve_normal(ata: np.ndarray, atb: np.ndarray, fixed: np.ndarray, theta_fixe
     d = np.sqrt(m.diagonal())
     if not d.all():
         return None
-    try:
-        theta[free] = np.linalg.solve(m / np.outer(d, d), rhs / d) / d
-    except np.linalg.LinAlgError:
+    sol, info = _spd_solve(m / np.outer(d, d), rhs / d)
+    if info:
         return None
+    theta[free] = sol / d
     if not (np.isfinite(theta) & (theta >= lower) & (theta <= upper)).all():
         return None
     return theta
