@@ -111,6 +111,12 @@ def test_frozen_wls_is_weighted_least_squares_with_fixed_terms():
     assert theta == pytest.approx([free[0], 0.5, free[1]], rel=1e-10)
 
 
+def test_solve_normal_with_every_parameter_held_returns_the_held_values():
+    theta = solve_normal(np.eye(2), np.ones(2), np.array([True, True]), np.array([0.0, 1.0]), np.zeros(2),
+                         np.full(2, np.inf))
+    assert theta.tolist() == [0.0, 1.0]
+
+
 def test_frozen_wls_declines_outside_the_bounds_and_when_singular():
     a = np.column_stack([np.ones(10), np.arange(10.0)])
     b = 5.0 - 1.0 * np.arange(10.0)  # slope −1 < 0
