@@ -173,6 +173,16 @@ def make_app(runner: Runner) -> Callable:
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return route(environ, start_response)
+        # a probe (curl -I): GET's status and headers, its Content-Length, no body
+        got: list = []
+        body = b"".join(route({**environ, "REQUEST_METHOD": "GET"}, lambda *a: got.extend(a[:2])))
+        start_response(got[0], [(k, v) for k, v in got[1] if k.lower() != "content-length"]
+                       + [("Content-Length", str(len(body)))])
+        return []
+
+    def route(environ: dict, start_response: Callable) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics_app(environ, start_response)

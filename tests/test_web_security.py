@@ -158,3 +158,18 @@ def test_bind_address_is_the_configured_one(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_head_answers_like_get_without_a_body(tmp_path):
+    # prometheus-client's WSGI app answers HEAD with 405; probes and curl -I expect GET's headers
+    server, port = start(None, tmp_path)
+    try:
+        for path in ("/metrics", "/healthz", "/readyz", "/"):
+            url = f"http://127.0.0.1:{port}{path}"
+            got, head = requests.get(url, timeout=5), requests.head(url, timeout=5)
+            assert head.status_code == got.status_code and head.content == b""
+            for header in ("Content-Type", "Content-Length", "Content-Encoding"):  # /metrics gzips for requests
+                assert head.headers.get(header) == got.headers.get(header), (path, header)
+            assert int(head.headers["Content-Length"]) > 0
+    finally:
+        server.shutdown()
