@@ -39,13 +39,11 @@ from scipy.linalg.lapack import dposv
 
 from .result import FitResult
 
-# K: rows between robust refits. Measured on the bundled 0.32 trace (one model, 369 cycles): a
-# refit costs 0.8 ms (chip time), 1.0 ms (latency), ~2.3 ms (miss slope: its reference curve, a
-# nonlinear scipy least_squares), an exact step 0.04-0.1 ms. At K = 64 without more the frozen
-# weights get old enough to move the real-trace direct â (0.76 → 0.81); K = 128 with refits gated
-# on drift (the residuals' shift, rows the refit would call outliers, h beyond the reference's
-# range) kept every accuracy bar but still moved sweep A's direct â (0.479 → 0.463) and α̂ at 10 %
-# noise (by up to 0.17): not adopted.
+# K: rows between robust refits. Measured on the bundled 0.32 trace (one model, 369 cycles) with
+# exact steps from running sums: a refit costs 0.8 ms (chip time), 2.2 ms (latency), 4.4 ms (miss
+# slope, its reference curve), an exact step 0.08-0.1 ms; the fit step per cycle costs 0.69 ms
+# at K = 16, 0.56 at 32, 0.51 at 64 (exact steps and numpy call overhead dominate), but at 64 the
+# frozen weights get old enough to move the accuracy benchmark's real-trace direct â (0.76 → 0.81).
 REFIT_EVERY = 16
 
 R = TypeVar("R")
@@ -115,13 +113,19 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
     Both losses are convex in the residuals, so (a of full column rank) the minimum is unique:
     this finds it by Newton steps on the free parameters (soft_l1: gradient Σ ρ'·r·a, Hessian
     Σ (1 + z)^-3/2·a·aᵀ, z = (r/f)²), Armijo backtracking, as an active-set method: a parameter a
-    step stops at is held at its bound; at the free parameters' minimum (Newton decrement ≤ 1e-15
-    of the cost: rounding) the held one whose KKT multiplier has the wrong sign by most is
-    released, and it stops there when none has. For p ≤ 6 that is a few steps of tens of µs
-    where ``least_squares`` spends ~0.3 ms per iteration in overhead (the robust refits of
-    fitters/online.py). When it cannot certify a minimum (a singular Hessian, 50 steps) it
-    returns ``least_squares``'s solution from ``x0``. tests/test_online.py checks it against
-    ``least_squares`` run to 1e-15.
+    step stops at is held at its bound (also when the Newton step overshoots so far that the
+    bound is a tiny fraction of it away); at the free parameters' minimum (Newton decrement ≤ 1e-15
+    of the loss, or below what the residuals' rounding can resolve) it takes that last Newton step
+    and, with the gradient there, releases the held one whose KKT multiplier has the wrong sign by
+    most (beyond rounding), and it stops there when none has. The loss it compares is
+    Σ (√(1 + z) − 1) (soft_l1, computed as Σ z/(√(1 + z) + 1)) or Σ r²/2, without the constant
+    n that Σ √(1 + z) carries: relative to n, a loss much smaller than n (f_scale much larger
+    than the residuals) would pass any relative threshold far from its minimum. For p ≤ 6 that
+    is a few steps of tens of µs where ``least_squares`` spends ~0.3 ms per iteration in overhead
+    (the robust refits of fitters/online.py). When it cannot certify a minimum (a singular
+    Hessian, 50 steps, a line search that cannot descend, non-finite values) it returns
+    ``least_squares``'s solution from ``x0`` (which raises on non-finite inputs).
+    tests/test_online.py checks it against ``least_squares`` run to 1e-15.
 
     Args:
         a: design, shape (n, p); b: targets, shape (n,); x0: start, shape (p,), clipped into the
@@ -135,21 +139,33 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
     held = (x <= lo) | (x >= hi)
     robust = f_scale is not None
     inv_f2 = 1.0 / (f_scale * f_scale) if robust else 1.0
+    eps = float(np.finfo(float).eps)
+    # rounding: a residual is known to ε·s, s = |a|·|x| + |b| (‖s‖ ≤ Σ |x_j|·‖a_j‖ + ‖b‖)
+    col_norm, b_norm = np.sqrt(np.einsum("ij,ij->j", a, a)), float(np.sqrt(b @ b))
 
-    def cost(q: np.ndarray) -> float:  # soft_l1: Σ √(1 + z), plain: Σ r²/2 (the loss up to constants)
+    def spread(q: np.ndarray) -> np.ndarray:  # s at q, shape (n,)
+        return np.abs(a) @ np.abs(q) + np.abs(b)
+
+    def cost(q: np.ndarray) -> float:  # soft_l1: Σ (√(1 + z) − 1) = Σ z/(√(1 + z) + 1), plain: Σ r²/2
         r = a @ q - b
-        return float(np.sqrt(1.0 + r * r * inv_f2).sum()) if robust else 0.5 * float(r @ r)
+        if robust:
+            z = r * r * inv_f2
+            return float((z / (np.sqrt(1.0 + z) + 1.0)).sum())
+        return 0.5 * float(r @ r)
 
     for _ in range(50):
         r = a @ x - b
         if robust:
-            root = np.sqrt(1.0 + r * r * inv_f2)
+            z = r * r * inv_f2
+            root = np.sqrt(1.0 + z)
             w1 = 1.0 / root
-            w3, c0 = w1 * w1 * w1, float(root.sum())
+            w3, c0 = w1 * w1 * w1, float((z / (root + 1.0)).sum())
         else:
             w1 = w3 = np.ones(len(r))
             c0 = 0.5 * float(r @ r)
         g = a.T @ (w1 * r)
+        if not (np.isfinite(c0) and np.isfinite(g).all()):
+            break  # least_squares raises on non-finite residuals
         free = np.flatnonzero(~held)
         step = np.zeros(0)
         if len(free):
@@ -163,28 +179,59 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
                 break
             step /= d
         xf, decrement = x[free], float(g[free] @ step) * inv_f2
-        with np.errstate(divide="ignore", invalid="ignore"):  # the longest step inside the bounds
-            room = np.where(step > 0, (xf - lo[free]) / step, np.where(step < 0, (xf - hi[free]) / step, np.inf))
+        nonzero = np.where(step == 0.0, 1.0, step)  # the longest step inside the bounds
+        room = np.where(step > 0, (xf - lo[free]) / nonzero, np.where(step < 0, (xf - hi[free]) / nonzero, np.inf))
         t_max = float(room.min()) if len(free) else np.inf
-        if decrement <= 1e-15 * c0 and t_max >= 1.0:  # the free parameters' minimum
-            x[free] = xf - step
-            # KKT: a held parameter whose gradient points into the interior is released, the
-            # largest violation first (then the Newton step moves it inside)
-            push = np.where(held & (x <= lo), -g, 0.0) + np.where(held & (x >= hi), g, 0.0)
-            if not push.max(initial=0.0) > 0.0:
-                return x, held
-            held[int(np.argmax(push))] = False
-            continue
-        t = min(1.0, t_max)
-        trial = x.copy()
-        while t >= 1e-12:
+        # the free parameters' minimum: a decrement ≤ 1e-15 of the loss, or below what the
+        # residuals' rounding (ε·s) lets a line search see: the loss moves by up to
+        # ε·‖ρ'·r‖·‖s‖ (residuals much smaller than the targets), the gradient by ~ε·‖s‖
+        # ((nearly) noiseless data); from there the last Newton step is taken unchecked
+        spread_norm = float(np.abs(x) @ col_norm) + b_norm
+        resolution = (2.0 * eps * float(np.sqrt((w1 * r) @ (w1 * r))) + (4.0 * eps) ** 2 * spread_norm) \
+            * spread_norm * inv_f2
+        if decrement <= 1e-15 * c0 + resolution and t_max >= 1.0:
+            x[free] = np.minimum(np.maximum(xf - step, lo[free]), hi[free])
+            if held.any():
+                # KKT with the gradient at this x (the one before the step is stale by H·step):
+                # a held parameter whose gradient points into the interior by more than its
+                # rounding is released, the largest violation first (then the Newton step moves
+                # it inside)
+                r = a @ x - b
+                w1 = 1.0 / np.sqrt(1.0 + r * r * inv_f2) if robust else 1.0
+                g = a.T @ (w1 * r)
+                push = np.where(held & (x <= lo), -g, 0.0) + np.where(held & (x >= hi), g, 0.0)
+                if push.max() > 0.0:
+                    push -= 4.0 * eps * (np.abs(a).T @ (w1 * w1 * w1 * spread(x) + np.abs(w1 * r)))
+                if push.max() > 0.0:
+                    held[int(np.argmax(push))] = False
+                    continue
+                if not np.isfinite(push).all():
+                    break
+            return x, held | (x <= lo) | (x >= hi)
+        # Armijo backtracking from the full step or the step to the nearest bound, however
+        # short (a Newton step far longer than the room, a free parameter already on its bound:
+        # t_max 0), so that bound is held. Far from the minimum (residuals ≫ f_scale) the
+        # soft_l1 Newton step overshoots by orders of magnitude: the step shrinks by up to 10×
+        # (quadratic interpolation), and only gives up (fallback) once it moves no residual by
+        # more than rounding.
+        t, t_min, trial, accepted = min(1.0, t_max), -1.0, x.copy(), False
+        for _ in range(200):
             trial[free] = xf - t * step
-            if cost(trial) <= c0 - 1e-4 * t * decrement:
+            c1 = cost(trial)
+            if c1 <= c0 - 1e-4 * t * decrement and (c1 < c0 or t == t_max):  # (a step to a bound holds it)
+                accepted = True
                 break
-            t *= 0.5
-        if t < 1e-12:
+            if t < 1e-12:
+                if t_min < 0.0:
+                    moved = np.abs(af) @ np.abs(step)
+                    s = spread(x)
+                    t_min = eps * float(np.min(s[moved > 0] / moved[moved > 0], initial=np.inf))
+                if t <= t_min or t < 1e-300:
+                    break
+            t *= max(0.1, min(0.5, 0.5 * t * decrement / (c1 - c0 + t * decrement)))
+        if not accepted:
             break
-        x = trial
+        x = np.minimum(np.maximum(trial, lo), hi)  # a parameter within rounding of its bound stays inside
         if t == t_max:  # stopped at a bound: hold the parameters that reached it
             blocked = room <= t_max
             x[free[blocked]] = np.where(step[blocked] > 0, lo[free[blocked]], hi[free[blocked]])

@@ -95,6 +95,105 @@ def test_bounded_lsq_falls_back_to_least_squares_when_it_cannot_certify():
     assert x == pytest.approx(ref.x)
 
 
+def _exact_residuals(a, b, x):
+    """a·x − b in exact rational arithmetic (a list of Fractions)."""
+    from fractions import Fraction
+    xs = [Fraction(v) for v in x]
+    return [sum((Fraction(v) * w for v, w in zip(row, xs)), -Fraction(t)) for row, t in zip(a.tolist(), b.tolist())]
+
+
+def _no_fallback(monkeypatch):
+    """Make bounded_lsq's fallback (scipy.optimize.least_squares, imported when it is reached) fail."""
+    import scipy.optimize
+
+    def fallback(*args, **kwargs):
+        raise AssertionError("bounded_lsq fell back to least_squares")
+    monkeypatch.setattr(scipy.optimize, "least_squares", fallback)
+
+
+def test_bounded_lsq_releases_a_bound_when_f_scale_dwarfs_the_residuals(monkeypatch):
+    # f_scale 1e7 × the residuals: the soft_l1 loss is plain least squares, Σ √(1 + z) ≈ n
+    # barely moves with x. A stop rule relative to Σ √(1 + z) (its constant n) took the first
+    # Newton step as the minimum and checked KKT with the gradient before that step: the slope
+    # stayed held at 0 (x (1.25, 0), loss 0.13 instead of 0).
+    t = np.linspace(0.0, 1.0, 10)
+    a, b = np.column_stack([np.ones(10), t]), 1.0 + 0.5 * t
+    lo, hi = np.array([-np.inf, 0.0]), np.full(2, np.inf)
+    x0 = np.array([1.5, 0.0])
+    ref = _scipy_minimum(a, b, x0, lo, hi, 1e7)
+    _no_fallback(monkeypatch)
+    x, held = bounded_lsq(a, b, x0, lo, hi, 1e7)
+    assert x == pytest.approx(ref.x, abs=1e-9)
+    assert x == pytest.approx([1.0, 0.5], abs=1e-9)
+    assert held.tolist() == [False, False]
+
+
+@pytest.mark.parametrize("f", [None, 0.05])
+def test_bounded_lsq_warm_start_a_hair_off_a_bound_is_certified(monkeypatch, f):
+    # A warm start from least_squares's own solution: its held parameters sit 1e-19..1e-30
+    # above the bound 0, so the Newton step reaches the bound after a fraction < 1e-12 of
+    # itself. That short step must be taken (and the parameter held), not taken for a failed
+    # line search (a fallback to least_squares on every warm refit).
+    rng = np.random.default_rng(1)
+    n, p = 720, 5
+    a = rng.uniform(0.1, 1.0, (n, p))
+    b = a @ np.array([1.0, 0.5, -0.2, 2.0, 0.0]) + 0.05 * rng.standard_normal(n)
+    b[rng.random(n) < 0.05] += 3.0
+    lo, hi = np.zeros(p), np.full(p, np.inf)
+    ref = _scipy_minimum(a, b, np.full(p, 0.5), lo, hi, f)
+    warm = least_squares(lambda q: a @ q - b, np.full(p, 0.5), jac=lambda q: a, bounds=(lo, hi),
+                         loss="linear" if f is None else "soft_l1", f_scale=f or 1.0).x
+    assert ((warm > 0) & (warm < 1e-12)).any()  # the premise: a start a hair off the bound
+    _no_fallback(monkeypatch)
+    x, held = bounded_lsq(a, b, warm, lo, hi, f)
+    assert _loss(a, b, x, f) <= _loss(a, b, ref.x, f) * (1 + 1e-12)
+    assert x == pytest.approx(ref.x, abs=1e-9)
+    assert held.tolist() == (ref.active_mask != 0).tolist()
+    assert np.all(x[held] == 0.0)
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-12, 1e-6])
+def test_bounded_lsq_nearly_noiseless_data(monkeypatch, noise):
+    # (Nearly) noiseless data, as fitters/latency.py's f_scale floor 1e-9·median|b| anticipates
+    # (its two passes: plain from 0.5, soft_l1 from the plain solution): the residuals are near
+    # rounding, so a Newton decrement ≤ 1e-15 of the loss can be out of reach; it must stop at
+    # the rounding level, not fall back (least_squares' default tolerances left the soft_l1 x
+    # 4e-7 off at noise 1e-6, its loss 0.5 % above the minimum).
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0.1, 1.0, (200, 3))
+    b = (a @ np.array([0.7, 1.3, 0.4])) * (1.0 + noise * rng.standard_normal(200))
+    f = 1e-9 * float(np.median(np.abs(b))) + 1e-15
+    lo, hi = np.zeros(3), np.full(3, np.inf)
+    plain = _scipy_minimum(a, b, np.full(3, 0.5), lo, hi, None)
+    robust = _scipy_minimum(a, b, plain.x, lo, hi, f)
+    _no_fallback(monkeypatch)
+    first, _ = bounded_lsq(a, b, np.full(3, 0.5), lo, hi)
+    assert first == pytest.approx(plain.x, rel=1e-12)
+    x, _ = bounded_lsq(a, b, first, lo, hi, f)
+    assert x == pytest.approx(robust.x, rel=1e-10)
+    # the soft_l1 loss without its constant n, from exact residuals (in floating point they
+    # carry errors of 1e-16·|b|, 1e-4 of themselves at noise 1e-12)
+    def loss(t):
+        z = (np.array([float(r) for r in _exact_residuals(a, b, t)]) / f) ** 2
+        return float(np.sum(z / (np.sqrt(1 + z) + 1)))
+    assert loss(x) <= loss(robust.x) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("f", [None, 0.1])
+def test_bounded_lsq_rejects_non_finite_inputs_like_least_squares(f):
+    # an infinite target (soft_l1: weight 0 × r = inf → NaN gradient) or start passed the KKT
+    # test (NaN > 0 is False) and came back as the "minimum"
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((30, 3))
+    b = a @ np.array([1.0, 2.0, 3.0])
+    bad = b.copy()
+    bad[3] = np.inf
+    with pytest.raises(ValueError):
+        bounded_lsq(a, bad, np.zeros(3), 0.0, np.inf, f)
+    with pytest.raises(ValueError):
+        bounded_lsq(a, b, np.array([np.inf, 0.0, 0.0]), 0.0, np.inf, f)
+
+
 def test_frozen_wls_is_weighted_least_squares_with_fixed_terms():
     rng = np.random.default_rng(2)
     a = rng.uniform(0, 1, (50, 3))
@@ -109,12 +208,6 @@ def test_frozen_wls_is_weighted_least_squares_with_fixed_terms():
     theta = frozen_wls(a, b, w, fixed, np.array([0.0, 0.5, 0.0]), lo, hi)
     free = np.linalg.lstsq(a[:, [0, 2]] * sw[:, None], (b - 0.5 * a[:, 1]) * sw, rcond=None)[0]
     assert theta == pytest.approx([free[0], 0.5, free[1]], rel=1e-10)
-
-
-def test_solve_normal_with_every_parameter_held_returns_the_held_values():
-    theta = solve_normal(np.eye(2), np.ones(2), np.array([True, True]), np.array([0.0, 1.0]), np.zeros(2),
-                         np.full(2, np.inf))
-    assert theta.tolist() == [0.0, 1.0]
 
 
 def test_frozen_wls_declines_outside_the_bounds_and_when_singular():
