@@ -30,6 +30,7 @@ is the IRLS weight of scipy's soft_l1 loss.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -87,6 +88,9 @@ class RowBuffer:
         return self._data[self._end - self._len:self._end]
 
 
+_EPS = float(np.finfo(float).eps)
+
+
 def soft_l1_weight(r: np.ndarray, f_scale: float) -> np.ndarray:
     """IRLS weight ρ'(z) = 1/√(1 + z), z = (r/f_scale)², of scipy's soft_l1 loss ρ(z) = 2(√(1+z) − 1):
     at a soft_l1 minimum with no bound active, the weighted least squares with these weights has
@@ -139,10 +143,9 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
     held = (x <= lo) | (x >= hi)
     robust = f_scale is not None
     inv_f2 = 1.0 / (f_scale * f_scale) if robust else 1.0
-    eps = float(np.finfo(float).eps)
-    # rounding: a residual is known to ε·s, s = |a|·|x| + |b| (‖s‖ ≤ Σ |x_j|·‖a_j‖ + ‖b‖)
-    col_norm, b_norm = np.sqrt(np.einsum("ij,ij->j", a, a)), float(np.sqrt(b @ b))
+    eps, norms = _EPS, None
 
+    # rounding: a residual is known to ε·s, s = |a|·|x| + |b| (‖s‖ ≤ Σ |x_j|·‖a_j‖ + ‖b‖)
     def spread(q: np.ndarray) -> np.ndarray:  # s at q, shape (n,)
         return np.abs(a) @ np.abs(q) + np.abs(b)
 
@@ -163,9 +166,10 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
         else:
             w1 = w3 = np.ones(len(r))
             c0 = 0.5 * float(r @ r)
-        g = a.T @ (w1 * r)
-        if not (np.isfinite(c0) and np.isfinite(g).all()):
+        if not math.isfinite(c0):
             break  # least_squares raises on non-finite residuals
+        wr = w1 * r
+        g = a.T @ wr
         free = np.flatnonzero(~held)
         step = np.zeros(0)
         if len(free):
@@ -179,17 +183,21 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
                 break
             step /= d
         xf, decrement = x[free], float(g[free] @ step) * inv_f2
-        nonzero = np.where(step == 0.0, 1.0, step)  # the longest step inside the bounds
-        room = np.where(step > 0, (xf - lo[free]) / nonzero, np.where(step < 0, (xf - hi[free]) / nonzero, np.inf))
-        t_max = float(room.min()) if len(free) else np.inf
+        bound = np.where(step > 0, lo[free], hi[free])  # the longest step inside the bounds
+        room = np.divide(xf - bound, step, out=np.full(len(free), np.inf), where=step != 0.0)
+        t_max = float(room.min(initial=np.inf))
         # the free parameters' minimum: a decrement ≤ 1e-15 of the loss, or below what the
         # residuals' rounding (ε·s) lets a line search see: the loss moves by up to
         # ε·‖ρ'·r‖·‖s‖ (residuals much smaller than the targets), the gradient by ~ε·‖s‖
         # ((nearly) noiseless data); from there the last Newton step is taken unchecked
-        spread_norm = float(np.abs(x) @ col_norm) + b_norm
-        resolution = (2.0 * eps * float(np.sqrt((w1 * r) @ (w1 * r))) + (4.0 * eps) ** 2 * spread_norm) \
-            * spread_norm * inv_f2
-        if decrement <= 1e-15 * c0 + resolution and t_max >= 1.0:
+        converged = t_max >= 1.0 and decrement <= 1e-15 * c0
+        if t_max >= 1.0 and not converged:
+            if norms is None:
+                norms = np.sqrt((a * a).sum(axis=0)), math.sqrt(float(b @ b))
+            spread_norm = float(np.abs(x) @ norms[0]) + norms[1]
+            converged = decrement <= (2.0 * eps * math.sqrt(float(wr @ wr)) + (4.0 * eps) ** 2 * spread_norm) \
+                * spread_norm * inv_f2
+        if converged:
             x[free] = np.minimum(np.maximum(xf - step, lo[free]), hi[free])
             if held.any():
                 # KKT with the gradient at this x (the one before the step is stale by H·step):
@@ -234,7 +242,7 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
         x = np.minimum(np.maximum(trial, lo), hi)  # a parameter within rounding of its bound stays inside
         if t == t_max:  # stopped at a bound: hold the parameters that reached it
             blocked = room <= t_max
-            x[free[blocked]] = np.where(step[blocked] > 0, lo[free[blocked]], hi[free[blocked]])
+            x[free[blocked]] = bound[blocked]
             held[free[blocked]] = True
     from scipy.optimize import least_squares  # no certified minimum: the reference solver
     fit = least_squares(lambda q: a @ q - b, np.clip(np.asarray(x0, dtype=float), lo, hi), jac=lambda q: a,

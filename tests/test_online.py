@@ -156,9 +156,8 @@ def test_bounded_lsq_warm_start_a_hair_off_a_bound_is_certified(monkeypatch, f):
 def test_bounded_lsq_nearly_noiseless_data(monkeypatch, noise):
     # (Nearly) noiseless data, as fitters/latency.py's f_scale floor 1e-9·median|b| anticipates
     # (its two passes: plain from 0.5, soft_l1 from the plain solution): the residuals are near
-    # rounding, so a Newton decrement ≤ 1e-15 of the loss can be out of reach; it must stop at
-    # the rounding level, not fall back (least_squares' default tolerances left the soft_l1 x
-    # 4e-7 off at noise 1e-6, its loss 0.5 % above the minimum).
+    # rounding, so a Newton decrement ≤ 1e-15 of the loss can be out of reach (plain: relative
+    # noise 1e-16..1e-8 always fell back, ~100× slower); it must stop at the rounding level.
     rng = np.random.default_rng(3)
     a = rng.uniform(0.1, 1.0, (200, 3))
     b = (a @ np.array([0.7, 1.3, 0.4])) * (1.0 + noise * rng.standard_normal(200))
