@@ -98,14 +98,18 @@ def soft_l1_weight(r: np.ndarray, f_scale: float) -> np.ndarray:
     return 1.0 / np.sqrt(1.0 + (r / f_scale) ** 2)
 
 
-def _spd_solve(m: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, int]:
-    """x with m·x = rhs for a symmetric positive definite m (a normal matrix; LAPACK dposv, a
-    Cholesky solve without numpy's per-call overhead), and LAPACK's info: nonzero when m is
-    not positive definite (singular: the caller refits or falls back)."""
+def _spd_solve(m: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
+    """x with m·x = rhs for a symmetric positive semi-definite m (a normal matrix), or None when
+    m is singular (the caller refits or falls back). m is scaled to unit diagonal first (the
+    columns' units span orders of magnitude); LAPACK dposv, a Cholesky solve without numpy's
+    per-call overhead."""
     if not len(rhs):  # every parameter held: nothing to solve
-        return rhs.copy(), 0
-    _, x, info = dposv(m, rhs)
-    return x, info
+        return rhs.copy()
+    d = np.sqrt(m.diagonal())
+    if not d.all():
+        return None
+    _, x, info = dposv(m / np.outer(d, d), rhs / d)
+    return None if info else x / d
 
 
 def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray | float, upper: np.ndarray | float,
@@ -174,14 +178,9 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
         step = np.zeros(0)
         if len(free):
             af = a if len(free) == p else a[:, free]
-            h = (af * w3[:, None]).T @ af
-            d = np.sqrt(h.diagonal())
-            if not d.all():
+            step = _spd_solve((af * w3[:, None]).T @ af, g[free])
+            if step is None:
                 break
-            step, info = _spd_solve(h / np.outer(d, d), g[free] / d)
-            if info:
-                break
-            step /= d
         xf, decrement = x[free], float(g[free] @ step) * inv_f2
         bound = np.where(step > 0, lo[free], hi[free])  # the longest step inside the bounds
         room = np.divide(xf - bound, step, out=np.full(len(free), np.inf), where=step != 0.0)
@@ -277,8 +276,7 @@ def solve_normal(ata: np.ndarray, atb: np.ndarray, fixed: np.ndarray, theta_fixe
             (entries of free parameters are ignored); lower, upper: bounds, shape (p,).
     Returns:
         θ, shape (p,), or None when the free parameters' normal matrix is singular or a free
-        parameter leaves [lower, upper] (the caller then refits). The free block is scaled to
-        unit diagonal before solving (the columns' units span orders of magnitude).
+        parameter leaves [lower, upper] (the caller then refits); solved by :func:`_spd_solve`.
     """
     if fixed.any():
         free = ~fixed
@@ -287,13 +285,10 @@ def solve_normal(ata: np.ndarray, atb: np.ndarray, fixed: np.ndarray, theta_fixe
         m = ata[free][:, free]
     else:
         free, theta, rhs, m = slice(None), np.empty(len(atb)), atb, ata
-    d = np.sqrt(m.diagonal())
-    if not d.all():
+    sol = _spd_solve(m, rhs)
+    if sol is None:
         return None
-    sol, info = _spd_solve(m / np.outer(d, d), rhs / d)
-    if info:
-        return None
-    theta[free] = sol / d
+    theta[free] = sol
     if not (np.isfinite(theta) & (theta >= lower) & (theta <= upper)).all():
         return None
     return theta
@@ -400,7 +395,6 @@ class AmortizedFit(Generic[S, R]):
         self.refit_seconds = 0.0
         self._state: S | None = None
         self._refit_at = 0  # rows.appended at the last refit
-        self._weighed = 0  # rows.appended when the rows were last weighed (by a solve)
         self._cache: tuple[int, object, R] | None = None
 
     def __len__(self) -> int:
@@ -427,7 +421,8 @@ class AmortizedFit(Generic[S, R]):
         x, w = data[:, :-1], data[:, -1]
         out = None
         if self._state is not None and appended - self._refit_at < self.every:
-            new = slice(len(x) - min(appended - self._weighed, len(x)), None)  # the rows since the last solve
+            weighed = self._cache[0] if self._cache is not None else 0  # rows.appended at the last solve
+            new = slice(len(x) - min(appended - weighed, len(x)), None)  # the rows since then
             if new.start < len(x):
                 w[new] = self._weigh(x[new], key, self._state)
                 self._add(data[new], 1.0)
@@ -440,7 +435,7 @@ class AmortizedFit(Generic[S, R]):
             self._refit_at = appended
             self.refits += 1
             self.refit_seconds += time.perf_counter() - start
-        self._cache, self._weighed = (appended, key, out), appended
+        self._cache = (appended, key, out)
         return out
 
     def _refit(self, x: np.ndarray, key: object, previous: S | None) -> tuple[R, S | None, np.ndarray]:
