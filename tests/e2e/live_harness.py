@@ -235,6 +235,39 @@ class RecordingProxy:
             return sorted(self.records, key=lambda r: r.t)
 
 
+class Heartbeat:
+    """Ticks every ``period`` seconds in this test process and keeps every pause longer than
+    ``min_pause`` as (wall start, wall end): a paused test process misses kvhit's scrapes at the
+    proxy and its own polls, which is not kvhit's doing and must be told apart from it."""
+
+    def __init__(self, period: float = 0.1, min_pause: float = 1.0) -> None:
+        self.period, self.min_pause = period, min_pause
+        self.pauses: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        last_mono, last_wall = time.monotonic(), time.time()
+        while not self._stop.wait(self.period):
+            mono, wall = time.monotonic(), time.time()
+            if mono - last_mono > self.min_pause:
+                self.pauses.append((last_wall, wall))
+            last_mono, last_wall = mono, wall
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+
+def paused_within(pauses: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Seconds of [t0, t1] (unix time) covered by ``pauses`` (Heartbeat.pauses)."""
+    return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in pauses)
+
+
 # --- kvhit's /metrics, polled -----------------------------------------------------------------
 
 
