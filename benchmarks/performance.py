@@ -20,7 +20,7 @@ The process does what ``kvhit run`` does after start-up: ``gc.freeze()`` (export
 Reported beside the cycle (no bar): where it goes — parse + window, the robust refits (count and
 wall time, timed inside the fitters: ``AmortizedFit.refit_seconds``), the rest of the fit step —
 and the time of the cheapest refit a fitter can run (``refit_floor``) in units of the floor, what
-the scipy calls alone would cost.
+the solver calls alone would cost.
 
 Bars (ratios measured in this run, never absolute seconds): cycle ≤ 3× floor and ≥ 5× faster
 than prometheus_client, at both sizes. Memory: in a fresh process that imported kvhit's
@@ -118,18 +118,16 @@ def _runner():
 
 
 def refit_floor(reps: int) -> float:
-    """Seconds of the cheapest robust refit a fitter can run: one ``scipy.optimize.least_squares``
-    (soft_l1, bounds ≥ 0, analytic Jacobian) on 720 rows × 5 parameters — the chip-time fit's
-    size — started AT its solution (best of ``reps`` × 20 calls)."""
+    """Seconds of the cheapest robust refit a fitter can run: one ``fitters.online.bounded_lsq``
+    (soft_l1, bounds ≥ 0; the chip-time and latency refits' solver) on 720 rows × 5 parameters —
+    the chip-time fit's size — started AT its solution (best of ``reps`` × 20 calls)."""
     import numpy as np
-    from scipy.optimize import least_squares
+    from fitters.online import bounded_lsq
     rng = np.random.default_rng(0)
     a = rng.random((720, 5))
     b = a @ np.ones(5) * (1 + 0.02 * rng.standard_normal(720))
-    x0 = least_squares(lambda x: a @ x - b, np.ones(5), jac=lambda x: a, loss="soft_l1", f_scale=0.02,
-                       bounds=(0, np.inf)).x
-    return _best(lambda: least_squares(lambda x: a @ x - b, x0, jac=lambda x: a, loss="soft_l1", f_scale=0.02,
-                                       bounds=(0, np.inf)), reps * 20)
+    x0 = bounded_lsq(a, b, np.ones(5), 0.0, np.inf, 0.02)[0]
+    return _best(lambda: bounded_lsq(a, b, x0, 0.0, np.inf, 0.02), reps * 20)
 
 
 def _refits(runner) -> tuple[int, float]:
@@ -345,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"- {name}: parse + window {m['ingest'] / fl:.2f}×, refits {m['refit_s'] / fl:.2f}× "
                      f"({m['refits']:.2f} per cycle), rest of the fit step "
                      f"{(m['cycle'] - m['ingest'] - m['refit_s']) / fl:.2f}×.")
-    lines += ["", f"The cheapest refit (one scipy least_squares, soft_l1, bounds, 720 × 5, started at its solution) "
+    lines += ["", f"The cheapest refit (one bounded_lsq, soft_l1, bounds, 720 × 5, started at its solution) "
               f"takes {lsq * 1e3:.2f} ms = {lsq / one['floor']:.1f}× the 1-model floor, so refits alone cost ≥ "
               f"{one['refits'] * lsq / one['floor']:.2f}× the floor per cycle at 1 model; parse + window leave "
               f"{max(0.0, 3.0 - one['ingest'] / one['floor']):.2f}× to the whole fit step under the ≤ 3× bar."]

@@ -140,9 +140,16 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
             bounds; lower, upper: bounds, scalars or shape (p,); f_scale > 0 or None.
     Returns:
         (x, shape (p,); bool mask of the parameters held at a bound, shape (p,)).
+    Raises:
+        ValueError: f_scale ≤ 0 (or nan), a lower bound above its upper bound, non-finite input
+            (from ``least_squares``).
     """
     p = a.shape[1]
     lo, hi = np.broadcast_to(lower, (p,)).astype(float), np.broadcast_to(upper, (p,)).astype(float)
+    if f_scale is not None and not f_scale > 0:
+        raise ValueError(f"f_scale must be > 0, got {f_scale}")
+    if not (lo <= hi).all():
+        raise ValueError(f"every lower bound must be ≤ its upper bound, got {lo} and {hi}")
     x = np.clip(np.asarray(x0, dtype=float), lo, hi)
     held = (x <= lo) | (x >= hi)
     robust = f_scale is not None

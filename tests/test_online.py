@@ -193,6 +193,23 @@ def test_bounded_lsq_rejects_non_finite_inputs_like_least_squares(f):
         bounded_lsq(a, b, np.array([np.inf, 0.0, 0.0]), 0.0, np.inf, f)
 
 
+@pytest.mark.parametrize("f_scale, lower, upper", [(0.0, 0.0, np.inf), (-1.0, 0.0, np.inf), (np.nan, 0.0, np.inf),
+                                                   (None, np.array([0.0, 2.0, 0.0]), np.array([1.0, 1.0, 9.0]))])
+def test_bounded_lsq_refuses_bad_settings(f_scale, lower, upper):
+    a, b = np.eye(3), np.ones(3)
+    with pytest.raises(ValueError):
+        bounded_lsq(a, b, np.zeros(3), lower, upper, f_scale)
+
+
+def test_bounded_lsq_equal_bounds_pin_the_parameter():
+    # min (x0 - 1)² + (x1 - 1)² + (x0 + x1 - 4)² with x1 pinned at 2: by hand x0 = (1 + 2)/2 = 1.5
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    b = np.array([1.0, 1.0, 4.0])
+    x, held = bounded_lsq(a, b, np.zeros(2), np.array([-np.inf, 2.0]), np.array([np.inf, 2.0]))
+    assert x[1] == 2.0 and held.tolist() == [False, True]
+    assert x[0] == pytest.approx(1.5, abs=1e-12)
+
+
 def test_frozen_wls_is_weighted_least_squares_with_fixed_terms():
     rng = np.random.default_rng(2)
     a = rng.uniform(0, 1, (50, 3))
