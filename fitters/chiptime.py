@@ -354,14 +354,13 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         fit, frozen, weights = _robust_fit(x[:, :-1], x[:, -1], self.min_samples, previous)
         return (fit, None if frozen is None else frozen.beta), frozen, weights
 
-    def _weigh(self, x: np.ndarray, key: object, state: _Frozen) -> np.ndarray:
-        size = np.maximum(x[:, :-1] @ state.start, state.floor)
-        resid = (x[:, :-1] @ state.beta - x[:, -1]) / size
+    def _weigh(self, x: np.ndarray, v: np.ndarray, key: object, state: _Frozen) -> np.ndarray:
+        resid = v[:, :-1] @ state.beta - v[:, -1]  # relative to the row's size (_basis)
         return soft_l1_weight(resid, state.f_scale) * (np.abs(resid) <= state.reject)
 
-    def _basis(self, x: np.ndarray, w: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray, None]:
+    def _basis(self, x: np.ndarray, state: _Frozen) -> tuple[np.ndarray, float, None]:
         # (regressors, Δt) divided by the row's size under the refit's start: the relative residuals
-        return x / np.maximum(x[:, :-1] @ state.start, state.floor)[:, None], w, None
+        return x / np.maximum(x[:, :-1] @ state.start, state.floor)[:, None], 1.0, None
 
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
                state: _Frozen) -> tuple[FitResult, np.ndarray] | None:

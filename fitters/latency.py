@@ -710,19 +710,19 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         collinear = "alpha" not in fitted.names and bool(np.any(x[:, 4] > 0)) and _load_scale(key) > 0
         return out, _Frozen(key, fitted.names, sol.values, sol.f_scale, sol.active, w_mean, collinear), weights
 
-    def _weigh(self, x: np.ndarray, key: Key, state: _Frozen) -> np.ndarray:
-        arrays = _arrays(x, *state.key)
-        design, _ = _design(arrays, "alpha" in state.names, "c1" in state.names)
-        resid = (design @ state.theta - arrays["z"]) * np.sqrt(arrays["w"] / state.w_mean)
+    def _weigh(self, x: np.ndarray, v: np.ndarray, key: Key, state: _Frozen) -> np.ndarray:
+        # design·θ − z = (θ·T[:-1] − T[-1])·v under the refit's coefficients (_transform)
+        t = _transform(state.key, state.names)
+        resid = (v @ (state.theta @ t[:-1] - t[-1])) * np.sqrt(x[:, 6] / state.w_mean)
         return soft_l1_weight(resid, state.f_scale)
 
-    def _basis(self, x: np.ndarray, w: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray, None]:
+    def _basis(self, x: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray, None]:
         u, q, load_branch = _basis_rows(x, state.key)
         loaded = q > 0
         v = np.column_stack([u, u * x[:, 5:6], q * (loaded & load_branch), u * (loaded & ~load_branch)[:, None],
                              x[:, 1], q])
         in_fit = np.ones(len(x), dtype=bool) if "alpha" in state.names else ~loaded
-        return v, w * x[:, 6] * in_fit, None
+        return v, x[:, 6] * in_fit, None
 
     def _moved(self, x: np.ndarray, key: Key, state: _Frozen) -> bool:
         """Whether ``key`` moves some stored step's P + T_load by more than COEF_TOL relative to

@@ -287,13 +287,13 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         res, mask, ref = _robust_fit(x[:, 1], x[:, 2], self.min_samples, self.min_h_span, previous)
         return (self._with_bucket(res), mask), ref, (~mask).astype(float)
 
-    def _weigh(self, x: np.ndarray, key: object, ref: _Reference) -> np.ndarray:
+    def _weigh(self, x: np.ndarray, v: np.ndarray, key: object, ref: _Reference) -> np.ndarray:
         rel = _reference_residuals(ref.p, x[:, 1], x[:, 2] / ref.y_scale)
         return (rel >= -ANOMALY_SIGMAS * ref.sigma).astype(float)
 
-    def _basis(self, x: np.ndarray, w: np.ndarray, ref: _Reference) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _basis(self, x: np.ndarray, ref: _Reference) -> tuple[np.ndarray, float, np.ndarray]:
         h = x[:, 1]
-        return np.column_stack([np.ones(len(x)), h, x[:, 2]]), w, np.floor(h / H_RESOLUTION + 0.5).astype(int)
+        return np.column_stack([np.ones(len(x)), h, x[:, 2]]), 1.0, np.floor(h / H_RESOLUTION + 0.5).astype(int)
 
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
                ref: _Reference) -> tuple[FitResult, np.ndarray] | None:

@@ -377,11 +377,12 @@ class AmortizedFit(Generic[S, R]):
     * ``_refit(x, key, previous) -> (result, state, weights)``: the robust fit, warm-started from
       ``previous`` (the last refit's state, or None); ``state`` is what it froze (None when the fit
       is not ok: then every read with new rows refits), ``weights`` shape (n,) the frozen weights.
-    * ``_weigh(x_new, key, state) -> weights``: the weight of rows that arrived since the refit,
-      under the refit's estimate.
-    * ``_basis(x, w, state) -> (v, w_eff, group)``: each row's basis vector, shape (n, q), its
-      weight in :attr:`sums`, shape (n,), and its group (int, shape (n,)) or None — fixed from a
-      refit to the next, so the sums can be added to and subtracted from.
+    * ``_basis(x, state) -> (v, scale, group)``: each row's basis vector, shape (n, q), the factor
+      (shape (n,) or a scalar) that makes a row's frozen weight its weight in :attr:`sums`, and its
+      group (int, shape (n,)) or None — fixed from a refit to the next, so the sums can be added
+      to and subtracted from.
+    * ``_weigh(x_new, v_new, key, state) -> weights``: the weight of rows that arrived since the
+      refit, under the refit's estimate (``v_new``: their basis, built once for both hooks).
     * ``_exact(x, w, key, state) -> result | None``: the exact solution with frozen weights ``w``,
       from :attr:`sums` (the sums of every buffered row's basis); None when it cannot stand
       (solution out of bounds, data changed otherwise): refit.
@@ -412,12 +413,9 @@ class AmortizedFit(Generic[S, R]):
         if len(self.rows) == self.rows.capacity and self._state is not None:
             old = self.rows.view()[:1]
             if not np.isnan(old[0, -1]):
-                self._add(old, -1.0)
+                v, scale, group = self._basis(old[:, :-1], self._state)
+                self.sums.add(v, -old[:, -1] * scale, group)
         self.rows.append((*row, np.nan))
-
-    def _add(self, data: np.ndarray, sign: float) -> None:
-        v, w, group = self._basis(data[:, :-1], data[:, -1], self._state)
-        self.sums.add(v, sign * w, group)
 
     def solve(self, key: object = None) -> R:
         """The fit of the buffered rows under ``key``: an exact step or a robust refit (module docstring)."""
@@ -431,14 +429,16 @@ class AmortizedFit(Generic[S, R]):
             weighed = self._cache[0] if self._cache is not None else 0  # rows.appended at the last solve
             new = slice(len(x) - min(appended - weighed, len(x)), None)  # the rows since then
             if new.start < len(x):
-                w[new] = self._weigh(x[new], key, self._state)
-                self._add(data[new], 1.0)
+                v, scale, group = self._basis(x[new], self._state)
+                w[new] = self._weigh(x[new], v, key, self._state)
+                self.sums.add(v, w[new] * scale, group)
             out = self._exact(x, w, key, self._state)
         if out is None:
             start = time.perf_counter()
             out, self._state, data[:, -1] = self._refit(x, key, self._state)
             if self._state is not None:
-                self.sums.reset(*self._basis(x, data[:, -1], self._state))
+                v, scale, group = self._basis(x, self._state)
+                self.sums.reset(v, data[:, -1] * scale, group)
             self._refit_at = appended
             self.refits += 1
             self.refit_seconds += time.perf_counter() - start
@@ -448,10 +448,10 @@ class AmortizedFit(Generic[S, R]):
     def _refit(self, x: np.ndarray, key: object, previous: S | None) -> tuple[R, S | None, np.ndarray]:
         raise NotImplementedError
 
-    def _weigh(self, x: np.ndarray, key: object, state: S) -> np.ndarray:
+    def _weigh(self, x: np.ndarray, v: np.ndarray, key: object, state: S) -> np.ndarray:
         raise NotImplementedError
 
-    def _basis(self, x: np.ndarray, w: np.ndarray, state: S) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def _basis(self, x: np.ndarray, state: S) -> tuple[np.ndarray, np.ndarray | float, np.ndarray | None]:
         raise NotImplementedError
 
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object, state: S) -> R | None:

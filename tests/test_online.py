@@ -312,7 +312,8 @@ def test_chip_time_sums_after_evictions_equal_a_rebuild():
     data = fitter.rows.view()
     assert len(data) == 40 and fitter.refits < 100
     rebuilt = GramSums(6)
-    rebuilt.reset(*fitter._basis(data[:, :-1], data[:, -1], fitter._state))
+    v, scale, group = fitter._basis(data[:, :-1], fitter._state)
+    rebuilt.reset(v, data[:, -1] * scale, group)
     assert fitter.sums.g == pytest.approx(rebuilt.g, rel=1e-9, abs=1e-12 * np.abs(rebuilt.g).max())
 
 
