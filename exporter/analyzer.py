@@ -27,7 +27,7 @@ from fitters.model import ChipTimeCoefficients, tpm_delivered, tpm_physical
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
-from fitters.whatif import FittedModel, Prediction
+from fitters.whatif import FittedModel, Prediction, unidentified_mix
 
 
 # A model absent from the scrapes this many publish windows loses its fitters' history.
@@ -338,17 +338,27 @@ class Analyzer:
         if coef is None or h_now is None or isl is None or osl is None or steps_per_request is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, hit, kv, bandwidth, engines)
-        preds = {"current": fitted.predict(h_now, isl, osl)}
-        if cfg.target_hit_ratio is not None:
-            preds["target"] = fitted.predict(cfg.target_hit_ratio, isl, osl)
+        preds = {}
+        for which, h in (("current", h_now), ("target", cfg.target_hit_ratio)):
+            if h is not None:
+                problem = fitted.unidentified(h, isl)
+                if problem:
+                    unknown.setdefault(f"predicted_{which}", problem)
+                else:
+                    preds[which] = fitted.predict(h, isl, osl)
         bathtubs = dict(linear)
-        h_max = 1 - 1 / isl  # the last prompt token is never a hit
-        bathtubs["chip_time"] = bathtub_chip_time(
-            coef, chip.covariance, fitted.t_fixed, isl, osl, min(h_now, h_max),
-            cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max])
+        attention = chip.params["k_attn"]
+        if attention.ok:
+            h_max = 1 - 1 / isl  # the last prompt token is never a hit
+            bathtubs["chip_time"] = bathtub_chip_time(
+                coef, chip.covariance, fitted.t_fixed, isl, osl, min(h_now, h_max),
+                cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max])
+        else:
+            # revenue's h-shape, its slope and the valley need attention work (1 - h²) told apart
+            # from FFN work (1 - h): without it the slope's tight interval would mean nothing
+            unknown.setdefault("bathtub_chip_time", f"the chip-time fit's attention term: {attention.reason}")
         derived = {}
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
-        attention = chip.params["k_attn"]
         if not attention.ok:
             # With attention work (1 - h²) not told apart from FFN work (1 - h), the curve's
             # h-shape is the kept terms' alone: a slope with an exact-looking stderr but no meaning.
@@ -383,7 +393,8 @@ class Analyzer:
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
             hit_load_share=(h_load / h_all) if h_all and h_load is not None else 0.0,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
-            gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out)
+            gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out,
+            prefill_mix_tokens=fits["chip_time"].extra.get("prefill_mix_tokens"))
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:
@@ -585,8 +596,11 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     # first-order capacity bound Θ(h) (§3.3)
     h_all, h_load = hit.get("all"), hit.get("loaded")
     t0 = coef.compute_time(isl, 0.0) if coef is not None and isl else None
+    problem = unidentified_mix(fits["chip_time"].extra.get("prefill_mix_tokens"), 0.0, isl) if t0 else None
     if t0 is None or not t0 > 0 or h_all is None:
         unknown.setdefault("capacity_bound", "needs the chip-time fit (T0 = k_ffn·N + k_attn·N²/2), ISL and h")
+    elif problem:
+        unknown.setdefault("capacity_bound", f"T0 (h = 0): {problem}")
     else:
         fo = first_order_capacity(isl, t0, kv, bandwidth[0] if bandwidth else None)
         out["load_compute_ratio"] = fo.delta

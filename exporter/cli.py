@@ -298,7 +298,8 @@ def _demo_line(t: float, m: ModelAnalysis) -> str:
 def cmd_predict(args: argparse.Namespace) -> int:
     """What-if from a saved analysis, one line on error. Exit 1 (what the file holds): the file
     unreadable or not JSON, a document of the wrong shape or without the ``--model``
-    (:func:`load_fit`). Exit 2 (the command line alone): ISL/OSL/h out of range (:func:`what_if`)."""
+    (:func:`load_fit`), or a what-if the fit cannot identify (``FittedModel.unidentified``). Exit 2
+    (the command line alone): ISL/OSL/h out of range (:func:`what_if`)."""
     try:
         doc = json.loads(Path(args.fit).read_text())
     except (OSError, ValueError) as exc:
@@ -312,7 +313,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if isl is None or osl is None:
         raise ConfigError("--isl/--osl: required (the fit file records none)")
     try:
-        p = fitted.predict(*what_if(args.hit_ratio, isl, osl))
+        h, isl, osl = what_if(args.hit_ratio, isl, osl)
+    except ValueError as exc:
+        raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
+    problem = fitted.unidentified(h, isl)
+    if problem:
+        raise ValueError(f"--fit {args.fit}: {problem}")
+    try:
+        p = fitted.predict(h, isl, osl)
     except ValueError as exc:
         raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
     print(json.dumps({"model_name": name, "prediction": vars(p)}, indent=1))

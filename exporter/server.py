@@ -205,7 +205,8 @@ def make_app(runner: Runner) -> Callable:
 def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[bytes]:
     """``/api/v1/predict``: 200 with the prediction, or 400 with ``{"error": one line}`` when
     hit_ratio is missing, the current analysis has no model (or several and no model_name=),
-    no usable fit, or the arguments are out of range (:func:`exporter.jsonapi.what_if`)."""
+    no usable fit, the arguments are out of range (:func:`exporter.jsonapi.what_if`) or the fit
+    cannot identify that what-if (``FittedModel.unidentified``)."""
     q = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
     analysis, health = runner.current()
     try:

@@ -30,6 +30,7 @@ _COLUMN_WORDS = {
 }
 # Keep-order when columns are collinear: the simpler term survives (MODEL.md §6).
 _KEEP_ORDER = ("t_step", "k_ffn", "k_dec", "k_attn", "k_ctx")
+_FFN, _ATTN = CHIP_TIME_TERMS.index("k_ffn"), CHIP_TIME_TERMS.index("k_attn")
 # Why a known pair is collinear, appended to the reason so an operator knows what to vary.
 _HINTS = {
     ("k_ctx", ("k_dec",)): "ISL and OSL never varied",
@@ -96,7 +97,10 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
     inlier rows. ``samples`` = usable rows (outliers included); ``r2`` is the uncentred
     R² (1 - Σr²/Σy², the model has no intercept) over inliers;
     ``extra``: "outliers" (rows beyond OUTLIER_SIGMAS robust σ of the relative residual),
-    "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design).
+    "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design); when k_attn is
+    dropped, "prefill_mix_tokens" = ΣΔW/ΣΔM over the inliers [tokens] (= ISL·(1+h)/2 of the steps
+    seen): k_ffn then includes k_attn × that mix, so the fit predicts prefill work only at that
+    mix (fitters/whatif.py ``FittedModel.unidentified``).
     Status insufficient_data below ``min_samples`` usable rows, else ok.
     """
     return _fit_rows([(r, o.dt) for o in observations if (r := design_row(o)) is not None], min_samples)
@@ -239,17 +243,22 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
     r2 = 1.0 - float(np.sum((y_in - pred) ** 2)) / ss if ss > 0 else math.nan
     # cond(a) = √(λmax/λmin) of aᵀa: a p×p eigenproblem instead of an SVD of the n×p design.
     eig = np.linalg.eigvalsh(a.T @ a)
+    extra = {
+        "outliers": n - n_in,
+        "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
+        "condition_number": math.sqrt(eig[-1] / eig[0]) if eig[0] > 0 else math.inf,
+    }
+    if _ATTN not in kept:
+        # k_ffn then carries the attention work too, at the steps' ΔW/ΔM = ISL·(1+h)/2 only
+        m_sum = float(x[inlier, _FFN].sum())
+        extra["prefill_mix_tokens"] = float(x[inlier, _ATTN].sum()) / m_sum if m_sum > 0 else 0.0
     return FitResult(
         status=Status.OK,
         params=params,
         samples=n,
         r2=r2,
         covariance=tuple(tuple(float(v) for v in row) for row in full_cov),
-        extra={
-            "outliers": n - n_in,
-            "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
-            "condition_number": math.sqrt(eig[-1] / eig[0]) if eig[0] > 0 else math.inf,
-        },
+        extra=extra,
     )
 
 

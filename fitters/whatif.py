@@ -14,6 +14,10 @@ from fitters.latency import predict_prefill_latency, service_ttft
 from fitters.model import ChipTimeCoefficients, revenue_chip_time, tpm_delivered, tpm_physical
 
 SCHEMA_VERSION = 1
+# How far a what-if's prefill mix ISL·(1+h)/2 may lie from the one a fit without k_attn saw
+# (relative): the prediction's prefill compute time is then off by at most that share of its
+# attention part.
+MIX_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,25 @@ _FIELD_RANGES = (
                                                              "queue_time", "p_miss", "p_hit", "p_out")),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
     *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
+    ("prefill_mix_tokens", lambda v: v >= 0, "a finite number >= 0"),
     ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
 )
-_OPTIONAL = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth"}
+_OPTIONAL = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth", "prefill_mix_tokens"}
+
+
+def unidentified_mix(prefill_mix_tokens: float | None, hit_ratio: float, isl: float) -> str | None:
+    """Why prefill compute at (h, ISL) is not identifiable, or None. With attention work not told
+    apart from FFN work (the chip-time fit's ``prefill_mix_tokens``, else None), k_ffn·M +
+    k_attn·M·(H + M/2) is known only where ISL·(1+h)/2 is within MIX_TOLERANCE of that mix
+    (MODEL.md §6: collinear regressors give the combined prediction only)."""
+    if prefill_mix_tokens is None:
+        return None
+    mix = isl * (1.0 + hit_ratio) / 2.0
+    if abs(mix - prefill_mix_tokens) <= MIX_TOLERANCE * prefill_mix_tokens:
+        return None
+    return (f"not identifiable: the chip-time fit could not tell attention from FFN work (every step it saw had "
+            f"ISL·(1+h)/2 ≈ {prefill_mix_tokens:.0f} tokens; at h={hit_ratio:g}, ISL={isl:g} it is {mix:.0f}): "
+            f"vary h or ISL to predict elsewhere")
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,9 @@ class FittedModel:
         hit_load_share: h_load / h at the current operating point (scales a what-if h) [1].
         kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].
         gpus: tp × pp; p_miss, p_hit, p_out: prices per token.
+        prefill_mix_tokens: None when the chip-time fit told attention from FFN work; else the
+            ISL·(1+h)/2 [tokens] of the steps it saw (its k_ffn includes k_attn × that mix, k_attn
+            is 0): predictions hold only near that mix (:meth:`unidentified`).
     """
 
     t_step: float
@@ -84,6 +107,7 @@ class FittedModel:
     p_miss: float = 1e-6
     p_hit: float = 1e-7
     p_out: float = 0.0
+    prefill_mix_tokens: float | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -94,15 +118,23 @@ class FittedModel:
         """T_fixed = T_step × steps per request [s] (MODEL.md §7)."""
         return self.t_step * self.steps_per_request
 
+    def unidentified(self, hit_ratio: float, isl: float) -> str | None:
+        """Why a prediction at (h, ISL) is not identifiable, or None (:func:`unidentified_mix`)."""
+        return unidentified_mix(self.prefill_mix_tokens, hit_ratio, isl)
+
     def predict(self, hit_ratio: float, isl: float, osl: float) -> Prediction:
         """Predict at (h, ISL, OSL).
 
         Raises:
             ValueError: h outside [0, 1) or non-positive ISL / negative OSL; a fit whose chip
-                time per request is 0 or not finite (coefficients far out of any real range).
+                time per request is 0 or not finite (coefficients far out of any real range);
+                a prediction the fit cannot identify (:meth:`unidentified`, the message says why).
         """
         if not (0.0 <= hit_ratio < 1.0) or not isl > 0 or osl < 0:
             raise ValueError("need 0 <= hit_ratio < 1, isl > 0, osl >= 0")
+        problem = self.unidentified(hit_ratio, isl)
+        if problem:
+            raise ValueError(problem)
         coef = self.coefficients
         h_load = hit_ratio * self.hit_load_share
         t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)

@@ -386,3 +386,34 @@ def test_amortized_fit_respects_the_bounds_between_refits():
             at_bound += res.params["k_ctx"].value == 0.0
     assert at_bound > 0  # the bound was active in some exact step
     assert fitter.refits < 120 - 9  # amortized: not one refit per row
+
+
+def _fixed_mix_steps(rng: np.random.Generator, n: int, isl: float, h: float) -> list[Observation]:
+    """n busy steps that all share one ISL and one h (the ΔW estimate of MODEL.md §7)."""
+    out = []
+    for i in range(n):
+        n_req = int(rng.integers(1, 6))
+        queried = n_req * isl
+        hits = math.floor(h * queried)
+        m = queried - hits
+        m_bar, h_bar = m / n_req, hits / n_req
+        w = n_req * (m_bar * h_bar + m_bar * m_bar / 2.0)
+        g, osl = float(rng.integers(50, 600)), float(rng.choice((64.0, 256.0)))
+        c = g * (isl + osl / 2.0)
+        steps = float(rng.integers(40, 250))
+        dt = true_busy_time(steps, m, w, g, c) * (1.0 + NOISE * rng.standard_normal())
+        out.append(Observation(t=2.0 * i, dt=dt, busy=True, steps=steps, queried_tokens=queried,
+                               hit_tokens_device=float(hits), hit_tokens_loaded=0.0, miss_tokens=m, attention_work=w,
+                               generation_tokens=g, decode_context_tokens=c, isl=isl, osl=osl))
+    return out
+
+
+def test_one_h_and_isl_leave_attention_unidentified_and_record_the_prefill_mix():
+    # ISL 2048 at h = 0.25: per request M = 1536, H = 512, so ΔW/ΔM = H + M/2 = 1280 = ISL·(1+h)/2,
+    # and k_ffn absorbs k_attn × 1280 (MODEL.md §6: the combined prediction only)
+    res = fit_chip_time(_fixed_mix_steps(np.random.default_rng(11), 80, 2048.0, 0.25))
+    assert res.ok and res.params["k_attn"].status is Status.NOT_IDENTIFIABLE
+    assert res.extra["prefill_mix_tokens"] == pytest.approx(1280.0, rel=1e-12)
+    assert res.value("k_ffn") == pytest.approx(TRUE.k_ffn + TRUE.k_attn * 1280.0, rel=0.05)
+    varied = fit_chip_time(make_steps(np.random.default_rng(11), 80))
+    assert varied.params["k_attn"].ok and "prefill_mix_tokens" not in varied.extra

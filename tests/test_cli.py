@@ -855,3 +855,23 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_replay_with
         out, err = capsys.readouterr()
         assert (out, err) == ("", says)
     assert (tmp_path / "a-file").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("h, identifiable", [(0.0, True), (0.04, True), (0.06, False), (0.9, False)])
+def test_predict_refuses_hit_ratios_a_fit_without_attention_cannot_identify(tmp_path, capsys, h, identifiable):
+    # the fit saw ISL·(1+h)/2 = 1024 only (ISL 2048, h 0); at ISL 2048 the mix is 1024·(1+h):
+    # 4 % off is inside MIX_TOLERANCE (5 %), 6 % and 90 % are not
+    doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0,
+                                                 "fit": {**FIT, "k_attn": 0.0, "prefill_mix_tokens": 1024.0}}}}
+    code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", str(h))
+    if identifiable:
+        assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
+    else:
+        assert code == 1 and out == "" and "not identifiable" in err and f"{1024 * (1 + h):.0f}" in err, err
+
+
+def test_fit_file_refuses_a_negative_prefill_mix(tmp_path, capsys):
+    doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0,
+                                                 "fit": {**FIT, "prefill_mix_tokens": -1.0}}}}
+    code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
+    assert code == 1 and "prefill_mix_tokens" in err, err

@@ -177,3 +177,26 @@ def test_final_publish_window_hit_ratio_by_hand(raw, result):
     assert m.hit_ratio["device"] == pytest.approx(dk / dq, rel=0, abs=1e-9)
     assert m.hit_ratio["loaded"] == 0.0
     assert m.hit_ratio["all"] == pytest.approx(dk / dq, rel=0, abs=1e-9)
+
+
+def test_what_ifs_wait_until_attention_is_told_apart_from_ffn_work(raw, result, tmp_path):
+    """The trace's first 16 scrapes all run h = 0 at one ISL: the chip-time fit is ok but its
+    attention term is not identifiable, so k_ffn also carries attention work at that mix only.
+    What-ifs at other h (the target h, the chip-time bathtub, its slope and valley) are then
+    unknown with the reason, never published; the prediction at the current h stays. The whole
+    trace varies h: there they are published."""
+    snaps, _ = read_raw_trace(TRACE)
+    for ms, text in snaps[:16]:
+        (tmp_path / f"{ms}.prom").write_text(text)
+    rows = raw[0][:16]
+    assert all(r["hits"] == 0 for r in rows)  # h = 0 in every step, by the raw counters
+    early = replay(load_trace(tmp_path), load_config(None, environ={}), "first16")
+    m = early.runner.current()[0].models[MODEL_NAME]
+    assert m.fits["chip_time"].ok and not m.fits["chip_time"].params["k_attn"].ok
+    assert m.fits["chip_time"].extra["prefill_mix_tokens"] == pytest.approx(m.isl / 2, rel=0.05)  # h = 0
+    assert set(m.predictions) == {"current"} and "not identifiable" in m.unknown["predicted_target"]
+    assert "chip_time" not in m.bathtubs and "bathtub_chip_time" in m.unknown
+    assert m.valley_form != "chip_time"
+    full = result.runner.current()[0].models[MODEL_NAME]
+    assert full.fits["chip_time"].params["k_attn"].ok
+    assert set(full.predictions) == {"current", "target"} and "chip_time" in full.bathtubs
