@@ -551,8 +551,9 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     if hist_share is not None:
         share["history"] = hist_share
     if "window" not in share:
-        unknown.setdefault("prefill_share", "no request_prefill_time/request_decode_time means in the publish "
-                                            "window (SGLang exports neither)")
+        unknown.setdefault("prefill_share", "no request finished in the publish window" if pre is not None
+                           and dec is not None else "no request_prefill_time/request_decode_time histograms"
+                           + (" (SGLang exports neither)" if snap.engine == "sglang" else ""))
     out["prefill_share"] = share
     v = verdict(st.rollup)
     out["caching"] = v
@@ -575,7 +576,9 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         if isl is not None and osl is not None and isl + osl > 0:
             out["max_concurrency"] = max_concurrency(cap, isl + osl)
         else:
-            unknown.setdefault("max_concurrency", "ISL/OSL unknown (no request_prompt/generation_tokens histograms)")
+            unknown.setdefault("max_concurrency", "ISL/OSL unknown: no request finished in the publish window, or "
+                                                  "no request_prompt/generation_tokens histograms (the isl and osl "
+                                                  "reasons say which)")
     if cfg.sizing.batch is None or cfg.sizing.max_len is None:
         unknown.setdefault("kv_peak_bytes", "sizing.batch and sizing.max_len not configured")
     elif kv is not None:

@@ -92,6 +92,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.timeout > cfg.interval:  # allowed (a slow /metrics under load), but Prometheus refuses it
         log.warning("timeout %ss > interval %ss: a hanging target keeps kvhit_up 1 and kvhit_stale 0 for up to "
                     "interval + timeout = %ss", cfg.timeout, cfg.interval, cfg.interval + cfg.timeout)
+    if cfg.window_seconds < cfg.interval:  # allowed, but the window is then never what was asked
+        log.warning("window_seconds %ss < interval %ss: every publish window spans one scrape interval, often with "
+                    "no request finished in it", cfg.window_seconds, cfg.interval)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -266,6 +266,42 @@ def _merge(base: dict, over: Mapping[str, Any]) -> dict:
     return out
 
 
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping names the same key twice."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML forbids it; PyYAML would
+    keep the last one silently, so ``target:`` twice would scrape the second target unannounced)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise _DuplicateKey(f"key {str(key)[:60]!r} twice (line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            except TypeError:  # an unhashable key: SafeLoader refuses it below
+                pass
+        return super().construct_mapping(node, deep)
+
+
+def _read_yaml(path: str, where: str) -> Any:
+    """The YAML document in file ``path``; every problem is a ConfigError starting with ``where``:
+    unreadable, not UTF-8, not YAML (its type only: values can be secrets), a key given twice."""
+    try:
+        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({type(exc).__name__})") from None
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict:
     """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError."""
     out: dict = {}
@@ -279,6 +315,9 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
             out.setdefault(section, {})[rest[len(section) + 1:]] = value
         elif rest in flat:
             out[rest] = value
+        elif rest in _SECTIONS:
+            raise ConfigError(f"environment variable {name}: {rest} is a section; set its keys one by one, e.g. "
+                              f"{name}_{next(f.name for f in fields(_SECTIONS[rest])).upper()}")
         else:
             raise ConfigError(f"environment variable {name}: unknown key")
     return out
@@ -299,12 +338,7 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     """
     data: dict = dict(defaults or {})
     if path:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: not valid YAML ({type(exc).__name__})") from None
+        loaded = _read_yaml(path, f"config file {path}")
         if loaded is not None and not isinstance(loaded, Mapping):
             raise ConfigError(f"config file {path}: top level must be a mapping")
         data = _merge(data, dict(loaded or {}))
@@ -613,12 +647,7 @@ def load_web_config(path: str | None) -> WebConfig:
     if not path:
         return WebConfig()
     where = Path(path)
-    try:
-        doc = yaml.safe_load(where.read_text())
-    except OSError as exc:
-        raise ConfigError(f"config key web_config: cannot read {path} ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config key web_config: {path} is not valid YAML ({type(exc).__name__})") from None
+    doc = _read_yaml(path, f"config key web_config: {path}")
     doc = {} if doc is None else doc
     if not isinstance(doc, Mapping):
         raise ConfigError("config key web_config: top level must be a mapping")

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import socket
 import tarfile
 import time
 import zlib
@@ -55,6 +56,22 @@ class _Authorization(AuthBase):
     def __call__(self, r: requests.PreparedRequest) -> requests.PreparedRequest:
         r.headers["Authorization"] = self.value
         return r
+
+
+def _unresolved(exc: BaseException) -> bool:
+    """Whether a connection error comes from a host name that did not resolve (socket.gaierror
+    somewhere in the chain urllib3 and requests wrap around it)."""
+    seen, stack = set(), [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, socket.gaierror):
+            return True
+        stack += [e.__cause__, e.__context__, getattr(e, "reason", None),
+                  *(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))]
+    return False
 
 
 @dataclass
@@ -140,6 +157,9 @@ class LiveSource:
             if any(isinstance(a, ProtocolError) for a in exc.args):
                 raise ScrapeError("no_answer", f"{where} accepted the connection and closed it without an HTTP "
                                                "answer") from None
+            if _unresolved(exc):
+                raise ScrapeError("refused", f"cannot resolve the host of {where} (DNS): a typo in the target, or a "
+                                             "name this pod cannot resolve") from None
             raise ScrapeError("refused", f"cannot reach {where}: {type(exc).__name__}") from None
         except (requests.Timeout, ReadTimeoutError, TimeoutError):
             raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None

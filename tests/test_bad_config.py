@@ -62,7 +62,13 @@ CASES = {
     "half of MLA": ("model:\n  layers: 61\n  kv_lora_rank: 512\n", "config key model.qk_rope_head_dim: required"),
     "T_load without geometry": ("load_bandwidth_bytes_per_second: 25.0e9\n",
                                 "config key model.layers: required when load_bandwidth_bytes_per_second is set"),
-    "web_config missing file": ("web_config: /nonexistent/web.yml\n", "config key web_config: cannot read"),
+    "web_config missing file": ("web_config: /nonexistent/web.yml\n",
+                                "config key web_config: /nonexistent/web.yml: cannot read"),
+    # PyYAML alone keeps the last of two equal keys: kvhit would scrape the second target unannounced
+    "key given twice": ("target: http://127.0.0.1:9/metrics\ninterval: 5\ntarget: http://x/\n",
+                        "key 'target' twice (line 3)"),
+    "nested key given twice": ("prices:\n  miss_per_million: 2\n  miss_per_million: 3\n",
+                               "key 'miss_per_million' twice (line 3)"),
 }
 
 
@@ -73,6 +79,19 @@ def test_bad_yaml_exits_2_with_one_line_naming_the_key(tmp_path, capsys, monkeyp
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("kvhit: "), err
     assert expected in err, err
+
+
+def test_config_file_not_utf8_exits_2_naming_the_file(tmp_path, capsys, monkeypatch):
+    cfg = tmp_path / "latin1.yaml"
+    cfg.write_bytes(b"\xff\xfe interval: 5\n")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--config", str(cfg)])
+    assert code == 2 and err.count("\n") == 1 and f"config file {cfg}: not UTF-8 text" in err, err
+
+
+def test_a_section_as_one_environment_variable_says_how_to_set_it(tmp_path, capsys, monkeypatch):
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES": "{miss_per_million: 2}"})
+    assert code == 2 and err.count("\n") == 1, err
+    assert "KVHIT_PRICES: prices is a section; set its keys one by one, e.g. KVHIT_PRICES_" in err, err
 
 
 def test_good_geometry_and_t_load_accepted(tmp_path):

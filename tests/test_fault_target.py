@@ -245,6 +245,18 @@ def test_refused_when_the_listener_is_closed(target):
     assert src.fetch()[1] == target.snapshots[0]
 
 
+def test_a_host_name_that_does_not_resolve_is_refused_and_says_dns(monkeypatch):
+    import socket
+
+    def no_such_host(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)  # no resolver needed: the lookup fails
+    with pytest.raises(ScrapeError) as info:
+        LiveSource("http://vllm.typo.invalid:8000/metrics", timeout=TIMEOUT, max_bytes=CAP).fetch()
+    assert info.value.reason == "refused" and "cannot resolve the host" in str(info.value)
+    assert "(DNS)" in str(info.value)
+
+
 def test_html_page_with_status_200_is_a_parse_error_not_a_crash(target, caplog):
     target.mode = "html"
     runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url, clock=lambda: 1000.0)
