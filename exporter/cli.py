@@ -102,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # the collector's reach, a full collection only walks the analysis state (benchmarks/performance.py).
     gc.freeze()
     poll_loop(runner, source, stop)
+    log.info("kvhit stopping (signal received)")
     server.shutdown()
     return 0
 
@@ -236,7 +237,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for m in analysis.models.values():
         print(describe_model(m))
     if not analysis.models:
-        print(f"  no model analysed: {analysis.engine_reason or 'fewer than two snapshots'}")
+        print(f"  no model analysed: {analysis.engine_reason or 'fewer than two snapshots of one model'}")
     _write_outputs(args, result)
     return 0
 
@@ -370,9 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("replay", help="replay a recorded trace (directory or .tar.gz of <unix_ms>.prom)")
-    rp.add_argument("path")
+    rp.add_argument("path", help="trace directory or .tar.gz of <unix_ms>.prom files (phases.json optional)")
     rp.add_argument("--config", help="YAML config file")
-    rp.add_argument("--window-seconds", type=float, dest="window_seconds")
+    rp.add_argument("--window-seconds", type=float, dest="window_seconds", help="publish window in seconds (default 60)")
     rp.add_argument("--json", help="write steps, phases and the analysis as JSON")
     rp.add_argument("--metrics-out", dest="metrics_out", help="write kvhit's exposition after the last snapshot")
     rp.add_argument("--save-fit", dest="save_fit", help="write the analysis document kvhit predict loads")
@@ -383,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--speed", type=bounded(1e-3, 1e6), default=20.0, help="replay speed-up (default 20x)")
     d.add_argument("--listen", help=f"ADDR:PORT (default: listen of --config or KVHIT_LISTEN, else {DEMO_LISTEN})")
     d.add_argument("--print-every", type=bounded(1, 1e9, integer=True), default=15, dest="print_every",
-                   help="print every N scrapes")
+                   help="print every N scrapes (default 15)")
     d.add_argument("--loop", action="store_true", help="keep serving after the replay ends")
     d.add_argument("--config", help="YAML config file (prices, SLOs, ...; the demo model's geometry where unset)")
     d.set_defaults(func=cmd_demo)
@@ -399,10 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_simulate)
 
     pr = sub.add_parser("predict", help="what-if from a saved fit (kvhit replay --save-fit or /api/v1/analysis)")
-    pr.add_argument("--fit", required=True)
-    pr.add_argument("--hit-ratio", type=float, required=True, dest="hit_ratio")
-    pr.add_argument("--isl", type=float)
-    pr.add_argument("--osl", type=float)
+    pr.add_argument("--fit", required=True, help="analysis JSON (kvhit replay --save-fit, or /api/v1/analysis saved)")
+    pr.add_argument("--hit-ratio", type=float, required=True, dest="hit_ratio", help="what-if token hit ratio h in [0, 1)")
+    pr.add_argument("--isl", type=float, help="prompt tokens per request (default: the file's window mean)")
+    pr.add_argument("--osl", type=float, help="output tokens per request (default: the file's window mean)")
     pr.add_argument("--model", help="model_name when the file holds several")
     pr.set_defaults(func=cmd_predict)
 
@@ -412,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="trace (dir or .tar.gz; replayed), analysis .json, or kvhit's base URL (/api/v1/analysis)")
     rep.add_argument("--out", default="kvhit-report", help="output directory (default ./kvhit-report)")
     rep.add_argument("--config", help="YAML config file (prices, SLOs, instance_hour_price, geometry, sizing)")
-    rep.add_argument("--window-seconds", type=float, dest="window_seconds")
+    rep.add_argument("--window-seconds", type=float, dest="window_seconds", help="publish window in seconds (default 60)")
     rep.set_defaults(func=cmd_report)
     return p
 

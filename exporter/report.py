@@ -410,8 +410,12 @@ def _slug(name: str, used: set[str]) -> str:
 def render(data: ReportData, out_dir: Path) -> Path:
     """Write ``report.html`` and the PNGs into ``out_dir``; returns the HTML path. The PNGs of a
     report written there before (named in its ``report.html``) are removed first: a plot of
-    another source must not lie beside this report."""
+    another source must not lie beside this report. Raises ReportError when no model was analysed
+    (the message carries the analysis' engine reason, e.g. no successful scrape yet)."""
     plt = _pyplot()
+    if not data.doc.get("models"):  # a page without a model would look like a report of nothing wrong
+        why = data.doc.get("engine_reason") or "fewer than two scrapes of one model"
+        raise ReportError(f"{data.source}: no model analysed ({why}): nothing to report")
     out_dir.mkdir(parents=True, exist_ok=True)
     previous = out_dir / "report.html"
     if previous.is_file():
@@ -422,8 +426,6 @@ def render(data: ReportData, out_dir: Path) -> Path:
              f"<code>{html.escape(str(doc.get('engine')))}</code>"
              + (f" ({html.escape(doc['engine_reason'])})" if doc.get("engine_reason") else "")
              + f" · analysis at unix {_fmt(doc.get('timestamp'), '.0f')}</p>"]
-    if not doc.get("models"):
-        parts.append("<p>No model was analysed (fewer than two scrapes, or an unsupported engine).</p>")
     used: set[str] = set()
     for name, m in sorted(doc.get("models", {}).items()):
         slug = _slug(name, used)

@@ -5,7 +5,7 @@
 - ``/healthz``: 200 while the process serves (liveness).
 - ``/readyz``: 200 when a successful scrape is at most two intervals old, else 503.
 - ``/api/v1/analysis``: the analysis as JSON (schema in :mod:`exporter.jsonapi`).
-- ``/api/v1/predict?hit_ratio=H&isl=N&osl=N[&model_name=M]``: what-if from the current fit.
+- ``/api/v1/predict?hit_ratio=H[&isl=N&osl=N&model_name=M]``: what-if from the current fit.
 
 Security (``listen``, ``web_config``; :class:`exporter.config.WebConfig`): the bind address is
 configurable (``0.0.0.0:9471`` is the pod's sidecar port; ``127.0.0.1:…`` or ``[::1]:…`` keep it

@@ -158,3 +158,17 @@ def test_models_whose_names_slug_alike_get_their_own_png_files(cfg, replayed, tm
     assert not any(name.startswith(".") for name in names)
     for name, b64 in images:
         assert (tmp_path / "out" / name).read_bytes() == base64.b64decode(b64)
+
+
+def test_a_kvhit_that_never_scraped_gives_an_error_not_an_empty_report(cfg, tmp_path, capsys):
+    from exporter.runner import Runner
+    runner = Runner(cfg, "http://127.0.0.1:9/metrics")  # never polled: no scrape, no model
+    server, _ = serve(runner, "127.0.0.1:0")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        code = main(["report", url, "--out", str(tmp_path / "rep")])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert code == 1 and "no model analysed (no scrape yet): nothing to report" in err, err
+    assert not (tmp_path / "rep" / "report.html").exists()
