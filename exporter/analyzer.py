@@ -338,16 +338,18 @@ class Analyzer:
         if coef is None or h_now is None or isl is None or osl is None or steps_per_request is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, hit, kv, bandwidth, engines)
+        attention = chip.params["k_attn"]
         preds = {}
         for which, h in (("current", h_now), ("target", cfg.target_hit_ratio)):
             if h is not None:
                 problem = fitted.unidentified(h, isl)
+                if not attention.ok and fitted.prefill_mix_tokens is None and which == "target":
+                    problem = f"the chip-time fit's attention term: {attention.reason}"
                 if problem:
                     unknown.setdefault(f"predicted_{which}", problem)
                 else:
                     preds[which] = fitted.predict(h, isl, osl)
         bathtubs = dict(linear)
-        attention = chip.params["k_attn"]
         if attention.ok:
             h_max = 1 - 1 / isl  # the last prompt token is never a hit
             bathtubs["chip_time"] = bathtub_chip_time(

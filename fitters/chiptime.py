@@ -100,7 +100,7 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
     "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design); when k_attn is
     dropped, "prefill_mix_tokens" = ΣΔW/ΣΔM over the inliers [tokens] (= ISL·(1+h)/2 of the steps
     seen): k_ffn then includes k_attn × that mix, so the fit predicts prefill work only at that
-    mix (fitters/whatif.py ``FittedModel.unidentified``).
+    mix (fitters/whatif.py ``FittedModel.unidentified``; absent when no step had miss tokens).
     Status insufficient_data below ``min_samples`` usable rows, else ok.
     """
     return _fit_rows([(r, o.dt) for o in observations if (r := design_row(o)) is not None], min_samples)
@@ -248,10 +248,10 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
         "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
         "condition_number": math.sqrt(eig[-1] / eig[0]) if eig[0] > 0 else math.inf,
     }
-    if _ATTN not in kept:
+    m_sum = float(x[inlier, _FFN].sum())
+    if _ATTN not in kept and m_sum > 0:
         # k_ffn then carries the attention work too, at the steps' ΔW/ΔM = ISL·(1+h)/2 only
-        m_sum = float(x[inlier, _FFN].sum())
-        extra["prefill_mix_tokens"] = float(x[inlier, _ATTN].sum()) / m_sum if m_sum > 0 else 0.0
+        extra["prefill_mix_tokens"] = float(x[inlier, _ATTN].sum()) / m_sum
     return FitResult(
         status=Status.OK,
         params=params,

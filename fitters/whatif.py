@@ -47,8 +47,7 @@ _FIELD_RANGES = (
                                                              "steps_per_request", "c0", "c1", "running",
                                                              "queue_time", "p_miss", "p_hit", "p_out")),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
-    *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
-    ("prefill_mix_tokens", lambda v: v >= 0, "a finite number >= 0"),
+    *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth", "prefill_mix_tokens")),
     ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
 )
 _OPTIONAL = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth", "prefill_mix_tokens"}
