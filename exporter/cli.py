@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def poll_loop(runner: Runner, source, stop: threading.Event, clock=time.monotonic) -> None:
     """Poll until ``stop`` is set. Attempts *start* ``runner.next_delay()`` apart: the time a scrape
     took is deducted from the wait, so a target answering within the timeout never makes the data
-    look older than interval + timeout (``kvhit_stale``) or two intervals (per-model values removed,
+    look older than interval + timeout (``kvhit_stale``) or 2·interval + timeout (per-model values removed,
     /readyz 503), which waiting a full interval after each scrape did."""
     while not stop.is_set():
         start = clock()

@@ -47,10 +47,10 @@ SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by
                    "[scrapes].", ("target", "reason"), "counter")
 LAST_SUCCESS = _m("kvhit_last_success_timestamp_seconds", "Unix time of the last successful scrape [s].", ("target",))
 DATA_AGE = _m("kvhit_data_age_seconds", "Age of the last successful scrape, the one every per-model value comes "
-              "from; per-model series are removed once it exceeds two scrape intervals [s].", ("target",))
+              "from; per-model series are removed once it exceeds two scrape intervals plus the scrape timeout [s].", ("target",))
 STALE = _m("kvhit_stale", "1 when the per-model values shown do not come from the latest scrape attempt (it "
            "failed, or no scrape succeeded for more than interval + timeout), 0 when they are fresh; the values "
-           "are removed after two intervals [boolean].", ("target",))
+           "are removed after two intervals plus the timeout [boolean].", ("target",))
 INPUT_QUIRKS = _m("kvhit_input_quirks_total", "Lines or series of the target's expositions that kvhit handled "
                   "as a quirk, by quirk (truncated, malformed_line, non_utf8, non_finite, negative, "
                   "duplicate_series, pid_duplicate, engine_incomplete, histogram_inconsistent) [lines].",

@@ -9,7 +9,7 @@ of a crash or a lie:
 * **Never lies**: ``kvhit_up`` is 0 after a failed attempt; ``kvhit_stale`` is 1 as soon as the
   values shown are not from the latest attempt (it failed, or none succeeded for more than
   interval + timeout); every per-model value is removed once the last good scrape is older than
-  two intervals (``kvhit_data_age_seconds`` says how old it is). Nothing frozen looks live.
+  two intervals plus the scrape timeout (``kvhit_data_age_seconds`` says how old it is). Nothing frozen looks live.
 * **Loses nothing silently**: input quirks the parser handled are counted per kind
   (``kvhit_input_quirks_total``); (model_name, engine) series beyond ``max_series`` are counted
   (``kvhit_untracked_series``) and logged once.
@@ -185,7 +185,7 @@ class Runner:
 
     def next_delay(self) -> float:
         """Seconds until the next scrape: the interval after a success and after a first failure (a
-        single blip must not hide the values for two intervals), then doubled per further
+        single blip must not hide the values: :meth:`fresh`), then doubled per further
         consecutive failure, at most MAX_BACKOFF_FACTOR intervals."""
         factor = min(2 ** (self._failures - 1), MAX_BACKOFF_FACTOR) if self._failures else 1
         return self.config.interval * factor
@@ -196,7 +196,7 @@ class Runner:
         """(analysis, health) to render now.
 
         Health carries the age of the last good scrape and ``stale``; per-model values are
-        removed when that scrape is older than two intervals. An exception while assembling
+        removed when that scrape is older than two intervals plus the timeout (:meth:`fresh`). An exception while assembling
         the analysis is counted ("internal") and shows no per-model value.
         """
         try:
@@ -226,8 +226,11 @@ class Runner:
 
     def fresh(self, age: float | None) -> bool:
         """Whether a last successful scrape ``age`` seconds old (None: none yet) is fresh enough to
-        publish per-model values from: at most two intervals old."""
-        return age is not None and age <= 2 * self.config.interval
+        publish per-model values from: at most two intervals plus the scrape timeout old, when the
+        retry after a single failed attempt has completed at the latest (:meth:`next_delay`): one
+        blip never withdraws the series (a Prometheus scrape in that gap would restart every pending
+        alert's ``for:``), two consecutive failures do."""
+        return age is not None and age <= 2 * self.config.interval + self.config.timeout
 
     def ready(self) -> bool:
         """A fresh successful scrape exists (what /readyz reports)."""

@@ -3,7 +3,7 @@
 - ``/``: what is served where (a landing page, as Prometheus exporters have).
 - ``/metrics``: Prometheus exposition via prometheus-client (content negotiation, gzip).
 - ``/healthz``: 200 while the process serves (liveness).
-- ``/readyz``: 200 when a successful scrape is at most two intervals old, else 503.
+- ``/readyz``: 200 when a successful scrape is at most two intervals plus the timeout old, else 503.
 - ``/api/v1/analysis``: the analysis as JSON (schema in :mod:`exporter.jsonapi`).
 - ``/api/v1/predict?hit_ratio=H[&isl=N&osl=N&model_name=M]``: what-if from the current fit.
 
@@ -215,7 +215,7 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
         if not analysis.models and health.age is not None and not runner.fresh(health.age):
             # the models exist but their values were withdrawn as stale: say that, not "no model yet"
             raise ValueError(f"no current analysis: the last successful scrape is {health.age:.0f} s old, more "
-                             f"than two scrape intervals (see kvhit_up and kvhit_scrape_errors_total)")
+                             f"than two scrape intervals plus the timeout (see kvhit_up and kvhit_scrape_errors_total)")
         name, fitted, m = load_fit(analysis_to_dict(analysis, health), q.get("model_name"),
                                    choose="the model_name= query parameter")
         isl, osl = q.get("isl", m.get("isl")), q.get("osl", m.get("osl"))

@@ -157,7 +157,7 @@ def test_run_against_fake_target_then_target_gone():
     stopped = False
     try:
         # 1. live: wait until kvhit has seen every file (10 files at ~0.25 s ≈ 2.5 s).
-        # Per-model values are hidden whenever the last good scrape is > 2 intervals old, which a
+        # Per-model values are hidden whenever the last good scrape is > 2 intervals + timeout old, which a
         # starved CPU can cause between two scrapes: wait for a fresh rendering with them.
         deadline, body, h, ready = time.monotonic() + 40, "", None, False
         while time.monotonic() < deadline:
@@ -201,8 +201,8 @@ def test_run_against_fake_target_then_target_gone():
                 continue
             last_success = value(body, "kvhit_last_success_timestamp_seconds", target=fake.url)
             assert last_success is not None and last_success <= t_stop
-            if t_req - last_success > 2 * interval:
-                # Older than two intervals: no per-model value may be shown (never stale).
+            if t_req - last_success > 2 * interval + 3.0:  # + the default timeout
+                # Older than two intervals plus the timeout: no per-model value may be shown (never stale).
                 assert model_series(body) == [], model_series(body)[:5]
                 checked_stale += 1
             refused = value(body, "kvhit_scrape_errors_total", target=fake.url, reason="refused")
@@ -779,8 +779,9 @@ def test_api_predict_before_any_model_says_so_without_command_line_flags():
 
 
 def test_api_predict_after_the_target_went_away_says_the_data_is_old_not_that_no_model_exists():
-    # the simulator's sweep fed with a fake clock, then the clock moves 11 s past the last good
-    # scrape with no new one: more than two 5-s intervals, so the per-model values are withdrawn
+    # the simulator's sweep fed with a fake clock, then the clock moves 14 s past the last good
+    # scrape with no new one: more than two 5-s intervals plus the 3-s timeout, so the per-model
+    # values are withdrawn
     from exporter.config import Config
     from exporter.runner import Runner
     from exporter.simulate import generate, preset
@@ -791,10 +792,10 @@ def test_api_predict_after_the_target_went_away_says_the_data_is_old_not_that_no
         runner.ingest_text(t, text)
     status, _ = _api(runner, "hit_ratio=0.5&isl=2048&osl=32")
     assert status.startswith("200")
-    now[0] += 11.0
+    now[0] += 14.0
     status, doc = _api(runner, "hit_ratio=0.5&isl=2048&osl=32")
     assert status.startswith("400")
-    assert doc["error"].startswith("no current analysis: the last successful scrape is 11 s old")
+    assert doc["error"].startswith("no current analysis: the last successful scrape is 14 s old")
     assert "no model analysed yet" not in doc["error"]
 
 

@@ -5,7 +5,7 @@ trace; the test switches what it does next: refuse (the listener closed), answer
 timeout, trickle the body, 500, 404, a 302 to the real path, gzip, a body over the size cap, a
 gzip bomb, a body cut off mid-way, a hang-up without an answer. Each kind is checked for its
 reason and its outcome; then the target flaps for 10 minutes of fake time (the real HTTP round trips take milliseconds): kvhit
-recovers without restart, never shows a per-model value older than two intervals, and its
+recovers without restart, never shows a per-model value older than two intervals plus the timeout, and its
 error counters equal the faults the target actually served.
 
 Expected values come from the test's own bookkeeping of what the server did, never from kvhit.
@@ -328,7 +328,7 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
     listening = True
     consecutive_failures = 0
     recoveries = 0
-    polls = 0
+    polls = successes = 0
     while clock.t < t0 + 600:
         phase = int((clock.t - t0) // 30)
         down = phase % 2 == 1
@@ -349,6 +349,7 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
                 recoveries += 1
             consecutive_failures = 0
             last_ok = clock.t
+            successes += 1
         else:
             consecutive_failures += 1
             expected_errors[REASON[mode]] = expected_errors.get(REASON[mode], 0) + 1
@@ -365,10 +366,13 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
             if age is not None:
                 assert value(expo, "kvhit_data_age_seconds") == pytest.approx(age)
             if per_model(expo):
-                # a per-model value is on show only while its scrape is at most 2 intervals old
-                assert age is not None and age <= 2 * interval
-            if age is not None and age > 2 * interval:
+                # a per-model value is on show only while its scrape is at most 2 intervals + timeout old
+                assert age is not None and age <= 2 * interval + TIMEOUT
+            if age is not None and age > 2 * interval + TIMEOUT:
                 assert per_model(expo) == []
+            if successes >= 2 and (ok or consecutive_failures == 1):
+                # one failed scrape never withdraws them: the retry is due within 2 intervals + timeout
+                assert per_model(expo), (clock.t - t0, mode, dt)
             # stale as soon as the latest attempt failed (or nothing fresh for interval + timeout)
             want_stale = (not ok) or age is None or age > interval + TIMEOUT
             assert value(expo, "kvhit_stale") == (1.0 if want_stale else 0.0)
@@ -492,3 +496,22 @@ def test_error_and_quirk_counters_exist_at_zero_before_the_first_one(snapshots):
     src = "".join(p.read_text() for p in Path(names.__file__).parent.glob("*.py"))
     raised = set(re.findall(r'(?:ScrapeError|record_failure)\(\s*"([a-z_]+)"', src))
     assert raised and raised <= set(names.SCRAPE_ERROR_REASONS) | set(names.FLEET_ERROR_REASONS)
+
+
+def test_one_failed_scrape_never_withdraws_the_series_while_its_retry_runs(target):
+    """A Prometheus scrape of kvhit while the retry after a single blip is still running must find
+    the per-model series (else every pending alert's for: restarts); two failures withdraw them."""
+    interval = 5.0
+    runner = Runner(Config(interval=interval, timeout=TIMEOUT, max_body_bytes=CAP), target.url,
+                    clock=(clock := FakeClock(2_000_000_000.0)))
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    for _ in range(2):
+        assert runner.poll(src)
+        clock.t += interval
+    target.mode = "http500"
+    assert not runner.poll(src)  # the blip, one interval after the last success
+    clock.t += runner.next_delay()  # the retry starts two intervals after the last success …
+    clock.t += 0.9 * TIMEOUT  # … and is still running (a slow /metrics under load)
+    assert per_model(exposition(runner))
+    clock.t += 0.2 * TIMEOUT  # two intervals plus the timeout, and no success
+    assert per_model(exposition(runner)) == []
