@@ -209,11 +209,11 @@ def model_dashboard() -> Dashboard:
                           "h of {{model_name}}, vLLM counters (5m)")))
     d = d.with_panel(per_pod(band(hit, "break-even h_even", "valley bottom h*", "red")))
 
-    d = d.with_panel(
-        barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point")
+    d = d.with_panel(per_pod(
+        barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point ($pod)")
         .description("kvhit_bathtub_revenue_per_second: revenue per machine-second R(h) at kvhit's fixed h grid, "
-                     "in the form the valley alert follows (mean over the selected pods). The orange bar is the "
-                     "grid point nearest the current h.")
+                     "in the form the valley alert follows. One panel per selected pod: pods' curves (and "
+                     "forms) are never averaged. The orange bar is the grid point nearest the current h.")
         .unit(PRICE_S).datasource(DS).span(12).height(8).x_field("hit_ratio")
         .legend(VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM).show_legend(True))
         .tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.NONE))
@@ -225,7 +225,7 @@ def model_dashboard() -> Dashboard:
             "excludeByName": {"Time": True}, "renameByName": {"Value #A": "R(h)", "Value #B": "current h"}}))
         .with_transformation(DataTransformerConfig(id_val="sortBy", options={"sort": [{"field": "hit_ratio"}]}))
         .override_by_name("R(h)", [prop("color", {"mode": "fixed", "fixedColor": "blue"})])
-        .override_by_name("current h", [prop("color", {"mode": "fixed", "fixedColor": "orange"})]))
+        .override_by_name("current h", [prop("color", {"mode": "fixed", "fixedColor": "orange"})])))
 
     slope = (ts(ids, "Revenue slope R'(h) with its 95 % interval ($pod)", SLOPE,
                 "dR/dh at the current hit ratio per form; below 0 more hits earn less. The valley alert needs "

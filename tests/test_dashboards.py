@@ -16,7 +16,7 @@ from promql_selectors import selectors
 
 REQUIRED_PANELS = {  # the issue's list → the panel titles that implement it
     "token hit ratio with the valley band": "Token hit ratio and the valley band ($pod)",
-    "the bathtub curve R(h) with the current operating point": "Bathtub R(h) and the current operating point",
+    "the bathtub curve R(h) with the current operating point": "Bathtub R(h) and the current operating point ($pod)",
     "predicted vs observed TTFT": "TTFT: predicted vs observed",
     "Delivered vs Physical TPM": "Delivered vs physical TPM",
     "a and α with their error bands": "Miss slope a and overlap α with 95 % bands ($pod)",
@@ -113,7 +113,7 @@ def test_the_bathtub_operating_point_covers_kvhit_s_grid():
     """The orange bar: every grid point of kvhit_bathtub_revenue_per_second owns the bin of h nearest
     to it, the bins tile [0, 1] without gaps or overlaps."""
     expr = next(e for uid, t, ref, e in dashboard_targets()
-                if t == "Bathtub R(h) and the current operating point" and ref == "B")
+                if t == "Bathtub R(h) and the current operating point ($pod)" and ref == "B")
     labels = re.findall(r'kvhit_bathtub_revenue_per_second\{hit_ratio="([0-9.]+)"', expr)
     assert labels == [f"{h:.2f}" for h in BATHTUB_GRID]
     bins = re.findall(r">= ([0-9.e-]+) (<=?) ([0-9.e-]+)\)", expr)
