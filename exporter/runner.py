@@ -73,6 +73,7 @@ class Runner:
         self._last_reason = ""
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
         self._cap_logged = False
+        self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
 
     # --- input -----------------------------------------------------------------------------
 
@@ -129,7 +130,17 @@ class Runner:
         except Exception as exc:
             self.record_failure("error", f"scrape failed: {type(exc).__name__}", time.monotonic() - start)
             return False
+        finally:
+            self._polled = self.clock()
         return self.ingest_text(stamp, text, time.monotonic() - start)
+
+    def alive(self) -> bool:
+        """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer
+        than the longest wait between attempts (MAX_BACKOFF_FACTOR intervals) plus the timeout plus
+        a minute — the loop is stuck and only a restart helps; True before any poll (replays)."""
+        polled = self._polled
+        limit = MAX_BACKOFF_FACTOR * self.config.interval + self.config.timeout + 60.0
+        return polled is None or self.clock() - polled <= limit
 
     def record_failure(self, reason: str, message: str, duration: float | None = None) -> None:
         """Count a failed attempt (``reason`` is the kvhit_scrape_errors_total label); ``duration``

@@ -2,7 +2,7 @@
 
 - ``/``: what is served where (a landing page, as Prometheus exporters have).
 - ``/metrics``: Prometheus exposition via prometheus-client (content negotiation, gzip).
-- ``/healthz``: 200 while the process serves (liveness).
+- ``/healthz``: 200 while the scrape loop makes progress (liveness; ``Runner.alive``), else 503.
 - ``/readyz``: 200 when a successful scrape is at most two intervals plus the timeout old, else 503.
 - ``/api/v1/analysis``: the analysis as JSON (schema in :mod:`exporter.jsonapi`).
 - ``/api/v1/predict?hit_ratio=H[&isl=N&osl=N&model_name=M]``: what-if from the current fit.
@@ -187,7 +187,9 @@ def make_app(runner: Runner) -> Callable:
         if path == "/metrics":
             return metrics_app(environ, start_response)
         if path == "/healthz":
-            return _text(start_response, "200 OK", "ok\n")
+            ok = runner.alive()
+            return _text(start_response, "200 OK" if ok else "503 Service Unavailable",
+                         "ok\n" if ok else "the scrape loop finished no attempt for too long: restart kvhit\n")
         if path == "/readyz":
             ok = runner.ready()
             return _text(start_response, "200 OK" if ok else "503 Service Unavailable",

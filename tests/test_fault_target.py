@@ -515,3 +515,26 @@ def test_one_failed_scrape_never_withdraws_the_series_while_its_retry_runs(targe
     assert per_model(exposition(runner))
     clock.t += 0.2 * TIMEOUT  # two intervals plus the timeout, and no success
     assert per_model(exposition(runner)) == []
+
+
+def test_healthz_fails_only_when_the_scrape_loop_stops_making_progress(target):
+    import requests as rq
+    from exporter.runner import MAX_BACKOFF_FACTOR
+    from exporter.server import serve
+    interval = 5.0
+    runner = Runner(Config(interval=interval, timeout=TIMEOUT, max_body_bytes=CAP), target.url,
+                    clock=(clock := FakeClock(2_000_000_000.0)))
+    server, _ = serve(runner, "127.0.0.1:0")
+    url = f"http://127.0.0.1:{server.server_port}/healthz"
+    try:
+        assert rq.get(url, timeout=5).status_code == 200  # never polled (a replay): alive
+        target.stop()  # a dead target is vLLM's problem, not a reason to restart kvhit
+        assert not runner.poll(LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP))
+        clock.t += MAX_BACKOFF_FACTOR * interval + TIMEOUT + 60.0  # the longest wait, then some
+        assert rq.get(url, timeout=5).status_code == 200
+        clock.t += 1.0  # no attempt finished for longer than any back-off: the loop is stuck
+        r = rq.get(url, timeout=5)
+        assert r.status_code == 503 and "restart kvhit" in r.text
+    finally:
+        server.shutdown()
+        target.start()
