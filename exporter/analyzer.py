@@ -339,35 +339,34 @@ class Analyzer:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, hit, kv, bandwidth, engines)
         attention = chip.params["k_attn"]
+        # With attention work (1 - h²) not told apart from FFN work (1 - h), the model's h-shape is
+        # the kept terms' alone: a what-if at another h, the chip_time bathtub (a slope with an
+        # exact-looking interval) and the derived miss slope would mean nothing
+        h_shape = None if attention.ok else f"the chip-time fit's attention term: {attention.reason}"
         preds = {}
         for which, h in (("current", h_now), ("target", cfg.target_hit_ratio)):
             if h is not None:
                 problem = fitted.unidentified(h, isl)
-                if not attention.ok and fitted.prefill_mix_tokens is None and which == "target":
-                    problem = f"the chip-time fit's attention term: {attention.reason}"
+                if which == "target" and fitted.prefill_mix_tokens is None:
+                    problem = problem or h_shape
                 if problem:
                     unknown.setdefault(f"predicted_{which}", problem)
                 else:
                     preds[which] = fitted.predict(h, isl, osl)
         bathtubs = dict(linear)
-        if attention.ok:
+        derived = {}
+        lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
+        if h_shape:
+            unknown.setdefault("bathtub_chip_time", h_shape)
+            unknown.setdefault("miss_slope_derived", h_shape)
+        else:
             h_max = 1 - 1 / isl  # the last prompt token is never a hit
             bathtubs["chip_time"] = bathtub_chip_time(
                 coef, chip.covariance, fitted.t_fixed, isl, osl, min(h_now, h_max),
                 cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max])
-        else:
-            # revenue's h-shape, its slope and the valley need attention work (1 - h²) told apart
-            # from FFN work (1 - h): without it the slope's tight interval would mean nothing
-            unknown.setdefault("bathtub_chip_time", f"the chip-time fit's attention term: {attention.reason}")
-        derived = {}
-        lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
-        if not attention.ok:
-            # With attention work (1 - h²) not told apart from FFN work (1 - h), the curve's
-            # h-shape is the kept terms' alone: a slope with an exact-looking stderr but no meaning.
-            unknown.setdefault("miss_slope_derived", f"the chip-time fit's attention term: {attention.reason}")
-        elif isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
-            tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi)
-            derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
+            if isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
+                tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi)
+                derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
         contention = None
         if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
             contention = fitted.c0 + fitted.c1 * fitted.running
