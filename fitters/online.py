@@ -40,11 +40,13 @@ from scipy.linalg.lapack import dposv
 
 from .result import FitResult
 
-# K: rows between robust refits. Measured on the bundled 0.32 trace (one model, 369 cycles) with
-# exact steps from running sums: a refit costs 0.8 ms (chip time), 2.2 ms (latency), 4.4 ms (miss
-# slope, its reference curve), an exact step 0.08-0.1 ms; the fit step per cycle costs 0.69 ms
-# at K = 16, 0.56 at 32, 0.51 at 64 (exact steps and numpy call overhead dominate), but at 64 the
-# frozen weights get old enough to move the accuracy benchmark's real-trace direct â (0.76 → 0.81).
+# K: rows between robust refits. Measured on the bundled 0.32 trace (one model, 369 cycles): a
+# refit costs 0.8 ms (chip time), 1.0 ms (latency), ~2.3 ms (miss slope: its reference curve, a
+# nonlinear scipy least_squares), an exact step 0.04-0.1 ms. At K = 64 without more the frozen
+# weights get old enough to move the real-trace direct â (0.76 → 0.81); K = 128 with refits gated
+# on drift (the residuals' shift, rows the refit would call outliers, h beyond the reference's
+# range) kept every accuracy bar but still moved sweep A's direct â (0.479 → 0.463) and α̂ at 10 %
+# noise (by up to 0.17): not adopted.
 REFIT_EVERY = 16
 
 R = TypeVar("R")
