@@ -248,10 +248,11 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
         "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
         "condition_number": math.sqrt(eig[-1] / eig[0]) if eig[0] > 0 else math.inf,
     }
-    m_sum = float(x[inlier, _FFN].sum())
-    if _ATTN not in kept and m_sum > 0:
+    if _ATTN not in kept:
         # k_ffn then carries the attention work too, at the steps' ΔW/ΔM = ISL·(1+h)/2 only
-        extra["prefill_mix_tokens"] = float(x[inlier, _ATTN].sum()) / m_sum
+        m_sum = float(x[inlier, _FFN].sum())
+        if m_sum > 0:
+            extra["prefill_mix_tokens"] = float(x[inlier, _ATTN].sum()) / m_sum
     return FitResult(
         status=Status.OK,
         params=params,
