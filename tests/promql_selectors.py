@@ -112,7 +112,8 @@ def selectors(expr: str) -> list[Selector]:
         if c == "{":
             matchers, j = _matchers(expr, i)
             name = next((v for k2, op, v in matchers if k2 == "__name__" and op == "="), "")
-            out.append(Selector(name, tuple(mt for mt in matchers if mt[0] != "__name__"), False))
+            # a regex __name__ matcher stays (a family by name pattern), the exact one is the name
+            out.append(Selector(name, tuple(mt for mt in matchers if mt[:2] != ("__name__", "=")), False))
             last_end = i = j
             continue
         i += 1
