@@ -364,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", help="full URL of vLLM /metrics")
     r.add_argument("--prometheus", help="fleet mode: base URL of a Prometheus HTTP API (not with --target)")
     r.add_argument("--selector", help='fleet mode: PromQL label matchers of the pods, e.g. \'{namespace="llm"}\'')
-    r.add_argument("--interval", type=float, help="seconds between scrapes (default 5)")
-    r.add_argument("--listen", help="ADDR:PORT to serve on (default 0.0.0.0:9471; [::1]:PORT for IPv6)")
+    r.add_argument("--interval", type=float, help=f"seconds between scrapes (default: the config's interval, {Config.interval:g})")
+    r.add_argument("--listen", help=f"ADDR:PORT to serve on (default: the config's listen, {Config.listen}; [::1]:PORT for IPv6)")
     r.add_argument("--config", help="YAML config file")
     r.add_argument("--web-config", dest="web_config", help="web-config YAML: TLS and basic auth of kvhit's endpoint")
     r.set_defaults(func=cmd_run)
@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay a recorded trace (directory or .tar.gz of <unix_ms>.prom)")
     rp.add_argument("path", help="trace directory or .tar.gz of <unix_ms>.prom files (phases.json optional)")
     rp.add_argument("--config", help="YAML config file")
-    rp.add_argument("--window-seconds", type=float, dest="window_seconds", help="publish window in seconds (default 60)")
+    rp.add_argument("--window-seconds", type=float, dest="window_seconds", help=f"publish window in seconds (default: the config's window_seconds, {Config.window_seconds:g})")
     rp.add_argument("--json", help="write steps, phases and the analysis as JSON")
     rp.add_argument("--metrics-out", dest="metrics_out", help="write kvhit's exposition after the last snapshot")
     rp.add_argument("--save-fit", dest="save_fit", help="write the analysis document kvhit predict loads")
@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="trace (dir or .tar.gz; replayed), analysis .json, or kvhit's base URL (/api/v1/analysis)")
     rep.add_argument("--out", default="kvhit-report", help="output directory (default ./kvhit-report)")
     rep.add_argument("--config", help="YAML config file (prices, SLOs, instance_hour_price, geometry, sizing)")
-    rep.add_argument("--window-seconds", type=float, dest="window_seconds", help="publish window in seconds (default 60)")
+    rep.add_argument("--window-seconds", type=float, dest="window_seconds", help=f"publish window in seconds (default: the config's window_seconds, {Config.window_seconds:g})")
     rep.set_defaults(func=cmd_report)
     return p
 
