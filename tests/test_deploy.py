@@ -131,6 +131,25 @@ def test_kubectl_kustomize_renders_every_kustomization(rendered):
     assert {d["kind"] for d in rendered["rules-and-dashboards"]} == {"PrometheusRule", "ConfigMap"}
 
 
+def test_a_config_edit_rolls_the_example_one_pod_at_a_time(tmp_path, rendered):
+    """kvhit reads its config at start, so an edit must change the pod template (the ConfigMap's
+    hashed name); and that rollout, like any, must neither stop every vLLM replica at once (as
+    Recreate would) nor need a spare GPU (a surge pod)."""
+    copy_ = tmp_path / "kustomize"
+    shutil.copytree(KUSTOMIZE, copy_)
+    config = copy_ / "examples" / "vllm-with-kvhit" / "kvhit-config" / "config.yaml"
+    config.write_text(config.read_text().replace("miss_per_million: 0.30", "miss_per_million: 0.31"))
+
+    def volumes(docs):
+        return only(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+
+    before, after = rendered["examples/vllm-with-kvhit"], kustomize(copy_ / "examples" / "vllm-with-kvhit")
+    assert volumes(before) != volumes(after)  # the template changes: the pods restart with the edit
+    for docs in (after, [d for d in yaml.safe_load_all(PLAIN.read_text()) if d]):
+        strategy = only(docs, "Deployment")["spec"]["strategy"]
+        assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
 def _with_component(tmp_path: Path, deployments: list[dict]) -> list[dict]:
     (tmp_path / "deployments.yaml").write_text(yaml.safe_dump_all(deployments))
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
