@@ -27,7 +27,7 @@ from fitters.model import ChipTimeCoefficients, tpm_delivered, tpm_physical
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
-from fitters.whatif import FittedModel, Prediction, unidentified_mix
+from fitters.whatif import FittedModel, Prediction, unidentified_terms
 
 
 # A model absent from the scrapes this many publish windows loses its fitters' history.
@@ -337,35 +337,40 @@ class Analyzer:
         linear = self._linear_bathtub(slope, h_now)
         if coef is None or h_now is None or isl is None or osl is None or steps_per_request is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
-        fitted = self._fitted(coef, steps_per_request, fits, wobs, hit, kv, bandwidth, engines)
-        attention = chip.params["k_attn"]
-        # With attention work (1 - h²) not told apart from FFN work (1 - h), the model's h-shape is
-        # the kept terms' alone: a what-if at another h, the chip_time bathtub (a slope with an
-        # exact-looking interval) and the derived miss slope would mean nothing
-        h_shape = None if attention.ok else f"the chip-time fit's attention term: {attention.reason}"
+        fitted = self._fitted(coef, steps_per_request, fits, w, wobs, hit, kv, bandwidth, engines)
+        # Terms the chip-time fit could not tell apart are carried by the kept ones only where a
+        # request keeps the relation the data followed: a what-if elsewhere, a chip_time bathtub
+        # over h in [0, 1) (a slope with an exact-looking interval) or a derived miss slope beyond
+        # the observed h range would mean nothing (fitters/whatif.py unidentified_terms)
         preds = {}
         for which, h in (("current", h_now), ("target", cfg.target_hit_ratio)):
             if h is not None:
-                problem = fitted.unidentified(h, isl)
-                if which == "target" and fitted.prefill_mix_tokens is None:
-                    problem = problem or h_shape
+                problem = fitted.unidentified(h, isl, osl)
                 if problem:
                     unknown.setdefault(f"predicted_{which}", problem)
                 else:
                     preds[which] = fitted.predict(h, isl, osl)
+                    if h > 0 and fitted.hit_load_share is None:
+                        unknown.setdefault(f"predicted_ttft_{which}", _LOAD_SHARE_UNKNOWN)
         bathtubs = dict(linear)
         derived = {}
-        lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
+        h_max = 1 - 1 / isl  # the last prompt token is never a hit
+        h_shape = fitted.unidentified(0.0, isl, osl) or fitted.unidentified(h_max, isl, osl)
         if h_shape:
             unknown.setdefault("bathtub_chip_time", h_shape)
-            unknown.setdefault("miss_slope_derived", h_shape)
         else:
-            h_max = 1 - 1 / isl  # the last prompt token is never a hit
             bathtubs["chip_time"] = bathtub_chip_time(
                 coef, chip.covariance, fitted.t_fixed, isl, osl, min(h_now, h_max),
-                cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max])
-            if isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
-                tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi)
+                cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max],
+                fixed_steps=steps_per_request)
+        lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
+        if isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
+            problem = fitted.unidentified(lo, isl, osl) or fitted.unidentified(hi, isl, osl)
+            if problem:
+                unknown.setdefault("miss_slope_derived", problem)
+            else:
+                tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi,
+                                                       fixed_steps=steps_per_request)
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
         contention = None
         if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
@@ -382,7 +387,7 @@ class Analyzer:
                                          grid=BATHTUB_GRID)}
 
     def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float, fits: dict[str, FitResult],
-                wobs: Observation, hit: dict[str, float], kv: float | None,
+                w: Delta, wobs: Observation, hit: dict[str, float], kv: float | None,
                 bandwidth: tuple[float, str] | None, engines: int) -> FittedModel:
         cfg = self.config
         la = fits["load_aware"]
@@ -392,10 +397,10 @@ class Analyzer:
             *coef.as_tuple(), steps_per_request=steps_per_request,
             c0=la.value("c0"), c1=la.value("c1") if la.value("c1") is not None else (0.0 if la.ok else None),
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
-            hit_load_share=(h_load / h_all) if h_all and h_load is not None else 0.0,
+            hit_load_share=_load_share(w, h_all, h_load),
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
             gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out,
-            prefill_mix_tokens=fits["chip_time"].extra.get("prefill_mix_tokens"))
+            collinear=fits["chip_time"].extra.get("collinear"))
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:
@@ -452,6 +457,21 @@ def _observed_tpm(w: Delta, h_all: float | None, gpus: int) -> dict[tuple[str, s
         if (kind, "instance") in out:
             out[(kind, "gpu")] = out[(kind, "instance")] / gpus
     return out
+
+
+_LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit in the publish window while a KV "
+                       "connector counts its hits (external_prefix_cache_hits), so T_load at another h is unknown")
+
+
+def _load_share(w: Delta, h_all: float | None, h_load: float | None) -> float | None:
+    """h_load/h of the publish window [1], what a what-if at another h assumes; None when unknown:
+    h_load unknown, or no hit in the window while a connector's external_prefix_cache_hits counts
+    them (0/0). 0 with no hit and no connector (MODEL.md §2: h_load is then known to be 0)."""
+    if h_all is None or h_load is None:
+        return None
+    if h_all > 0:
+        return h_load / h_all
+    return None if "external_hits" in w.counters else 0.0
 
 
 def _steps_per_request(w: Delta) -> float | None:
@@ -600,7 +620,8 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     # first-order capacity bound Θ(h) (§3.3)
     h_all, h_load = hit.get("all"), hit.get("loaded")
     t0 = coef.compute_time(isl, 0.0) if coef is not None and isl else None
-    problem = unidentified_mix(fits["chip_time"].extra.get("prefill_mix_tokens"), 0.0, isl) if t0 else None
+    problem = unidentified_terms(fits["chip_time"].extra.get("collinear"), 0.0, isl, osl, _steps_per_request(w)) \
+        if t0 else None
     if t0 is None or not t0 > 0 or h_all is None:
         unknown.setdefault("capacity_bound", "needs the chip-time fit (T0 = k_ffn·N + k_attn·N²/2), ISL and h")
     elif problem:
@@ -613,9 +634,11 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         if now is not None:
             bound["current"] = now
         if cfg.target_hit_ratio is not None:
-            load_share = h_load / h_all if h_load is not None and h_all > 0 else (0.0 if h_load == 0 else None)
+            load_share = _load_share(w, h_all, h_load)
             t = fo.theta(cfg.target_hit_ratio, None if load_share is None else cfg.target_hit_ratio * load_share)
             if t is not None:
                 bound["target"] = t
+            elif load_share is None and cfg.target_hit_ratio > 0:
+                unknown.setdefault("capacity_bound_target", _LOAD_SHARE_UNKNOWN)
         out["capacity_bound"] = bound
     return out

@@ -320,7 +320,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         h, isl, osl = what_if(args.hit_ratio, isl, osl)
     except ValueError as exc:
         raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
-    problem = fitted.unidentified(h, isl)
+    problem = fitted.unidentified(h, isl, osl)
     if problem:
         raise ValueError(f"--fit {args.fit}: {problem}")
     try:

@@ -40,7 +40,7 @@ from dataclasses import MISSING, asdict, fields
 from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
 from fitters.result import FitResult
-from fitters.whatif import FittedModel
+from fitters.whatif import NULLABLE, FittedModel
 
 SCHEMA_VERSION = 1
 
@@ -192,14 +192,14 @@ def load_fit(doc, model_name: str | None = None, choose: str = "--model") -> tup
 
 
 def _check_fit(fit: dict, where: str) -> None:
-    """Every FittedModel field without a default present; every field a finite number (or null
-    where its default is None). Raises ValueError naming the fields."""
+    """Every FittedModel field without a default present; every field but ``collinear`` a finite
+    number (or null where it may be unknown, ``NULLABLE``). Raises ValueError naming the fields."""
     missing = [f.name for f in fields(FittedModel) if f.default is MISSING and f.name not in fit]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
     for f in fields(FittedModel):
         v = fit.get(f.name)
-        if v is None and f.default is None:
+        if (v is None and f.name in NULLABLE) or f.name == "collinear":  # a mapping: FittedModel.from_dict checks it
             continue
         if f.name in fit and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise ValueError(f"{where}.{f.name}: must be a finite number, got {json.dumps(v)[:40]}")

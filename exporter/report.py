@@ -164,9 +164,9 @@ def _h_grid(isl: float | None, n: int = 200) -> list[float]:
     return [h_max * i / (n - 1) for i in range(n)]
 
 
-def _model_grid(fitted: FittedModel, isl: float) -> list[float]:
+def _model_grid(fitted: FittedModel, isl: float, osl: float) -> list[float]:
     """The h of :func:`_h_grid` at which ``fitted`` can predict (FittedModel.unidentified)."""
-    return [h for h in _h_grid(isl) if fitted.unidentified(h, isl) is None]
+    return [h for h in _h_grid(isl) if fitted.unidentified(h, isl, osl) is None]
 
 
 COLORS = {"linear": "#1f77b4", "chip_time": "#d62728"}
@@ -227,11 +227,11 @@ def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
         n, g = lengths.get(label, ([], []))[1], outs.get(label, ([], []))[1]
         if fitted is not None and n and g:
             mean_n, mean_g = sum(n) / len(n), sum(g) / len(g)
-            hs = _model_grid(fitted, mean_n)
+            hs = _model_grid(fitted, mean_n, mean_g)
             if hs:
                 ax.plot(hs, [fitted.predict(h, mean_n, mean_g).ttft_service for h in hs], ":", color=color,
                         label=f"model, service at that group's ISL {mean_n:.0f}")
-    if fitted is not None and isl and osl is not None and (hs := _model_grid(fitted, isl)):
+    if fitted is not None and isl and osl is not None and (hs := _model_grid(fitted, isl, osl)):
         preds = [fitted.predict(h, isl, osl) for h in hs]
         ax.plot(hs, [p.ttft_service for p in preds], "-", color="k", label=f"model, service (window ISL {isl:.0f})")
         if all(p.ttft_load_aware is not None for p in preds):
@@ -263,7 +263,7 @@ def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
     if fitted is None and not obs_d:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    if fitted is not None and isl and osl is not None and (hs := _model_grid(fitted, isl)):
+    if fitted is not None and isl and osl is not None and (hs := _model_grid(fitted, isl, osl)):
         preds = [fitted.predict(h, isl, osl) for h in hs]
         ax.plot(hs, [p.tpm_delivered for p in preds], "-", color="#2ca02c", label="predicted delivered (capacity)")
         ax.plot(hs, [p.tpm_physical for p in preds], "-", color="#9467bd", label="predicted physical (capacity)")

@@ -19,7 +19,7 @@ from fitters.model import (
     CHIP_TIME_TERMS,
     ChipTimeCoefficients,
     breakeven_linear,
-    decode_context_per_token,
+    chip_time_regressors,
     revenue_chip_time,
     revenue_linear,
     revenue_slope_chip_time,
@@ -170,17 +170,22 @@ def bathtub_linear(
     )
 
 
-def _coef_steps(coef: ChipTimeCoefficients, t_fixed: float, isl: float, osl: float) -> np.ndarray:
+def _coef_steps(coef: ChipTimeCoefficients, t_fixed: float, isl: float, osl: float, fixed_steps: float) -> np.ndarray:
     """Central-difference steps for the 5 coefficients (CHIP_TIME_TERMS order).
 
     Each step moves t_chip(0) by _REL_STEP relative, so s/token and s/token² terms are resolved
-    alike. A coefficient whose regressor is 0 gets step 0 (gradient 0): t_step always, because
-    T_fixed is given; k_dec and k_ctx when OSL = 0.
+    alike. A coefficient whose regressor is 0 gets step 0 (gradient 0): t_step when T_fixed is
+    exact (``fixed_steps`` 0); k_dec and k_ctx when OSL = 0.
     """
-    regressors = np.array([0.0, isl, isl * isl / 2.0, osl, osl * decode_context_per_token(isl, osl)])
+    regressors = np.array(chip_time_regressors(isl, osl, 0.0, fixed_steps))
     t0 = coef.t_chip(isl, osl, 0.0, t_fixed)
     safe = np.where(regressors != 0.0, regressors, 1.0)
     return np.where(regressors != 0.0, _REL_STEP * t0 / safe, 0.0)
+
+
+def _t_fixed_at(x: np.ndarray, x0: np.ndarray, t_fixed: float, fixed_steps: float) -> float:
+    """T_fixed [s] at coefficients x: t_fixed at x0, moving with t_step (x[0]) × fixed_steps."""
+    return t_fixed + (x[0] - x0[0]) * fixed_steps
 
 
 def _check_chip(coef: ChipTimeCoefficients, t_fixed: float, isl: float, osl: float, hs: np.ndarray) -> None:
@@ -203,6 +208,7 @@ def bathtub_chip_time(
     p_out: float,
     h_max: float | None = None,
     grid: int | Sequence[float] = 50,
+    fixed_steps: float = 0.0,
 ) -> BathtubCurve:
     """The exact chip-time bathtub at the current ISL/OSL (MODEL.md §4 ``chip_time`` form, §7).
 
@@ -212,12 +218,14 @@ def bathtub_chip_time(
     Args:
         coef: fitted chip-time coefficients (units in ChipTimeCoefficients).
         cov: 5×5 covariance of the coefficients in CHIP_TIME_TERMS order, array-like, or None.
-        t_fixed: hit-independent chip time per request [s], treated as exact (so t_step's variance
-            does not enter the interval).
+        t_fixed: hit-independent chip time per request [s].
         isl, osl: current mean prompt / output length [tokens]; isl > 0.
         h_now: current hit ratio in [0, h_max]. p_miss, p_hit, p_out: prices per token.
         h_max: right end of the h range; default 1 - 1/ISL (the last prompt token is never a hit).
         grid: number of evenly spaced curve points on [0, h_max], or explicit h values.
+        fixed_steps: the engine steps per request T_fixed counts, T_fixed = t_step × fixed_steps
+            (MODEL.md §7): t_step's variance enters the interval through T_fixed; 0 treats
+            t_fixed as exact.
 
     h_star: bounded scalar minimisation of R on [0, h_max] when R'(0) < 0 (R is unimodal there: the
     numerator of R' is a quadratic increasing in h while revenue is positive); it equals h_max when
@@ -244,14 +252,17 @@ def bathtub_chip_time(
     def rev(h: float) -> float:
         return revenue_chip_time(h, isl, osl, coef, t_fixed, p_miss, p_hit, p_out)
 
-    def slope_of(x: np.ndarray) -> float:
-        return revenue_slope_chip_time(h_now, isl, osl, ChipTimeCoefficients(*x), t_fixed, p_miss, p_hit, p_out)
-
     x0 = np.array(coef.as_tuple(), dtype=float)
+
+    def slope_of(x: np.ndarray) -> float:
+        return revenue_slope_chip_time(h_now, isl, osl, ChipTimeCoefficients(*x),
+                                       _t_fixed_at(x, x0, t_fixed, fixed_steps), p_miss, p_hit, p_out)
+
     slope_now = float(slope_of(x0))
     ci = None
     if c is not None:
-        ci = _interval(slope_now, _central_gradient(slope_of, x0, _coef_steps(coef, t_fixed, isl, osl)), c)
+        steps = _coef_steps(coef, t_fixed, isl, osl, fixed_steps)
+        ci = _interval(slope_now, _central_gradient(slope_of, x0, steps), c)
 
     r0 = rev(0.0)
     h_star = h_even = exit_ = None
@@ -288,6 +299,7 @@ def derived_miss_slope(
     h_lo: float,
     h_hi: float,
     n: int = 41,
+    fixed_steps: float = 0.0,
 ) -> tuple[float, float, float]:
     """The chip-time model's equivalent of seed 002's line ("derived a", MODEL.md §4, §7).
 
@@ -296,9 +308,10 @@ def derived_miss_slope(
 
     Args:
         coef, cov: chip-time coefficients and their 5×5 covariance (CHIP_TIME_TERMS order) or None.
-        t_fixed: hit-independent chip time per request [s], treated as exact.
+        t_fixed: hit-independent chip time per request [s].
         isl, osl: current mean prompt / output length [tokens].
         h_lo, h_hi: the h range, 0 ≤ h_lo < h_hi ≤ 1. n: grid points, ≥ 2.
+        fixed_steps: as in :func:`bathtub_chip_time` (t_step's variance enters a's stderr).
 
     Returns:
         (tps0, a, a_stderr): intercept [tokens/s], a = -slope/intercept [1], and the 1-sigma
@@ -317,16 +330,17 @@ def derived_miss_slope(
     hs = np.linspace(h_lo, h_hi, n)
     _check_chip(coef, t_fixed, isl, osl, hs)
 
+    x0 = np.array(coef.as_tuple(), dtype=float)
+
     def fit(x: np.ndarray) -> tuple[float, float]:
-        k = ChipTimeCoefficients(*x)
-        tps = [(1.0 - h) * isl / k.t_chip(isl, osl, float(h), t_fixed) for h in hs]
+        k, tf = ChipTimeCoefficients(*x), _t_fixed_at(x, x0, t_fixed, fixed_steps)
+        tps = [(1.0 - h) * isl / k.t_chip(isl, osl, float(h), tf) for h in hs]
         slope, intercept = np.polyfit(hs, tps, 1)
         return float(intercept), float(-slope / intercept)
 
-    x0 = np.array(coef.as_tuple(), dtype=float)
     tps0, a = fit(x0)
     a_stderr = math.nan
     if c is not None:
-        g = _central_gradient(lambda x: fit(x)[1], x0, _coef_steps(coef, t_fixed, isl, osl))
+        g = _central_gradient(lambda x: fit(x)[1], x0, _coef_steps(coef, t_fixed, isl, osl, fixed_steps))
         a_stderr = math.sqrt(max(float(g @ c @ g), 0.0))
     return tps0, a, a_stderr

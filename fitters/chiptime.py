@@ -15,22 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from .model import CHIP_TIME_TERMS, ChipTimeCoefficients
+from .model import CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients
 from .observation import Observation
 from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, soft_l1_weight, solve_normal
 from .result import Estimate, FitResult, Status
 
-# What each coefficient multiplies, in words, for reasons.
-_COLUMN_WORDS = {
-    "t_step": "engine steps",
-    "k_ffn": "miss tokens",
-    "k_attn": "attention work",
-    "k_dec": "decode tokens",
-    "k_ctx": "decode context",
-}
 # Keep-order when columns are collinear: the simpler term survives (MODEL.md §6).
 _KEEP_ORDER = ("t_step", "k_ffn", "k_dec", "k_attn", "k_ctx")
-_FFN, _ATTN = CHIP_TIME_TERMS.index("k_ffn"), CHIP_TIME_TERMS.index("k_attn")
 # Why a known pair is collinear, appended to the reason so an operator knows what to vary.
 _HINTS = {
     ("k_ctx", ("k_dec",)): "ISL and OSL never varied",
@@ -97,10 +88,11 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
     inlier rows. ``samples`` = usable rows (outliers included); ``r2`` is the uncentred
     R² (1 - Σr²/Σy², the model has no intercept) over inliers;
     ``extra``: "outliers" (rows beyond OUTLIER_SIGMAS robust σ of the relative residual),
-    "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design); when k_attn is
-    dropped, "prefill_mix_tokens" = ΣΔW/ΣΔM over the inliers [tokens] (= ISL·(1+h)/2 of the steps
-    seen): k_ffn then includes k_attn × that mix, so the fit predicts prefill work only at that
-    mix (fitters/whatif.py ``FittedModel.unidentified``; absent when no step had miss tokens).
+    "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design); when a term
+    is dropped, "collinear": {dropped term: {kept term: c}}, the relation regressor ≈ Σ c × kept
+    regressor its column follows in the rows fitted (uncentred least squares; {} for a column
+    with no regressor at all): the kept terms carry the dropped one's time only where a request
+    keeps that relation (fitters/whatif.py ``unidentified_terms``).
     Status insufficient_data below ``min_samples`` usable rows, else ok.
     """
     return _fit_rows([(r, o.dt) for o in observations if (r := design_row(o)) is not None], min_samples)
@@ -204,7 +196,7 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
              dropped: dict[int, str], p: np.ndarray, min_samples: int) -> FitResult:
     """The FitResult of :func:`fit_chip_time` for the solution ``p`` (kept terms, unit-RMS column
     units) on rows x (n, 5), y (n,) sized by ``size`` (n,): outliers, covariance over the inliers,
-    R², MAPE and condition number all computed from ``p``."""
+    R², MAPE, condition number and the dropped terms' relations all computed from ``p`` and x."""
     n = len(y)
     a = x[:, kept] / x_scale[kept]
     aw, yw = a / size[:, None], y / size
@@ -248,11 +240,8 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
         "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
         "condition_number": math.sqrt(eig[-1] / eig[0]) if eig[0] > 0 else math.inf,
     }
-    if _ATTN not in kept:
-        # k_ffn then carries the attention work too, at the steps' ΔW/ΔM = ISL·(1+h)/2 only
-        m_sum = float(x[inlier, _FFN].sum())
-        if m_sum > 0:
-            extra["prefill_mix_tokens"] = float(x[inlier, _ATTN].sum()) / m_sum
+    if dropped:
+        extra["collinear"] = _relations(x, x_scale, kept, dropped)
     return FitResult(
         status=Status.OK,
         params=params,
@@ -261,6 +250,19 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
         covariance=tuple(tuple(float(v) for v in row) for row in full_cov),
         extra=extra,
     )
+
+
+def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dict[int, str]
+               ) -> dict[str, dict[str, float]]:
+    """``fit_chip_time``'s extra "collinear" over rows x, shape (n, 5): for each dropped term, the
+    relation its regressor follows on the kept ones in these rows (uncentred least squares,
+    physical units; {} for a column with no regressor)."""
+    basis = x[:, kept] / x_scale[kept]
+    out = {}
+    for j in sorted(dropped):
+        coef = np.linalg.lstsq(basis, x[:, j], rcond=None)[0] if x[:, j].any() else ()
+        out[CHIP_TIME_TERMS[j]] = {CHIP_TIME_TERMS[k]: float(c / x_scale[k]) for k, c in zip(kept, coef)}
+    return out
 
 
 def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int], dict[int, str]]:
@@ -274,7 +276,7 @@ def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int
     for name in _KEEP_ORDER:
         j = CHIP_TIME_TERMS.index(name)
         if x_scale[j] == 0:
-            dropped[j] = f"{name}: no {_COLUMN_WORDS[name]} in any usable step"
+            dropped[j] = f"{name}: no {CHIP_TIME_REGRESSOR_WORDS[name]} in any usable step"
             continue
         col = xs[:, j]
         if kept:
@@ -287,8 +289,8 @@ def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int
                 big = np.abs(coef) >= 0.05 * np.max(np.abs(coef))
                 partners = tuple(CHIP_TIME_TERMS[k] for k, b in zip(kept, big) if b)
                 reason = (
-                    f"{_COLUMN_WORDS[name]} collinear with "
-                    f"{' + '.join(_COLUMN_WORDS[k] for k in partners)} (R² {r2:.5f})"
+                    f"{CHIP_TIME_REGRESSOR_WORDS[name]} collinear with "
+                    f"{' + '.join(CHIP_TIME_REGRESSOR_WORDS[k] for k in partners)} (R² {r2:.5f})"
                 )
                 hint = _HINTS.get((name, partners))
                 dropped[j] = f"{reason}: {hint}" if hint else reason

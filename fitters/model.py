@@ -97,6 +97,21 @@ def kv_bytes_per_token_mla(layers: int, kv_lora_rank: int, qk_rope_head_dim: int
 # --- §7: chip-time model ----------------------------------------------------------------
 
 CHIP_TIME_TERMS: tuple[str, ...] = ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx")
+# What each term's coefficient multiplies, in words (reasons, messages).
+CHIP_TIME_REGRESSOR_WORDS = {
+    "t_step": "engine steps",
+    "k_ffn": "miss tokens",
+    "k_attn": "attention work",
+    "k_dec": "decode tokens",
+    "k_ctx": "decode context",
+}
+
+
+def chip_time_regressors(isl: float, osl: float, h: float, steps: float) -> tuple[float, ...]:
+    """One request's regressors in CHIP_TIME_TERMS order (MODEL.md §7): engine steps, miss tokens
+    M = (1-h)·ISL, attention work M·H + M²/2 [tokens²], decode tokens OSL and decode context
+    OSL·(ISL + OSL/2) [tokens²]; t_chip = Σ coefficient × regressor."""
+    return (steps, (1.0 - h) * isl, attention_work(isl, h), osl, osl * decode_context_per_token(isl, osl))
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from fitters.latency import predict_prefill_latency, service_ttft
-from fitters.model import ChipTimeCoefficients, revenue_chip_time, tpm_delivered, tpm_physical
+from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
+                           revenue_chip_time, tpm_delivered, tpm_physical)
 
-SCHEMA_VERSION = 1
-# How far a what-if's prefill mix ISL·(1+h)/2 may lie from the one a fit without k_attn saw
-# (relative): the prediction's prefill compute time is then off by at most that share of its
-# attention part.
-MIX_TOLERANCE = 0.05
+SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
+# How far (relative) a what-if request's dropped regressor may lie from what the relation it
+# followed in the fit gives: the kept terms then carry the dropped term's time within that share.
+COLLINEAR_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -41,31 +41,47 @@ class Prediction:
     revenue: float
 
 
-# from_dict's checks: (field, accepts, what it must be); _OPTIONAL fields may also be None.
+# from_dict's checks: (field, accepts, what it must be); NULLABLE fields may also be None (unknown).
 _FIELD_RANGES = (
     *((n, lambda v: v >= 0, "a finite number >= 0") for n in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx",
                                                              "steps_per_request", "c0", "c1", "running",
                                                              "queue_time", "p_miss", "p_hit", "p_out")),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
-    *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth", "prefill_mix_tokens")),
+    *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
     ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
 )
-_OPTIONAL = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth", "prefill_mix_tokens"}
+NULLABLE = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth", "hit_load_share"}
 
 
-def unidentified_mix(prefill_mix_tokens: float | None, hit_ratio: float, isl: float) -> str | None:
-    """Why prefill compute at (h, ISL) is not identifiable, or None. With attention work not told
-    apart from FFN work (the chip-time fit's ``prefill_mix_tokens``, else None), k_ffn·M +
-    k_attn·M·(H + M/2) is known only where ISL·(1+h)/2 is within MIX_TOLERANCE of that mix
-    (MODEL.md §6: collinear regressors give the combined prediction only)."""
-    if prefill_mix_tokens is None:
+def unidentified_terms(collinear: dict[str, dict[str, float]] | None, hit_ratio: float, isl: float,
+                       osl: float | None, steps_per_request: float | None) -> str | None:
+    """Why the chip time of a request at (h, ISL, OSL) is not identifiable, or None (MODEL.md §6:
+    collinear regressors give the combined prediction only).
+
+    ``collinear`` is the chip-time fit's extra "collinear" ({dropped term: {kept term: c}}; None
+    or empty when every term was identified): a dropped term's time is carried by the kept terms
+    as Σ c × their regressors, which holds where the request's own regressor
+    (:func:`~fitters.model.chip_time_regressors`, ``steps_per_request`` engine steps) lies within
+    COLLINEAR_TOLERANCE of that sum (relative to the larger of the two). E.g. attention work
+    dropped with miss tokens as its partner (one h and ISL seen): c = ISL·(1+h)/2 of the steps
+    seen, and a what-if 5 % off that mix is refused.
+    """
+    if not collinear:
         return None
-    mix = isl * (1.0 + hit_ratio) / 2.0
-    if abs(mix - prefill_mix_tokens) <= MIX_TOLERANCE * prefill_mix_tokens:
-        return None
-    return (f"not identifiable: the chip-time fit could not tell attention from FFN work (every step it saw had "
-            f"ISL·(1+h)/2 ≈ {prefill_mix_tokens:.0f} tokens; at h={hit_ratio:g}, ISL={isl:g} it is {mix:.0f}): "
-            f"vary h or ISL to predict elsewhere")
+    if osl is None or steps_per_request is None:
+        return "not identifiable: needs OSL and engine steps per request to check the chip-time fit's collinear terms"
+    z = dict(zip(CHIP_TIME_TERMS, chip_time_regressors(isl, osl, hit_ratio, steps_per_request)))
+    words = CHIP_TIME_REGRESSOR_WORDS
+    for term, relation in collinear.items():
+        carried = sum(c * z[k] for k, c in relation.items())
+        gap = abs(z[term] - carried) / max(abs(z[term]), abs(carried), math.ulp(0.0))
+        if gap <= COLLINEAR_TOLERANCE:
+            continue
+        seen = " + ".join(f"{c:.4g} × {words[k]}" for k, c in relation.items()) or "0"
+        return (f"not identifiable: the chip-time fit could not tell {words[term]} apart (in its steps "
+                f"{words[term]} ≈ {seen}); at h={hit_ratio:g}, ISL={isl:g}, OSL={osl:g} a request has "
+                f"{z[term]:.4g} against {carried:.4g} ({gap:.0%} off): vary h, ISL or OSL to predict elsewhere")
+    return None
 
 
 @dataclass(frozen=True)
@@ -80,12 +96,14 @@ class FittedModel:
         running: num_requests_running at which load-aware predictions are made [1].
         queue_time: mean queue time of the publish window [s] (None when unknown).
         alpha: overlap α (None when not identifiable).
-        hit_load_share: h_load / h at the current operating point (scales a what-if h) [1].
+        hit_load_share: h_load / h at the current operating point (scales a what-if h) [1]; None
+            when unknown (no hit in the window while a KV connector counts them): a what-if at
+            h > 0 then has no TTFT (T_load unknown).
         kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].
         gpus: tp × pp; p_miss, p_hit, p_out: prices per token.
-        prefill_mix_tokens: None when the chip-time fit told attention from FFN work; else the
-            ISL·(1+h)/2 [tokens] of the steps it saw (its k_ffn includes k_attn × that mix, k_attn
-            is 0): predictions hold only near that mix (:meth:`unidentified`).
+        collinear: the chip-time fit's terms it could not tell apart, {dropped term: {kept term:
+            c}} (its extra "collinear"; None when it identified every term): predictions hold only
+            where a request keeps those relations (:meth:`unidentified`).
     """
 
     t_step: float
@@ -99,14 +117,14 @@ class FittedModel:
     running: float | None = None
     queue_time: float | None = None
     alpha: float | None = None
-    hit_load_share: float = 0.0
+    hit_load_share: float | None = 0.0
     kv_bytes_per_token: float | None = None
     load_bandwidth: float | None = None
     gpus: int = 1
     p_miss: float = 1e-6
     p_hit: float = 1e-7
     p_out: float = 0.0
-    prefill_mix_tokens: float | None = None
+    collinear: dict[str, dict[str, float]] | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -117,9 +135,9 @@ class FittedModel:
         """T_fixed = T_step × steps per request [s] (MODEL.md §7)."""
         return self.t_step * self.steps_per_request
 
-    def unidentified(self, hit_ratio: float, isl: float) -> str | None:
-        """Why a prediction at (h, ISL) is not identifiable, or None (:func:`unidentified_mix`)."""
-        return unidentified_mix(self.prefill_mix_tokens, hit_ratio, isl)
+    def unidentified(self, hit_ratio: float, isl: float, osl: float) -> str | None:
+        """Why a prediction at (h, ISL, OSL) is not identifiable, or None (:func:`unidentified_terms`)."""
+        return unidentified_terms(self.collinear, hit_ratio, isl, osl, self.steps_per_request)
 
     def predict(self, hit_ratio: float, isl: float, osl: float) -> Prediction:
         """Predict at (h, ISL, OSL).
@@ -131,15 +149,18 @@ class FittedModel:
         """
         if not (0.0 <= hit_ratio < 1.0) or not isl > 0 or osl < 0:
             raise ValueError("need 0 <= hit_ratio < 1, isl > 0, osl >= 0")
-        problem = self.unidentified(hit_ratio, isl)
+        problem = self.unidentified(hit_ratio, isl, osl)
         if problem:
             raise ValueError(problem)
         coef = self.coefficients
-        h_load = hit_ratio * self.hit_load_share
         t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)
-        ttft_s = service_ttft(coef, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token, self.load_bandwidth)
-        ttft_l = None
-        if self.c0 is not None and self.c1 is not None and self.running is not None and self.queue_time is not None:
+        ttft_s = ttft_l = None
+        known = self.hit_load_share is not None or hit_ratio == 0.0  # T_load needs the loaded share
+        h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
+        if known:
+            ttft_s = service_ttft(coef, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
+                                  self.load_bandwidth)
+        if known and None not in (self.c0, self.c1, self.running, self.queue_time):
             prefill = predict_prefill_latency(coef, self.c0, self.c1, self.running, isl, hit_ratio, h_load,
                                               self.alpha, self.kv_bytes_per_token, self.load_bandwidth)
             ttft_l = None if prefill is None else self.queue_time + prefill
@@ -166,10 +187,11 @@ class FittedModel:
             ValueError: wrong schema version, missing fields, or a field out of its range (the
                 message names it): coefficients, steps per request, running, queue time and
                 prices finite and ≥ 0, c0/c1 ≥ 0, α and the loaded share in [0, 1], S_kv and
-                B_load > 0, gpus a whole number ≥ 1.
+                B_load > 0, gpus a whole number ≥ 1, collinear a mapping of chip-time terms.
         """
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"fit schema_version must be {SCHEMA_VERSION}")
+            raise ValueError(f"fit schema_version must be {SCHEMA_VERSION} (a fit saved by an older kvhit: save it "
+                             f"again with kvhit replay --save-fit)")
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         try:
@@ -178,8 +200,14 @@ class FittedModel:
             raise ValueError(f"fit is missing fields: {exc}") from None
         for name, ok, what in _FIELD_RANGES:
             v = getattr(model, name)
-            if v is None and name in _OPTIONAL:
+            if v is None and name in NULLABLE:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
                 raise ValueError(f"fit field {name} must be {what}")
+        relations = model.collinear or {}
+        if not (isinstance(relations, dict) and all(
+                t in CHIP_TIME_TERMS and isinstance(r, dict) and all(
+                    k in CHIP_TIME_TERMS and not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c)
+                    for k, c in r.items()) for t, r in relations.items())):
+            raise ValueError("fit field collinear must map chip-time terms to {term: finite number}")
         return model

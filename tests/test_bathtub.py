@@ -198,10 +198,12 @@ def test_chip_time_general_bottom_and_exit(k_dec, exits, h_star_hand):
     assert b_.curve[-1][0] == pytest.approx(1 - 1 / 8000)
 
 
-def test_chip_time_slope_ci_delta_method_by_hand():
-    # R'(h) = (num'·den - num·den')/den²; with regressors x = (M, W, OSL, OSL(N+OSL/2)) and their
-    # h-derivatives x' = (-N, -N²h, 0, 0): ∂den/∂c_j = x_j, ∂den'/∂c_j = x'_j, so
-    # ∂R'/∂c_j = (num'·x_j - num·x'_j)/den² - 2·R'·x_j/den; t_step does not enter (T_fixed given).
+@pytest.mark.parametrize("fixed_steps", [0.0, TF / 0.003])
+def test_chip_time_slope_ci_delta_method_by_hand(fixed_steps):
+    # R'(h) = (num'·den - num·den')/den²; with regressors x = (S, M, W, OSL, OSL(N+OSL/2)) and their
+    # h-derivatives x' = (0, -N, -N²h, 0, 0): ∂den/∂c_j = x_j, ∂den'/∂c_j = x'_j, so
+    # ∂R'/∂c_j = (num'·x_j - num·x'_j)/den² - 2·R'·x_j/den. S: the steps T_fixed = t_step·S counts
+    # (TF = 0.003 s × 6.67 steps); with S = 0 T_fixed is exact and t_step's σ does not enter.
     h = 0.3
     a, b, c, e, f = _abcef(1e-3)
     num, dnum = a - b * h, -b
@@ -209,12 +211,12 @@ def test_chip_time_slope_ci_delta_method_by_hand():
     slope = (dnum * den - num * dden) / den**2
     assert slope == pytest.approx(((a * e - b * c) + 2 * a * f * h - b * f * h * h) / den**2)
     m_, w_ = (1 - h) * N, N * N * (1 - h * h) / 2
-    x = np.array([0.0, m_, w_, OSL, OSL * (N + OSL / 2)])
+    x = np.array([fixed_steps, m_, w_, OSL, OSL * (N + OSL / 2)])
     xp = np.array([0.0, -N, -N * N * h, 0.0, 0.0])
     g = (dnum * x - num * xp) / den**2 - 2 * slope * x / den
-    sd = np.array([1e-3, 2e-6, 2e-9, 1e-4, 1e-9])  # t_step's σ must not matter
+    sd = np.array([1e-3, 2e-6, 2e-9, 1e-4, 1e-9])
     half = Z95 * math.sqrt(float(g @ np.diag(sd**2) @ g))
-    bt = bathtub_chip_time(_coef(1e-3), np.diag(sd**2), TF, N, OSL, h, PM, PH, PO)
+    bt = bathtub_chip_time(_coef(1e-3), np.diag(sd**2), TF, N, OSL, h, PM, PH, PO, fixed_steps=fixed_steps)
     assert bt.slope_now == pytest.approx(slope, rel=1e-12)
     assert bt.slope_ci[0] == pytest.approx(slope - half, rel=1e-6)
     assert bt.slope_ci[1] == pytest.approx(slope + half, rel=1e-6)
@@ -292,9 +294,14 @@ def test_derived_stderr_two_points_by_hand():
     g_attn = 6250 / 0.030625
     expected = math.sqrt((g_ffn * 1e-6) ** 2 + (g_attn * 1e-9) ** 2)
     assert expected == pytest.approx(1.645359e-3, rel=1e-6)
-    cov = np.diag([1e-4, 1e-12, 1e-18, 0.0, 0.0])  # t_step's variance must not matter
+    cov = np.diag([1e-4, 1e-12, 1e-18, 0.0, 0.0])  # t_step's variance must not matter …
     _, _, se = derived_miss_slope(ATT, cov, 0.05, 1000, 0, 0.0, 0.5, n=2)
     assert se == pytest.approx(expected, rel=1e-6)
+    # … unless T_fixed = t_step × 10 steps: x = 10 at both h, ∂a/∂t_step = -10·(t2 - t1)/t2²
+    #   = -10·(0.175 - 0.25)/0.030625 = 24.4898; σ 1e-2 adds (0.244898)² to the variance
+    g_step = -10 * (0.175 - 0.25) / 0.030625
+    _, _, se = derived_miss_slope(ATT, cov, 0.05, 1000, 0, 0.0, 0.5, n=2, fixed_steps=10.0)
+    assert se == pytest.approx(math.sqrt(expected**2 + (g_step * 1e-2) ** 2), rel=1e-6)
 
 
 def test_derived_matches_polyfit_of_hand_formula():

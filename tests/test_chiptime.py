@@ -408,12 +408,22 @@ def _fixed_mix_steps(rng: np.random.Generator, n: int, isl: float, h: float) -> 
     return out
 
 
-def test_one_h_and_isl_leave_attention_unidentified_and_record_the_prefill_mix():
-    # ISL 2048 at h = 0.25: per request M = 1536, H = 512, so ΔW/ΔM = H + M/2 = 1280 = ISL·(1+h)/2,
-    # and k_ffn absorbs k_attn × 1280 (MODEL.md §6: the combined prediction only)
-    res = fit_chip_time(_fixed_mix_steps(np.random.default_rng(11), 80, 2048.0, 0.25))
+def test_one_h_and_isl_leave_attention_unidentified_and_record_the_relation():
+    # ISL 2048 at h = 0.25: per request M = 1536, H = 512, so ΔW = (H + M/2)·ΔM = 1280·ΔM with
+    # 1280 = ISL·(1+h)/2 in every step, and k_ffn absorbs k_attn × 1280 (MODEL.md §6: the combined
+    # prediction only). The steps' OSL is 64 or 256 at one ISL, so the decode context per decode
+    # token ISL + OSL/2 is 2080 or 2176: ΔC follows ΔG closely enough to be dropped too.
+    steps = _fixed_mix_steps(np.random.default_rng(11), 80, 2048.0, 0.25)
+    res = fit_chip_time(steps)
     assert res.ok and res.params["k_attn"].status is Status.NOT_IDENTIFIABLE
-    assert res.extra["prefill_mix_tokens"] == pytest.approx(1280.0, rel=1e-12)
+    attn = res.extra["collinear"]["k_attn"]
+    assert attn["k_ffn"] == pytest.approx(1280.0, rel=1e-9)
+    # the other partners carry nothing: under 1e-9 of any step's attention work
+    assert all(abs(attn["t_step"] * o.steps) + abs(attn["k_dec"] * o.generation_tokens) < 1e-9 * o.attention_work
+               for o in steps)
     assert res.value("k_ffn") == pytest.approx(TRUE.k_ffn + TRUE.k_attn * 1280.0, rel=0.05)
+    assert res.params["k_ctx"].status is Status.NOT_IDENTIFIABLE
+    ctx = res.extra["collinear"]["k_ctx"]
+    assert 2080 <= ctx["k_dec"] <= 2176  # decode context per decode token, between the two mixes
     varied = fit_chip_time(make_steps(np.random.default_rng(11), 80))
-    assert varied.params["k_attn"].ok and "prefill_mix_tokens" not in varied.extra
+    assert varied.params["k_attn"].ok and "collinear" not in varied.extra

@@ -387,7 +387,7 @@ def test_replay_json_outputs(replayed):
     assert len(doc["phases"][MODEL_NAME]) == 12
     assert doc["analysis"]["schema_version"] == 1 and MODEL_NAME in doc["analysis"]["models"]
     fit_doc = json.loads(out["fit"].read_text())
-    assert fit_doc["models"][MODEL_NAME]["fit"]["schema_version"] == 1
+    assert fit_doc["models"][MODEL_NAME]["fit"]["schema_version"] == 2
     text = out["metrics"].read_text()
     assert value(text, "kvhit_up") == 1.0
     assert value(text, "kvhit_hit_ratio", model_name=MODEL_NAME, source="all") is not None
@@ -414,20 +414,23 @@ def _raw_final_window() -> dict[str, float]:
         "running": (counter_sum(base, "vllm:num_requests_running") + counter_sum(last, "vllm:num_requests_running")) / 2,
         "h": inc("vllm:prefix_cache_hits_total") / inc("vllm:prefix_cache_queries_total"),
         "isl": inc("vllm:request_prompt_tokens_sum") / inc("vllm:request_prompt_tokens_count"),
+        "osl": inc("vllm:request_generation_tokens_sum") / inc("vllm:request_generation_tokens_count"),
     }
 
 
 def test_predict_matches_hand_computation(replayed):
+    # at h = 0.5 and the final window's ISL and OSL (the trace's decode context is collinear with
+    # engine steps and decode tokens: another ISL is refused, see the next test)
     _, out = replayed
-    h, isl, osl = 0.5, 2048.0, 32.0
-    done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", str(h), "--isl", "2048", "--osl", "32")
+    w = _raw_final_window()
+    h, isl, osl = 0.5, round(w["isl"], 3), round(w["osl"], 3)
+    done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", str(h), "--isl", str(isl), "--osl", str(osl))
     assert done.returncode == 0, done.stderr
     pred = json.loads(done.stdout)
     assert pred["model_name"] == MODEL_NAME
     p = pred["prediction"]
 
     # The window quantities the saved fit carries, read from the raw trace (_raw_final_window).
-    w = _raw_final_window()
     steps_per_request, queue_time, running = w["steps_per_request"], w["queue_time"], w["running"]
 
     # MODEL.md §7 per request and §3.4, written out from the saved coefficients (the fitted ones
@@ -454,6 +457,22 @@ def test_predict_matches_hand_computation(replayed):
     t0 = f["t_step"] * f["steps_per_request"] + f["k_ffn"] * isl + f["k_attn"] * isl * isl / 2 \
         + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2))
     assert t_chip < t0
+
+
+def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
+    # The saved fit dropped k_ctx: decode context C = OSL·(ISL + OSL/2) per request followed
+    # Σ c × (steps, M, W, G) in its steps. A request at ISL 2048, OSL 32 (h 0.5, the window's steps
+    # per request) has C = 32·2064 = 66048; the relation gives Σ c·z, more than 5 % away.
+    _, out = replayed
+    f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    isl, osl, h = 2048.0, 32.0, 0.5
+    m = (1 - h) * isl
+    z = {"t_step": f["steps_per_request"], "k_ffn": m, "k_attn": m * h * isl + m * m / 2, "k_dec": osl}
+    carried = sum(c * z[k] for k, c in f["collinear"]["k_ctx"].items())
+    gap = abs(66048 - carried) / max(66048, abs(carried))
+    assert gap > 0.05
+    done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32")
+    assert done.returncode == 1 and "decode context" in done.stderr and f"{gap:.0%} off" in done.stderr, done.stderr
 
 
 def test_replay_publishes_fixed_time_contention_and_both_predicted_ttfts_by_hand(replayed):
@@ -533,7 +552,7 @@ def test_replay_of_a_trace_with_two_files_for_one_millisecond_exits_1_naming_bot
 # ---- predict: bad documents and out-of-range arguments -------------------------------------------
 
 # A saved analysis written by hand: one model, ISL 2048, OSL 32, chip-time coefficients.
-FIT = {"schema_version": 1, "t_step": 0.002, "k_ffn": 2e-4, "k_attn": 6e-8, "k_dec": 8e-4, "k_ctx": 0.0,
+FIT = {"schema_version": 2, "t_step": 0.002, "k_ffn": 2e-4, "k_attn": 6e-8, "k_dec": 8e-4, "k_ctx": 0.0,
        "steps_per_request": 10.0}
 DOC = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0, "fit": FIT}}}
 
@@ -552,13 +571,13 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
     ("[]", "not a kvhit analysis document"),
     ('"str"', "not a kvhit analysis document"),
     ({"schema_version": 1, "models": {"a": None}}, "models.a: not an object"),
-    ({"schema_version": 1, "models": {"a": {"fit": {"schema_version": 1}}}},
+    ({"schema_version": 1, "models": {"a": {"fit": {"schema_version": 2}}}},
      "models.a.fit: missing t_step, k_ffn, k_attn, k_dec, k_ctx, steps_per_request"),
     ({"schema_version": 1, "models": {"a": {"fit": [1]}}}, "models.a.fit: not an object"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "k_ffn": "fast"}}}},
      'models.a.fit.k_ffn: must be a finite number, got "fast"'),
-    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "hit_load_share": None}}}},
-     "models.a.fit.hit_load_share: must be a finite number, got null"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "k_dec": None}}}},
+     "models.a.fit.k_dec: must be a finite number, got null"),
     ({"schema_version": 1, "models": {"a": {"fits": [], "fit": None}}}, "model 'a' has no usable fit"),
     ({"schema_version": 1, "models": {}}, "no model analysed yet"),
     ({"schema_version": 1, "models": {"a": {}, "b": {}}}, "2 models analysed; choose one with --model: ['a', 'b']"),
@@ -568,6 +587,10 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
      "fit field c0 must be a finite number >= 0"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "alpha": 5.0}}}}, "fit field alpha must be a number in [0, 1]"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "p_miss": -1.0}}}}, "fit field p_miss must be a finite number >= 0"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "collinear": {"k_attn": {"k_fast": 1.0}}}}}},
+     "fit field collinear must map chip-time terms to {term: finite number}"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "schema_version": 1, "prefill_mix_tokens": 1024.0}}}},
+     "fit schema_version must be 2 (a fit saved by an older kvhit: save it again with kvhit replay --save-fit)"),
 ])
 def test_predict_on_a_document_of_the_wrong_shape_exits_1_with_one_line_naming_it(tmp_path, capsys, doc, says):
     # exit 1: what the file holds is wrong, not the command line (that is exit 2, below)
@@ -860,19 +883,29 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_replay_with
 
 @pytest.mark.parametrize("h, identifiable", [(0.0, True), (0.04, True), (0.06, False), (0.9, False)])
 def test_predict_refuses_hit_ratios_a_fit_without_attention_cannot_identify(tmp_path, capsys, h, identifiable):
-    # the fit saw ISL·(1+h)/2 = 1024 only (ISL 2048, h 0); at ISL 2048 the mix is 1024·(1+h):
-    # 4 % off is inside MIX_TOLERANCE (5 %), 6 % and 90 % are not
+    # the fit saw attention work W = 1024 × miss tokens M in every step (ISL 2048 at h 0: H + M/2 =
+    # 1024). A request at ISL 2048 has M = 2048(1-h), H = 2048h, W = M·(H + M/2) = M·1024(1+h):
+    # |W - 1024·M| / W = h/(1+h) is 3.8 % at h 0.04 (inside the 5 % tolerance), 5.7 % at 0.06
     doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0,
-                                                 "fit": {**FIT, "k_attn": 0.0, "prefill_mix_tokens": 1024.0}}}}
+                                                 "fit": {**FIT, "k_attn": 0.0, "collinear": {"k_attn": {"k_ffn": 1024.0}}}}}}
     code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", str(h))
     if identifiable:
         assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
     else:
-        assert code == 1 and out == "" and "not identifiable" in err and f"{1024 * (1 + h):.0f}" in err, err
+        m = 2048 * (1 - h)
+        said = f"a request has {m * 1024 * (1 + h):.4g} against {1024 * m:.4g}"
+        assert code == 1 and out == "" and "not identifiable" in err and said in err, err
 
 
-def test_fit_file_refuses_a_negative_prefill_mix(tmp_path, capsys):
-    doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0,
-                                                 "fit": {**FIT, "prefill_mix_tokens": -1.0}}}}
-    code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
-    assert code == 1 and "prefill_mix_tokens" in err, err
+@pytest.mark.parametrize("h, identifiable", [(0.3, True), (0.9, False)])
+def test_predict_refuses_a_decode_split_the_fit_could_not_identify(tmp_path, capsys, h, identifiable):
+    # decode tokens dropped as collinear with steps + miss tokens (h never moved from 0.3): the fit
+    # saw G = 1.6·steps + 0.0112·M. At ISL 2048, h 0.3: M = 1433.6, 1.6·10 + 0.0112·1433.6 = 32.06
+    # ≈ OSL 32 (0.2 %); at h 0.9: M = 204.8, 16 + 2.29 = 18.29 against 32 (43 % off)
+    doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0, "fit": {
+        **FIT, "k_dec": 0.0, "collinear": {"k_dec": {"t_step": 1.6, "k_ffn": 0.0112}}}}}}
+    code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", str(h))
+    if identifiable:
+        assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
+    else:
+        assert code == 1 and "decode tokens" in err and "a request has 32 against 18.29" in err, err

@@ -193,7 +193,8 @@ def test_what_ifs_wait_until_attention_is_told_apart_from_ffn_work(raw, result, 
     early = replay(load_trace(tmp_path), load_config(None, environ={}), "first16")
     m = early.runner.current()[0].models[MODEL_NAME]
     assert m.fits["chip_time"].ok and not m.fits["chip_time"].params["k_attn"].ok
-    assert m.fits["chip_time"].extra["prefill_mix_tokens"] == pytest.approx(m.isl / 2, rel=0.05)  # h = 0
+    # attention work W = M·(H + M/2) = M·ISL/2 at h = 0: the relation the dropped k_attn followed
+    assert m.fits["chip_time"].extra["collinear"]["k_attn"]["k_ffn"] == pytest.approx(m.isl / 2, rel=0.05)
     assert set(m.predictions) == {"current"} and "not identifiable" in m.unknown["predicted_target"]
     assert "chip_time" not in m.bathtubs and "bathtub_chip_time" in m.unknown
     assert m.valley_form != "chip_time"

@@ -1,0 +1,44 @@
+"""What-ifs from a frozen fit (fitters/whatif.py) where an input is unknown: values by hand from
+MODEL.md §3.2 and §7, never read back from the code."""
+from __future__ import annotations
+
+import pytest
+
+from exporter.analyzer import _load_share
+from exporter.window import Delta
+from fitters.whatif import FittedModel
+
+# T_step 2 ms, k_ffn 0.2 ms/token, k_attn 60 ns/token², k_dec 0.8 ms/token, 10 steps per request;
+# α 0.5, S_kv 1e5 bytes, B_load 1e10 bytes/s
+FIT = dict(t_step=0.002, k_ffn=2e-4, k_attn=6e-8, k_dec=8e-4, k_ctx=0.0, steps_per_request=10.0,
+           alpha=0.5, kv_bytes_per_token=1e5, load_bandwidth=1e10)
+
+
+def test_an_unknown_loaded_share_leaves_ttft_unknown_at_h_above_0_and_chip_time_known():
+    # ISL 1000, OSL 20, h 0.5: M = 500, H = 500, W = 500·500 + 500²/2 = 375,000
+    # t_chip = 0.002·10 + 2e-4·500 + 6e-8·375,000 + 20·8e-4 = 0.02 + 0.1 + 0.0225 + 0.016 = 0.1585 s
+    p = FittedModel(**FIT, hit_load_share=None).predict(0.5, 1000.0, 20.0)
+    assert p.t_chip == pytest.approx(0.1585, rel=1e-12)
+    assert p.tpm_delivered == pytest.approx(1020 * 60 / 0.1585, rel=1e-12)
+    assert p.ttft_service is None and p.ttft_load_aware is None  # T_load needs h_load
+    # h = 0: nothing is loaded whatever the share: TTFT = T_step + k_ffn·1000 + k_attn·1000²/2
+    #   = 0.002 + 0.2 + 0.03 = 0.232 s
+    assert FittedModel(**FIT, hit_load_share=None).predict(0.0, 1000.0, 20.0).ttft_service == pytest.approx(0.232)
+    # a known share 0.2 at h 0.5: h_load = 0.1, T_load = 0.1·1000·1e5/1e10 = 1 ms, T_compute =
+    # 0.1 + 0.0225 = 0.1225 s, TTFT = 0.002 + 0.001 + 0.1225 - 0.5·0.001 = 0.125 s
+    assert FittedModel(**FIT, hit_load_share=0.2).predict(0.5, 1000.0, 20.0).ttft_service == pytest.approx(0.125)
+
+
+def _window(counters: dict[str, float]) -> Delta:
+    return Delta(t0=0.0, t1=60.0, counters=counters, histograms={}, start={}, end={})
+
+
+def test_the_loaded_share_of_a_window_without_hits_is_unknown_only_where_a_connector_counts_them():
+    # MODEL.md §2: h_load/h = Δe/(Δk + Δe); with no hit at all it is 0/0
+    with_connector = _window({"queries": 1000.0, "hits": 0.0, "external_hits": 0.0})
+    assert _load_share(with_connector, 0.0, 0.0) is None
+    # no external counters and a connector ruled out (h_load known to be 0): the share is 0
+    assert _load_share(_window({"queries": 1000.0, "hits": 0.0}), 0.0, 0.0) == 0.0
+    # hits: Δk = 300, Δe = 100 of Δq = 1000 → h 0.4, h_load 0.1, share 0.25
+    assert _load_share(_window({"queries": 1000.0, "hits": 300.0, "external_hits": 100.0}), 0.4, 0.1) == 0.25
+    assert _load_share(with_connector, None, None) is None
