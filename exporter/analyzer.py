@@ -197,7 +197,9 @@ class Analyzer:
         self._fits = {}
         out: dict[str, Observation] = {}
         for model, delta in deltas.items():
-            st = self._state.setdefault(model, _ModelState())
+            st = self._state.get(model)
+            if st is None:  # not setdefault: a _ModelState is every fitter's buffers, built once per model
+                st = self._state[model] = _ModelState()
             obs = observe(delta, self._context(snap, model, st))
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
             st.chip.update(obs)
