@@ -8,6 +8,7 @@ coefficients carry the matching [s per unit] (see :class:`fitters.model.ChipTime
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -119,6 +120,13 @@ class _Frozen:
     f_scale: float  # of the soft_l1 loss, relative residual units
     active: np.ndarray  # kept terms at their bound 0 (bool, (len(kept),))
     reject: float  # |relative residual| beyond which a row is an outlier (weight 0)
+
+    @functools.cached_property
+    def gram_index(self) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+        """Indices of the kept terms' normal matrix and right-hand side in the Gram sums (6×6):
+        built once per refit, not at every exact step."""
+        kept = np.array(self.kept, dtype=np.intp)
+        return np.ix_(kept, kept), kept
 
 
 def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
@@ -381,8 +389,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             return None
         kept, k = state.kept, len(state.kept)
         g = self.sums.g[0]
-        sol = solve_normal(g[np.ix_(kept, kept)], g[kept, -1], state.active, np.zeros(k), np.zeros(k),
-                           np.full(k, np.inf))
+        square, column = state.gram_index
+        sol = solve_normal(g[square], g[column, -1], state.active, np.zeros(k), np.zeros(k), np.full(k, np.inf))
         if sol is None:
             return None
         beta = np.zeros(len(CHIP_TIME_TERMS))

@@ -108,9 +108,9 @@ def _spd_solve(m: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
     if not len(rhs):  # every parameter held: nothing to solve
         return rhs.copy()
     d = np.sqrt(m.diagonal())
-    if not d.all():
+    if 0.0 in d.tolist():  # (d.all() and np.outer cost more than the p ≤ 5 arithmetic)
         return None
-    _, x, info = dposv(m / np.outer(d, d), rhs / d)
+    _, x, info = dposv(m / (d[:, None] * d), rhs / d)
     return None if info else x / d
 
 
@@ -298,7 +298,8 @@ def solve_normal(ata: np.ndarray, atb: np.ndarray, fixed: np.ndarray, theta_fixe
     if sol is None:
         return None
     theta[free] = sol
-    if not (np.isfinite(theta) & (theta >= lower) & (theta <= upper)).all():
+    # finite and within the bounds, in plain floats (p ≤ 5: numpy's per-call cost dominates)
+    if not all(math.isfinite(t) and lo <= t <= hi for t, lo, hi in zip(theta.tolist(), lower.tolist(), upper.tolist())):
         return None
     return theta
 
