@@ -591,6 +591,12 @@ class _Frozen:
     w_mean: float  # mean weight of the fitted steps, the residuals' normalisation
     alpha_collinear: bool  # α left out as collinear with the chip-time regressors
 
+    @functools.cached_property
+    def residual_map(self) -> np.ndarray:
+        """r, shape (12,): a row's design·θ − z under the refit is r·v (v: its basis, _transform)."""
+        t = _transform(self.key, self.names)
+        return self.theta @ t[:-1] - t[-1]
+
 
 @functools.lru_cache(maxsize=16)
 def _bounds(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -613,7 +619,10 @@ def _basis_rows(x: np.ndarray, key: Key) -> tuple[np.ndarray, np.ndarray, np.nda
     q = h_load·ISL, T_load = _load_scale·q, shape (n,); and whether min(T_load, T_compute) is
     T_load under ``key``'s coefficients (bool, (n,))."""
     isl, h = x[:, 2], x[:, 3]
-    u = np.column_stack([np.ones(len(x)), (1.0 - h) * isl, attention_work(isl, h)])
+    u = np.empty((len(x), 3))  # filled column by column: column_stack's per-call cost on one row
+    u[:, 0] = 1.0
+    u[:, 1] = (1.0 - h) * isl
+    u[:, 2] = attention_work(isl, h)
     q = x[:, 4] * isl
     coef = key[0]
     return u, q, _load_scale(key) * q <= u[:, 1] * coef.k_ffn + u[:, 2] * coef.k_attn
@@ -711,16 +720,19 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         return out, _Frozen(key, fitted.names, sol.values, sol.f_scale, sol.active, w_mean, collinear), weights
 
     def _weigh(self, x: np.ndarray, v: np.ndarray, key: Key, state: _Frozen) -> np.ndarray:
-        # design·θ − z = (θ·T[:-1] − T[-1])·v under the refit's coefficients (_transform)
-        t = _transform(state.key, state.names)
-        resid = (v @ (state.theta @ t[:-1] - t[-1])) * np.sqrt(x[:, 6] / state.w_mean)
+        resid = (v @ state.residual_map) * np.sqrt(x[:, 6] / state.w_mean)
         return soft_l1_weight(resid, state.f_scale)
 
     def _basis(self, x: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray, None]:
         u, q, load_branch = _basis_rows(x, state.key)
         loaded = q > 0
-        v = np.column_stack([u, u * x[:, 5:6], q * (loaded & load_branch), u * (loaded & ~load_branch)[:, None],
-                             x[:, 1], q])
+        v = np.empty((len(x), 12))  # (u, u·running, loaded q on the load branch, loaded u off it, y, q)
+        v[:, 0:3] = u
+        v[:, 3:6] = u * x[:, 5:6]
+        v[:, 6] = q * (loaded & load_branch)
+        v[:, 7:10] = u * (loaded & ~load_branch)[:, None]
+        v[:, 10] = x[:, 1]
+        v[:, 11] = q
         in_fit = np.ones(len(x), dtype=bool) if "alpha" in state.names else ~loaded
         return v, x[:, 6] * in_fit, None
 
