@@ -328,6 +328,13 @@ def _weighted_r2(y: np.ndarray, yhat: np.ndarray, w: np.ndarray) -> float:
     return 1.0 - float(np.sum(w * (y - yhat) ** 2)) / ss_tot
 
 
+def _running_varies(r: np.ndarray) -> bool:
+    """Whether num_requests_running r, shape (n ≥ 1,), spread by more than _RUNNING_TOL relative
+    (to max(1, max |r|)); from one max and one min: ptp = max − min, max |r| = max(max, −min)."""
+    hi, lo = float(r.max()), float(r.min())
+    return hi - lo > _RUNNING_TOL * max(1.0, hi, -lo)
+
+
 def _stderr(cov: np.ndarray, i: int) -> float:
     v = float(cov[i, i])
     return math.sqrt(v) if math.isfinite(v) and v >= 0 else math.nan
@@ -476,7 +483,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
 
     arrays = _arrays(x[rows], coef, kv, bw)
     r = arrays["r"]
-    running_varies = float(np.ptp(r)) > _RUNNING_TOL * max(1.0, float(np.max(np.abs(r))))
+    running_varies = _running_varies(r)
     design, names = _design(arrays, with_alpha=with_alpha, with_c1=running_varies)
     if frozen is None and _collinear(design, arrays["w"], names.index("c0")):
         reason = "prefill chip time t_step + T_compute is 0 in every step: c0 cannot be fitted"
@@ -765,8 +772,7 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         if with_alpha != ("alpha" in state.names):
             return None
         r = x[:, 5] if with_alpha else x[~loaded, 5]
-        if len(r) < self.min_samples or (float(np.ptp(r)) > _RUNNING_TOL * max(1.0, float(np.max(np.abs(r))))) \
-                != ("c1" in state.names):
+        if len(r) < self.min_samples or _running_varies(r) != ("c1" in state.names):
             return None
         if with_alpha and key != state.key and not np.array_equal(_basis_rows(x, key)[2][loaded],
                                                                   _basis_rows(x, state.key)[2][loaded]):
