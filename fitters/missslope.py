@@ -295,7 +295,10 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
 
     def _basis(self, x: np.ndarray, ref: _Reference) -> tuple[np.ndarray, float, np.ndarray]:
         h = x[:, 1]
-        return np.column_stack([np.ones(len(x)), h, x[:, 2]]), 1.0, np.floor(h / H_RESOLUTION + 0.5).astype(int)
+        v = np.empty((len(x), 3))  # (1, h, TPS), filled in place: column_stack's per-call cost on one row
+        v[:, 0] = 1.0
+        v[:, 1:] = x[:, 1:3]
+        return v, 1.0, np.floor(h / H_RESOLUTION + 0.5).astype(int)
 
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
                ref: _Reference) -> tuple[FitResult, np.ndarray] | None:

@@ -318,7 +318,7 @@ class GramSums:
         """Add rows v, shape (n, q), with weights w, shape (n,) (negative: remove), to their group
         (int array, shape (n,); None: group 0)."""
         if len(v) == 1:  # the exact step's one new row: no (n, q, q) temporary
-            self.g[0 if group is None else group[0]] += np.outer(v[0] * w[0], v[0])
+            self.g[0 if group is None else group[0]] += (v[0] * w[0])[:, None] * v[0]  # np.outer's products
             return
         vw = v * w[:, None]
         if group is None:
