@@ -108,7 +108,7 @@ def _spd_solve(m: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
     if not len(rhs):  # every parameter held: nothing to solve
         return rhs.copy()
     d = np.sqrt(m.diagonal())
-    if 0.0 in d.tolist():  # (d.all() and np.outer cost more than the p ≤ 5 arithmetic)
+    if 0.0 in d.tolist():  # plain floats and broadcasting: numpy's per-call cost exceeds p ≤ 5 arithmetic
         return None
     _, x, info = dposv(m / (d[:, None] * d), rhs / d)
     return None if info else x / d
