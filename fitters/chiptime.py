@@ -91,9 +91,9 @@ def fit_chip_time(observations: Iterable[Observation], min_samples: int = 10) ->
     ``extra``: "outliers" (rows beyond OUTLIER_SIGMAS robust σ of the relative residual),
     "mape" (inlier mean |error|/Δt), "condition_number" (of the scaled kept design); when a term
     is dropped, "collinear": {dropped term: {kept term: c}}, the relation regressor ≈ Σ c × kept
-    regressor its column follows in the rows fitted (uncentred least squares; {} for a column
-    with no regressor at all): the kept terms carry the dropped one's time only where a request
-    keeps that relation (fitters/whatif.py ``unidentified_terms``).
+    regressor its column follows in the rows that dropped it (uncentred least squares; {} for a
+    column with no regressor at all): the kept terms carry the dropped one's time only where a
+    request keeps that relation (fitters/whatif.py ``unidentified_terms``).
     Status insufficient_data below ``min_samples`` usable rows, else ok.
     """
     return _fit_rows([(r, o.dt) for o in observations if (r := design_row(o)) is not None], min_samples)
@@ -113,6 +113,7 @@ class _Frozen:
 
     kept: list[int]
     dropped: dict[int, str]
+    relations: dict[str, dict[str, float]]  # extra["collinear"], over the refit's rows
     nonzero: np.ndarray  # columns with a regressor in some row (bool, (5,))
     start: np.ndarray  # the NNLS start: a row's size is its prediction under it
     floor: float  # 0.01·median Δt [s], the smallest size
@@ -189,10 +190,12 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
         resid = aw @ fit - yw
     start, beta = np.zeros(len(CHIP_TIME_TERMS)), np.zeros(len(CHIP_TIME_TERMS))
     start[kept], beta[kept] = p0 / x_scale[kept], fit / x_scale[kept]
-    frozen = _Frozen(kept, dropped, x_scale > 0, start, floor, beta, sigma0, active, reject)
+    relations = _relations(x, x_scale, kept, dropped)
+    frozen = _Frozen(kept, dropped, relations, x_scale > 0, start, floor, beta, sigma0, active, reject)
     weights = soft_l1_weight(resid, sigma0) * inlier
     x, y = x.copy(), y.copy()
-    return LazyFitResult(lambda: _publish(x, y, x_scale, size, kept, dropped, fit, min_samples)), frozen, weights
+    return (LazyFitResult(lambda: _publish(x, y, x_scale, size, kept, dropped, relations, fit, min_samples)), frozen,
+            weights)
 
 
 def _rms(x: np.ndarray) -> np.ndarray:
@@ -201,10 +204,11 @@ def _rms(x: np.ndarray) -> np.ndarray:
 
 
 def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray, kept: list[int],
-             dropped: dict[int, str], p: np.ndarray, min_samples: int) -> FitResult:
+             dropped: dict[int, str], relations: dict[str, dict[str, float]], p: np.ndarray,
+             min_samples: int) -> FitResult:
     """The FitResult of :func:`fit_chip_time` for the solution ``p`` (kept terms, unit-RMS column
     units) on rows x (n, 5), y (n,) sized by ``size`` (n,): outliers, covariance over the inliers,
-    R², MAPE, condition number and the dropped terms' relations all computed from ``p`` and x."""
+    R², MAPE and condition number all computed from ``p``; ``relations`` (:func:`_relations`)."""
     n = len(y)
     a = x[:, kept] / x_scale[kept]
     aw, yw = a / size[:, None], y / size
@@ -248,8 +252,8 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
         "mape": float(np.mean(np.abs(y_in - pred) / y_in)),
         "condition_number": math.sqrt(eig[-1] / eig[0]) if eig[0] > 0 else math.inf,
     }
-    if dropped:
-        extra["collinear"] = _relations(x, x_scale, kept, dropped)
+    if relations:
+        extra["collinear"] = relations
     return FitResult(
         status=Status.OK,
         params=params,
@@ -262,9 +266,10 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
 
 def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dict[int, str]
                ) -> dict[str, dict[str, float]]:
-    """``fit_chip_time``'s extra "collinear" over rows x, shape (n, 5): for each dropped term, the
-    relation its regressor follows on the kept ones in these rows (uncentred least squares,
-    physical units; {} for a column with no regressor)."""
+    """``fit_chip_time``'s extra "collinear" over a refit's rows x, shape (n, 5): for each dropped
+    term, the relation its regressor follows on the kept ones in these rows (uncentred least
+    squares, physical units; {} for a column with no regressor). Kept until the next refit, like
+    the decision to drop the term."""
     basis = x[:, kept] / x_scale[kept]
     out = {}
     for j in sorted(dropped):
@@ -400,7 +405,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         def publish() -> FitResult:
             x_scale = _rms(xr)
             size = np.maximum(xr @ state.start, state.floor)
-            return _publish(xr, y, x_scale, size, kept, state.dropped, sol * x_scale[kept], self.min_samples)
+            return _publish(xr, y, x_scale, size, kept, state.dropped, state.relations, sol * x_scale[kept],
+                            self.min_samples)
         return LazyFitResult(publish), beta
 
     def coefficients(self) -> ChipTimeCoefficients | None:
