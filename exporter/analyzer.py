@@ -23,7 +23,7 @@ from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import quantile
 from fitters.latency import LatencyFitter
 from fitters.missslope import MissSlopeFitter
-from fitters.model import ChipTimeCoefficients, tpm_delivered, tpm_physical
+from fitters.model import ChipTimeCoefficients, chip_time_regressors, tpm_delivered, tpm_physical
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
@@ -345,15 +345,20 @@ class Analyzer:
         # over h in [0, 1) (a slope with an exact-looking interval) or a derived miss slope beyond
         # the observed h range would mean nothing (fitters/whatif.py unidentified_terms)
         preds = {}
-        for which, h in (("current", h_now), ("target", cfg.target_hit_ratio)):
+        # the current point is the window's own traffic (its mean request may be no request that ran)
+        totals = (wobs.steps, wobs.miss_tokens, wobs.attention_work, wobs.generation_tokens, wobs.decode_context_tokens)
+        for which, h, seen in (("current", h_now, None if None in totals else totals),
+                               ("target", cfg.target_hit_ratio, None)):
             if h is not None:
-                problem = fitted.unidentified(h, isl, osl)
+                problem = fitted.unidentified(h, isl, osl, seen)
                 if problem:
                     unknown.setdefault(f"predicted_{which}", problem)
-                else:
-                    preds[which] = fitted.predict(h, isl, osl)
-                    if h > 0 and fitted.hit_load_share is None:
-                        unknown.setdefault(f"predicted_ttft_{which}", _LOAD_SHARE_UNKNOWN)
+                    continue
+                preds[which] = fitted.predict(h, isl, osl, seen)
+                ttft_unknown = fitted.unidentified_prefill(h, isl) or (
+                    _LOAD_SHARE_UNKNOWN if h > 0 and fitted.hit_load_share is None else None)
+                if ttft_unknown:
+                    unknown.setdefault(f"predicted_ttft_{which}", ttft_unknown)
         bathtubs = dict(linear)
         derived = {}
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
@@ -462,17 +467,21 @@ def _observed_tpm(w: Delta, h_all: float | None, gpus: int) -> dict[tuple[str, s
 
 
 _LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit in the publish window while a KV "
-                       "connector counts its hits (external_prefix_cache_hits), so T_load at another h is unknown")
+                       "connector was asked for some (external_prefix_cache_queries), so T_load at another h is unknown")
 
 
 def _load_share(w: Delta, h_all: float | None, h_load: float | None) -> float | None:
     """h_load/h of the publish window [1], what a what-if at another h assumes; None when unknown:
-    h_load unknown, or no hit in the window while a connector's external_prefix_cache_hits counts
-    them (0/0). 0 with no hit and no connector (MODEL.md §2: h_load is then known to be 0)."""
+    h_load unknown, or no hit in the window while a connector was asked for some (0/0: external
+    prefix-cache queries in the window; without that counter, external hits counted at all). 0
+    with no hit and no connector asked (MODEL.md §2: h_load is then known to be 0; vLLM 0.32
+    exports external_prefix_cache_* at 0 without a connector)."""
     if h_all is None or h_load is None:
         return None
     if h_all > 0:
         return h_load / h_all
+    if "external_queries" in w.counters:
+        return None if w.counters["external_queries"] > 0 else 0.0
     return None if "external_hits" in w.counters else 0.0
 
 
@@ -622,8 +631,9 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     # first-order capacity bound Θ(h) (§3.3)
     h_all, h_load = hit.get("all"), hit.get("loaded")
     t0 = coef.compute_time(isl, 0.0) if coef is not None and isl else None
-    problem = unidentified_terms(fits["chip_time"].extra.get("collinear"), 0.0, isl, osl, _steps_per_request(w)) \
-        if t0 else None
+    # T0 is prefill compute alone (no engine step, no decode)
+    problem = unidentified_terms(fits["chip_time"].extra.get("collinear"), coef, chip_time_regressors(isl, 0.0, 0.0, 0.0),
+                                 f"at h=0, ISL={isl:g} a prefill's compute") if t0 else None
     if t0 is None or not t0 > 0 or h_all is None:
         unknown.setdefault("capacity_bound", "needs the chip-time fit (T0 = k_ffn·N + k_attn·N²/2), ISL and h")
     elif problem:

@@ -160,8 +160,8 @@ def describe_model(m: ModelAnalysis) -> str:
         lines.append(f"  miss slope a: direct={fmt(m.fits['miss_slope'].value('a'))} derived={d.value:.3f}±{d.stderr:.2g}"
                      " (reported side by side, never averaged)")
     for which, p in m.predictions.items():
-        lines.append(f"  {which:7s} h={p.hit_ratio:.3f}: TTFT service={fmt(p.ttft_service)}s "
-                     f"load_aware={fmt(p.ttft_load_aware)}s  TPM delivered={p.tpm_delivered:.0f} "
+        lines.append(f"  {which:7s} h={p.hit_ratio:.3f}: TTFT service={fmt(p.ttft_service, unit='s')} "
+                     f"load_aware={fmt(p.ttft_load_aware, unit='s')}  TPM delivered={p.tpm_delivered:.0f} "
                      f"physical={p.tpm_physical:.0f}")
     if m.observed_ttft is not None:
         lines.append(f"  observed TTFT (window mean) {m.observed_ttft:.3f}s")
@@ -292,7 +292,7 @@ def _demo_line(t: float, m: ModelAnalysis) -> str:
     return (f"t={t:6.0f}s h={fmt(m.hit_ratio.get('all'))} ISL={fmt(m.isl, '.0f')} "
             f"chip_time={chip.status.value} a_direct={fmt(slope.value('a'))} "
             f"a_derived={fmt(m.miss_slope_derived['a'].value if m.miss_slope_derived else None)} "
-            f"TTFT pred={fmt(cur.ttft_load_aware if cur else None)}s obs={fmt(m.observed_ttft)}s "
+            f"TTFT pred={fmt(cur.ttft_load_aware if cur else None, unit='s')} obs={fmt(m.observed_ttft, unit='s')} "
             f"valley={'-' if valley is None else ('ACTIVE' if valley.valley_active else 'no')}")
 
 

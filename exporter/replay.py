@@ -202,6 +202,6 @@ def _weighted(pairs: list[tuple[float, float]]) -> float | None:
     return sum(n * v for n, v in pairs) / total if total > 0 else None
 
 
-def fmt(x: float | None, spec: str = ".3f") -> str:
-    """Format a number for tables; unknown → '-'."""
-    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+def fmt(x: float | None, spec: str = ".3f", unit: str = "") -> str:
+    """Format a number for tables, ``unit`` appended; unknown → '-' (no unit)."""
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec) + unit

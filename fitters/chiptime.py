@@ -274,7 +274,9 @@ def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dic
     out = {}
     for j in sorted(dropped):
         coef = np.linalg.lstsq(basis, x[:, j], rcond=None)[0] if x[:, j].any() else ()
-        out[CHIP_TIME_TERMS[j]] = {CHIP_TIME_TERMS[k]: float(c / x_scale[k]) for k, c in zip(kept, coef)}
+        # a partner whose share of the column's RMS is rounding (1e-9) is no partner
+        out[CHIP_TIME_TERMS[j]] = {CHIP_TIME_TERMS[k]: float(c / x_scale[k]) for k, c in zip(kept, coef)
+                                   if abs(c) > 1e-9 * x_scale[j]}
     return out
 
 

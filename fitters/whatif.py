@@ -8,6 +8,7 @@ were …" with the same functions the live analyzer uses (MODEL.md §3.2, §3.4,
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 from fitters.latency import predict_prefill_latency, service_ttft
@@ -15,8 +16,8 @@ from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeC
                            revenue_chip_time, tpm_delivered, tpm_physical)
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
-# How far (relative) a what-if request's dropped regressor may lie from what the relation it
-# followed in the fit gives: the kept terms then carry the dropped term's time within that share.
+# How far off (relative) a prediction may be where the fit could not tell terms apart
+# (unidentified_terms): the kept terms carry a dropped term's time within that share.
 COLLINEAR_TOLERANCE = 0.05
 
 
@@ -53,34 +54,43 @@ _FIELD_RANGES = (
 NULLABLE = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth", "hit_load_share"}
 
 
-def unidentified_terms(collinear: dict[str, dict[str, float]] | None, hit_ratio: float, isl: float,
-                       osl: float | None, steps_per_request: float | None) -> str | None:
-    """Why the chip time of a request at (h, ISL, OSL) is not identifiable, or None (MODEL.md §6:
-    collinear regressors give the combined prediction only).
+def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: ChipTimeCoefficients,
+                       z: Sequence[float], what: str) -> str | None:
+    """Why the chip time of some work is not identifiable, or None (MODEL.md §6: collinear
+    regressors give the combined prediction only).
 
     ``collinear`` is the chip-time fit's extra "collinear" ({dropped term: {kept term: c}}; None
-    or empty when every term was identified): a dropped term's time is carried by the kept terms
-    as Σ c × their regressors, which holds where the request's own regressor
-    (:func:`~fitters.model.chip_time_regressors`, ``steps_per_request`` engine steps) lies within
-    COLLINEAR_TOLERANCE of that sum (relative to the larger of the two). E.g. attention work
-    dropped with miss tokens as its partner (one h and ISL seen): c = ISL·(1+h)/2 of the steps
-    seen, and a what-if 5 % off that mix is refused.
+    or empty when every term was identified): a dropped term j's time β_j·x_j is carried by the
+    kept terms as β_j·Σ c × their regressors, so work whose own x_j differs from that sum by g is
+    off by β_j·g. β_j is bounded by the kept coefficients (``coef``) it inflated: a kept k with
+    c_k > 0 was fitted as k_true + c_k·β_j with k_true ≥ 0, so β_j ≤ min coef_k / c_k; the work
+    is refused when that bound × g exceeds COLLINEAR_TOLERANCE of its predicted time (Σ coef × z).
+    Without such a partner (all c ≤ 0, kept coefficients at 0, or a column never seen), the gap
+    itself must stay within COLLINEAR_TOLERANCE of the larger of x_j and the sum. ``z``: the
+    work's regressors in CHIP_TIME_TERMS order (:func:`~fitters.model.chip_time_regressors` of a
+    request or of its prefill alone, or a window's totals); ``what`` names it in the message.
+    E.g. attention work dropped with miss tokens as its partner (one h and ISL seen): c =
+    ISL·(1+h)/2 of the steps seen, and a what-if at another mix is off by up to k_ffn·M·Δh.
     """
-    if not collinear:
-        return None
-    if osl is None or steps_per_request is None:
-        return "not identifiable: needs OSL and engine steps per request to check the chip-time fit's collinear terms"
-    z = dict(zip(CHIP_TIME_TERMS, chip_time_regressors(isl, osl, hit_ratio, steps_per_request)))
     words = CHIP_TIME_REGRESSOR_WORDS
-    for term, relation in collinear.items():
-        carried = sum(c * z[k] for k, c in relation.items())
-        gap = abs(z[term] - carried) / max(abs(z[term]), abs(carried), math.ulp(0.0))
-        if gap <= COLLINEAR_TOLERANCE:
+    k, z = dict(zip(CHIP_TIME_TERMS, coef.as_tuple())), dict(zip(CHIP_TIME_TERMS, z))
+    predicted = sum(k[t] * z[t] for t in CHIP_TIME_TERMS)
+    for term, relation in (collinear or {}).items():
+        carried = sum(c * z[t] for t, c in relation.items())
+        gap = abs(z[term] - carried)
+        bounds = [k[t] / c for t, c in relation.items() if c > 0 and k[t] > 0]
+        if bounds:
+            off = min(bounds) * gap / predicted if predicted > 0 else math.inf
+            size = f"up to {min(bounds) * gap:.3g} s of its {predicted:.3g} s"
+        else:
+            off = gap / max(abs(z[term]), abs(carried), math.ulp(0.0))
+            size = "by the regressor itself"
+        if off <= COLLINEAR_TOLERANCE:
             continue
-        seen = " + ".join(f"{c:.4g} × {words[k]}" for k, c in relation.items()) or "0"
+        seen = " + ".join(f"{c:.4g} × {words[t]}" for t, c in relation.items()) or "0"
         return (f"not identifiable: the chip-time fit could not tell {words[term]} apart (in its steps "
-                f"{words[term]} ≈ {seen}); at h={hit_ratio:g}, ISL={isl:g}, OSL={osl:g} a request has "
-                f"{z[term]:.4g} against {carried:.4g} ({gap:.0%} off): vary h, ISL or OSL to predict elsewhere")
+                f"{words[term]} ≈ {seen}); {what} has {z[term]:.4g} against {carried:.4g}, {off:.0%} off "
+                f"({size}): its time needs traffic that separates them")
     return None
 
 
@@ -135,27 +145,44 @@ class FittedModel:
         """T_fixed = T_step × steps per request [s] (MODEL.md §7)."""
         return self.t_step * self.steps_per_request
 
-    def unidentified(self, hit_ratio: float, isl: float, osl: float) -> str | None:
-        """Why a prediction at (h, ISL, OSL) is not identifiable, or None (:func:`unidentified_terms`)."""
-        return unidentified_terms(self.collinear, hit_ratio, isl, osl, self.steps_per_request)
+    def unidentified(self, hit_ratio: float, isl: float, osl: float,
+                     seen: Sequence[float] | None = None) -> str | None:
+        """Why a request's chip time at (h, ISL, OSL) is not identifiable, or None
+        (:func:`unidentified_terms`; ``steps_per_request`` engine steps). ``seen``: the regressor
+        totals of the traffic the request stands for (the publish window's, CHIP_TIME_TERMS
+        order), checked instead: a mean request of mixed traffic is no request that ran."""
+        if seen is not None:
+            return unidentified_terms(self.collinear, self.coefficients, seen, "the publish window's traffic")
+        return unidentified_terms(self.collinear, self.coefficients,
+                                  chip_time_regressors(isl, osl, hit_ratio, self.steps_per_request),
+                                  f"at h={hit_ratio:g}, ISL={isl:g}, OSL={osl:g} a request")
 
-    def predict(self, hit_ratio: float, isl: float, osl: float) -> Prediction:
-        """Predict at (h, ISL, OSL).
+    def unidentified_prefill(self, hit_ratio: float, isl: float) -> str | None:
+        """Why the prefill of a request at (h, ISL) — one engine step and its compute, no decode:
+        what the TTFTs count — is not identifiable, or None (:func:`unidentified_terms`)."""
+        return unidentified_terms(self.collinear, self.coefficients, chip_time_regressors(isl, 0.0, hit_ratio, 1.0),
+                                  f"at h={hit_ratio:g}, ISL={isl:g} a prefill")
+
+    def predict(self, hit_ratio: float, isl: float, osl: float, seen: Sequence[float] | None = None) -> Prediction:
+        """Predict at (h, ISL, OSL); the TTFTs are None where the loaded share or the prefill
+        (:meth:`unidentified_prefill`) is unknown.
 
         Raises:
             ValueError: h outside [0, 1) or non-positive ISL / negative OSL; a fit whose chip
                 time per request is 0 or not finite (coefficients far out of any real range);
-                a prediction the fit cannot identify (:meth:`unidentified`, the message says why).
+                a prediction the fit cannot identify (:meth:`unidentified` with ``seen``, the
+                message says why).
         """
         if not (0.0 <= hit_ratio < 1.0) or not isl > 0 or osl < 0:
             raise ValueError("need 0 <= hit_ratio < 1, isl > 0, osl >= 0")
-        problem = self.unidentified(hit_ratio, isl, osl)
+        problem = self.unidentified(hit_ratio, isl, osl, seen)
         if problem:
             raise ValueError(problem)
         coef = self.coefficients
         t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)
         ttft_s = ttft_l = None
-        known = self.hit_load_share is not None or hit_ratio == 0.0  # T_load needs the loaded share
+        # T_load needs the loaded share; the TTFTs need the prefill told apart from decode
+        known = (self.hit_load_share is not None or hit_ratio == 0.0) and not self.unidentified_prefill(hit_ratio, isl)
         h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
         if known:
             ttft_s = service_ttft(coef, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,

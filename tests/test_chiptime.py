@@ -416,11 +416,8 @@ def test_one_h_and_isl_leave_attention_unidentified_and_record_the_relation():
     steps = _fixed_mix_steps(np.random.default_rng(11), 80, 2048.0, 0.25)
     res = fit_chip_time(steps)
     assert res.ok and res.params["k_attn"].status is Status.NOT_IDENTIFIABLE
-    attn = res.extra["collinear"]["k_attn"]
-    assert attn["k_ffn"] == pytest.approx(1280.0, rel=1e-9)
-    # the other partners carry nothing: under 1e-9 of any step's attention work
-    assert all(abs(attn["t_step"] * o.steps) + abs(attn["k_dec"] * o.generation_tokens) < 1e-9 * o.attention_work
-               for o in steps)
+    # the other kept terms carry nothing (rounding is no partner)
+    assert res.extra["collinear"]["k_attn"] == {"k_ffn": pytest.approx(1280.0, rel=1e-9)}
     assert res.value("k_ffn") == pytest.approx(TRUE.k_ffn + TRUE.k_attn * 1280.0, rel=0.05)
     assert res.params["k_ctx"].status is Status.NOT_IDENTIFIABLE
     ctx = res.extra["collinear"]["k_ctx"]

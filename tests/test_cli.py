@@ -462,17 +462,22 @@ def test_predict_matches_hand_computation(replayed):
 def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
     # The saved fit dropped k_ctx: decode context C = OSL·(ISL + OSL/2) per request followed
     # Σ c × (steps, M, W, G) in its steps. A request at ISL 2048, OSL 32 (h 0.5, the window's steps
-    # per request) has C = 32·2064 = 66048; the relation gives Σ c·z, more than 5 % away.
+    # per request) has C = 32·2064 = 66048 against Σ c·z. k_ctx's time rode on every kept k with
+    # c_k > 0 (fitted k = k_true + c_k·k_ctx, k_true ≥ 0), so k_ctx ≤ min k/c_k and the request's
+    # chip time is off by up to that × |66048 - Σ c·z|: more than 5 % of its t_chip.
     _, out = replayed
     f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    rel = f["collinear"]["k_ctx"]
     isl, osl, h = 2048.0, 32.0, 0.5
     m = (1 - h) * isl
     z = {"t_step": f["steps_per_request"], "k_ffn": m, "k_attn": m * h * isl + m * m / 2, "k_dec": osl}
-    carried = sum(c * z[k] for k, c in f["collinear"]["k_ctx"].items())
-    gap = abs(66048 - carried) / max(66048, abs(carried))
-    assert gap > 0.05
+    carried = sum(c * z[k] for k, c in rel.items())
+    k_ctx_max = min(f[k] / c for k, c in rel.items() if c > 0 and f[k] > 0)
+    t_chip = f["t_step"] * f["steps_per_request"] + f["k_ffn"] * m + f["k_attn"] * z["k_attn"] + f["k_dec"] * osl
+    off = k_ctx_max * abs(66048 - carried) / t_chip
+    assert off > 0.05
     done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32")
-    assert done.returncode == 1 and "decode context" in done.stderr and f"{gap:.0%} off" in done.stderr, done.stderr
+    assert done.returncode == 1 and "decode context" in done.stderr and f"{off:.0%} off" in done.stderr, done.stderr
 
 
 def test_replay_publishes_fixed_time_contention_and_both_predicted_ttfts_by_hand(replayed):
@@ -884,8 +889,11 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_replay_with
 @pytest.mark.parametrize("h, identifiable", [(0.0, True), (0.04, True), (0.06, False), (0.9, False)])
 def test_predict_refuses_hit_ratios_a_fit_without_attention_cannot_identify(tmp_path, capsys, h, identifiable):
     # the fit saw attention work W = 1024 × miss tokens M in every step (ISL 2048 at h 0: H + M/2 =
-    # 1024). A request at ISL 2048 has M = 2048(1-h), H = 2048h, W = M·(H + M/2) = M·1024(1+h):
-    # |W - 1024·M| / W = h/(1+h) is 3.8 % at h 0.04 (inside the 5 % tolerance), 5.7 % at 0.06
+    # 1024). A request at ISL 2048 has M = 2048(1-h), H = 2048h, W = M·(H + M/2) = M·1024(1+h), off
+    # the relation by 1024·M·h. k_attn rode on k_ffn (fitted k_ffn = k_ffn_true + 1024·k_attn), so
+    # k_attn ≤ k_ffn/1024 and t_chip is off by up to k_ffn·M·h: at h 0.04, 2e-4·1966·0.04 = 0.0157 s
+    # of t_chip 0.002·10 + 2e-4·1966 + 8e-4·32 = 0.439 s (3.6 %, inside 5 %); at h 0.06,
+    # 0.0231 s of 0.431 s (5.4 %)
     doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0,
                                                  "fit": {**FIT, "k_attn": 0.0, "collinear": {"k_attn": {"k_ffn": 1024.0}}}}}}
     code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", str(h))
@@ -901,7 +909,9 @@ def test_predict_refuses_hit_ratios_a_fit_without_attention_cannot_identify(tmp_
 def test_predict_refuses_a_decode_split_the_fit_could_not_identify(tmp_path, capsys, h, identifiable):
     # decode tokens dropped as collinear with steps + miss tokens (h never moved from 0.3): the fit
     # saw G = 1.6·steps + 0.0112·M. At ISL 2048, h 0.3: M = 1433.6, 1.6·10 + 0.0112·1433.6 = 32.06
-    # ≈ OSL 32 (0.2 %); at h 0.9: M = 204.8, 16 + 2.29 = 18.29 against 32 (43 % off)
+    # ≈ OSL 32; at h 0.9: M = 204.8, 16 + 2.29 = 18.29 against 32. k_dec ≤ min(t_step/1.6, k_ffn/0.0112)
+    # = 1.25e-3 s, so t_chip at h 0.9 (0.02 + 0.041 + 0.0239 = 0.085 s) is off by up to
+    # 1.25e-3·13.71 = 0.017 s (20 %): refused; at h 0.3 by 7.5e-5 s
     doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0, "fit": {
         **FIT, "k_dec": 0.0, "collinear": {"k_dec": {"t_step": 1.6, "k_ffn": 0.0112}}}}}}
     code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", str(h))

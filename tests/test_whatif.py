@@ -33,12 +33,42 @@ def _window(counters: dict[str, float]) -> Delta:
     return Delta(t0=0.0, t1=60.0, counters=counters, histograms={}, start={}, end={})
 
 
-def test_the_loaded_share_of_a_window_without_hits_is_unknown_only_where_a_connector_counts_them():
-    # MODEL.md §2: h_load/h = Δe/(Δk + Δe); with no hit at all it is 0/0
-    with_connector = _window({"queries": 1000.0, "hits": 0.0, "external_hits": 0.0})
+def test_the_loaded_share_of_a_window_without_hits_is_unknown_only_where_a_connector_was_asked():
+    # MODEL.md §2: h_load/h = Δe/(Δk + Δe); with no hit at all it is 0/0 when a connector was
+    # asked (external queries = the 1000 tokens the local cache missed)
+    with_connector = _window({"queries": 1000.0, "hits": 0.0, "external_queries": 1000.0, "external_hits": 0.0})
     assert _load_share(with_connector, 0.0, 0.0) is None
+    # vLLM 0.32 without a connector exports the external counters at 0: nothing asked, share 0
+    idle = _window({"queries": 1000.0, "hits": 0.0, "external_queries": 0.0, "external_hits": 0.0})
+    assert _load_share(idle, 0.0, 0.0) == 0.0
+    # external hits without the queries counter cannot tell: unknown
+    assert _load_share(_window({"queries": 1000.0, "hits": 0.0, "external_hits": 0.0}), 0.0, 0.0) is None
     # no external counters and a connector ruled out (h_load known to be 0): the share is 0
     assert _load_share(_window({"queries": 1000.0, "hits": 0.0}), 0.0, 0.0) == 0.0
     # hits: Δk = 300, Δe = 100 of Δq = 1000 → h 0.4, h_load 0.1, share 0.25
     assert _load_share(_window({"queries": 1000.0, "hits": 300.0, "external_hits": 100.0}), 0.4, 0.1) == 0.25
     assert _load_share(with_connector, None, None) is None
+
+
+def test_a_prefill_is_refused_when_decode_time_rides_on_prefill_terms():
+    # Decode tokens dropped, seen as G = 0.0625·M (OSL 128 per ISL 2048 at h 0): decode time rides
+    # on k_ffn. A request at h 0, ISL 2048, OSL 128 keeps the relation (128 = 0.0625·2048): its
+    # t_chip = 0.002·10 + 2e-4·2048 + 6e-8·2048²/2 = 0.02 + 0.4096 + 0.12583 = 0.55543 s stands.
+    # Its prefill has G = 0 against 0.0625·2048 = 128: k_dec ≤ k_ffn/0.0625 = 3.2e-3 s, up to
+    # 0.4096 s of the prefill's 0.002 + 0.4096 + 0.12583 s: the TTFTs are unknown, with the reason.
+    fit = FittedModel(**{**FIT, "k_dec": 0.0}, collinear={"k_dec": {"k_ffn": 0.0625}})
+    p = fit.predict(0.0, 2048.0, 128.0)
+    assert p.t_chip == pytest.approx(0.02 + 0.4096 + 0.1258291, rel=1e-6)
+    assert p.ttft_service is None and p.ttft_load_aware is None
+    assert "a prefill has 0 against 128" in fit.unidentified_prefill(0.0, 2048.0)
+
+
+def test_a_prefill_stands_when_the_carried_time_is_bounded_small():
+    # Decode context dropped, seen as C = -4000·steps + 3000·G (as on the bundled trace): k_ctx rode
+    # on k_dec only (the steps' coefficient is negative: t_step_true = t_step + 4000·k_ctx ≥ 0 for
+    # any k_ctx), so k_ctx ≤ k_dec/3000 = 8e-4/3000 = 2.667e-7. A prefill at h 0.5, ISL 1000 (one
+    # step, C = G = 0) is 4000 off the relation: up to 1.07e-3 s of its 0.002 + 0.1225 = 0.1245 s
+    # (0.9 %): the TTFT stands, 0.125 s as in the first test (share 0.2).
+    fit = FittedModel(**FIT, hit_load_share=0.2, collinear={"k_ctx": {"t_step": -4000.0, "k_dec": 3000.0}})
+    assert fit.unidentified_prefill(0.5, 1000.0) is None
+    assert fit.predict(0.5, 1000.0, 20.0).ttft_service == pytest.approx(0.125)
