@@ -440,8 +440,13 @@ def render(data: ReportData, out_dir: Path) -> Path:
         for key, title, fn in PLOTS:
             png = fn(plt, m) if key == "bathtub" else fn(plt, m, steps)
             if png is None:
-                why = ("needs per-step observations: report on a recorded trace" if not steps
-                       else "not enough data for this plot yet")
+                if key == "bathtub":  # drawn from the published curves alone: say why there are none
+                    why = "no bathtub published: " + (m.get("unknown") or {}).get(
+                        "bathtub_chip_time", "no miss-slope or chip-time fit is ok yet")
+                elif not steps:
+                    why = "needs per-step observations: report on a recorded trace"
+                else:
+                    why = "not enough data for this plot yet"
                 parts.append(f"<h3>{title}</h3><p class='na'>{why}.</p>")
                 continue
             fname = f"{slug}-{key}.png"

@@ -901,7 +901,7 @@ def test_predict_refuses_hit_ratios_a_fit_without_attention_cannot_identify(tmp_
         assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
     else:
         m = 2048 * (1 - h)
-        said = f"a request has {m * 1024 * (1 + h):.4g} against {1024 * m:.4g}"
+        said = f"a request of 10 engine steps (the fit's window) has {m * 1024 * (1 + h):.4g} against {1024 * m:.4g}"
         assert code == 1 and out == "" and "not identifiable" in err and said in err, err
 
 
@@ -918,4 +918,5 @@ def test_predict_refuses_a_decode_split_the_fit_could_not_identify(tmp_path, cap
     if identifiable:
         assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
     else:
-        assert code == 1 and "decode tokens" in err and "a request has 32 against 18.29" in err, err
+        assert code == 1 and "decode tokens" in err and "has 32 against 18.29" in err, err
+        assert "(up to 0.0171 s of its 0.0849 s)" in err, err

@@ -172,3 +172,19 @@ def test_a_kvhit_that_never_scraped_gives_an_error_not_an_empty_report(cfg, tmp_
     err = capsys.readouterr().err
     assert code == 1 and "no model analysed (no scrape yet): nothing to report" in err, err
     assert not (tmp_path / "rep" / "report.html").exists()
+
+
+def test_a_report_without_a_bathtub_says_why(cfg, tmp_path):
+    # The trace's first 16 scrapes are all at h = 0: attention work follows miss tokens, the
+    # chip-time bathtub is not identifiable, and the miss slope has no h span: no bathtub at all.
+    # The page says so with the reason kvhit publishes, not "needs per-step observations".
+    import tarfile
+    src = tmp_path / "first16"
+    src.mkdir()
+    with tarfile.open(TRACE) as tar:
+        members = sorted((m for m in tar.getmembers() if m.name.endswith(".prom")), key=lambda m: m.name)[:16]
+        for m in members:
+            (src / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+    page = render(load_source(str(src), cfg), tmp_path / "out").read_text()
+    assert "Bathtub" in page and "no bathtub published: not identifiable: the chip-time fit could not tell attention" \
+        in page
