@@ -312,6 +312,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         name, fitted, m = load_fit(doc, args.model)
     except ValueError as exc:
         raise ValueError(f"--fit {args.fit}: {exc}") from None
+    if args.steps_per_request is not None:
+        fitted = replace(fitted, steps_per_request=args.steps_per_request)
     isl = args.isl if args.isl is not None else m.get("isl")
     osl = args.osl if args.osl is not None else m.get("osl")
     if isl is None or osl is None:
@@ -404,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--hit-ratio", type=float, required=True, dest="hit_ratio", help="what-if token hit ratio h in [0, 1)")
     pr.add_argument("--isl", type=float, help="prompt tokens per request (default: the file's window mean)")
     pr.add_argument("--osl", type=float, help="output tokens per request (default: the file's window mean)")
+    pr.add_argument("--steps-per-request", type=bounded(1.0, 1e7), dest="steps_per_request",
+                    help="engine steps one request takes part in: T_fixed = T_step x this, and the request the "
+                         "identifiability check looks at (default: the file's window; it grows with OSL and "
+                         "shrinks with the batch a request shares)")
     pr.add_argument("--model", help="model_name when the file holds several")
     pr.set_defaults(func=cmd_predict)
 

@@ -480,6 +480,28 @@ def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
     assert done.returncode == 1 and "decode context" in done.stderr and f"{off:.0%} off" in done.stderr, done.stderr
 
 
+def test_predict_at_the_steps_per_request_of_the_traffic_asked_about(replayed):
+    # Sweep A's requests (ISL 2048, OSL 32) took part in 8.24 engine steps each (a newcomer's count
+    # from the trace); the saved window (sweep B) has more. With --steps-per-request 8.24 the
+    # request at h 0.5 keeps the decode-context relation the fit saw, by the bound of the previous
+    # test, and t_chip = T_step·8.24 + k_ffn·M + k_attn·W + k_dec·OSL by hand (MODEL.md §7).
+    _, out = replayed
+    f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
+    rel = f["collinear"]["k_ctx"]
+    isl, osl, h, spr = 2048.0, 32.0, 0.5, 8.24
+    m = (1 - h) * isl
+    z = {"t_step": spr, "k_ffn": m, "k_attn": m * h * isl + m * m / 2, "k_dec": osl}
+    t_chip = f["t_step"] * spr + f["k_ffn"] * m + f["k_attn"] * z["k_attn"] + f["k_dec"] * osl
+    k_ctx_max = min(f[k] / c for k, c in rel.items() if c > 0 and f[k] > 0)
+    assert k_ctx_max * abs(osl * (isl + osl / 2) - sum(c * z[k] for k, c in rel.items())) / t_chip <= 0.05
+    done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32",
+                   "--steps-per-request", "8.24")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["prediction"]["t_chip"] == pytest.approx(t_chip, rel=1e-12)
+    bad = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--steps-per-request", "0.5")
+    assert bad.returncode == 2 and "--steps-per-request: must be in [1, 1e+07], got 0.5" in bad.stderr, bad.stderr
+
+
 def test_replay_publishes_fixed_time_contention_and_both_predicted_ttfts_by_hand(replayed):
     # The exposition of the replay, composed from the fit's coefficients (the fit's output) and the
     # final window's own quantities read from the raw trace, per MODEL.md §3.2 and §7.
