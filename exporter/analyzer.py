@@ -18,7 +18,7 @@ from exporter.parse import Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import CachingVerdict, HitRollup, speedup, verdict
-from fitters.chiptime import ChipTimeFitter
+from fitters.chiptime import ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import quantile
 from fitters.latency import LatencyFitter
@@ -27,7 +27,7 @@ from fitters.model import ChipTimeCoefficients, chip_time_regressors, tpm_delive
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
-from fitters.whatif import FittedModel, Prediction, unidentified_terms
+from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel, Prediction, unidentified_terms
 
 
 # A model absent from the scrapes this many publish windows loses its fitters' history.
@@ -346,7 +346,7 @@ class Analyzer:
         # the observed h range would mean nothing (fitters/whatif.py unidentified_terms)
         preds = {}
         # the current point is the window's own traffic (its mean request may be no request that ran)
-        totals = (wobs.steps, wobs.miss_tokens, wobs.attention_work, wobs.generation_tokens, wobs.decode_context_tokens)
+        totals = observed_regressors(wobs)
         for which, h, seen in (("current", h_now, None if None in totals else totals),
                                ("target", cfg.target_hit_ratio, None)):
             if h is not None:
@@ -355,10 +355,8 @@ class Analyzer:
                     unknown.setdefault(f"predicted_{which}", problem)
                     continue
                 preds[which] = fitted.predict(h, isl, osl, seen)
-                ttft_unknown = fitted.unidentified_prefill(h, isl) or (
-                    _LOAD_SHARE_UNKNOWN if h > 0 and fitted.hit_load_share is None else None)
-                if ttft_unknown:
-                    unknown.setdefault(f"predicted_ttft_{which}", ttft_unknown)
+                if preds[which].ttft_service is None and (why := fitted.ttft_unknown(h, isl)):
+                    unknown.setdefault(f"predicted_ttft_{which}", why)
         bathtubs = dict(linear)
         derived = {}
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
@@ -464,10 +462,6 @@ def _observed_tpm(w: Delta, h_all: float | None, gpus: int) -> dict[tuple[str, s
         if (kind, "instance") in out:
             out[(kind, "gpu")] = out[(kind, "instance")] / gpus
     return out
-
-
-_LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit in the publish window while a KV "
-                       "connector was asked for some (external_prefix_cache_queries), so T_load at another h is unknown")
 
 
 def _load_share(w: Delta, h_all: float | None, h_load: float | None) -> float | None:
@@ -651,6 +645,6 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
             if t is not None:
                 bound["target"] = t
             elif load_share is None and cfg.target_hit_ratio > 0:
-                unknown.setdefault("capacity_bound_target", _LOAD_SHARE_UNKNOWN)
+                unknown.setdefault("capacity_bound_target", LOAD_SHARE_UNKNOWN)
         out["capacity_bound"] = bound
     return out

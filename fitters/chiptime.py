@@ -52,7 +52,7 @@ def design_row(obs: Observation) -> np.ndarray | None:
     """
     if not obs.busy or obs.anomaly_hint or not (math.isfinite(obs.dt) and obs.dt > 0):
         return None
-    values = _regressors(obs)
+    values = observed_regressors(obs)
     if any(v is None for v in values):
         return None
     row = np.array(values, dtype=float)
@@ -61,8 +61,9 @@ def design_row(obs: Observation) -> np.ndarray | None:
     return row
 
 
-def _regressors(obs: Observation) -> tuple[float | None, ...]:
-    """The step's five regressors in CHIP_TIME_TERMS order (None where unknown)."""
+def observed_regressors(obs: Observation) -> tuple[float | None, ...]:
+    """The five regressors of a step (or a window's totals) in CHIP_TIME_TERMS order (None where
+    unknown)."""
     return (obs.steps, obs.miss_tokens, obs.attention_work, obs.generation_tokens, obs.decode_context_tokens)
 
 
@@ -270,6 +271,8 @@ def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dic
     term, the relation its regressor follows on the kept ones in these rows (uncentred least
     squares, physical units; {} for a column with no regressor). Kept until the next refit, like
     the decision to drop the term."""
+    if not dropped:
+        return {}
     basis = x[:, kept] / x_scale[kept]
     out = {}
     for j in sorted(dropped):
@@ -328,7 +331,7 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
     term). Raises ValueError otherwise.
     """
     total = 0.0
-    for name, k, v in zip(CHIP_TIME_TERMS, coef.as_tuple(), _regressors(obs)):
+    for name, k, v in zip(CHIP_TIME_TERMS, coef.as_tuple(), observed_regressors(obs)):
         if k == 0.0:
             continue
         if v is None:

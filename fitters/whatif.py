@@ -19,6 +19,8 @@ SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_
 # How far off (relative) a prediction may be where the fit could not tell terms apart
 # (unidentified_terms): the kept terms carry a dropped term's time within that share.
 COLLINEAR_TOLERANCE = 0.05
+LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit in the publish window while a KV "
+                      "connector was asked for some (external_prefix_cache_queries), so T_load at another h is unknown")
 
 
 @dataclass(frozen=True)
@@ -164,9 +166,14 @@ class FittedModel:
         return unidentified_terms(self.collinear, self.coefficients, chip_time_regressors(isl, 0.0, hit_ratio, 1.0),
                                   f"at h={hit_ratio:g}, ISL={isl:g} a prefill")
 
+    def ttft_unknown(self, hit_ratio: float, isl: float) -> str | None:
+        """Why the TTFTs at (h, ISL) cannot be predicted, or None: the prefill is not identifiable
+        (:meth:`unidentified_prefill`), or h > 0 while the loaded share is unknown (T_load)."""
+        return self.unidentified_prefill(hit_ratio, isl) or (
+            LOAD_SHARE_UNKNOWN if hit_ratio > 0 and self.hit_load_share is None else None)
+
     def predict(self, hit_ratio: float, isl: float, osl: float, seen: Sequence[float] | None = None) -> Prediction:
-        """Predict at (h, ISL, OSL); the TTFTs are None where the loaded share or the prefill
-        (:meth:`unidentified_prefill`) is unknown.
+        """Predict at (h, ISL, OSL); the TTFTs are None where :meth:`ttft_unknown` says why.
 
         Raises:
             ValueError: h outside [0, 1) or non-positive ISL / negative OSL; a fit whose chip
@@ -182,8 +189,7 @@ class FittedModel:
         coef = self.coefficients
         t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)
         ttft_s = ttft_l = None
-        # T_load needs the loaded share; the TTFTs need the prefill told apart from decode
-        known = (self.hit_load_share is not None or hit_ratio == 0.0) and not self.unidentified_prefill(hit_ratio, isl)
+        known = self.ttft_unknown(hit_ratio, isl) is None
         h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
         if known:
             ttft_s = service_ttft(coef, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,

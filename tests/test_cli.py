@@ -459,22 +459,26 @@ def test_predict_matches_hand_computation(replayed):
     assert t_chip < t0
 
 
+def _decode_context_off(f: dict, h: float, isl: float, osl: float, spr: float) -> tuple[float, float]:
+    """(t_chip [s], how far off it may be [1]) of a request by hand (MODEL.md §7) under the saved
+    fit ``f``, which dropped k_ctx: decode context C = OSL·(ISL + OSL/2) per request followed
+    Σ c × (steps, M, W, G) in its steps. k_ctx's time rode on every kept k with c_k > 0 (fitted
+    k = k_true + c_k·k_ctx, k_true ≥ 0), so k_ctx ≤ min k/c_k, and the request's chip time is off
+    by up to that × |C - Σ c·z|."""
+    rel = f["collinear"]["k_ctx"]
+    m = (1 - h) * isl
+    z = {"t_step": spr, "k_ffn": m, "k_attn": m * h * isl + m * m / 2, "k_dec": osl}
+    t_chip = f["t_step"] * spr + f["k_ffn"] * m + f["k_attn"] * z["k_attn"] + f["k_dec"] * osl
+    k_ctx_max = min(f[k] / c for k, c in rel.items() if c > 0 and f[k] > 0)
+    return t_chip, k_ctx_max * abs(osl * (isl + osl / 2) - sum(c * z[k] for k, c in rel.items())) / t_chip
+
+
 def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
-    # The saved fit dropped k_ctx: decode context C = OSL·(ISL + OSL/2) per request followed
-    # Σ c × (steps, M, W, G) in its steps. A request at ISL 2048, OSL 32 (h 0.5, the window's steps
-    # per request) has C = 32·2064 = 66048 against Σ c·z. k_ctx's time rode on every kept k with
-    # c_k > 0 (fitted k = k_true + c_k·k_ctx, k_true ≥ 0), so k_ctx ≤ min k/c_k and the request's
-    # chip time is off by up to that × |66048 - Σ c·z|: more than 5 % of its t_chip.
+    # A request at ISL 2048, OSL 32 (h 0.5, the window's steps per request): C = 32·2064 = 66048,
+    # and its chip time may be more than 5 % off
     _, out = replayed
     f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
-    rel = f["collinear"]["k_ctx"]
-    isl, osl, h = 2048.0, 32.0, 0.5
-    m = (1 - h) * isl
-    z = {"t_step": f["steps_per_request"], "k_ffn": m, "k_attn": m * h * isl + m * m / 2, "k_dec": osl}
-    carried = sum(c * z[k] for k, c in rel.items())
-    k_ctx_max = min(f[k] / c for k, c in rel.items() if c > 0 and f[k] > 0)
-    t_chip = f["t_step"] * f["steps_per_request"] + f["k_ffn"] * m + f["k_attn"] * z["k_attn"] + f["k_dec"] * osl
-    off = k_ctx_max * abs(66048 - carried) / t_chip
+    _, off = _decode_context_off(f, 0.5, 2048.0, 32.0, f["steps_per_request"])
     assert off > 0.05
     done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32")
     assert done.returncode == 1 and "decode context" in done.stderr and f"{off:.0%} off" in done.stderr, done.stderr
@@ -483,17 +487,12 @@ def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
 def test_predict_at_the_steps_per_request_of_the_traffic_asked_about(replayed):
     # Sweep A's requests (ISL 2048, OSL 32) took part in 8.24 engine steps each (a newcomer's count
     # from the trace); the saved window (sweep B) has more. With --steps-per-request 8.24 the
-    # request at h 0.5 keeps the decode-context relation the fit saw, by the bound of the previous
-    # test, and t_chip = T_step·8.24 + k_ffn·M + k_attn·W + k_dec·OSL by hand (MODEL.md §7).
+    # request at h 0.5 keeps the decode-context relation the fit saw within 5 %, and t_chip =
+    # T_step·8.24 + k_ffn·M + k_attn·W + k_dec·OSL by hand (MODEL.md §7).
     _, out = replayed
     f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
-    rel = f["collinear"]["k_ctx"]
-    isl, osl, h, spr = 2048.0, 32.0, 0.5, 8.24
-    m = (1 - h) * isl
-    z = {"t_step": spr, "k_ffn": m, "k_attn": m * h * isl + m * m / 2, "k_dec": osl}
-    t_chip = f["t_step"] * spr + f["k_ffn"] * m + f["k_attn"] * z["k_attn"] + f["k_dec"] * osl
-    k_ctx_max = min(f[k] / c for k, c in rel.items() if c > 0 and f[k] > 0)
-    assert k_ctx_max * abs(osl * (isl + osl / 2) - sum(c * z[k] for k, c in rel.items())) / t_chip <= 0.05
+    t_chip, off = _decode_context_off(f, 0.5, 2048.0, 32.0, 8.24)
+    assert off <= 0.05
     done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32",
                    "--steps-per-request", "8.24")
     assert done.returncode == 0, done.stderr
