@@ -1026,19 +1026,21 @@ def _compile(recipe: Snapshot):
     return run, engine_hists
 
 
+# kv_offloading_size values that mean offloading is on: a decimal with a non-zero digit (RE2 and
+# Python re alike; the recording rules use this very pattern, so kvhit and Prometheus agree).
+OFFLOAD_SIZE_ON = r"[0-9.]*[1-9][0-9.]*(?:[eE][+-]?[0-9]+)?"
+
+
 def offload_configured(cache_config: Mapping[str, str]) -> bool | None:
     """Whether ``cache_config_info`` shows KV offloading (None when the info metric is absent).
 
     ``kv_offloading_size`` is a size in GiB when offloading is on and "None"/"0" when off
-    (vLLM ≥ 0.11; reference §4.1). Older versions without that label have no native offload.
+    (vLLM ≥ 0.11; reference §4.1): on when it matches ``OFFLOAD_SIZE_ON``. Older versions
+    without that label have no native offload.
     """
     if not cache_config:
         return None
-    size = cache_config.get("kv_offloading_size", "None")
-    try:
-        return float(size) > 0
-    except ValueError:
-        return False
+    return re.fullmatch(OFFLOAD_SIZE_ON, cache_config.get("kv_offloading_size", "None")) is not None
 
 
 def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, object], v0_no_data: bool,

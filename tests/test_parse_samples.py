@@ -612,3 +612,12 @@ vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 9.0
     # decode is consistent (2 ≤ 6, +Inf = _count = 6) and kept
     assert snap.quirks == {"histogram_inconsistent": 2}
     assert set(snap.models["m"].histograms) == {"decode_time"}
+
+
+@pytest.mark.parametrize("size, on", [("None", False), ("0", False), ("0.0", False), ("0e5", False), ("", False),
+                                      ("8.0", True), ("0.5", True), ("16", True), ("1e+16", True), ("2.5E-3", True)])
+def test_offloading_is_on_for_a_size_with_a_non_zero_digit(size, on):
+    """vLLM prints kv_offloading_size with str(float) ("None" when off): large sizes in exponent form."""
+    from exporter.parse import offload_configured
+    assert offload_configured({"kv_offloading_size": size}) is on
+    assert offload_configured({}) is None

@@ -159,3 +159,11 @@ def test_example_alertmanager_route_is_valid_and_routes_by_severity_grouping_by_
         receiver = out.stdout.strip()
         assert receiver != cfg["route"]["receiver"], f"severity={severity} falls through to the default receiver"
         assert any(rx["name"] == receiver and rx.get("webhook_configs") for rx in cfg["receivers"]), receiver
+
+
+def test_recording_rule_reads_offloading_as_the_parser_does():
+    """The external-hits rule rules out a connector with the parser's own pattern, so a dashboard's h
+    and kvhit's agree on which kv_offloading_size values mean offloading (MODEL.md §2)."""
+    from exporter.parse import OFFLOAD_SIZE_ON
+    exprs = [r["expr"] for r in recording_rules() if "kv_offloading_size" in r["expr"]]
+    assert exprs and all(re.findall(r'kv_offloading_size=~"([^"]*)"', e) == [OFFLOAD_SIZE_ON] for e in exprs)
