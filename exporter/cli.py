@@ -26,7 +26,7 @@ from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_cal
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, bounded, check_t_load, load_config,
                              load_web_config, redact_url, selector_matchers)
-from exporter.jsonapi import analysis_to_dict, load_fit, what_if
+from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import load_source, render
@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--hit-ratio", type=float, required=True, dest="hit_ratio", help="what-if token hit ratio h in [0, 1)")
     pr.add_argument("--isl", type=float, help="prompt tokens per request (default: the file's window mean)")
     pr.add_argument("--osl", type=float, help="output tokens per request (default: the file's window mean)")
-    pr.add_argument("--steps-per-request", type=bounded(1.0, 1e7), dest="steps_per_request",
+    pr.add_argument("--steps-per-request", type=STEPS_PER_REQUEST, dest="steps_per_request",
                     help="engine steps one request takes part in: T_fixed = T_step x this, and the request the "
                          "identifiability check looks at (default: the file's window; it grows with OSL and "
                          "shrinks with the batch a request shares)")

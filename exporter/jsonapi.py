@@ -39,6 +39,7 @@ from dataclasses import MISSING, asdict, fields
 
 from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
+from exporter.config import bounded
 from fitters.result import FitResult
 from fitters.whatif import NULLABLE, FittedModel
 
@@ -113,6 +114,9 @@ def analysis_to_dict(a: Analysis, health: Health) -> dict:
 
 
 MAX_TOKENS = 10_000_000  # ISL/OSL bound of a what-if [tokens], see :func:`what_if`
+# Engine steps one request of a what-if takes part in (T_fixed = T_step x this, MODEL.md §7): an
+# argparse type (``kvhit predict --steps-per-request``), its error a 400 over HTTP.
+STEPS_PER_REQUEST = bounded(1.0, 1e7)
 
 
 def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:

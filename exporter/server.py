@@ -5,7 +5,7 @@
 - ``/healthz``: 200 while the scrape loop makes progress (liveness; ``Runner.alive``), else 503.
 - ``/readyz``: 200 when a successful scrape is at most two intervals plus the timeout old, else 503.
 - ``/api/v1/analysis``: the analysis as JSON (schema in :mod:`exporter.jsonapi`).
-- ``/api/v1/predict?hit_ratio=H[&isl=N&osl=N&model_name=M]``: what-if from the current fit.
+- ``/api/v1/predict?hit_ratio=H[&isl=N&osl=N&steps_per_request=S&model_name=M]``: what-if from the current fit.
 
 Security (``listen``, ``web_config``; :class:`exporter.config.WebConfig`): the bind address is
 configurable (``0.0.0.0:9471`` is the pod's sidecar port; ``127.0.0.1:…`` or ``[::1]:…`` keep it
@@ -29,7 +29,8 @@ import socket
 import ssl
 import threading
 from collections import OrderedDict
-from dataclasses import asdict
+from argparse import ArgumentTypeError
+from dataclasses import asdict, replace
 from socketserver import ThreadingMixIn
 from typing import Callable, Mapping
 from urllib.parse import parse_qs
@@ -39,7 +40,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from exporter.collector import KvhitCollector
 from exporter.config import WebConfig, listen_address, listening
-from exporter.jsonapi import analysis_to_dict, load_fit, what_if
+from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.runner import Runner
 
 log = logging.getLogger("kvhit")
@@ -162,7 +163,7 @@ _LANDING = """kvhit: prefix-cache hit-ratio analysis of vLLM (a pod, or a fleet 
 /healthz           liveness
 /readyz            200 while the last successful scrape is fresh
 /api/v1/analysis   the analysis as JSON
-/api/v1/predict    ?hit_ratio=H[&isl=N&osl=N&model_name=M]: what-if from the current fit
+/api/v1/predict    ?hit_ratio=H[&isl=N&osl=N&steps_per_request=S&model_name=M]: what-if from the current fit
 """
 
 
@@ -223,6 +224,11 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
         isl, osl = q.get("isl", m.get("isl")), q.get("osl", m.get("osl"))
         if isl is None or osl is None:
             raise ValueError("isl and osl are required (no request has finished in the publish window)")
+        if "steps_per_request" in q:
+            try:
+                fitted = replace(fitted, steps_per_request=STEPS_PER_REQUEST(q["steps_per_request"]))
+            except ArgumentTypeError as exc:
+                raise ValueError(f"steps_per_request {exc}") from None
         pred = fitted.predict(*what_if(q["hit_ratio"], isl, osl))
     except ValueError as exc:
         return _json(start_response, "400 Bad Request", {"error": str(exc)})

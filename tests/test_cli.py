@@ -855,6 +855,21 @@ def test_several_models_are_chosen_with_the_callers_own_means():
         load_fit(doc, choose="the model_name= query parameter")
 
 
+def test_api_predict_at_the_steps_per_request_asked_about(sim_runner):
+    # MODEL.md §7: T_fixed = T_step × steps per request and nothing else in t_chip depends on it,
+    # so two what-ifs 40 steps apart differ by exactly 40·T_step (T_step from the analysis document)
+    from exporter.jsonapi import analysis_to_dict
+    t_step = analysis_to_dict(*sim_runner.current())["models"]["sim-model"]["fit"]["t_step"]
+    chip = {}
+    for steps in (10, 50):
+        status, doc = _api(sim_runner, f"hit_ratio=0.5&isl=2048&osl=128&steps_per_request={steps}")
+        assert status.startswith("200"), doc
+        chip[steps] = doc["prediction"]["t_chip"]
+    assert t_step > 0 and chip[50] - chip[10] == pytest.approx(40 * t_step, rel=1e-9)
+    status, doc = _api(sim_runner, "hit_ratio=0.5&steps_per_request=0.5")
+    assert status.startswith("400") and doc["error"] == "steps_per_request must be in [1, 1e+07], got 0.5", doc
+
+
 @pytest.mark.parametrize("query, says", [
     ("hit_ratio=0.5&isl=1e12&osl=1e12", "isl must be in [1, 10000000] tokens, got 1e+12"),
     ("hit_ratio=0.5&isl=2048&osl=2e7", "osl must be in [1, 10000000] tokens, got 2e+07"),
