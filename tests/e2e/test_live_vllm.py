@@ -16,6 +16,7 @@ kvhit's output.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -46,7 +47,6 @@ INTERVAL = 2.0  # kvhit run and the calibration recorder
 # under load. Timeouts (proxy < kvhit) leave room for that.
 PROXY_TIMEOUT, KVHIT_TIMEOUT = 7.0, 9.0
 STALL_TIMEOUTS = 3  # kvhit scrape timeouts tolerated while vLLM is up (a starved CI machine)
-HEARTBEAT_SLACK = 1.0  # s: a resumed test process's threads (heartbeat, proxy) wake in any order
 MAX_MODEL_LEN = 4096
 BUDGET_SECONDS = 600.0  # the whole scenario, on 2 cores
 HIT_TOLERANCE = 0.03
@@ -226,15 +226,15 @@ def _dump(res: Live) -> None:
 # --- independent arithmetic on vLLM's own exposition -----------------------------------------
 
 
-def _scrapes_from(records: list[Record], t: float, pauses: list[tuple[float, float]]) -> list[int]:
-    """Indices of the records that can be kvhit's scrape started at ``t``: the proxy's handler
-    starts on it after t and before kvhit gives up (its timeout), however starved the machine,
-    or, if this test process (the proxy) was paused in that span, just after the pause ends:
-    the request waits in the listen backlog meanwhile. A handler of an earlier, abandoned scrape
-    can start in that span too, so this is a set."""
-    hi = t + KVHIT_TIMEOUT
-    hi = max([hi] + [b + HEARTBEAT_SLACK for a, b in pauses if a <= hi and b >= t])
-    return [i for i, r in enumerate(records) if t - 0.01 <= r.t <= hi]
+def _scrapes_from(records: list[Record], t: float, stamps: list[float]) -> list[int]:
+    """Indices of the records that can be kvhit's successful scrape stamped ``t``. kvhit scrapes
+    one at a time (exporter/cli.py ``poll_loop``) and stamps a scrape before sending it, so the
+    proxy's handler for it starts after t and has answered before kvhit stamps its next scrape:
+    before the next stamp the test saw (``stamps``: kvhit's successful scrapes, sorted), however
+    long either process was starved in between. A handler of an earlier, abandoned scrape can
+    start in that span too, so this is a set. (10 ms: t may be a difference of stamps, rounded.)"""
+    later = stamps[bisect.bisect_right(stamps, t + 0.01):]
+    return [i for i, r in enumerate(records) if t - 0.01 <= r.t and (not later or r.t < later[0])]
 
 
 def _increase(records: list[Record], i0: int, i1: int, name: str) -> float:
@@ -269,10 +269,10 @@ def test_every_published_window_equals_vllm_counter_deltas(live: Live):
         if s.last_success is not None and s.window is not None and "all" in s.hit_ratio:
             windows[s.last_success] = s
     assert len(windows) >= 50, f"only {len(windows)} windows seen"
+    stamps = sorted({s.last_success for s in live.samples if s.last_success is not None})
     checked = resets = 0
     for t_last, s in sorted(windows.items()):
-        ends = _scrapes_from(live.records, t_last, live.pauses)
-        starts = _scrapes_from(live.records, t_last - s.window, live.pauses)
+        ends, starts = _scrapes_from(live.records, t_last, stamps), _scrapes_from(live.records, t_last - s.window, stamps)
         assert ends and starts, (f"window {t_last - s.window}..{t_last} has no recorded scrape: records near it "
                                  f"{[r.t for r in live.records if t_last - s.window - 5 < r.t < t_last + 5]}")
         # Under load the counters move between any two scrapes, so only the window's own two
