@@ -101,19 +101,17 @@ class Runner:
             return False
         snap = self._cap(snap)
         try:
-            with self._lock:
+            with self._lock:  # analysis and health change together: a reader never sees one without the other
                 self.analyzer.ingest(snap)
                 self.analyzer.fit_step()
+                failed, self._failures = self._failures, 0
+                self._last_reason = ""
+                self._health = replace(self._health, up=True, duration=duration, last_success=timestamp)
         except Exception as exc:
             log.debug("analysis of a snapshot failed", exc_info=True)
             # the type only: an exception's text may quote a label value from the scraped body
             self.record_failure("internal", f"analysis failed: {type(exc).__name__}")
             return False
-        with self._lock:
-            failed, self._failures = self._failures, 0
-            self._last_reason = ""
-            h = self._health
-            self._health = replace(h, up=True, duration=duration, last_success=timestamp)
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
         self._count_quirks(snap)
@@ -211,16 +209,14 @@ class Runner:
         the analysis is counted ("internal") and shows no per-model value.
         """
         try:
-            with self._lock:
-                analysis = self.analyzer.analysis()
+            with self._lock:  # one critical section: the analysis of the snapshot health dates
+                analysis, health = self.analyzer.analysis(), self._health
         except Exception as exc:
             log.debug("analysis failed", exc_info=True)
             self.record_failure("internal", f"analysis failed: {type(exc).__name__}")
             with self._lock:
-                last = self.analyzer.windows.last
+                last, health = self.analyzer.windows.last, self._health
             analysis = Analysis(None if last is None else last.timestamp, "unknown", "analysis failed", {})
-        with self._lock:
-            health = self._health
         now = self.clock()
         age = None if health.last_success is None else max(0.0, now - health.last_success)
         stale = age is None or not health.up or age > self.config.interval + self.config.timeout

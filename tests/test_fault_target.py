@@ -538,3 +538,36 @@ def test_healthz_fails_only_when_the_scrape_loop_stops_making_progress(target):
     finally:
         server.shutdown()
         target.start()
+
+
+def test_a_reader_never_sees_the_analysis_of_one_scrape_with_the_health_of_another(snapshots):
+    # /metrics and /api/v1/analysis render (analysis, health) while the poll thread ingests: the
+    # window's end (analysis.timestamp) must be the scrape kvhit_last_success_timestamp_seconds
+    # names, or a dashboard pairs a window with the wrong scrape time. A tiny switch interval makes
+    # the threads interleave inside ingest and current.
+    import sys
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        clock = FakeClock(2_000_000_000.0)
+        runner = Runner(Config(interval=5.0), "http://vllm:8000/metrics", clock=clock)
+        done = threading.Event()
+
+        def ingest() -> None:
+            for i, text in enumerate(snapshots[:60]):
+                clock.t = 2_000_000_000.0 + 5.0 * i
+                assert runner.ingest_text(clock.t, text)
+            done.set()
+
+        thread = threading.Thread(target=ingest)
+        thread.start()
+        torn, reads = [], 0
+        while not done.is_set():
+            analysis, health = runner.current()
+            reads += 1
+            if analysis.timestamp is not None and analysis.timestamp != health.last_success:
+                torn.append((analysis.timestamp, health.last_success))
+        thread.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert reads > 100 and not torn, (reads, torn[:3])
