@@ -276,6 +276,7 @@ class KvhitSample:
     t: float  # when the test read it
     up: float | None
     last_success: float | None
+    duration: float | None  # kvhit_scrape_duration_seconds: of the last attempt (of last_success when up)
     errors: dict[str, float]
     window: float | None
     hit_ratio: dict[str, float]
@@ -288,7 +289,7 @@ class KvhitSample:
 
 def read_kvhit(url: str, model: str, timeout: float = 5.0) -> KvhitSample:
     text = requests.get(url, timeout=timeout).text
-    s: dict = {"up": None, "last_success": None, "errors": {}, "window": None, "hit_ratio": {}, "fit_status": {},
+    s: dict = {"up": None, "last_success": None, "duration": None, "errors": {}, "window": None, "hit_ratio": {}, "fit_status": {},
                "isl": None, "osl": None, "ttft": None, "tpm": {}}
     for fam in text_string_to_metric_families(text):
         for smp in fam.samples:
@@ -297,6 +298,8 @@ def read_kvhit(url: str, model: str, timeout: float = 5.0) -> KvhitSample:
                 s["up"] = v
             elif smp.name == "kvhit_last_success_timestamp_seconds":
                 s["last_success"] = v
+            elif smp.name == "kvhit_scrape_duration_seconds":
+                s["duration"] = v
             elif smp.name == "kvhit_scrape_errors_total":
                 s["errors"][lab["reason"]] = v
             elif lab.get("model_name") != model:
@@ -318,9 +321,13 @@ def read_kvhit(url: str, model: str, timeout: float = 5.0) -> KvhitSample:
     return KvhitSample(t=time.time(), **s)
 
 
+READ_TIMEOUT = 30.0  # s, one read of kvhit's /metrics by the Poller
+
+
 class Poller:
     """Reads kvhit's /metrics every ``period`` seconds (faster than kvhit scrapes, so every
-    publish window is seen); failed reads are kept in ``read_failures``."""
+    publish window is seen); failed reads are kept in ``read_failures``. A read waits up to
+    ``READ_TIMEOUT``: kvhit starved for seconds on a shared CI machine is slow, not broken."""
 
     def __init__(self, url: str, model: str, period: float = 0.5) -> None:
         self.url, self.model, self.period = url, model, period
@@ -332,7 +339,7 @@ class Poller:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append(read_kvhit(self.url, self.model))
+                self.samples.append(read_kvhit(self.url, self.model, READ_TIMEOUT))
             except (requests.RequestException, ValueError) as exc:
                 self.read_failures.append(f"{time.time():.1f}: {type(exc).__name__}: {exc}")
             self._stop.wait(self.period)

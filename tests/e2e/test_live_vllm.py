@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from live_harness import (Heartbeat, KvhitSample, Poller, Proc, Record, RecordingProxy, drive_load, free_port,
-                          paused_within, read_kvhit, remove_leaked_shm, shm_entries, vllm_counter, wait_http)
+                          paused_within, remove_leaked_shm, shm_entries, vllm_counter, wait_http)
 
 pytestmark = pytest.mark.e2e
 
@@ -149,8 +149,9 @@ def live(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Live:
         assert res.calibrate.returncode == 0, f"calibrate failed:\n{res.calibrate.stdout}\n{res.calibrate.stderr}"
         res.report = json.loads((cal_out / "report.json").read_text())
         res.phases = json.loads((cal_out / "phases.json").read_text())["phases"]
-        time.sleep(INTERVAL * 1.5)  # kvhit's next scrape sees the sweep's end
-        res.before_kill = read_kvhit(f"http://127.0.0.1:{kport}/metrics", MODEL)
+        sweep_end = time.time()
+        res.before_kill = poller.wait_for(lambda s: s.up == 1.0 and (s.last_success or 0) > sweep_end, 60,
+                                          "a scrape after the sweep")  # it sees the sweep's end
 
         # A crash: SIGKILL the whole vLLM process group, then a fresh server (counters from 0).
         res.t_kill = time.time()
@@ -226,24 +227,34 @@ def _dump(res: Live) -> None:
 # --- independent arithmetic on vLLM's own exposition -----------------------------------------
 
 
-def _scrapes_from(records: list[Record], t: float, stamps: list[float]) -> list[int]:
-    """Indices of the records that can be kvhit's successful scrape stamped ``t``. kvhit scrapes
-    one at a time (exporter/cli.py ``poll_loop``) and stamps a scrape before sending it, so the
-    proxy's handler for it starts after t and has answered before kvhit stamps its next scrape:
-    before the next stamp the test saw (``stamps``: kvhit's successful scrapes, sorted), however
-    long either process was starved in between. A handler of an earlier, abandoned scrape can
-    start in that span too, so this is a set. (10 ms: t may be a difference of stamps, rounded.)"""
-    later = stamps[bisect.bisect_right(stamps, t + 0.01):]
-    return [i for i, r in enumerate(records) if t - 0.01 <= r.t and (not later or r.t < later[0])]
+def _scrapes_from(records: list[Record], t: float, took: dict[float, float]) -> list[int]:
+    """Indices of the records that can be kvhit's successful scrape stamped ``t``. kvhit stamps a
+    scrape, then sends it, one at a time (exporter/cli.py ``poll_loop``): the proxy's handler
+    starts after t and before the scrape ended, t + its kvhit_scrape_duration_seconds (``took``:
+    stamp → duration of the successful scrapes the test saw), and before kvhit stamped its next
+    scrape, however long either process was starved in between. A handler of an earlier,
+    abandoned scrape can start in that span too, so this is a set. (10 ms: clocks of two
+    processes; t may be a difference of stamps, rounded.)"""
+    stamps = sorted(took)
+    i = bisect.bisect_left(stamps, t - 0.01)
+    hi = math.inf
+    if i < len(stamps) and stamps[i] <= t + 0.01:
+        hi = stamps[i] + took[stamps[i]] + 0.01
+        i += 1
+    if i < len(stamps):
+        hi = min(hi, stamps[i])
+    return [j for j, r in enumerate(records) if t - 0.01 <= r.t <= hi]
 
 
-def _increase(records: list[Record], i0: int, i1: int, name: str) -> float:
-    """Prometheus increase() of counter ``name`` from record i0 to i1 (a drop = a restart from 0)."""
-    total, prev = 0.0, vllm_counter(records[i0].body, name, MODEL)
+def _increase(records: list[Record], i0: int, i1: int, name: str, t_kill: float) -> float:
+    """Prometheus increase() of counter ``name`` from record i0 to i1, the vLLM kill at ``t_kill``
+    its one reset. Inside one vLLM lifetime the differences add up to last − first even when
+    handlers started together (after a pause) got their bodies from vLLM in another order."""
+    total, prev = 0.0, records[i0]
     for r in records[i0 + 1:i1 + 1]:
-        cur = vllm_counter(r.body, name, MODEL)
-        total += cur if cur < prev else cur - prev
-        prev = cur
+        cur, before = vllm_counter(r.body, name, MODEL), vllm_counter(prev.body, name, MODEL)
+        total += cur if prev.t < t_kill <= r.t else cur - before
+        prev = r
     return total
 
 
@@ -269,10 +280,10 @@ def test_every_published_window_equals_vllm_counter_deltas(live: Live):
         if s.last_success is not None and s.window is not None and "all" in s.hit_ratio:
             windows[s.last_success] = s
     assert len(windows) >= 50, f"only {len(windows)} windows seen"
-    stamps = sorted({s.last_success for s in live.samples if s.last_success is not None})
+    took = {s.last_success: s.duration for s in live.samples if s.up == 1.0 and s.last_success is not None}
     checked = resets = 0
     for t_last, s in sorted(windows.items()):
-        ends, starts = _scrapes_from(live.records, t_last, stamps), _scrapes_from(live.records, t_last - s.window, stamps)
+        ends, starts = _scrapes_from(live.records, t_last, took), _scrapes_from(live.records, t_last - s.window, took)
         assert ends and starts, (f"window {t_last - s.window}..{t_last} has no recorded scrape: records near it "
                                  f"{[r.t for r in live.records if t_last - s.window - 5 < r.t < t_last + 5]}")
         # Under load the counters move between any two scrapes, so only the window's own two
@@ -280,18 +291,13 @@ def test_every_published_window_equals_vllm_counter_deltas(live: Live):
         found = []
         for i0 in starts:
             for i1 in ends:
-                q = _increase(live.records, i0, i1, QUERIES)
-                k = _increase(live.records, i0, i1, HITS)
+                q = _increase(live.records, i0, i1, QUERIES, live.t_kill)
+                k = _increase(live.records, i0, i1, HITS, live.t_kill)
                 if i0 < i1 and q > 0 and abs(s.hit_ratio["all"] - k / q) <= 1e-9:
                     found.append((i0, i1, k, q))
         assert found, (t_last, s.window, s.hit_ratio, starts, ends)
         i0, i1, k, q = found[0]
-        q_direct = vllm_counter(live.records[i1].body, QUERIES, MODEL) - vllm_counter(live.records[i0].body, QUERIES, MODEL)
-        if q != q_direct:
-            resets += 1
-        else:  # no reset inside: exactly the two scrapes' difference
-            k_direct = vllm_counter(live.records[i1].body, HITS, MODEL) - vllm_counter(live.records[i0].body, HITS, MODEL)
-            assert k == k_direct
+        resets += live.records[i0].t < live.t_kill <= live.records[i1].t
         assert s.hit_ratio["device"] == pytest.approx(k / q, abs=1e-9)
         checked += 1
     assert resets >= 1, "no window spanned the vLLM restart"
@@ -379,9 +385,10 @@ def test_restart_yields_no_absurd_window_and_kvhit_recovers(live: Live):
             assert math.isfinite(v) and 0 <= v < 1e8, (key, s)
     after = [s for s in live.samples if s.t > live.t_recovered]
     assert after and all(s.up == 1.0 for s in after)
-    # recovered by itself within the back-off cap (8 intervals) after vLLM answered again
-    first_up_again = next(s for s in live.samples if s.t > live.t_restarted and s.up == 1.0)
-    assert first_up_again.t - live.t_restarted <= 8 * INTERVAL + 5
+    # recovered by itself within the back-off cap (8 intervals) after vLLM answered again: kvhit's
+    # own stamp of its first good scrape after the kill, not when this test happened to read it
+    first_up_again = min(s.last_success for s in live.samples if s.up == 1.0 and s.last_success > live.t_kill)
+    assert first_up_again - live.t_restarted <= 8 * INTERVAL + 5
     last = live.samples[-1]
     # every reason is exported from 0 on: the ones counted are those of a restarting vLLM
     assert {r for r, n in last.errors.items() if n} <= {"http_502", "timeout", "refused"}, last.errors
