@@ -368,22 +368,33 @@ class Poller:
 
 
 def drive_load(completions_url: str, model: str, seconds: float, concurrency: int, isl: int, prefix: list[int],
-               osl: int, token_range: tuple[int, int] = (1000, 8000), seed: int = 0) -> int:
-    """Closed-loop requests (shared ``prefix`` + random suffix) for ``seconds``; returns the count ok."""
+               osl: int, token_range: tuple[int, int] = (1000, 8000), seed: int = 0, at_least: int = 0,
+               cap: float = 120.0) -> int:
+    """Closed-loop requests (shared ``prefix`` + random suffix) for ``seconds``, and on until
+    ``at_least`` succeeded or ``cap`` seconds in all (a starved machine is slow, not broken);
+    returns the count ok. A request that fails (an error status, a timeout) is not counted."""
     import random
 
-    deadline = time.time() + seconds
+    start = time.time()
     done = [0]
     lock = threading.Lock()
+
+    def more() -> bool:
+        elapsed = time.time() - start
+        return elapsed < seconds or (done[0] < at_least and elapsed < cap)
 
     def worker(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
         with requests.Session() as s:
-            while time.time() < deadline:
+            while more():
                 ids = prefix + [rng.randrange(*token_range) for _ in range(isl - len(prefix))]
-                r = s.post(completions_url, json={"model": model, "prompt": ids, "max_tokens": osl,
-                                                  "min_tokens": osl, "ignore_eos": True, "temperature": 0.0},
-                           timeout=60)
+                try:
+                    r = s.post(completions_url, json={"model": model, "prompt": ids, "max_tokens": osl,
+                                                      "min_tokens": osl, "ignore_eos": True, "temperature": 0.0},
+                               timeout=60)
+                except requests.RequestException:
+                    time.sleep(0.5)
+                    continue
                 if r.status_code == 200:
                     with lock:
                         done[0] += 1
