@@ -92,7 +92,7 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
         seen = " + ".join(f"{c:.4g} × {words[t]}" for t, c in relation.items()) or "0"
         return (f"not identifiable: the chip-time fit could not tell {words[term]} apart (in its steps "
                 f"{words[term]} ≈ {seen}); {what} has {z[term]:.4g} against {carried:.4g}, {off:.0%} off "
-                f"({size}): its time needs traffic that separates them")
+                f"({size}): ask about traffic closer to the fitted one, or fit on traffic that varies them apart")
     return None
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -482,6 +483,18 @@ def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
     assert off > 0.05
     done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32")
     assert done.returncode == 1 and "decode context" in done.stderr and f"{off:.0%} off" in done.stderr, done.stderr
+
+
+def test_readme_s_predict_example_runs_on_the_bundled_trace_and_its_refused_one_is_refused(replayed):
+    # README "Use it": the replay line saves fit.json from the bundled trace, the predict line reads it
+    _, out = replayed
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("kvhit predict --fit fit.json"))
+    done = run_cli(*[str(out["fit"]) if a == "fit.json" else a for a in line.split()[1:]])
+    assert done.returncode == 0, (line, done.stderr)
+    refused = re.search(r"`(--isl \d+ --osl \d+)`, is refused with exit 1", readme.replace("\n", " ")).group(1)
+    bad = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.9", *refused.split())
+    assert bad.returncode == 1 and "decode context" in bad.stderr, bad.stderr
 
 
 def test_predict_at_the_steps_per_request_of_the_traffic_asked_about(replayed):
