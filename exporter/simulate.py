@@ -162,6 +162,11 @@ class Scenario:
     def duration(self) -> float:
         return sum(s.duration for s in self.schedule)
 
+    @property
+    def h_max(self) -> float:
+        """The highest scheduled h: kvhit fits its miss line over [0, h_max] (:func:`true_line`)."""
+        return max(max(s.h0, s.h0 if s.h1 is None else s.h1) for s in self.schedule)
+
     def hit_ratio(self, t: float, rng: random.Random | None = None) -> float:
         """Scheduled h at ``t`` seconds after start."""
         for seg in self.schedule:
@@ -432,11 +437,14 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
                 return
             with state["lock"]:
                 body = state["text"].encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the scraper gave up (its timeout): nothing to answer, nothing wrong here
 
         def log_message(self, *args) -> None:
             pass
@@ -500,7 +508,7 @@ def add_arguments(p) -> None:
     p.add_argument("--listen", default="127.0.0.1:9400", help="ADDR:PORT to serve /metrics on (default 127.0.0.1:9400)")
     p.add_argument("--scenario", default="sweep", choices=PRESETS, help="hit-ratio schedule and truth (default sweep)")
     p.add_argument("--miss-slope", type=bounded(0, 1, open_low=True), dest="miss_slope",
-                   help="true a: k_dec chosen so the line through TPS_miss(h) over [0, 0.95] has this slope")
+                   help="true a: k_dec chosen so the line through TPS_miss(h) over the scenario's h range has this slope")
     p.add_argument("--alpha", type=bounded(0, 1), help="true overlap α in [0, 1] (default 0.5)")
     p.add_argument("--noise", type=bounded(0, 1), default=0.02, help="relative measurement noise σ (default 0.02)")
     p.add_argument("--interval", type=bounded(MIN_INTERVAL, MAX_INTERVAL), default=5.0,
@@ -532,16 +540,16 @@ def cmd_simulate(args) -> int:
         truth = replace(truth, alpha=args.alpha)
     if args.miss_slope is not None:
         try:
-            truth = calibrate_truth(truth, args.miss_slope)
+            truth = calibrate_truth(truth, args.miss_slope, sc.h_max)
         except ValueError as exc:
             raise ConfigError(f"--miss-slope: {exc}") from None
     sc = replace(sc, truth=truth, interval=args.interval)
 
-    tps0, a = true_line(truth)
+    tps0, a = true_line(truth, sc.h_max)
 
     def ready(p: int) -> None:
         print(f"kvhit simulate: {args.scenario} on http://{host}:{p}/metrics "
-              f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, 0.95] at "
+              f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, {sc.h_max:g}] at "
               f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
         print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', sc.interval)}"
               + ("" if args.speed == 1 else " (fitted times are in wall seconds: at --speed "

@@ -143,16 +143,41 @@ def test_serves_on_loopback():
     assert "vllm:prefix_cache_queries_total" in body and math.isfinite(_counter(body, "prefix_cache_queries_total"))
 
 
+def test_a_scraper_that_gave_up_prints_no_traceback(capfd):
+    # kvhit's scrape timing out closes its connection before the answer: the simulator has nothing
+    # to answer and nothing to report (it printed a ConnectionResetError traceback per scrape)
+    import socket
+    import struct
+    ports: list[int] = []
+    ready, stop = threading.Event(), threading.Event()
+    th = threading.Thread(target=serve, args=(preset("sweep"), "127.0.0.1", 0),
+                          kwargs={"on_ready": lambda p: (ports.append(p), ready.set()), "stop": stop}, daemon=True)
+    th.start()
+    assert ready.wait(5)
+    for _ in range(20):
+        c = socket.create_connection(("127.0.0.1", ports[0]))
+        c.sendall(b"GET /metrics HTTP/1.1\r\nHost: sim\r\n\r\n")
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        c.close()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5).read().decode()
+    stop.set()
+    th.join(5)
+    assert "vllm:prefix_cache_queries_total" in body  # still serving
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_kvhit_simulate_prints_its_true_line(capsys):
     from exporter.cli import main
     # --speed 1e6: the 420-s sweep is served in well under a second
     assert main(["simulate", "--listen", "127.0.0.1:0", "--miss-slope", "0.5", "--speed", "1e6"]) == 0
     out = capsys.readouterr().out
-    # The least-squares line through TPS_miss(h) = (1 − h)·ISL / t_chip(h) at h = 0.95·i/40,
-    # i = 0..40, running 10 (MODEL.md §4), written out here: slope = Sxy/Sxx, TPS0 = intercept.
-    tr = calibrate_truth(Truth(), 0.5)
+    # The least-squares line through TPS_miss(h) = (1 − h)·ISL / t_chip(h) at h = 0.99·i/40,
+    # i = 0..40 (the sweep's steps 0..0.9 then agentic 0.9..0.99: the h range kvhit fits over),
+    # running 10 (MODEL.md §4), written out here: slope = Sxy/Sxx, TPS0 = intercept.
+    tr = calibrate_truth(Truth(), 0.5, h_max=0.99)
     assert tr.k_ctx == 0  # no decode-context term below
-    hs = [0.95 * i / 40 for i in range(41)]
+    assert "true miss line over h in [0, 0.99]" in out, out
+    hs = [0.99 * i / 40 for i in range(41)]
     ys = [(1 - h) * tr.isl / (tr.t_step * (tr.osl / 10 + 1) + tr.k_ffn * (1 - h) * tr.isl
                               + tr.k_attn * ((1 - h) * tr.isl * h * tr.isl + ((1 - h) * tr.isl) ** 2 / 2)
                               + tr.osl * tr.k_dec) for h in hs]
