@@ -205,14 +205,25 @@ def make_app(runner: Runner) -> Callable:
     return app
 
 
+PREDICT_PARAMETERS = ("hit_ratio", "isl", "osl", "steps_per_request", "model_name")
+
+
 def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[bytes]:
     """``/api/v1/predict``: 200 with the prediction, or 400 with ``{"error": one line}`` when
-    hit_ratio is missing, the current analysis has no model (or several and no model_name=),
-    no usable fit, the arguments are out of range (:func:`exporter.jsonapi.what_if`) or the fit
+    a parameter is unknown or repeated, hit_ratio is missing, the current analysis has no model
+    (or several and no model_name=), no usable fit, the arguments are out of range (:func:`exporter.jsonapi.what_if`) or the fit
     cannot identify that what-if (``FittedModel.unidentified``)."""
-    q = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+    given = parse_qs(environ.get("QUERY_STRING", ""))
+    q = {k: v[0] for k, v in given.items()}
     analysis, health = runner.current()
     try:
+        # a misspelt or repeated parameter would silently answer another question
+        unknown = sorted(set(given) - set(PREDICT_PARAMETERS))
+        if unknown:
+            raise ValueError(f"unknown parameter {unknown[0][:40]!r} (known: {', '.join(PREDICT_PARAMETERS)})")
+        repeated = sorted(k for k, v in given.items() if len(v) > 1)
+        if repeated:
+            raise ValueError(f"parameter {repeated[0]!r} given {len(given[repeated[0]])} times")
         if "hit_ratio" not in q:
             raise ValueError("hit_ratio is required")
         if not analysis.models and health.age is not None and not runner.fresh(health.age):

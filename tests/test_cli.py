@@ -891,6 +891,8 @@ def test_api_predict_at_the_steps_per_request_asked_about(sim_runner):
     ("hit_ratio=1", "hit_ratio must be in [0, 1 - 1/isl]"),
     ("isl=2048", "hit_ratio is required"),
     ("hit_ratio=0.5&model_name=other", "model 'other' not analysed: ['sim-model']"),
+    ("hit_ratio=0.5&ils=8192", "unknown parameter 'ils' (known: hit_ratio, isl, osl, steps_per_request, model_name)"),
+    ("hit_ratio=0.5&hit_ratio=0.7", "parameter 'hit_ratio' given 2 times"),
 ])
 def test_api_predict_out_of_range_is_400_with_one_line(sim_runner, query, says):
     status, doc = _api(sim_runner, query)
