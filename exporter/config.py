@@ -353,22 +353,43 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
 
 
 def _with_hf_config(g: Geometry) -> Geometry:
-    """Fill geometry left unset from the HF config.json (explicit keys win)."""
+    """Fill geometry left unset from the HF config.json (explicit keys win).
+
+    Raises:
+        ConfigError (model.hf_config): unreadable, not a JSON object, or no KV geometry in it
+        or the explicit keys together (S_kv, MODEL.md §3.6: not a model's config.json).
+    """
     if not g.hf_config:
         return g
+    key = f"config key model.hf_config: {g.hf_config}"
     try:
         hf = json.loads(Path(g.hf_config).read_text())
     except (OSError, ValueError):
         raise ConfigError(f"config key model.hf_config: cannot read JSON from {g.hf_config}") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{key}: not a JSON object (a Hugging Face config.json)")
+    if "num_hidden_layers" not in hf and isinstance(hf.get("text_config"), dict):
+        hf = hf["text_config"]  # multimodal models keep the language model's geometry there
     heads = hf.get("num_attention_heads")
-    derived = {
-        "layers": hf.get("num_hidden_layers"),
-        "kv_heads": hf.get("num_key_value_heads", heads),
-        "head_dim": hf.get("head_dim") or (hf["hidden_size"] // heads if heads and hf.get("hidden_size") else None),
-        "kv_lora_rank": hf.get("kv_lora_rank"),
-        "qk_rope_head_dim": hf.get("qk_rope_head_dim"),
-    }
-    return replace(g, **{k: v for k, v in derived.items() if getattr(g, k) is None and v is not None})
+    try:
+        derived = {
+            "layers": hf.get("num_hidden_layers"),
+            "kv_heads": hf.get("num_key_value_heads", heads),
+            "head_dim": hf.get("head_dim") or (hf["hidden_size"] // heads if heads and hf.get("hidden_size") else None),
+            "kv_lora_rank": hf.get("kv_lora_rank"),
+            "qk_rope_head_dim": hf.get("qk_rope_head_dim"),
+        }
+    except TypeError:
+        raise ConfigError(f"{key}: hidden_size and num_attention_heads must be whole numbers") from None
+    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0) for v in derived.values()):
+        raise ConfigError(f"{key}: num_hidden_layers, num_key_value_heads, head_dim, kv_lora_rank and "
+                          "qk_rope_head_dim must be whole numbers > 0")
+    filled = replace(g, **{k: v for k, v in derived.items() if getattr(g, k) is None and v is not None})
+    if filled.kv_bytes_per_token() is None:
+        raise ConfigError(f"{key}: no KV geometry in it (num_hidden_layers with num_key_value_heads or "
+                          "num_attention_heads and head_dim or hidden_size; or kv_lora_rank and qk_rope_head_dim): "
+                          "is it the model's config.json?")
+    return filled
 
 
 def bounded(lo: float, hi: float = math.inf, integer: bool = False, open_low: bool = False) -> Callable[[str], float]:

@@ -128,3 +128,26 @@ def test_defaults():
     assert cfg.prices.output_per_million == 0.0
     assert cfg.target is None
     assert cfg.model.kv_bytes_per_token() is None  # unknown until geometry is configured
+
+
+def test_hf_config_of_a_multimodal_model_reads_its_text_config(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"architectures": ["Gemma3ForConditionalGeneration"], "vision_config": {"hidden_size": 1152},
+                             "text_config": {"num_hidden_layers": 34, "num_attention_heads": 8,
+                                             "num_key_value_heads": 4, "head_dim": 256}}))
+    g = load_config(None, environ={}, flags={"model": {"hf_config": str(p)}}).model
+    # 2 (K and V) · 34 layers · 4 KV heads · 256 · 2 bytes = 139264 bytes per token
+    assert g.kv_bytes_per_token() == 2 * 34 * 4 * 256 * 2 == 139264
+
+
+@pytest.mark.parametrize("doc, says", [
+    ([1, 2], "not a JSON object"),
+    ({"schema_version": 1, "models": {}}, "no KV geometry in it"),  # e.g. a saved kvhit fit, not config.json
+    ({"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": "4096"}, "must be whole numbers"),
+    ({"num_hidden_layers": -1, "num_attention_heads": 32, "hidden_size": 4096}, "must be whole numbers > 0"),
+])
+def test_hf_config_without_usable_geometry_names_the_key(tmp_path, doc, says):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=f"config key model.hf_config: {p}: .*{says}"):
+        load_config(None, environ={}, flags={"model": {"hf_config": str(p)}})
