@@ -71,6 +71,7 @@ class Runner:
         self._health = Health(target=redact_url(target), scope=scope)
         self._failures = 0
         self._last_reason = ""
+        self._engine_reason = ""  # the last snapshot's Snapshot.reason, logged when it changes
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
@@ -114,6 +115,12 @@ class Runner:
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
+        if snap.reason != self._engine_reason:  # kvhit_up 1 alone would not say the body is unusable
+            self._engine_reason = snap.reason
+            if snap.reason:
+                log.warning("the target answers but cannot be analysed: %s", snap.reason)
+            else:
+                log.info("the target's body is analysable (engine %s)", snap.engine)
         self._count_quirks(snap)
         return True
 

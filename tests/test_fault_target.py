@@ -571,3 +571,17 @@ def test_a_reader_never_sees_the_analysis_of_one_scrape_with_the_health_of_anoth
     finally:
         sys.setswitchinterval(old)
     assert reads > 100 and not torn, (reads, torn[:3])
+
+
+def test_a_target_that_is_not_vllm_is_logged_once_and_when_it_becomes_vllm(snapshots, caplog):
+    # kvhit_up is 1 for any exposition: the log must say the body cannot be analysed (once, not per
+    # scrape), and say so again when it changes (a node-exporter-like body, then vLLM's)
+    runner = Runner(Config(), "http://vllm:8000/metrics", clock=FakeClock(2_000_000_000.0))
+    other = "# TYPE node_load1 gauge\nnode_load1 0.5\n"
+    with caplog.at_level(logging.INFO, logger="kvhit"):
+        for i in range(3):
+            assert runner.ingest_text(2_000_000_000.0 + 5 * i, other)
+        assert runner.ingest_text(2_000_000_015.0, snapshots[0])
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("the target answers but cannot be analysed: no vLLM metrics in the exposition") == 1, said
+    assert "the target's body is analysable (engine vllm_v1)" in said, said
