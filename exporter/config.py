@@ -381,7 +381,8 @@ def _with_hf_config(g: Geometry) -> Geometry:
         }
     except TypeError:
         raise ConfigError(f"{key}: hidden_size and num_attention_heads must be whole numbers") from None
-    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0) for v in derived.values()):
+    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool) and (v > 0 or k == "qk_rope_head_dim" and v == 0))
+               for k, v in derived.items()):
         raise ConfigError(f"{key}: num_hidden_layers, num_key_value_heads, head_dim, kv_lora_rank and "
                           "qk_rope_head_dim must be whole numbers > 0")
     filled = replace(g, **{k: v for k, v in derived.items() if getattr(g, k) is None and v is not None})
@@ -479,6 +480,9 @@ def validate(cfg: Config) -> None:
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
         raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host (percent-encode "
                           f"/ ? # @ in a user:password), got {redact_url(cfg.target)!r}")
+    if cfg.target is not None and not urlsplit(cfg.target).path:
+        raise ConfigError(f"config key target: no path in {redact_url(cfg.target)!r}: vLLM serves /metrics, "
+                          "add it to the URL")
     if cfg.prometheus is not None:
         if not (cfg.prometheus.startswith(("http://", "https://")) and _host(cfg.prometheus)):
             raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API with a "

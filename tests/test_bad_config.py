@@ -153,3 +153,9 @@ def test_target_without_a_host_exits_2(tmp_path, capsys, monkeypatch, url):
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--target", url])
     assert code == 2 and err.count("\n") == 1
     assert "config key target: must be an http(s) URL of /metrics with a host" in err, err
+
+
+def test_target_without_a_path_exits_2_saying_vllm_serves_metrics(tmp_path, capsys, monkeypatch):
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--target", "http://127.0.0.1:19400"])
+    assert code == 2 and err.count("\n") == 1
+    assert "config key target: no path in 'http://127.0.0.1:19400': vLLM serves /metrics, add it to the URL" in err, err
