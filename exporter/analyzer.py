@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from exporter.config import Config
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, hit_problem, hit_tokens, kv_capacity_tokens,
                               mean_length, observe, request_isl, window_notes)
-from exporter.parse import Snapshot
+from exporter.parse import HISTOGRAMS, Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
-from fitters.caching import CachingVerdict, HitRollup, speedup, verdict
+from fitters.caching import RECENT_MINUTES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import quantile
@@ -541,11 +541,17 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     tpot, source = _tpot_histogram(w)
     out["tpot_source"] = source
     p95 = {}
-    for key, h in (("ttft", w.histograms.get("ttft")), ("tpot_request", w.histograms.get("request_tpot")),
-                   ("itl", w.histograms.get("itl"))):
+    for key, family in (("ttft", "ttft"), ("tpot_request", "request_tpot"), ("itl", "itl")):
+        h = w.histograms.get(family)
         q = None if h is None else quantile(h.buckets, h.count, 0.95)
         if q is not None:
             p95[key] = q
+        else:
+            name = f"vllm:{HISTOGRAMS[family][0]}"
+            unknown.setdefault(f"observed_p95_{key}",
+                               f"no {name} histogram with buckets in the publish window" if h is None or not h.buckets
+                               else "no request finished in the publish window (no data, not 0)" if h.count <= 0
+                               else f"{name}: the P95 lies above the highest finite bucket edge")
     out["p95"] = p95
     ttft_slo, tpot_slo = cfg.slo.ttft_seconds, cfg.slo.tpot_seconds
     ttft = w.histograms.get("ttft")
@@ -585,6 +591,9 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     out["caching"] = v
     if v.state is None:
         unknown.setdefault("prefix_cache_verdict", v.reason)
+    if v.jitter is None:
+        unknown.setdefault("hit_ratio_jitter", f"fewer than 3 of the last {RECENT_MINUTES} minutes had "
+                                               "prefix-cache queries with a known hit ratio")
     sp = {}
     for span, h in (("window", hit.get("all")), ("history", v.history_hit_ratio)):
         x = speedup(h, share.get(span))

@@ -184,3 +184,22 @@ def test_max_num_seqs_levels_are_per_engine_with_data_parallel_engines():
     a.ingest(parse_exposition(two(1), 1010.0))
     m = a.analysis().models["m"]
     assert m.fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]
+
+
+def test_an_absent_p95_and_jitter_say_why():
+    # the scrapes export TTFT and the per-request TPOT histograms, no inter-token latency: the
+    # ITL P95 is absent and kvhit_unknown_info says which histogram is missing; one 10-s window
+    # gives no per-minute hit ratios yet, so the jitter is absent with its reason too
+    m = _analysis().models["m"]
+    assert set(m.p95) == {"ttft", "tpot_request"}
+    assert m.unknown["observed_p95_itl"] == ("no vllm:inter_token_latency_seconds histogram with buckets in the "
+                                             "publish window")
+    assert "observed_p95_ttft" not in m.unknown and "observed_p95_tpot_request" not in m.unknown
+    assert m.caching.jitter is None
+    assert m.unknown["hit_ratio_jitter"].startswith("fewer than 3 of the last 15 minutes")
+    # a window where no request finished: the histograms exist with count 0
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    a.ingest(parse_exposition(scrape(1), 1000.0))
+    a.ingest(parse_exposition(scrape(1), 1010.0))
+    assert a.analysis().models["m"].unknown["observed_p95_ttft"] == \
+        "no request finished in the publish window (no data, not 0)"
