@@ -24,7 +24,7 @@ prometheus_bearer_token_file              file whose token is sent as ``Authoriz
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes, 0.1 to 86400 (5)
 timeout                                   scrape timeout, seconds (3)
-window_seconds                            publish window, seconds (60)
+window_seconds                            publish window, seconds, at most 3600 (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
                                           must exceed interval
@@ -89,6 +89,7 @@ from fitters.model import kv_bytes_per_token, kv_bytes_per_token_mla
 
 
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 86400.0  # seconds between scrapes
+MAX_WINDOW = 3600.0  # seconds of the publish window
 T = TypeVar("T")
 
 
@@ -448,7 +449,8 @@ def validate(cfg: Config) -> None:
         ("interval", cfg.interval, lambda v: MIN_INTERVAL <= v <= MAX_INTERVAL,
          f"must be in [{MIN_INTERVAL:g}, {MAX_INTERVAL:g}] seconds"),
         ("timeout", cfg.timeout, lambda v: v > 0, "must be > 0 seconds"),
-        ("window_seconds", cfg.window_seconds, lambda v: v > 0, "must be > 0 seconds"),
+        # the window holds every scrape inside it: an hour is what a sidecar's memory should carry
+        ("window_seconds", cfg.window_seconds, lambda v: 0 < v <= MAX_WINDOW, f"must be in (0, {MAX_WINDOW:g}] seconds"),
         ("gap_seconds", cfg.gap_seconds, lambda v: v > cfg.interval,
          f"must be > interval ({cfg.interval:g} s), or every step would be a gap"),
         ("prometheus_delay", cfg.prometheus_delay, lambda v: v >= 0, "must be >= 0 seconds"),

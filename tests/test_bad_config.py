@@ -55,6 +55,7 @@ CASES = {
     "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in (0, 1]"),
     "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: must be a finite number, got nan"),
     "window infinite": ("window_seconds: .inf\n", "config key window_seconds: must be a finite number, got inf"),
+    "window over an hour": ("window_seconds: 1e12\n", "config key window_seconds: must be in (0, 3600] seconds"),
     "max_series zero": ("max_series: 0\n", "config key max_series: must be >= 1"),
     "gap not above the interval": ("interval: 10\ngap_seconds: 10\n", "config key gap_seconds: must be > interval"),
     "geometry without kv_heads": ("model:\n  layers: 32\n  head_dim: 128\n", "config key model.kv_heads: required"),
