@@ -348,6 +348,7 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     cfg = _build(Config, data)
     cfg = replace(cfg, model=_with_hf_config(cfg.model))
     validate(cfg)
+    _check_hf_geometry(cfg.model)
     if cfg.web_config:
         load_web_config(cfg.web_config)
     return cfg
@@ -357,8 +358,8 @@ def _with_hf_config(g: Geometry) -> Geometry:
     """Fill geometry left unset from the HF config.json (explicit keys win).
 
     Raises:
-        ConfigError (model.hf_config): unreadable, not a JSON object, or no KV geometry in it
-        or the explicit keys together (S_kv, MODEL.md §3.6: not a model's config.json).
+        ConfigError (model.hf_config): unreadable, not a JSON object, or sizes that are not whole
+        numbers (whether it gives S_kv at all is :func:`_check_hf_geometry`'s, after validate).
     """
     if not g.hf_config:
         return g
@@ -375,7 +376,7 @@ def _with_hf_config(g: Geometry) -> Geometry:
     try:
         derived = {
             "layers": hf.get("num_hidden_layers"),
-            "kv_heads": hf.get("num_key_value_heads", heads),
+            "kv_heads": hf.get("num_key_value_heads") or heads,
             "head_dim": hf.get("head_dim") or (hf["hidden_size"] // heads if heads and hf.get("hidden_size") else None),
             "kv_lora_rank": hf.get("kv_lora_rank"),
             "qk_rope_head_dim": hf.get("qk_rope_head_dim"),
@@ -386,12 +387,17 @@ def _with_hf_config(g: Geometry) -> Geometry:
                for k, v in derived.items()):
         raise ConfigError(f"{key}: num_hidden_layers, num_key_value_heads, head_dim, kv_lora_rank and "
                           "qk_rope_head_dim must be whole numbers > 0")
-    filled = replace(g, **{k: v for k, v in derived.items() if getattr(g, k) is None and v is not None})
-    if filled.kv_bytes_per_token() is None:
-        raise ConfigError(f"{key}: no KV geometry in it (num_hidden_layers with num_key_value_heads or "
-                          "num_attention_heads and head_dim or hidden_size; or kv_lora_rank and qk_rope_head_dim): "
-                          "is it the model's config.json?")
-    return filled
+    return replace(g, **{k: v for k, v in derived.items() if getattr(g, k) is None and v is not None})
+
+
+def _check_hf_geometry(g: Geometry) -> None:
+    """After :func:`validate` (S_kv divides by tp and pp): an HF config that, with the explicit
+    keys, gives no S_kv is no model's config.json. Raises ConfigError naming model.hf_config."""
+    if g.hf_config and g.kv_bytes_per_token() is None:
+        raise ConfigError(f"config key model.hf_config: {g.hf_config}: no KV geometry in it (num_hidden_layers with "
+                          "num_key_value_heads or num_attention_heads and head_dim or hidden_size; or kv_lora_rank "
+                          "and qk_rope_head_dim): is it the model's config.json? (else set model.layers, kv_heads, "
+                          "head_dim)")
 
 
 def bounded(lo: float, hi: float = math.inf, integer: bool = False, open_low: bool = False) -> Callable[[str], float]:

@@ -102,7 +102,9 @@ class Runner:
             return False
         snap = self._cap(snap)
         try:
-            with self._lock:  # analysis and health change together: a reader never sees one without the other
+            # one critical section with the health update: a reader sees a successful scrape's analysis
+            # with its last_success (a fit_step that raises leaves the snapshot ingested, counted failed)
+            with self._lock:
                 self.analyzer.ingest(snap)
                 self.analyzer.fit_step()
                 failed, self._failures = self._failures, 0
@@ -126,7 +128,8 @@ class Runner:
 
     def poll(self, source: LiveSource | PrometheusSource) -> bool:
         """One live scrape (or fleet query) stamped with :attr:`clock`; errors are counted by reason."""
-        stamp, start = self.clock(), time.monotonic()
+        start = time.monotonic()  # before the stamp: the duration covers all the scrape took after it
+        stamp = self.clock()
         try:
             _, text = source.fetch()
         except ScrapeError as exc:

@@ -893,6 +893,9 @@ def test_api_predict_at_the_steps_per_request_asked_about(sim_runner):
     ("hit_ratio=0.5&model_name=other", "model 'other' not analysed: ['sim-model']"),
     ("hit_ratio=0.5&ils=8192", "unknown parameter 'ils' (known: hit_ratio, isl, osl, steps_per_request, model_name)"),
     ("hit_ratio=0.5&hit_ratio=0.7", "parameter 'hit_ratio' given 2 times"),
+    ("hit_ratio=0.5&isl=", "isl must be a finite number, got ''"),
+    ("hit_ratio=0.5&hit_ratio=", "parameter 'hit_ratio' given 2 times"),
+    ("hit_ratio=0.5&ils", "unknown parameter 'ils'"),
 ])
 def test_api_predict_out_of_range_is_400_with_one_line(sim_runner, query, says):
     status, doc = _api(sim_runner, query)

@@ -151,3 +151,9 @@ def test_hf_config_without_usable_geometry_names_the_key(tmp_path, doc, says):
     p.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match=f"config key model.hf_config: {p}: .*{says}"):
         load_config(None, environ={}, flags={"model": {"hf_config": str(p)}})
+
+
+
+def test_hf_config_with_a_bad_pp_names_pp_not_a_traceback(hf_config):
+    with pytest.raises(ConfigError, match="config key model.pp: must be >= 1"):
+        load_config(None, environ={}, flags={"model": {"hf_config": hf_config, "pp": 0}})
