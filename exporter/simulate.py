@@ -486,8 +486,9 @@ def preset(name: str, seed: int = 0, noise: float = 0.02) -> Scenario:
 
     ``sweep``: steps 0 → 0.95 then agentic 90 %+ (valley for the default prices);
     ``valley``: h held inside the chip-time valley after a sweep; ``no_valley``: a truth whose
-    light attention (k_attn 2e-9 s/token²) and decode-light chip time (a = 0.08, the lowest
-    k_dec ≥ 0 reaches with it is 0.076) have no valley at ρ = 0.1 (a < ρ); ``diurnal``: a day
+    light attention (k_attn 2e-9 s/token²) and decode-light chip time (a = 0.08 over its h range
+    [0, 0.95], the lowest k_dec ≥ 0 reaches with it is 0.076) have no valley at ρ = 0.1 (a < ρ),
+    after a sweep to 0.95; ``diurnal``: a day
     in 10 minutes with a restart and tail-chunk dips.
     """
     sweep = tuple(Segment("step", 60.0, h) for h in (0.0, 0.25, 0.5, 0.75, 0.9)) + (Segment("agentic", 120.0, 0.9, 0.99),)
@@ -496,8 +497,11 @@ def preset(name: str, seed: int = 0, noise: float = 0.02) -> Scenario:
     if name == "valley":
         return Scenario(schedule=sweep + (Segment("step", 600.0, 0.3),), seed=seed, noise=noise)
     if name == "no_valley":
-        return Scenario(truth=calibrate_truth(Truth(k_attn=2e-9), 0.08), schedule=sweep + (Segment("step", 600.0, 0.3),),
-                        seed=seed, noise=noise)
+        # agentic traffic to 0.95 only: the miss line steepens towards h = 1, and a < ρ must hold
+        # over the h range kvhit fits it on (Scenario.h_max)
+        sc = Scenario(schedule=sweep[:-1] + (Segment("agentic", 120.0, 0.9, 0.95), Segment("step", 600.0, 0.3)),
+                      seed=seed, noise=noise)
+        return replace(sc, truth=calibrate_truth(Truth(k_attn=2e-9), 0.08, sc.h_max))
     if name == "diurnal":
         return Scenario(schedule=(Segment("diurnal", 600.0, 0.2, 0.95, period=600.0),), seed=seed, noise=noise,
                         dips=((0.4, 0.4), (0.7, 0.3)), restarts=(300.0,))
