@@ -17,7 +17,7 @@ from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, hit_problem
 from exporter.parse import HISTOGRAMS, Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
-from fitters.caching import RECENT_MINUTES, CachingVerdict, HitRollup, speedup, verdict
+from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import quantile
@@ -547,11 +547,11 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         if q is not None:
             p95[key] = q
         else:
-            name = f"vllm:{HISTOGRAMS[family][0]}"
+            name = " or ".join(f"vllm:{n}" for n in HISTOGRAMS[family])
             unknown.setdefault(f"observed_p95_{key}",
                                f"no {name} histogram with buckets in the publish window" if h is None or not h.buckets
-                               else "no request finished in the publish window (no data, not 0)" if h.count <= 0
-                               else f"{name}: the P95 lies above the highest finite bucket edge")
+                               else "no observation in the publish window (no data, not 0)" if h.count <= 0
+                               else f"{name}: the P95 lies above every finite bucket edge")
     out["p95"] = p95
     ttft_slo, tpot_slo = cfg.slo.ttft_seconds, cfg.slo.tpot_seconds
     ttft = w.histograms.get("ttft")
@@ -592,8 +592,8 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     if v.state is None:
         unknown.setdefault("prefix_cache_verdict", v.reason)
     if v.jitter is None:
-        unknown.setdefault("hit_ratio_jitter", f"fewer than 3 of the last {RECENT_MINUTES} minutes had "
-                                               "prefix-cache queries with a known hit ratio")
+        unknown.setdefault("hit_ratio_jitter", f"fewer than {JITTER_MIN_MINUTES} of the last {RECENT_MINUTES} "
+                                               "minutes had prefix-cache queries with a known hit ratio")
     sp = {}
     for span, h in (("window", hit.get("all")), ("history", v.history_hit_ratio)):
         x = speedup(h, share.get(span))

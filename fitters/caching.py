@@ -38,6 +38,7 @@ THRASH_H = 0.85
 THRASH_JITTER = 0.05
 THRASH_KV_USAGE = 0.90
 RECENT_MINUTES = 15
+JITTER_MIN_MINUTES = 3  # minutes with queries before the per-minute h has a jitter
 HISTORY_SECONDS = 24 * 3600.0
 
 
@@ -132,7 +133,7 @@ class HitRollup:
         p, d = math.fsum(m.prefill_sum for m in ms) / pc, math.fsum(m.decode_sum for m in ms) / dc
         return prefill_share(p, d) if p + d > 0 else None
 
-    def jitter(self, minutes: int = RECENT_MINUTES, min_minutes: int = 3) -> float | None:
+    def jitter(self, minutes: int = RECENT_MINUTES, min_minutes: int = JITTER_MIN_MINUTES) -> float | None:
         """Population σ of the per-minute h over the last ``minutes`` [1]; None with fewer than
         ``min_minutes`` minutes that had queries."""
         hs = [m.hits / m.queries for m in self._recent(minutes) if m.queries > 0]

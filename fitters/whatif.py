@@ -158,7 +158,7 @@ class FittedModel:
         return unidentified_terms(self.collinear, self.coefficients,
                                   chip_time_regressors(isl, osl, hit_ratio, self.steps_per_request),
                                   f"at h={hit_ratio:g}, ISL={isl:g}, OSL={osl:g} a request of "
-                                  f"{self.steps_per_request:.3g} engine steps (the fit's window)")
+                                  f"{self.steps_per_request:.3g} engine steps")
 
     def unidentified_prefill(self, hit_ratio: float, isl: float) -> str | None:
         """Why the prefill of a request at (h, ISL) — one engine step and its compute, no decode:

@@ -192,8 +192,8 @@ def test_an_absent_p95_and_jitter_say_why():
     # gives no per-minute hit ratios yet, so the jitter is absent with its reason too
     m = _analysis().models["m"]
     assert set(m.p95) == {"ttft", "tpot_request"}
-    assert m.unknown["observed_p95_itl"] == ("no vllm:inter_token_latency_seconds histogram with buckets in the "
-                                             "publish window")
+    assert m.unknown["observed_p95_itl"] == ("no vllm:inter_token_latency_seconds or vllm:time_per_output_token_seconds "
+                                             "histogram with buckets in the publish window")
     assert "observed_p95_ttft" not in m.unknown and "observed_p95_tpot_request" not in m.unknown
     assert m.caching.jitter is None
     assert m.unknown["hit_ratio_jitter"].startswith("fewer than 3 of the last 15 minutes")
@@ -202,4 +202,19 @@ def test_an_absent_p95_and_jitter_say_why():
     a.ingest(parse_exposition(scrape(1), 1000.0))
     a.ingest(parse_exposition(scrape(1), 1010.0))
     assert a.analysis().models["m"].unknown["observed_p95_ttft"] == \
-        "no request finished in the publish window (no data, not 0)"
+        "no observation in the publish window (no data, not 0)"
+
+
+def test_a_p95_above_every_finite_bucket_edge_says_so():
+    # TTFT with only the +Inf bucket: 10 observations, no finite edge to interpolate to
+    def only_inf(k: int) -> str:
+        text = scrape(k)
+        ttft = _hist("time_to_first_token_seconds", [("0.5", 6 * k), ("1.0", 9 * k), ("2.0", 10 * k), ("+Inf", 10 * k)],
+                     10 * k, 6.0 * k)
+        return text.replace(ttft, _hist("time_to_first_token_seconds", [("+Inf", 10 * k)], 10 * k, 6.0 * k))
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    a.ingest(parse_exposition(only_inf(0), 1000.0))
+    a.ingest(parse_exposition(only_inf(1), 1010.0))
+    m = a.analysis().models["m"]
+    assert "ttft" not in m.p95
+    assert m.unknown["observed_p95_ttft"] == "vllm:time_to_first_token_seconds: the P95 lies above every finite bucket edge"

@@ -181,8 +181,9 @@ class Record:
 class RecordingProxy:
     """HTTP /metrics proxy in front of vLLM: kvhit scrapes through it; every successful upstream
     answer is recorded with the time its handler started, so the test sees exactly the bodies
-    kvhit ingested. On a starved machine that time can lag kvhit's request by up to kvhit's scrape
-    timeout. An unreachable upstream answers 502 (kvhit counts it as ``http_502``)."""
+    kvhit ingested. On a starved machine that time can lag kvhit's request (its stamp) by as long
+    as kvhit's scrape took, kvhit_scrape_duration_seconds. An unreachable upstream answers 502
+    (kvhit counts it as ``http_502``)."""
 
     def __init__(self, upstream: str, upstream_timeout: float = 2.5) -> None:
         self.upstream, self.upstream_timeout = upstream, upstream_timeout
@@ -393,11 +394,12 @@ def drive_load(completions_url: str, model: str, seconds: float, concurrency: in
                                                       "min_tokens": osl, "ignore_eos": True, "temperature": 0.0},
                                timeout=60)
                 except requests.RequestException:
-                    time.sleep(0.5)
-                    continue
-                if r.status_code == 200:
+                    r = None
+                if r is not None and r.status_code == 200:
                     with lock:
                         done[0] += 1
+                else:
+                    time.sleep(0.5)  # a server not answering yet is not to be hammered for 120 s
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
     for t in threads:
