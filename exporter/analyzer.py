@@ -23,7 +23,8 @@ from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import quantile
 from fitters.latency import LatencyFitter
 from fitters.missslope import MissSlopeFitter
-from fitters.model import ChipTimeCoefficients, chip_time_regressors, tpm_delivered, tpm_physical
+from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, ChipTimeCoefficients, chip_time_regressors, tpm_delivered,
+                           tpm_physical)
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
@@ -316,7 +317,8 @@ class Analyzer:
                                                      "model.hf_config) not configured")
         mf, bandwidth = self._window_fits(model)  # the fit step's: the same window ISL and B_load
         chip, coef, slope = mf.chip_time, mf.coefficients, mf.miss_slope
-        fits = {"chip_time": chip, "miss_slope": slope, "overlap": mf.overlap, "load_aware": mf.load_aware}
+        fits = {"chip_time": chip, "miss_slope": slope, "overlap": _overlap_identified(mf.overlap, chip),
+                "load_aware": mf.load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits)
 
         warnings = window_notes(w, ctx, hit, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
@@ -494,6 +496,24 @@ def _bandwidth(w: Delta, configured: float | None) -> tuple[float, str] | None:
         return b / s, "measured"
     return (configured, "configured") if configured else None
 
+
+
+# The terms of a prefill step's time P = T_step + T_compute, which α is fitted against (MODEL.md §3.2, §7).
+PREFILL_TERMS = ("t_step", "k_ffn", "k_attn")
+
+
+def _overlap_identified(overlap: FitResult, chip: FitResult) -> FitResult:
+    """α as fitted, or not identifiable while the chip-time fit has dropped a prefill term (its
+    extra "collinear"): the loaded steps' T_compute, which α's overlap term min(T_load, T_compute)
+    reads from the chip-time coefficients, is then not identified at their h (MODEL.md §6), and α
+    takes up the error (on the simulator's sweep: α 0.08 and 0.12 for a true 0.5 while attention
+    was not yet told apart from miss tokens)."""
+    dropped = [t for t in PREFILL_TERMS if t in ((chip.extra or {}).get("collinear") or {})]
+    if not overlap.ok or not dropped:
+        return overlap
+    words = ", ".join(CHIP_TIME_REGRESSOR_WORDS[t] for t in dropped)
+    return FitResult.failed(Status.NOT_IDENTIFIABLE, f"α is fitted against the loaded steps' prefill time, and the "
+                            f"chip-time fit cannot yet tell {words} apart from its other terms", overlap.samples)
 
 
 # --- seed 003 and sizing: cost, caching verdict, KV sizing, max-num-seqs, first-order Θ ----------
