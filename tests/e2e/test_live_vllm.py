@@ -252,11 +252,11 @@ def _increase(records: list[Record], i0: int, i1: int, name: str, t_kill: float)
     """Prometheus increase() of counter ``name`` from record i0 to i1, the vLLM kill at ``t_kill``
     its one reset. Inside one vLLM lifetime the differences add up to last − first even when
     handlers started together (after a pause) got their bodies from vLLM in another order."""
-    total, prev = 0.0, records[i0]
+    total, prev_t, prev = 0.0, records[i0].t, vllm_counter(records[i0].body, name, MODEL)
     for r in records[i0 + 1:i1 + 1]:
-        cur, before = vllm_counter(r.body, name, MODEL), vllm_counter(prev.body, name, MODEL)
-        total += cur if prev.t < t_kill <= r.t else cur - before
-        prev = r
+        cur = vllm_counter(r.body, name, MODEL)
+        total += cur if prev_t < t_kill <= r.t else cur - prev
+        prev_t, prev = r.t, cur
     return total
 
 
