@@ -24,7 +24,7 @@ prometheus_bearer_token_file              file whose token is sent as ``Authoriz
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes, 0.1 to 86400 (5)
 timeout                                   scrape timeout, seconds (3)
-window_seconds                            publish window, seconds, at most 3600 (60)
+window_seconds                            publish window, seconds, at most 3600 and 720 × interval (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
                                           must exceed interval
@@ -90,6 +90,7 @@ from fitters.model import kv_bytes_per_token, kv_bytes_per_token_mla
 
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 86400.0  # seconds between scrapes
 MAX_WINDOW = 3600.0  # seconds of the publish window
+MAX_WINDOW_STEPS = 720  # scrapes the publish window holds (an hour at the default interval)
 T = TypeVar("T")
 
 
@@ -457,6 +458,10 @@ def validate(cfg: Config) -> None:
         ("timeout", cfg.timeout, lambda v: v > 0, "must be > 0 seconds"),
         # the window holds every scrape inside it: an hour is what a sidecar's memory should carry
         ("window_seconds", cfg.window_seconds, lambda v: 0 < v <= MAX_WINDOW, f"must be in (0, {MAX_WINDOW:g}] seconds"),
+        # every cycle sums the steps inside the window: 0.1-s scrapes over an hour would be 36000
+        ("window_seconds", cfg.window_seconds, lambda v: v / cfg.interval <= MAX_WINDOW_STEPS,
+         f"holds at most {MAX_WINDOW_STEPS} scrapes: at interval {cfg.interval:g} s at most "
+         f"{MAX_WINDOW_STEPS * cfg.interval:g} seconds (or scrape less often)"),
         ("gap_seconds", cfg.gap_seconds, lambda v: v > cfg.interval,
          f"must be > interval ({cfg.interval:g} s), or every step would be a gap"),
         ("prometheus_delay", cfg.prometheus_delay, lambda v: v >= 0, "must be >= 0 seconds"),

@@ -56,6 +56,10 @@ CASES = {
     "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: must be a finite number, got nan"),
     "window infinite": ("window_seconds: .inf\n", "config key window_seconds: must be a finite number, got inf"),
     "window over an hour": ("window_seconds: 1e12\n", "config key window_seconds: must be in (0, 3600] seconds"),
+    # 900 s of 1-s scrapes are 900 steps summed every cycle: 720 at most
+    "window over 720 scrapes": ("interval: 1\nwindow_seconds: 900\n",
+                                "config key window_seconds: holds at most 720 scrapes: at interval 1 s at most 720 "
+                                "seconds"),
     "max_series zero": ("max_series: 0\n", "config key max_series: must be >= 1"),
     "gap not above the interval": ("interval: 10\ngap_seconds: 10\n", "config key gap_seconds: must be > interval"),
     "geometry without kv_heads": ("model:\n  layers: 32\n  head_dim: 128\n", "config key model.kv_heads: required"),
