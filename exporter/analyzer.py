@@ -23,7 +23,7 @@ from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import quantile
 from fitters.latency import LatencyFitter
 from fitters.missslope import MissSlopeFitter
-from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, ChipTimeCoefficients, chip_time_regressors, tpm_delivered,
+from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors, tpm_delivered,
                            tpm_physical)
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
@@ -57,7 +57,7 @@ class ModelAnalysis:
         valley_form: which bathtub drives ``kvhit_valley_active`` (None when neither is ok).
         load_bandwidth: (value [bytes/s], "measured" | "configured") or None.
         kv_bytes_per_token: S_kv per GPU [bytes] or None.
-        contention: c(running) at the current concurrency [1] or None.
+        contention: c(running) at the window's time-averaged concurrency [1] or None.
         anomalies: busy steps flagged as tail-chunk anomalies in the current ISL bucket.
         anomaly_times: end times [unix s] of those steps (the report marks them).
         warnings: warning → reason, a caveat on published values (observe.window_notes).
@@ -290,7 +290,11 @@ class Analyzer:
         slope = st.slope.result(isl) if isl is not None and isl >= 1 else st.slope.result()
         if coef is not None:
             bandwidth = load_bandwidth if load_bandwidth is not None else self.config.load_bandwidth_bytes_per_second
-            load_aware, overlap = st.latency.result(coef, self.config.model.kv_bytes_per_token(), bandwidth)
+            # the latency layer is fitted under these coefficients: its errors include theirs
+            prefill_cov = None if chip.covariance is None else tuple(
+                tuple(chip.covariance[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
+            load_aware, overlap = st.latency.result(coef, self.config.model.kv_bytes_per_token(), bandwidth,
+                                                    prefill_cov)
         else:
             load_aware = overlap = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
         return ModelFits(chip, coef, slope, load_aware, overlap)
@@ -500,6 +504,7 @@ def _bandwidth(w: Delta, configured: float | None) -> tuple[float, str] | None:
 
 # The terms of a prefill step's time P = T_step + T_compute, which α is fitted against (MODEL.md §3.2, §7).
 PREFILL_TERMS = ("t_step", "k_ffn", "k_attn")
+_PREFILL_INDEX = tuple(CHIP_TIME_TERMS.index(t) for t in PREFILL_TERMS)  # in the chip-time fit's covariance
 
 
 def _overlap_identified(overlap: FitResult, chip: FitResult) -> FitResult:

@@ -28,7 +28,10 @@ and is fitted by soft-L1 least squares (bounds c0, c1 ≥ 0, 0 ≤ α ≤ 1; the
 ``scipy.optimize.least_squares`` finds, found by :func:`fitters.online.bounded_lsq`), each step
 weighted by its number of finished requests (the variance of a window mean falls like 1/n). The chip-time coefficients are inputs, not fitted here: they come from the chip-time
 fit (fitters/chiptime.py) and change as it converges, so :class:`LatencyFitter` keeps the raw
-samples and refits from them with whichever coefficients it is given.
+samples and refits from them with whichever coefficients it is given. Their errors are not
+this fit's to ignore: given their covariance, the standard errors of (c0, c1, α) add what it
+moves them by (:func:`_first_stage`; on the simulator's sweep, α's first published value was
+0.35 ± 0.035 for a true 0.5 without it, 0.35 ± 0.12 with it).
 
 Two published TTFTs come out of this module (MODEL.md §7):
 - ``kind="service"``: :func:`service_ttft`, the seed's unloaded TTFT from chip time (c ≡ 1).
@@ -369,6 +372,7 @@ def fit_latency(
     kv_bytes_per_token: float | None,
     load_bandwidth: float | None,
     min_samples: int = 8,
+    coef_covariance: np.ndarray | None = None,
 ) -> tuple[FitResult, FitResult]:
     """Fit the load-aware prefill latency layer and the overlap α (MODEL.md §3.2, §6, §7).
 
@@ -381,6 +385,9 @@ def fit_latency(
         kv_bytes_per_token: per-GPU S_kv [bytes], None = unknown.
         load_bandwidth: B_load [bytes/s] (measured if exported, else configured), None = unknown.
         min_samples: fewest steps for either fit.
+        coef_covariance: covariance of ``coef``'s (t_step, k_ffn, k_attn), shape (3, 3), from the
+            chip-time fit; None: taken as exact. Given, every stderr and covariance below adds
+            the part of it that moves (c0, c1, α) (:func:`_first_stage`).
 
     Returns:
         ``(load_aware, overlap)``.
@@ -408,7 +415,8 @@ def fit_latency(
     """
     matrix = np.array([(s.t, s.y, s.isl, s.h, s.h_load, s.running, s.weight) for s in samples], dtype=float)
     out = _fit_matrix(matrix.reshape(-1, len(_COLUMNS)), coef, kv_bytes_per_token, load_bandwidth, min_samples,
-                      lambda design, z, w, lower, upper, names, rows: _solve(design, z, w, lower, upper))
+                      lambda design, z, w, lower, upper, names, rows: _solve(design, z, w, lower, upper),
+                      coef_covariance=coef_covariance)
     assert out is not None  # _solve always answers
     return out[0]
 
@@ -431,13 +439,14 @@ class _Fitted:
 
 
 def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: float | None, min_samples: int,
-                solver: Solver, frozen: list[str] | None = None
+                solver: Solver, frozen: list[str] | None = None, coef_covariance: np.ndarray | None = None
                 ) -> tuple[tuple[FitResult, FitResult], _Fitted | None] | None:
     """:func:`fit_latency` on a matrix of samples, shape (n, 7) in _COLUMNS order, with the linear
     problem solved by ``solver(design, z, w, lower, upper, names, rows)`` (rows: bool mask of the
     fit set over x); None when the solver returns None. The _Fitted is None when the fit failed
     before solving. ``frozen``: the parameter names of the last refit, whose collinearity
-    verdicts (α, c0) stand instead of being checked again (the exact step between refits)."""
+    verdicts (α, c0) stand instead of being checked again (the exact step between refits).
+    ``coef_covariance``: as in :func:`fit_latency`."""
     _check_inputs(coef, kv, bw)
     loaded_rows = x[:, 4] > 0
     n_loaded = int(loaded_rows.sum())
@@ -496,15 +505,19 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
     if sol is None:
         return None
     idx = {n: i for i, n in enumerate(names)}
+    cov = sol.covariance
+    if coef_covariance is not None:
+        g = _first_stage(x[rows], arrays, design, names, sol)
+        cov = cov + g @ np.asarray(coef_covariance, dtype=float) @ g.T
 
     y_hat = sol.predicted + arrays["t_load"]
-    params = {"c0": Estimate(float(sol.values[idx["c0"]]), _stderr(sol.covariance, idx["c0"]))}
+    params = {"c0": Estimate(float(sol.values[idx["c0"]]), _stderr(cov, idx["c0"]))}
     cov2 = np.zeros((2, 2))
-    cov2[0, 0] = sol.covariance[idx["c0"], idx["c0"]]
+    cov2[0, 0] = cov[idx["c0"], idx["c0"]]
     if running_varies:
-        params["c1"] = Estimate(float(sol.values[idx["c1"]]), _stderr(sol.covariance, idx["c1"]))
-        cov2[0, 1] = cov2[1, 0] = sol.covariance[idx["c0"], idx["c1"]]
-        cov2[1, 1] = sol.covariance[idx["c1"], idx["c1"]]
+        params["c1"] = Estimate(float(sol.values[idx["c1"]]), _stderr(cov, idx["c1"]))
+        cov2[0, 1] = cov2[1, 0] = cov[idx["c0"], idx["c1"]]
+        cov2[1, 1] = cov[idx["c1"], idx["c1"]]
     else:
         params["c1"] = Estimate(
             0.0,
@@ -532,7 +545,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
         return (load_aware, overlap_failed("")), fitted
     ia = idx["alpha"]
     mask = arrays["h_load"] > 0
-    alpha_est = Estimate(float(sol.values[ia]), _stderr(sol.covariance, ia))
+    alpha_est = Estimate(float(sol.values[ia]), _stderr(cov, ia))
     status, reason = alpha_weak or (Status.OK, "")
     overlap = FitResult(
         status=status,
@@ -540,7 +553,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
         params={"alpha": alpha_est},
         samples=n_loaded,
         r2=_weighted_r2(arrays["y"][mask], y_hat[mask], arrays["w"][mask]),
-        covariance=((float(sol.covariance[ia, ia]),),),
+        covariance=((float(cov[ia, ia]),),),
         extra={"samples_total": float(n_fit)},
     )
     return (load_aware, overlap), fitted
@@ -563,6 +576,37 @@ def _arrays(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: flo
         "m": np.minimum(t_load, t_compute),
         "z": y - t_load,
     }
+
+
+def _first_stage(x: np.ndarray, arrays: dict[str, np.ndarray], design: np.ndarray, names: list[str],
+                 sol: "_Solution") -> np.ndarray:
+    """G = ∂θ/∂(t_step, k_ffn, k_attn), shape (p, 3): how the fitted θ = (c0[, c1][, α]) move
+    with the chip-time coefficients they are fitted under, so that G·Σ·Gᵀ is the part of the
+    chip-time fit's covariance Σ they inherit (the delta method for a two-step estimate, the two
+    fits' noise taken as independent). The solution is stationary, Dᵀ·W·(z − D·θ) = 0 with the
+    IRLS weights W held; differentiating it in c_j gives (DᵀWD)·∂θ = ∂Dᵀ·W·e − DᵀW·∂D·θ
+    (e = z − D·θ) over the parameters off their bounds (those at a bound stay there: 0).
+    x: the fitted rows (n, 7); design: D (n, p), columns ``names`` as :func:`_design` builds them."""
+    isl, h = x[:, 2], x[:, 3]
+    u = np.column_stack([np.ones(len(x)), (1.0 - h) * isl, attention_work(isl, h)])  # ∂P/∂(t_step, k_ffn, k_attn)
+    on_compute = arrays["m"] < arrays["t_load"]  # min() is T_compute = (0, k_ffn, k_attn)·u there
+    w = arrays["w"] * sol.weights
+    e = arrays["z"] - design @ sol.values
+    free = ~sol.active
+    g = np.zeros((len(names), 3))
+    if not free.any():
+        return g
+    df = design[:, free]
+    gram = df.T @ (df * w[:, None])
+    for j in range(3):
+        dm = u[:, j] * on_compute if j else np.zeros(len(x))  # T_compute has no t_step
+        dd = np.column_stack([{"c0": u[:, j], "c1": u[:, j] * arrays["r"], "alpha": -dm}[n] for n in names])
+        rhs = dd[:, free].T @ (w * e) - df.T @ (w * (dd @ sol.values))
+        try:
+            g[free, j] = np.linalg.solve(gram, rhs)
+        except np.linalg.LinAlgError:
+            g[free, j] = np.nan  # the fit's own covariance is inf there already
+    return g
 
 
 def _design(arrays: dict[str, np.ndarray], with_alpha: bool, with_c1: bool = True) -> tuple[np.ndarray, list[str]]:
@@ -674,7 +718,8 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
     collinearity verdicts. It refits instead when a free parameter leaves its bounds, the fit's
     structure changes (which parameters are fitted, which steps enter) or a loaded step's
     min(T_load, T_compute) changes branch under the new coefficients. The result is cached while the samples,
-    ``coef``, ``kv_bytes_per_token`` and ``load_bandwidth`` are unchanged (compared by value).
+    ``coef``, ``kv_bytes_per_token``, ``load_bandwidth`` and ``coef_covariance`` are unchanged
+    (compared by value).
     Raises ValueError for capacity < 1, min_samples < 1 or every < 1.
     """
 
@@ -705,18 +750,21 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         coef: ChipTimeCoefficients,
         kv_bytes_per_token: float | None,
         load_bandwidth: float | None,
+        coef_covariance: tuple[tuple[float, ...], ...] | None = None,
     ) -> tuple[FitResult, FitResult]:
-        """``(load_aware, overlap)`` on the stored samples (class docstring). Raises ValueError
-        as :func:`fit_latency`."""
-        return self.solve((coef, kv_bytes_per_token, load_bandwidth))
+        """``(load_aware, overlap)`` on the stored samples (class docstring); ``coef_covariance``
+        (3×3 over t_step, k_ffn, k_attn) as in :func:`fit_latency`. Raises ValueError as
+        :func:`fit_latency`."""
+        return self.solve(((coef, kv_bytes_per_token, load_bandwidth), coef_covariance))
 
-    def _refit(self, x: np.ndarray, key: Key,
+    def _refit(self, x: np.ndarray, key: tuple[Key, tuple | None],
                previous: _Frozen | None) -> tuple[tuple[FitResult, FitResult], _Frozen | None, np.ndarray]:
         def solver(design, z, w, lower, upper, names, rows):
             warm = previous is not None and previous.names == names
             return _solve(design, z, w, lower, upper, previous.theta if warm else None)
 
-        out, fitted = _fit_matrix(x, *key, self.min_samples, solver)
+        key, coef_covariance = key
+        out, fitted = _fit_matrix(x, *key, self.min_samples, solver, coef_covariance=coef_covariance)
         weights = np.ones(len(x))
         if fitted is None:
             return out, None, weights
@@ -726,7 +774,7 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         collinear = "alpha" not in fitted.names and bool(np.any(x[:, 4] > 0)) and _load_scale(key) > 0
         return out, _Frozen(key, fitted.names, sol.values, sol.f_scale, sol.active, w_mean, collinear), weights
 
-    def _weigh(self, x: np.ndarray, v: np.ndarray, key: Key, state: _Frozen) -> np.ndarray:
+    def _weigh(self, x: np.ndarray, v: np.ndarray, key: object, state: _Frozen) -> np.ndarray:
         resid = (v @ state.residual_map) * np.sqrt(x[:, 6] / state.w_mean)
         return soft_l1_weight(resid, state.f_scale)
 
@@ -761,7 +809,9 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
                 / arr_then["p"]
         return not float(np.max(moved)) <= COEF_TOL  # nan (P = 0) counts as moved
 
-    def _exact(self, x: np.ndarray, w: np.ndarray, key: Key, state: _Frozen) -> tuple[FitResult, FitResult] | None:
+    def _exact(self, x: np.ndarray, w: np.ndarray, key: tuple[Key, tuple | None],
+               state: _Frozen) -> tuple[FitResult, FitResult] | None:
+        key, coef_covariance = key
         coef, kv, bw = key
         _check_inputs(coef, kv, bw)
         if key != state.key and self._moved(x, key, state):
@@ -790,5 +840,5 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
             return _Solution(theta, _robust_covariance(a, b, theta, state.f_scale), design @ theta, state.f_scale,
                              state.active, wc[rows])
 
-        both = shared(lambda: _fit_matrix(xc, coef, kv, bw, self.min_samples, solver, names)[0])
+        both = shared(lambda: _fit_matrix(xc, coef, kv, bw, self.min_samples, solver, names, coef_covariance)[0])
         return LazyFitResult(lambda: both()[0]), LazyFitResult(lambda: both()[1])

@@ -334,3 +334,50 @@ def test_amortized_fit_follows_small_coefficient_moves_exactly_and_refits_on_lar
     la, _ = fitter.result(moved, S_KV, B_LOAD)
     assert fitter.refits == 2
     assert la.value("c0") == pytest.approx(fit_latency(_samples(obs), moved, S_KV, B_LOAD)[0].value("c0"), rel=1e-6)
+
+
+def test_chip_time_uncertainty_propagates_to_alpha_and_contention():
+    # (c0, c1, α) are fitted under the chip-time coefficients: their published errors must carry
+    # those coefficients' errors too (delta method, the two fits independent): var = var_fit +
+    # g·Σ·gᵀ with g = ∂θ/∂(t_step, k_ffn, k_attn). g is taken here by central differences of the
+    # whole robust fit (fit_latency refitted at shifted coefficients), not from the code's formula.
+    obs, _ = _make(600, 0.6)
+    samples = _samples(obs)
+    base_la, base_ov = fit_latency(samples, COEF, S_KV, B_LOAD)
+    names = ("t_step", "k_ffn", "k_attn")
+    g = np.zeros((3, 3))  # rows c0, c1, α; columns the coefficients
+    for j, name in enumerate(names):
+        step = 1e-3 * getattr(COEF, name)
+        ends = []
+        for sign in (1, -1):
+            shifted = ChipTimeCoefficients(**{**COEF.__dict__, name: getattr(COEF, name) + sign * step})
+            la, ov = fit_latency(samples, shifted, S_KV, B_LOAD)
+            ends.append([la.value("c0"), la.value("c1"), ov.value("alpha")])
+        g[:, j] = (np.array(ends[0]) - np.array(ends[1])) / (2 * step)
+    # each coefficient known to 10 % (about what the sweep's chip-time fit gives for k_attn early)
+    sigma = np.diag([(0.1 * getattr(COEF, n)) ** 2 for n in names])
+    la, ov = fit_latency(samples, COEF, S_KV, B_LOAD, coef_covariance=sigma)
+    assert ov.value("alpha") == base_ov.value("alpha")  # values do not move, errors do
+    added = g @ sigma @ g.T
+    for est, base, i in ((la.params["c0"], base_la.params["c0"], 0), (la.params["c1"], base_la.params["c1"], 1),
+                         (ov.params["alpha"], base_ov.params["alpha"], 2)):
+        assert est.stderr == pytest.approx(math.sqrt(base.stderr**2 + added[i, i]), rel=0.05)
+        assert est.stderr > 1.5 * base.stderr  # here the coefficients' share dominates
+    assert ov.covariance[0][0] == pytest.approx(ov.params["alpha"].stderr ** 2)
+    # the online fitter: the same at its refit, and its exact steps carry the propagation too
+    fitter = LatencyFitter(every=16)
+    for o in obs[:-1]:
+        fitter.update(o)
+    cov = tuple(map(tuple, sigma))
+    on_la, on_ov = fitter.result(COEF, S_KV, B_LOAD, cov)
+    pure = fit_latency(samples[:-1], COEF, S_KV, B_LOAD, coef_covariance=sigma)
+    assert on_ov.params["alpha"].stderr == pytest.approx(pure[1].params["alpha"].stderr, rel=1e-6)
+    fitter.update(obs[-1])
+    on_la, on_ov = fitter.result(COEF, S_KV, B_LOAD, cov)
+    assert fitter.refits == 1  # the exact step
+    assert on_ov.params["alpha"].stderr == pytest.approx(ov.params["alpha"].stderr, rel=0.02)
+    assert fitter.result(COEF, S_KV, B_LOAD, None)[1].params["alpha"].stderr < 0.5 * on_ov.params["alpha"].stderr
+    # an exact chip-time fit adds nothing
+    la0, ov0 = fit_latency(samples, COEF, S_KV, B_LOAD, coef_covariance=np.zeros((3, 3)))
+    assert ov0.params["alpha"].stderr == base_ov.params["alpha"].stderr
+    assert la0.covariance == base_la.covariance
