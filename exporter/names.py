@@ -119,7 +119,7 @@ LOAD_BANDWIDTH = _m("kvhit_load_bandwidth_bytes_per_second", "B_load used for T_
 KV_BYTES = _m("kvhit_kv_bytes_per_token", "S_kv, per-token per-GPU KV bytes from the configured geometry [bytes].",
               section="§3.6")
 CONTENTION = _m("kvhit_contention_factor", "c(running) = c0 + c1*running: prefill latency over unloaded prefill "
-                "chip time at the current num_requests_running [1].", section="§7")
+                "chip time at the publish window's time-averaged num_requests_running [1].", section="§7")
 
 # --- predictions ------------------------------------------------------------------------
 TARGET_HIT_RATIO = _m("kvhit_target_hit_ratio", "The configured what-if hit ratio used by the hit_ratio=\"target\" "
@@ -130,7 +130,8 @@ SLO = _m("kvhit_slo_seconds", "The configured latency SLO, slo=ttft (slo.ttft_se
 PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the current or target hit ratio: "
                     "kind=service is the unloaded chip-time TTFT of seed 000 (T_fixed+T_load+T_compute-T_overlap, "
                     "T_fixed = T_step, one engine step, not kvhit_fixed_time_seconds); "
-                    "load_aware adds queueing and contention at the current concurrency [s].",
+                    "load_aware adds the window's mean queue time and contention at its time-averaged "
+                    "concurrency [s].",
                     MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
 REVENUE = _m("kvhit_revenue_per_second", "R(h) at the current hit ratio, revenue per machine-second in configured "
              "price units (form=linear: seed 002 with the direct a; chip_time: from the §7 model) [price/s].",
@@ -199,7 +200,8 @@ CAPACITY_BOUND = _m("kvhit_capacity_bound_tokens_per_second", "First-order capac
                     "compute time (full overlap, no fixed cost: an upper bound); hit_ratio=current or target "
                     "[prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
 LOAD_COMPUTE = _m("kvhit_load_compute_ratio", "delta = ISL x S_kv / (B_load x T0): loading every prompt token's "
-                  "KV vs computing them at h=0 [1].", section="§3.3")
+                  "KV vs computing them at h=0, a ratio of two times: above 1 when loading is the slower [1].",
+                  section="§3.3")
 
 ALL: tuple[Metric, ...] = tuple(_ALL)
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}

@@ -147,7 +147,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
         prefill_time_mean=_mean(delta, "prefill_time"),
         queue_time_mean=_mean(delta, "queue_time"),
         ttft_mean=_mean(delta, "ttft"),
-        running=None if r0 is None or r1 is None else (r0 + r1) / 2.0,
+        running=None if delta.running_seconds is None or delta.dt <= 0 else delta.running_seconds / delta.dt,
         waiting=delta.end.get("waiting"),
         anomaly_hint=hint,
     )

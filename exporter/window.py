@@ -121,6 +121,9 @@ class Delta:
         foreign: number of steps inside the interval whose two scrapes came from different
             processes (no increases: :func:`step_delta`).
         steps: number of scrape-to-scrape steps summed.
+        running_seconds: ∫ num_requests_running dt over the interval [request·s], the trapezoid
+            of each step's two scrapes summed (its mean is the interval's time-averaged
+            concurrency, not the two ends'); None when a scrape inside lacks the gauge.
     """
 
     t0: float
@@ -132,6 +135,7 @@ class Delta:
     resets: int = 0
     foreign: int = 0
     steps: int = 1
+    running_seconds: float | None = None
 
     @property
     def dt(self) -> float:
@@ -166,20 +170,22 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
     only signals every engine has at both ends; when the engine set changed the step has no
     increases at all. Signals built by hand (no ``engines``) are one engine.
     """
+    r0, r1 = prev.gauges.get("running"), cur.gauges.get("running")
+    running = None if r0 is None or r1 is None else (r0 + r1) / 2.0 * (t1 - t0)
     if prev.engines and cur.engines:
         if set(prev.engines) != set(cur.engines):
-            return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0)
+            return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0, running_seconds=running)
         parts = [_engine_increase(prev.engines[e], cur.engines[e], t0) for e in sorted(cur.engines)]
     else:
         parts = [_engine_increase(prev, cur, t0)]
     if any(r is None for _, _, r in parts):  # two processes' counters: no increase between them
-        return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=1)
+        return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=1, running_seconds=running)
     counters = {n: math.fsum(c[n] for c, _, _ in parts)
                 for n in set(parts[0][0]).intersection(*(c for c, _, _ in parts[1:]))}
     hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
              for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
     restarted = any(r for _, _, r in parts)
-    return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int(restarted))
+    return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int(restarted), running_seconds=running)
 
 
 def _engine_increase(prev: ModelSignals, cur: ModelSignals, t0: float
@@ -244,8 +250,10 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     hnames = [n for n in (first.histograms if histograms is None else histograms)
               if all(n in d.histograms for d in deltas)]
     hists = {n: _sum_hist_deltas([d.histograms[n] for d in deltas]) for n in hnames}
+    running = [d.running_seconds for d in deltas]
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
-                 resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas))
+                 resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
+                 running_seconds=None if None in running else math.fsum(running))
 
 
 @dataclass

@@ -33,7 +33,8 @@ class Observation:
         prefill_time_mean: mean ``request_prefill_time_seconds`` of requests finished in the step [s].
         queue_time_mean: mean ``request_queue_time_seconds`` of those requests [s].
         ttft_mean: mean ``time_to_first_token_seconds`` observed in the step [s].
-        running: mean ``num_requests_running`` of the two scrapes [1].
+        running: time-averaged ``num_requests_running`` over the interval (the trapezoid of its
+            scrapes; of a step: the mean of its two scrapes) [1].
         waiting: ``num_requests_waiting`` at the later scrape [1].
         anomaly_hint: set by exporter when the step is suspect (counter reset, preemptions on
             engines whose hits they inflate); fitters skip such steps.

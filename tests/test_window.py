@@ -156,6 +156,24 @@ def test_add_deltas_sums():
     assert s.start == {"running": 1.0} and s.end == {"running": 7.0}
 
 
+
+def test_window_running_is_the_time_average_not_the_two_ends():
+    # num_requests_running 1, 4, 4, 0 at t = 0, 10, 20, 40: the trapezoid of each step is
+    # (1+4)/2·10 = 25, (4+4)/2·10 = 40, (4+0)/2·20 = 40 request·s; 105 over 40 s is 2.625 running
+    # on average, where the window's two ends alone give (1 + 0)/2 = 0.5.
+    w = Windows(window_seconds=60.0)
+    for t, r in ((0, 1.0), (10, 4.0), (20, 4.0), (40, 0.0)):
+        w.push(snap(t, m=sig({"queries": 10.0 * t}, gauges={"running": r})))
+    total = w.window("m")
+    assert total.running_seconds == pytest.approx(105.0)
+    assert observe(total, Context()).running == pytest.approx(2.625)
+    # one step: the mean of its two scrapes, (4 + 0)/2 = 2
+    assert observe(w._models["m"].steps[-1], Context()).running == pytest.approx(2.0)
+    # a scrape without the gauge makes the window's mean unknown, not the mean of the rest
+    w.push(snap(50, m=sig({"queries": 500.0})))
+    assert w.window("m").running_seconds is None and observe(w.window("m"), Context()).running is None
+
+
 # --- Windows ------------------------------------------------------------------------------
 
 
@@ -289,6 +307,7 @@ def _busy_delta(**over):
             "ttft": HistogramDelta(3.0, 4.0),
         },
         start={"running": 3.0, "waiting": 0.0}, end={"running": 5.0, "waiting": 1.0},
+        running_seconds=(3.0 + 5.0) / 2 * 2.0,  # as step_delta forms it: the trapezoid over the 2 s
     )
     kw.update(over)
     return Delta(**kw)
