@@ -293,11 +293,15 @@ class Analyzer:
             # the latency layer is fitted under these coefficients: its errors include theirs
             prefill_cov = None if chip.covariance is None else tuple(
                 tuple(chip.covariance[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
-            load_aware, overlap = st.latency.result(coef, self.config.model.kv_bytes_per_token(), bandwidth,
-                                                    prefill_cov)
+            load_aware, overlap = st.latency.result(coef, self._kv_bytes_per_token(), bandwidth, prefill_cov)
         else:
             load_aware = overlap = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
         return ModelFits(chip, coef, slope, load_aware, overlap)
+
+    def _kv_bytes_per_token(self) -> float | None:
+        """S_kv [bytes/token] of the configured geometry stored as the latest snapshot's engine stores
+        KV (cache_config_info cache_dtype, :meth:`~exporter.config.Geometry.element_bytes`)."""
+        return self.config.model.kv_bytes_per_token(None if self._last is None else self._last.cache_config.get("cache_dtype"))
 
     # --- assembly ------------------------------------------------------------------------
 
@@ -315,7 +319,7 @@ class Analyzer:
         isl_w, osl_w = mean_length(w, ISL_HISTOGRAM), mean_length(w, OSL_HISTOGRAM)
         engines = _engine_count(snap, model)
         tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines)
-        kv = cfg.model.kv_bytes_per_token()
+        kv = self._kv_bytes_per_token()
         if kv is None:
             unknown.setdefault("kv_bytes_per_token", "model geometry (model.layers, kv_heads, head_dim or "
                                                      "model.hf_config) not configured")
@@ -326,6 +330,8 @@ class Analyzer:
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits)
 
         warnings = window_notes(w, ctx, hit, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
+        if note := cfg.model.dtype_note(snap.cache_config.get("cache_dtype")):
+            warnings["kv_cache_dtype"] = note
         if engines > 1:
             warnings["data_parallel"] = (
                 f"{engines} data-parallel engines in one exposition: the chip-time fit sees their summed work per "

@@ -33,7 +33,7 @@ max_series                                (model_name, engine) series analysed a
 web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint
 model.hf_config                           path to the model's HF config.json (geometry from it)
 model.layers / kv_heads / head_dim        KV geometry (MODEL.md §3.6)
-model.dtype_bytes                         bytes per KV element (2)
+model.dtype_bytes                         bytes per KV element (unset: the engine's cache_dtype, 2 for auto)
 model.kv_lora_rank / qk_rope_head_dim     MLA latent geometry (DeepSeek-V2/V3)
 model.tp / model.pp                       tensor / pipeline parallel degree (1 / 1)
 load_bandwidth_bytes_per_second           host→HBM bandwidth per GPU B_load (unset: unknown)
@@ -98,33 +98,65 @@ class ConfigError(ValueError):
     """Invalid configuration; the message is one line naming the key."""
 
 
+# Bytes per KV element by vLLM's --kv-cache-dtype, as cache_config_info's cache_dtype shows it. "auto"
+# stores the model's dtype: 2 bytes as vLLM serves models on GPUs (fp16 or bf16; --dtype auto serves
+# an fp32 checkpoint in fp16).
+KV_CACHE_DTYPE_BYTES = {"auto": 2.0, "bfloat16": 2.0, "float16": 2.0,
+                        "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_inc": 1.0}
+
+
 @dataclass(frozen=True)
 class Geometry:
-    """Model KV geometry (MODEL.md §3.6); None = not configured."""
+    """Model KV geometry (MODEL.md §3.6); None = not configured (``dtype_bytes``: the engine's)."""
 
     hf_config: str | None = None
     layers: int | None = None
     kv_heads: int | None = None
     head_dim: int | None = None
-    dtype_bytes: float = 2.0
+    dtype_bytes: float | None = None
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     tp: int = 1
     pp: int = 1
 
-    def kv_bytes_per_token(self) -> float | None:
-        """S_kv per GPU [bytes/token] or None when the geometry is incomplete (MODEL.md §3.6).
+    def element_bytes(self, cache_dtype: str | None = None) -> float:
+        """Bytes per KV element [bytes]: those of a known, explicit (not "auto") ``cache_dtype``
+        (vLLM's cache_config_info: what the engine stores wins over the configuration); else
+        ``dtype_bytes`` when configured; else 2 (:data:`KV_CACHE_DTYPE_BYTES`)."""
+        engine = None if cache_dtype == "auto" else KV_CACHE_DTYPE_BYTES.get(cache_dtype)
+        if engine is not None:
+            return engine
+        return self.dtype_bytes if self.dtype_bytes is not None else KV_CACHE_DTYPE_BYTES["auto"]
+
+    def kv_bytes_per_token(self, cache_dtype: str | None = None) -> float | None:
+        """S_kv per GPU [bytes/token] or None when the geometry is incomplete (MODEL.md §3.6), with
+        :meth:`element_bytes` of ``cache_dtype``.
 
         With pipeline parallelism each GPU holds layers/pp of the layers.
         """
         if self.layers is None:
             return None
-        layers = self.layers / self.pp
+        layers, b = self.layers / self.pp, self.element_bytes(cache_dtype)
         if self.kv_lora_rank is not None and self.qk_rope_head_dim is not None:
-            return kv_bytes_per_token_mla(layers, self.kv_lora_rank, self.qk_rope_head_dim, self.dtype_bytes)
+            return kv_bytes_per_token_mla(layers, self.kv_lora_rank, self.qk_rope_head_dim, b)
         if self.kv_heads is None or self.head_dim is None:
             return None
-        return kv_bytes_per_token(layers, self.kv_heads, self.head_dim, self.dtype_bytes, self.tp)
+        return kv_bytes_per_token(layers, self.kv_heads, self.head_dim, b, self.tp)
+
+    def dtype_note(self, cache_dtype: str | None) -> str | None:
+        """Why S_kv's element size needs a look (``kvhit_warning_info{warning="kv_cache_dtype"}``), or
+        None: the engine's cache_dtype is one kvhit does not know and dtype_bytes is not configured,
+        or it disagrees with the configured dtype_bytes (the engine's is used)."""
+        if cache_dtype is None or self.kv_bytes_per_token() is None:
+            return None
+        engine = KV_CACHE_DTYPE_BYTES.get(cache_dtype)
+        if engine is None:
+            return None if self.dtype_bytes is not None else (f"vLLM stores KV as cache_dtype={cache_dtype} (cache_config_info), a format kvhit has no element "
+                    f"size for: S_kv is taken at {self.element_bytes():g} bytes per element; set model.dtype_bytes")
+        if cache_dtype != "auto" and self.dtype_bytes is not None and self.dtype_bytes != engine:
+            return (f"model.dtype_bytes is {self.dtype_bytes:g} but vLLM stores KV as {cache_dtype} ({engine:g} "
+                    "bytes per element, cache_config_info): S_kv uses the engine's")
+        return None
 
     @property
     def gpus(self) -> int:

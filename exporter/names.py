@@ -65,7 +65,8 @@ WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values publish
                   "1): warning=counter_reset (engine restarted inside it), hit_unit_blocks (vLLM 0.7-0.8 block-level "
                   "hit ratio), preemptions (hits inflated before vLLM 0.11.1), short_prompts (h = 0 because prompts "
                   "are not longer than one KV block), data_parallel (several engines in one exposition fitted as one "
-                  "machine); reason explains.", MODEL + ("warning", "reason"))
+                  "machine), kv_cache_dtype (vLLM's KV cache dtype unknown to kvhit or not the configured "
+                  "model.dtype_bytes); reason explains.", MODEL + ("warning", "reason"))
 
 # --- observed over the publish window (MODEL.md §1, §2) ----------------------------------
 WINDOW = _m("kvhit_window_seconds", "Length of the publish window the observed values cover [s] "

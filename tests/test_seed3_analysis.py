@@ -218,3 +218,38 @@ def test_a_p95_above_every_finite_bucket_edge_says_so():
     m = a.analysis().models["m"]
     assert "ttft" not in m.p95
     assert m.unknown["observed_p95_ttft"] == "vllm:time_to_first_token_seconds: the P95 lies above every finite bucket edge"
+
+
+def _with_cache_dtype(dtype: str):
+    """The analysis of scrape(0), scrape(1) with cache_config_info's cache_dtype set."""
+    plain = 'vllm:cache_config_info{block_size="16",'
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for k, t in ((0, 1000.0), (1, 1010.0)):
+        a.ingest(parse_exposition(scrape(k).replace(plain, f'{plain}cache_dtype="{dtype}",'), t))
+    return a.analysis().models["m"]
+
+
+def test_s_kv_follows_the_kv_cache_dtype_vllm_reports():
+    # vLLM --kv-cache-dtype fp8 stores 1 byte per element: S_kv = 2·32·8·128·1 = 65,536 bytes, half
+    # the 2-byte default; peak KV 8 · 2048 · 65,536 = 1 GiB
+    m = _with_cache_dtype("fp8_e4m3")
+    assert m.kv_bytes_per_token == 65_536.0 and m.kv_peak_bytes == 2**30
+    assert "kv_cache_dtype" not in m.warnings  # nothing configured disagrees
+    # "auto" stores the model's dtype: 2 bytes as served on GPUs
+    assert _with_cache_dtype("auto").kv_bytes_per_token == 131_072.0
+    # a format kvhit has no size for: the default, and a warning saying to set it
+    m = _with_cache_dtype("fp8_ds_mla")
+    assert m.kv_bytes_per_token == 131_072.0 and "set model.dtype_bytes" in m.warnings["kv_cache_dtype"]
+
+
+def test_configured_dtype_bytes_that_disagrees_with_the_engine_is_overruled_and_said():
+    config = {**CONFIG, "model": {**CONFIG["model"], "dtype_bytes": 2}}
+    a = Analyzer(load_config(None, environ={}, flags=config))
+    plain = 'vllm:cache_config_info{block_size="16",'
+    for k, t in ((0, 1000.0), (1, 1010.0)):
+        a.ingest(parse_exposition(scrape(k).replace(plain, f'{plain}cache_dtype="fp8",'), t))
+    m = a.analysis().models["m"]
+    assert m.kv_bytes_per_token == 65_536.0  # what vLLM stores: 1 byte
+    assert m.warnings["kv_cache_dtype"].startswith("model.dtype_bytes is 2 but vLLM stores KV as fp8 (1 bytes")
+    s = _series(a.analysis())
+    assert s[("kvhit_warning_info", (("reason", m.warnings["kv_cache_dtype"]), ("warning", "kv_cache_dtype")))] == 1
