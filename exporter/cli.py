@@ -41,9 +41,9 @@ DEMO_LISTEN = "127.0.0.1:9471"  # the demo is for this machine: local unless --l
 # The recorded demo model: tiny random Llama, 4 layers, 2 KV heads, head_dim 512/8 = 64, bf16.
 DEMO_GEOMETRY = Geometry(layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
 # Labels of vllm:cache_config_info kvhit reads: observe.kv_capacity_tokens, parse.offload_configured,
-# the analyzer's block size, calibrate's prefix-caching check.
+# the analyzer's block size and KV element size (cache_dtype), calibrate's prefix-caching check.
 CACHE_CONFIG_LABELS = ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_offloading_size",
-                       "enable_prefix_caching")
+                       "enable_prefix_caching", "cache_dtype")
 
 
 def _config(args: argparse.Namespace, **flags) -> Config:

@@ -387,6 +387,7 @@ def test_fleet_families_are_the_parsers_and_one_query_reads_them_all():
     assert (fams["num_requests_running"].agg, fams["kv_cache_usage_perc"].agg) == ("sum", "max")
     assert fams["num_requests_waiting_by_reason"].match == ("reason", "capacity")
     assert "block_size" in fams["cache_config_info"].labels
+    assert "cache_dtype" in fams["cache_config_info"].labels  # S_kv's element size (fp8 KV: 1 byte)
 
 
 # ---- scope label, configuration ------------------------------------------------------------------------
