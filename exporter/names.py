@@ -52,7 +52,7 @@ STALE = _m("kvhit_stale", "1 when the per-model values shown do not come from th
            "failed, or no scrape succeeded for more than interval + timeout), 0 when they are fresh; the values "
            "are removed after two intervals plus the timeout [boolean].", ("target",))
 INPUT_QUIRKS = _m("kvhit_input_quirks_total", "Lines or series of the target's expositions that kvhit handled "
-                  "as a quirk, by quirk (truncated, malformed_line, non_utf8, non_finite, negative, "
+                  "as a quirk, by quirk (truncated, malformed_line, non_utf8, non_finite, out_of_range, negative, "
                   "duplicate_series, pid_duplicate, engine_incomplete, histogram_inconsistent) [lines].",
                   ("target", "quirk"), "counter")
 UNTRACKED_SERIES = _m("kvhit_untracked_series", "(model_name, engine) series of the last scrape not analysed "

@@ -13,8 +13,9 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   unterminated last line is dropped (``truncated``), never read as a shorter number. Bytes that
   were not UTF-8 arrive as U+FFFD (``non_utf8``): a metric name containing one is malformed, a
   label value keeps it.
-* NaN/±Inf samples (``non_finite``) and negative counters / histogram counts (``negative``) are
-  ignored; the same series twice is dropped, unknown (``duplicate_series``: which value is right
+* NaN/±Inf samples (``non_finite``), values beyond ±2^53 (``out_of_range``: no token or request
+  count gets there, and a difference of two such floats is not exact) and negative counters /
+  histogram counts (``negative``) are ignored; the same series twice is dropped, unknown (``duplicate_series``: which value is right
   cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
   0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum (``pid_duplicate``).
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
@@ -57,6 +58,7 @@ from typing import Mapping
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import engines
+from exporter.sources import MAX_VALUE
 
 # Canonical counter → exposed base names (without prefix and ``_total``), first present wins.
 COUNTERS: dict[str, tuple[str, ...]] = {
@@ -130,8 +132,9 @@ PREEMPTION_FIX = (0, 11, 1)
 _OTHER_ENGINES = ("sglang", "lmcache")
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
-QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "negative", "duplicate_series",
+QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative", "duplicate_series",
           "pid_duplicate", "engine_incomplete", "histogram_inconsistent")
+
 
 
 class ParseError(ValueError):
@@ -340,6 +343,9 @@ class _Builder:
         if not math.isfinite(value):
             self.quirk("non_finite")  # NaN/±Inf samples carry no usable count
             return
+        if abs(value) > MAX_VALUE:
+            self.quirk("out_of_range")
+            return
         if value < 0 and (kind == "counter" or (kind == "hist" and part != "sum")):
             self.quirk("negative")  # a counter or an observation count is never below zero
             return
@@ -453,7 +459,7 @@ class _Plan:
         if repr(_parse(lines, truncated, reference.timestamp, _read_lines, b)) != repr(reference):
             return None
         prefixes = [lines[i].rpartition(" ")[0] + " " for i in sample_pos]
-        # every value the readers check (non_finite, negative), whether or not a leaf reads it: e.g.
+        # every value the readers check (non_finite, out_of_range, negative), whether or not a leaf reads it: e.g.
         # prompt_tokens_by_source{source="local_cache_hit"} is read and checked, never summed
         needed = sorted(b.values)
         if len(comment_pos) < 2 or len(needed) < 2 or "" in (p.strip() for p in prefixes):
@@ -489,8 +495,9 @@ class _Plan:
             values = list(map(float, strings))
         except ValueError:
             return None
-        # every value finite and ≥ 0 (a NaN makes the sum NaN): none the reference would drop
-        if not (min(values) >= 0 and sum(values) < math.inf):
+        # every value finite, ≥ 0 and ≤ MAX_VALUE (a NaN makes the sum NaN): none the reference would
+        # drop (a body whose values add up beyond MAX_VALUE takes the full path)
+        if not (min(values) >= 0 and sum(values) <= MAX_VALUE):
             return None
         snap, maps = self.evaluate(values, timestamp)
         for i in self.engine_hists:

@@ -72,6 +72,7 @@ class Runner:
         self._failures = 0
         self._last_reason = ""
         self._engine_reason = ""  # the last snapshot's Snapshot.reason, logged when it changes
+        self._read_failed_at: object = ()  # the snapshot stamp whose analysis last failed on a read
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
@@ -216,17 +217,24 @@ class Runner:
 
         Health carries the age of the last good scrape and ``stale``; per-model values are
         removed when that scrape is older than two intervals plus the timeout (:meth:`fresh`). An exception while assembling
-        the analysis is counted ("internal") and shows no per-model value.
+        the analysis is counted ("internal") once per snapshot, however many read it, and shows no
+        per-model value; it is no failed scrape (``up`` and the backoff stay as they are).
         """
         try:
             with self._lock:  # one critical section: the analysis of the snapshot health dates
                 analysis, health = self.analyzer.analysis(), self._health
         except Exception as exc:
-            log.debug("analysis failed", exc_info=True)
-            self.record_failure("internal", f"analysis failed: {type(exc).__name__}")
             with self._lock:
                 last, health = self.analyzer.windows.last, self._health
-            analysis = Analysis(None if last is None else last.timestamp, "unknown", "analysis failed", {})
+                stamp = None if last is None else last.timestamp
+                first, self._read_failed_at = stamp != self._read_failed_at, stamp
+                if first:  # once per snapshot, whoever reads: not a failed scrape (no up 0, no backoff)
+                    errors = dict(health.errors)
+                    errors["internal"] = errors.get("internal", 0) + 1
+                    health = self._health = replace(health, errors=errors)
+            if first:
+                log.warning("analysis of the snapshot at %s failed: %s", stamp, type(exc).__name__, exc_info=True)
+            analysis = Analysis(stamp, "unknown", "analysis failed", {})
         now = self.clock()
         age = None if health.last_success is None else max(0.0, now - health.last_success)
         stale = age is None or not health.up or age > self.config.interval + self.config.timeout

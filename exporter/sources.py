@@ -30,6 +30,11 @@ from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from exporter.config import read_bearer_token, redact_url
 
+# Largest magnitude any stage reads as a value (2^53: floats are exact integers up to it; a
+# glitched 1e200 counter would overflow every sum of squares downstream): parse drops a sample
+# beyond it (out_of_range), and fleet mode never adds one to a running total.
+MAX_VALUE = float(2**53)
+
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
 _PROM_FILE = re.compile(r"(?:^|/)(\d{10,16})\.prom$")
@@ -273,7 +278,7 @@ class PrometheusSource:
 
     A sample that is no value (NaN, ±Inf) or, for a counter or bucket, no increase (below 0) is
     rendered as it came and never added to a total (a total would keep it forever): parse counts
-    and drops it (``non_finite``, ``negative``) as in a pod's body, and the series is unknown for
+    and drops it (``non_finite``, ``out_of_range``, ``negative``) as in a pod's body, and the series is unknown for
     that fetch. A family Prometheus has no series for this fetch (never exported, or no pod with
     two samples in the range) is absent from the text — unknown, never 0. Each ``increase()`` extrapolates
     the samples inside its range to the range's edges (Prometheus semantics): a total is exact
@@ -380,10 +385,10 @@ class PrometheusSource:
 
     def _add(self, qid: str, labels: Mapping[str, str], value: float, count: bool = True) -> float:
         """The running total after adding this increase, or ``value`` itself when it is no
-        increase — NaN/±Inf, or below 0 for a count (``count``: counters and buckets) — which a
-        total would keep forever: rendered as it came, parse then counts and drops it as in a
-        pod's body (``non_finite``, ``negative``)."""
-        if not math.isfinite(value) or (count and value < 0):
+        increase — NaN/±Inf, beyond parse's MAX_VALUE, or below 0 for a count (``count``: counters
+        and buckets) — which a total would keep forever: rendered as it came, parse then counts and
+        drops it as in a pod's body (``non_finite``, ``out_of_range``, ``negative``)."""
+        if not abs(value) <= MAX_VALUE or (count and value < 0):
             return value
         key = (qid, tuple(sorted(labels.items())))
         self._totals[key] = self._totals.get(key, 0.0) + value

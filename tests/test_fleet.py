@@ -306,25 +306,30 @@ def test_non_finite_and_negative_samples_are_counted_as_quirks_and_move_no_total
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
     runner = Runner(Config(interval=5.0), fake.url, scope="fleet")
     fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "250")])
-    # NaN, ±Inf: no value (non_finite); an increase of -5: no increase (negative), as in a pod's body
+    # NaN, ±Inf: no value (non_finite); an increase of -5: no increase (negative); 1e200, beyond
+    # 2^53: out_of_range, as in a pod's body
     fake.answer([_row("c:prefix_cache_queries", "NaN"), _row("c:prefix_cache_hits", "-5"),
                  _row("g:num_requests_running", "+Inf"),
                  _row("b:request_prompt_tokens", "-Inf", le="100.0"), _row("b:request_prompt_tokens", "2", le="+Inf"),
                  _row("s:request_prompt_tokens", "NaN")])
     fake.answer([_row("c:prefix_cache_queries", "600"), _row("c:prefix_cache_hits", "450"),
                  _row("b:request_prompt_tokens", "NaN", le="+Inf")])  # no _count: no histogram, one more
+    fake.answer([_row("c:prefix_cache_queries", "1e200"), _row("c:prefix_cache_hits", "50")])  # beyond 2^53
+    fake.answer([_row("c:prefix_cache_queries", "400"), _row("c:prefix_cache_hits", "50")])
     texts = []
-    for t in (3000.0, 3005.0, 3010.0):
+    for t in (3000.0, 3005.0, 3010.0, 3015.0, 3020.0):
         clock.t = t
         texts.append(src.fetch()[1])
         assert runner.ingest_text(t, texts[-1])
     _, health = runner.current()
-    assert health.quirks == {"non_finite": 5, "negative": 1}
-    m2, m3 = (parse_exposition(text, t).models["m"] for text, t in zip(texts[1:], (3005.0, 3010.0)))
+    assert health.quirks == {"non_finite": 5, "negative": 1, "out_of_range": 1}
+    m2, m3, m4, m5 = (parse_exposition(text, t).models["m"] for text, t in zip(texts[1:], (3005.0, 3010.0, 3015.0, 3020.0)))
     assert dict(m2.counters) == {} and dict(m2.gauges) == {}  # unknown this fetch, never a stale total
     assert m2.histograms["request_prompt_tokens"].buckets == ((math.inf, 2.0),)
     assert dict(m3.counters) == {"queries": 1600.0, "hits": 700.0}  # 1000 + 600, 250 + 450: nothing moved
     assert "request_prompt_tokens" not in m3.histograms
+    # 1e200 never enters the running total: unknown for that fetch, then 1600 + 400
+    assert dict(m4.counters) == {"hits": 750.0} and dict(m5.counters) == {"queries": 2000.0, "hits": 800.0}
 
 
 def test_empty_answer_is_no_data_not_zero(fake):

@@ -125,7 +125,8 @@ def test_hot_path_declines_what_it_cannot_prove():
     _, text = load_trace(TRACE).snapshots[200]
     line = next(x for x in text.split("\n") if x.startswith("vllm:prefix_cache_hits_total{"))
     key, value = line.rsplit(" ", 1)
-    for new in ("NaN", "-1.0", "1_000", "0x10", "5 1700000000000"):  # the reference drops or refuses these
+    # the reference drops or refuses these (1e200 and 2^53 + 2: beyond MAX_VALUE, out_of_range)
+    for new in ("NaN", "-1.0", "1_000", "0x10", "5 1700000000000", "1e200", "9007199254740994"):
         hot, _ = _hot(text, text.replace(line, f"{key} {new}"))
         assert hot is None, new
     # a cumulative bucket above _count makes the histogram inconsistent: the full path drops it

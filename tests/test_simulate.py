@@ -260,3 +260,35 @@ def test_no_alpha_while_the_chip_time_fit_cannot_see_attention():
     # α's stderr carries the chip-time coefficients' errors it is fitted under: the first α
     # published (0.35 for 0.5, k_attn then known to ±300 %) read 0.35 ± 0.035, 4σ off the truth
     assert len(errors) > 30 and max(map(abs, errors)) <= 2.0, errors
+
+
+def test_one_absurd_counter_value_is_dropped_not_an_hour_down():
+    # A glitched scrape with prefix_cache_queries_total = 1e200 (finite, beyond 2^53): kvhit
+    # stayed down ~700 scrapes before (ZeroDivisionError in every analysis, each counted as an
+    # internal scrape error). Now the value is dropped (out_of_range), the hit ratio is unknown
+    # for the two steps that touch it, and every scrape is analysed.
+    import re
+
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep")
+    clock = TraceClock()
+    runner, clean = (Runner(Config(interval=sc.interval), "sim", clock=clock) for _ in range(2))
+    queries = re.compile(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) \S+$", re.M)
+    for i, (t, text, _) in enumerate(generate(sc)):
+        clock.t = t
+        assert clean.ingest_text(t, text)
+        if i == 30:
+            text, n = queries.subn(r"\1 1e200", text)
+            assert n == 1
+        assert runner.ingest_text(t, text), i
+        if i == 30:
+            assert "all" not in runner.current()[0].models[sc.model_name].hit_ratio  # unknown, never a number
+        if i == 50:  # the publish window (60 s of 5-s scrapes) has left scrape 30 behind
+            break
+    analysis, health = runner.current()
+    assert health.up and not health.errors and health.quirks == {"out_of_range": 1}
+    # the window after it is the glitch-free run's, Δhits/Δqueries of the same two scrapes
+    assert analysis.models[sc.model_name].hit_ratio == clean.current()[0].models[sc.model_name].hit_ratio

@@ -572,3 +572,30 @@ def test_a_scrape_without_hit_counters_inside_the_window_gives_a_reason_not_sile
         assert r.ingest_text(t, body)
     m = r.current()[0].models["m"]
     assert "device" not in m.hit_ratio and "missing at a scrape inside the publish window" in m.unknown["hit_ratio"]
+
+
+def test_an_analysis_that_fails_on_read_is_counted_once_per_snapshot_and_is_no_failed_scrape():
+    # Before, every read (a /readyz probe, a Prometheus scrape of kvhit) counted one more internal
+    # error and set kvhit_up 0, so the count and the scrape backoff depended on who was reading.
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    clock = TraceClock()
+    r = Runner(Config(window_seconds=60.0), "t", clock=clock)
+    body = 'vllm:prefix_cache_queries_total{{model_name="m"}} {q}\nvllm:prefix_cache_hits_total{{model_name="m"}} {h}\n'
+    for t, q in ((0.0, 0.0), (5.0, 40.0)):
+        clock.t = t
+        assert r.ingest_text(t, body.format(q=q, h=q / 4))
+
+    def broken():
+        raise ZeroDivisionError
+    r.analyzer.analysis = broken
+    for _ in range(5):
+        analysis, health = r.current()
+        assert analysis.models == {} and analysis.engine_reason == "analysis failed"
+    assert health.errors == {"internal": 1} and health.up and r.next_delay() == 5.0
+    clock.t = 10.0
+    assert r.ingest_text(10.0, body.format(q=80.0, h=20.0))  # the next snapshot: one more, once
+    for _ in range(3):
+        health = r.current()[1]
+    assert health.errors == {"internal": 2}
