@@ -439,6 +439,11 @@ def _window_hits(w: Delta, ctx: Context, unknown: dict[str, str]) -> dict[str, f
                                         "the previous scrape: does the target URL reach several pods?): unknown until "
                                         "that step leaves the window")
         return out
+    if w.glitches:
+        unknown.setdefault("hit_ratio", "a counter went down inside the publish window while its _created stayed the "
+                                        "same (a glitched scrape, not a restart): unknown until that step leaves the "
+                                        "window")
+        return out
     if "hit_ratio" not in unknown and not {"queries", "hits"} <= set(w.counters):
         unknown["hit_ratio"] = ("prefix_cache_queries/hits missing at a scrape inside the publish window (a cut or "
                                 "bad body): unknown until that scrape leaves the window")

@@ -121,6 +121,8 @@ class Delta:
         foreign: number of steps inside the interval whose two scrapes came from different
             processes (no increases: :func:`step_delta`).
         steps: number of scrape-to-scrape steps summed.
+        glitches: number of steps inside the interval in which a value went down with every
+            ``_created`` unchanged (no increases: :func:`step_delta`).
         running_seconds: ∫ num_requests_running dt over the interval [request·s], the trapezoid
             of each step's two scrapes summed (its mean is the interval's time-averaged
             concurrency, not the two ends'); None when a scrape inside lacks the gauge.
@@ -135,6 +137,7 @@ class Delta:
     resets: int = 0
     foreign: int = 0
     steps: int = 1
+    glitches: int = 0
     running_seconds: float | None = None
 
     @property
@@ -142,18 +145,23 @@ class Delta:
         return self.t1 - self.t0
 
 
-def _restarted(prev: ModelSignals, cur: ModelSignals, t0: float) -> bool | None:
-    """The engine restarted: a ``_created`` timestamp changed or any counter went down. None: a
-    ``_created`` changed to a time before the previous scrape (``t0``, less CREATED_SKEW_SECONDS):
-    a restarted engine creates its series after the old one was last scraped, so this is another
-    process's series (a target URL reaching several pods), not a restart."""
+def _restarted(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
+    """How the step from ``prev`` to ``cur`` began: "restart" (a ``_created`` timestamp changed, or
+    a counter or observation count went down while no ``_created`` tells otherwise), "foreign" (a
+    ``_created`` changed to a time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a
+    restarted engine creates its series after the old one was last scraped, so this is another
+    process's series — a target URL reaching several pods), "glitch" (a value went down while
+    every ``_created`` both scrapes share stayed put: the same process, so no restart, and its
+    lifetime totals are no increase) or "" (plain increases)."""
     for name, b in cur.created.items():
         a = prev.created.get(name)
         if a is not None and b != a:
-            return True if b > t0 - CREATED_SKEW_SECONDS else None
-    if any(v < prev.counters[n] for n, v in cur.counters.items() if n in prev.counters):
-        return True
-    return any(h.count < prev.histograms[n].count for n, h in cur.histograms.items() if n in prev.histograms)
+            return "restart" if b > t0 - CREATED_SKEW_SECONDS else "foreign"
+    down = (any(v < prev.counters[n] for n, v in cur.counters.items() if n in prev.counters)
+            or any(h.count < prev.histograms[n].count for n, h in cur.histograms.items() if n in prev.histograms))
+    if not down:
+        return ""
+    return "glitch" if any(name in prev.created for name in cur.created) else "restart"
 
 
 def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> Delta:
@@ -165,7 +173,9 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
     every increase is then the current value, as Prometheus ``increase()`` counts a reset.
     A ``_created`` that changed to before ``t0`` is another process, not a restart (a target URL
     that reaches several pods): the step has no increases (``foreign``), never a pod's lifetime
-    total counted as one step's increase.
+    total counted as one step's increase. Nor has a step in which a value went down while the
+    ``_created`` stamps stayed put (``glitches``: the same process, so no restart; Prometheus
+    would count a reset of that series alone, and kvhit's ratios need all of them).
     With per-engine signals (parsed snapshots) increases are formed per engine and summed —
     only signals every engine has at both ends; when the engine set changed the step has no
     increases at all. Signals built by hand (no ``engines``) are one engine.
@@ -178,25 +188,28 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
         parts = [_engine_increase(prev.engines[e], cur.engines[e], t0) for e in sorted(cur.engines)]
     else:
         parts = [_engine_increase(prev, cur, t0)]
-    if any(r is None for _, _, r in parts):  # two processes' counters: no increase between them
-        return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=1, running_seconds=running)
+    kinds = {k for _, _, k in parts}
+    if kinds & {"foreign", "glitch"}:  # two processes' counters, or a value that went back: no increase
+        return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=int("foreign" in kinds),
+                     glitches=int("foreign" not in kinds), running_seconds=running)
     counters = {n: math.fsum(c[n] for c, _, _ in parts)
                 for n in set(parts[0][0]).intersection(*(c for c, _, _ in parts[1:]))}
     hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
              for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
-    restarted = any(r for _, _, r in parts)
-    return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int(restarted), running_seconds=running)
+    return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int("restart" in kinds),
+                 running_seconds=running)
 
 
 def _engine_increase(prev: ModelSignals, cur: ModelSignals, t0: float
-                     ) -> tuple[dict[str, float], dict[str, HistogramDelta], bool | None]:
-    restarted = _restarted(prev, cur, t0)
-    if restarted is None:
-        return {}, {}, None
+                     ) -> tuple[dict[str, float], dict[str, HistogramDelta], str]:
+    kind = _restarted(prev, cur, t0)
+    if kind in ("foreign", "glitch"):
+        return {}, {}, kind
+    restarted = kind == "restart"
     counters = {n: (v if restarted else v - prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters}
     hists = {n: _hist_increase(prev.histograms[n], h, restarted)
              for n, h in cur.histograms.items() if n in prev.histograms}
-    return counters, hists, restarted
+    return counters, hists, kind
 
 
 def _hist_increase(p: Histogram, h: Histogram, reset: bool) -> HistogramDelta:
@@ -253,6 +266,7 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     running = [d.running_seconds for d in deltas]
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
+                 glitches=sum(d.glitches for d in deltas),
                  running_seconds=None if None in running else math.fsum(running))
 
 

@@ -16,7 +16,9 @@ property of the engine, not of the traffic's h histogram.
 Tail chunks (seed 002: at some hit ratios, 20 %, 40 % and 70 % in its measurement, the last
 prefill chunk is tiny and TPS_miss is very low) are flagged as anomalies and excluded. They are
 flagged against a reference that follows the curve, because against the line the steep end of a
-curved TPS_miss(h) looks like a dip too.
+curved TPS_miss(h) looks like a dip too. A step as far above the reference is excluded as an
+outlier (a glitched counter: no engine serves miss tokens that much faster than it does at that
+h); the line's quadrature would give a lone step at an h of its own a whole node's weight.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from .observation import Observation
 from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, solve_normal
 from .result import Estimate, FitResult, Status
 
-# A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip
-# (one-sided: only dips are known to be structural; high points are noise the line averages).
+# A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip; one as
+# far above it is an outlier (dips are structural, seed 002; a high point that far is a glitch).
 ANOMALY_SIGMAS = 3.5
 # Steps whose h agree to this measure the same point of the curve (one node of the h quadrature).
 H_RESOLUTION = 0.01
@@ -65,8 +67,9 @@ def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_s
             non-finite value are ignored.
     Returns a FitResult with params "tps0" [tokens/s] and "a" [1] (a = -b1/b0 of the line
     b0 + b1·h; its stderr by the delta method), covariance 2×2 of (tps0, a), ``samples`` and
-    (centred, unweighted) ``r2`` over the points kept after anomaly exclusion, extra "anomalies"
-    (count), "h_min", "h_max" (over all finite points).
+    (centred, unweighted) ``r2`` over the points kept after exclusion, extra "anomalies" (count
+    of tail-chunk dips), "outliers" (count of points excluded above the reference), "h_min",
+    "h_max" (over all finite points).
 
     Method, in two parts:
 
@@ -78,8 +81,8 @@ def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_s
        line (B = C = 0, s = a) is in the family too. Residuals are relative, TPS/curve - 1, since
        throughput noise and dips are fractions of it; soft_l1 loss with f_scale = the MAD σ of
        all points, started from the OLS line or the §7 curve, whichever has the smaller σ. Every
-       point below -ANOMALY_SIGMAS·σ is flagged and the curve refitted without the flagged
-       points, until the flagged set is stable. σ is taken over all points, not over the kept
+       point below -ANOMALY_SIGMAS·σ (a dip) or above +ANOMALY_SIGMAS·σ (an outlier) is flagged
+       and the curve refitted without the flagged points, until the flagged set is stable. σ is taken over all points, not over the kept
        ones: cutting the low tail would shrink σ round after round and flag ever more.
     2. The line: weighted least squares of TPS_miss on h over the kept points, weight = the h
        quadrature (trapezoid rule over the distinct h, to H_RESOLUTION, each node's width
@@ -98,7 +101,7 @@ def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_s
 
 
 def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) -> tuple[FitResult, np.ndarray]:
-    """:func:`fit_miss_slope` plus the anomaly mask over the input points, shape (n,)."""
+    """:func:`fit_miss_slope` plus the tail-chunk dip mask over the input points, shape (n,)."""
     return _robust_fit(h, tps, min_samples, min_h_span)[:2]
 
 
@@ -114,8 +117,9 @@ class _Reference:
 
 def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float,
                 previous: _Reference | None = None) -> tuple[FitResult, np.ndarray, _Reference | None]:
-    """:func:`_fit` plus the reference it flagged with (None when the fit failed before or after
-    it); ``previous``'s reference is one more start, taken when its σ is the smallest."""
+    """(fit, dip mask, excluded mask (dips and outliers), both shape (n,), and the reference it
+    flagged with: None when the fit failed before or after it); ``previous``'s reference is one
+    more start, taken when its σ is the smallest."""
     if h.ndim != 1 or h.shape != tps.shape:
         raise ValueError(f"h and tps must be 1-D of equal length, got {h.shape} and {tps.shape}")
     anomalies = np.zeros(h.shape, dtype=bool)
@@ -123,7 +127,7 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     hf, yf = h[finite], tps[finite]
     checked = _check(hf, min_samples, min_h_span, "")
     if checked is not None:
-        return checked, anomalies, None
+        return checked, anomalies, anomalies.copy(), None
 
     # Median-scaled so that the reference's coefficients are O(1).
     y_scale = float(np.median(np.abs(yf))) or 1.0
@@ -138,26 +142,35 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     for _ in range(_MAX_ROUNDS):
         rel = _reference_residuals(p, hf, ys)
         sigma = robust_sigma(rel)
-        flagged = rel < -ANOMALY_SIGMAS * sigma
+        flagged = np.abs(rel) > ANOMALY_SIGMAS * sigma
         if np.array_equal(flagged, ~keep):
             break
         keep = ~flagged
         if keep.sum() < max(min_samples, 3):
             break  # too few points left to fit a line: reported insufficient_data below
         p = _fit_reference(hf[keep], ys[keep], p, sigma)
-    anomalies[np.flatnonzero(finite)[~keep]] = True
-    res = _line(hf, yf, keep, _Reference(p, sigma, y_scale), min_samples, min_h_span)
-    return res, anomalies, _Reference(p, sigma, y_scale) if res.ok else None
+    ref = _Reference(p, sigma, y_scale)
+    excluded = np.zeros(h.shape, dtype=bool)
+    excluded[finite] = ~keep
+    anomalies[finite] = _dips(hf, yf, ~keep, ref)
+    res = _line(hf, yf, keep, ref, min_samples, min_h_span)
+    return res, anomalies, excluded, ref if res.ok else None
+
+
+def _dips(h: np.ndarray, y: np.ndarray, excluded: np.ndarray, ref: _Reference) -> np.ndarray:
+    """The excluded points (bool, shape (n,)) below the reference: tail-chunk dips, not outliers."""
+    return excluded & (_reference_residuals(ref.p, h, y / ref.y_scale) < 0)
 
 
 def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_samples: int,
           min_h_span: float) -> FitResult:
     """Part 2 of :func:`fit_miss_slope`: the line through the ``keep`` points of finite h, y
     (shape (n,)), its sandwich covariance from the scatter about ``ref``; no iteration."""
-    n_anom = int(len(keep) - keep.sum())
-    extra = {"anomalies": n_anom, "h_min": float(h.min()), "h_max": float(h.max())}
+    n_anom = int(_dips(h, y, ~keep, ref).sum())
+    n_out = int(len(keep) - keep.sum()) - n_anom
+    extra = {"anomalies": n_anom, "outliers": n_out, "h_min": float(h.min()), "h_max": float(h.max())}
     hk = h[keep]
-    checked = _check(hk, min_samples, min_h_span, f" after excluding {n_anom} tail-chunk anomalies")
+    checked = _check(hk, min_samples, min_h_span, f" after excluding {n_anom} tail-chunk anomalies and {n_out} outliers")
     if checked is not None:
         return dataclasses.replace(checked, extra=extra)
     y_k = y[keep]
@@ -267,7 +280,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
     """One ISL bucket's rows (t [s], h [1], TPS_miss [tokens/s]) and its amortized fit
     (fitters/online.py): a refit is :func:`_robust_fit`; the frozen weight of a row is 1 when it
     is kept, 0 when flagged against the refit's reference (a new row: flagged when more than
-    ANOMALY_SIGMAS of the refit's σ below that reference); in between, the exact step is the
+    ANOMALY_SIGMAS of the refit's σ below or above that reference); in between, the exact step is the
     line of :func:`fit_miss_slope` over the kept rows (it has no robust loss, so that is the whole
     fit) with the sandwich covariance about the frozen reference. The line comes from running
     sums per node of the h quadrature (:class:`~fitters.online.GramSums` of (1, h, TPS) over the
@@ -286,12 +299,12 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
 
     def _refit(self, x: np.ndarray, key: object,
                previous: _Reference | None) -> tuple[tuple[FitResult, np.ndarray], _Reference | None, np.ndarray]:
-        res, mask, ref = _robust_fit(x[:, 1], x[:, 2], self.min_samples, self.min_h_span, previous)
-        return (self._with_bucket(res), mask), ref, (~mask).astype(float)
+        res, dips, excluded, ref = _robust_fit(x[:, 1], x[:, 2], self.min_samples, self.min_h_span, previous)
+        return (self._with_bucket(res), dips), ref, (~excluded).astype(float)
 
     def _weigh(self, x: np.ndarray, v: np.ndarray, key: object, ref: _Reference) -> np.ndarray:
         rel = _reference_residuals(ref.p, x[:, 1], x[:, 2] / ref.y_scale)
-        return (rel >= -ANOMALY_SIGMAS * ref.sigma).astype(float)
+        return (np.abs(rel) <= ANOMALY_SIGMAS * ref.sigma).astype(float)
 
     def _basis(self, x: np.ndarray, ref: _Reference) -> tuple[np.ndarray, float, np.ndarray]:
         h = x[:, 1]
@@ -319,7 +332,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
             return None  # TPS0 ≤ 0: not identifiable, refit
         h, y = x[:, 1].copy(), x[:, 2].copy()
         res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
-        return res, ~keep
+        return res, _dips(h, y, ~keep, ref)
 
 
 class MissSlopeFitter:

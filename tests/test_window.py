@@ -62,6 +62,30 @@ def test_changed_created_is_restart_even_when_value_went_up():
     assert same.counters == {"queries": 50.0} and same.resets == 0
 
 
+
+def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
+    # hits 500 → 450 at one scrape while every _created stayed 1000: the same process, no restart.
+    # Counting a restart took every counter's lifetime total as the step's increase (queries 1040,
+    # hits 450: h 0.43 for a window whose true h is 0.5); the step has no increases instead.
+    key = 'prefix_cache_queries{engine="0"}'
+    prev = sig({"queries": 1000.0, "hits": 500.0}, created={key: 1000.0})
+    cur = sig({"queries": 1040.0, "hits": 450.0}, created={key: 1000.0})
+    d = step_delta(prev, cur, 2000.0, 2005.0)
+    assert d.counters == {} and (d.glitches, d.resets, d.foreign) == (1, 0, 0)
+    # without _created (prometheus_client's multiprocess mode) a value down is a restart, as before
+    d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 450.0}), 2000.0, 2005.0)
+    assert d.counters == {"queries": 1040.0, "hits": 450.0} and d.resets == 1
+    # the window holding it says why its hit ratio is unknown
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    a = Analyzer(Config())
+    for t, q, h in ((2000.0, 1000.0, 500.0), (2005.0, 1040.0, 450.0), (2010.0, 1080.0, 540.0)):
+        a.ingest(snap(t, m=sig({"queries": q, "hits": h}, created={key: 1000.0})))
+    m = a.analysis().models["m"]
+    assert m.hit_ratio == {}  # unknown, never a number
+    assert m.unknown["hit_ratio"].startswith("a counter went down inside the publish window while its _created")
+
+
 EXPO = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter
