@@ -306,7 +306,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     (the command line alone): ISL/OSL/h out of range (:func:`what_if`)."""
     try:
         doc = json.loads(Path(args.fit).read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ValueError(f"--fit {args.fit}: cannot read a JSON analysis ({type(exc).__name__})") from None
     try:
         name, fitted, m = load_fit(doc, args.model)

@@ -23,7 +23,7 @@ prometheus_bearer_token_file              file whose token is sent as ``Authoriz
                                           user:password in the URL
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes, 0.1 to 86400 (5)
-timeout                                   scrape timeout, seconds (3)
+timeout                                   scrape timeout, seconds, at most 86400 (3)
 window_seconds                            publish window, seconds, at most 3600 and 720 × interval (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
@@ -487,7 +487,8 @@ def validate(cfg: Config) -> None:
         # more often than 10 times a second hammers vLLM's /metrics; a day is no sidecar's cadence
         ("interval", cfg.interval, lambda v: MIN_INTERVAL <= v <= MAX_INTERVAL,
          f"must be in [{MIN_INTERVAL:g}, {MAX_INTERVAL:g}] seconds"),
-        ("timeout", cfg.timeout, lambda v: v > 0, "must be > 0 seconds"),
+        # sockets take no deadline past ~1e9 s (OverflowError at every scrape): a day bounds any sane one
+        ("timeout", cfg.timeout, lambda v: 0 < v <= MAX_INTERVAL, f"must be in (0, {MAX_INTERVAL:g}] seconds"),
         # the window holds every scrape inside it: an hour is what a sidecar's memory should carry
         ("window_seconds", cfg.window_seconds, lambda v: 0 < v <= MAX_WINDOW, f"must be in (0, {MAX_WINDOW:g}] seconds"),
         # every cycle sums the steps inside the window: 0.1-s scrapes over an hour would be 36000

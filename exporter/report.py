@@ -78,7 +78,7 @@ def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportDat
     if path.suffix == ".json":
         try:
             doc = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise ReportError(f"{source}: cannot read a JSON analysis ({type(exc).__name__})") from None
         return ReportData(source, _check_doc(doc, source))
     try:
@@ -108,7 +108,7 @@ def _fetch(url: str, timeout: float) -> dict:
         raise ReportError(f"HTTP {resp.status_code} from {base}")
     try:
         doc = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ReportError(f"{base} did not answer JSON") from None
     return _check_doc(doc, base)
 

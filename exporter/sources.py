@@ -471,7 +471,7 @@ def _vector(body: bytes, where: str) -> list[tuple[dict[str, str], float]]:
     """
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the parser recurses: no answer of the API
         raise ScrapeError("bad_response", f"answer from {where} is not JSON") from None
     if isinstance(doc, dict) and doc.get("status") == "error":
         kind = str(doc.get("errorType", "unknown"))[:40]
@@ -481,10 +481,15 @@ def _vector(body: bytes, where: str) -> list[tuple[dict[str, str], float]]:
         raise ScrapeError("bad_response", f"answer from {where} is not a successful instant vector")
     rows = []
     for sample in data["result"]:
+        # the API's sample: {"metric": {label: "value"}, "value": [t, "value"]}; anything else (a
+        # value "12" unpacked as "1", "2"; true; a null label) is no answer to read a number from
         try:
-            _, value = sample["value"]
-            rows.append(({str(k): str(v) for k, v in sample["metric"].items()}, float(value)))
-        except (KeyError, TypeError, ValueError, AttributeError):
+            pair, metric = sample["value"], sample["metric"]
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str) and isinstance(metric, dict)
+                    and all(isinstance(v, str) for v in metric.values())):
+                raise TypeError
+            rows.append((dict(metric), float(pair[1])))
+        except (KeyError, TypeError, ValueError):
             raise ScrapeError("bad_response", f"answer from {where} has a malformed sample") from None
     return rows
 
@@ -557,6 +562,8 @@ def _take(name: str, read, files: dict, phases_doc: dict) -> None:
             raise ValueError(f"{name} in the trace is not UTF-8 text (byte {exc.start})") from None
         except ValueError as exc:  # json's message names the line and column
             raise ValueError(f"{name} in the trace is not JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"{name} in the trace is not JSON: nested too deep") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("phases", []), list):
             raise ValueError(f'{name} in the trace is not an object with a "phases" list')
         for i, ph in enumerate(doc.get("phases", [])):

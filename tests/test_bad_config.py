@@ -55,6 +55,7 @@ CASES = {
     "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in (0, 1]"),
     "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: must be a finite number, got nan"),
     "window infinite": ("window_seconds: .inf\n", "config key window_seconds: must be a finite number, got inf"),
+    "timeout past a day": ("timeout: 1e10\n", "config key timeout: must be in (0, 86400] seconds"),
     "window over an hour": ("window_seconds: 1e12\n", "config key window_seconds: must be in (0, 3600] seconds"),
     # 900 s of 1-s scrapes are 900 steps summed every cycle: 720 at most
     "window over 720 scrapes": ("interval: 1\nwindow_seconds: 900\n",

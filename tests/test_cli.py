@@ -611,6 +611,7 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize("doc, says", [
     ("[]", "not a kvhit analysis document"),
     ('"str"', "not a kvhit analysis document"),
+    ("[" * 200_000, "cannot read a JSON analysis (RecursionError)"),  # was a traceback
     ({"schema_version": 1, "models": {"a": None}}, "models.a: not an object"),
     ({"schema_version": 1, "models": {"a": {"fit": {"schema_version": 2}}}},
      "models.a.fit: missing t_step, k_ffn, k_attn, k_dec, k_ctx, steps_per_request"),

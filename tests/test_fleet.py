@@ -361,6 +361,14 @@ def test_empty_answer_is_no_data_not_zero(fake):
     (200, b"<html>login</html>", "bad_response"),
     (200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}', "bad_response"),
     (200, b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{}}]}}', "bad_response"),
+    # a sample is [t, "value"] under string labels: "12" was read as the pair ("1", "2"), i.e. 2.0
+    (200, b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":"12"}]}}',
+     "bad_response"),
+    (200, b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,true]}]}}',
+     "bad_response"),
+    (200, b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{"model_name":null},'
+          b'"value":[1,"2"]}]}}', "bad_response"),
+    (200, b"[" * 100_000, "bad_response"),  # deeper than json recurses: was reason "error" (RecursionError)
 ])
 def test_each_failure_has_its_reason_and_moves_no_range(fake, status, body, reason):
     clock = Clock(95.0)

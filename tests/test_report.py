@@ -129,6 +129,8 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 1
+    bad.write_text("[" * 200_000)  # deeper than json recurses: exit 1, not a RecursionError traceback
+    assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 1
 
 
 def test_without_matplotlib_the_hint_installs_from_the_checkout(monkeypatch):
