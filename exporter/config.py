@@ -438,6 +438,8 @@ def bounded(lo: float, hi: float = math.inf, integer: bool = False, open_low: bo
     with ``integer``; anything else is argparse's usage error (one line, exit 2)."""
     def parse(text: str) -> float:
         try:
+            if "_" in text:  # int() and float() read 0_5 as 5; nobody means that
+                raise ValueError
             v = int(text) if integer else float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {'whole ' if integer else ''}number, got {text!r}") from None

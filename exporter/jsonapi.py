@@ -133,8 +133,8 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
     """
     out = []
     for name, v in (("hit_ratio", hit_ratio), ("isl", isl), ("osl", osl)):
-        try:
-            x = float(v) if not isinstance(v, bool) else math.nan
+        try:  # float() reads "0_5" as 5.0: no number anyone writes
+            x = math.nan if isinstance(v, bool) or isinstance(v, str) and "_" in v else float(v)
         except (TypeError, ValueError):
             x = math.nan
         if not math.isfinite(x):

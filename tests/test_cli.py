@@ -648,6 +648,7 @@ def test_predict_on_a_document_of_the_wrong_shape_exits_1_with_one_line_naming_i
     (("--hit-ratio", "0.5", "--isl", "0.5"), "isl must be in [1, 10000000] tokens, got 0.5"),
     (("--hit-ratio", "0.5", "--osl", "0"), "osl must be in [1, 10000000] tokens, got 0"),
     (("--hit-ratio", "nan"), "hit_ratio must be a finite number"),
+    (("--hit-ratio", "0_5"), "hit_ratio must be a finite number"),  # float() alone reads 5.0
     (("--hit-ratio", "-0.1"), "hit_ratio must be in [0, 1 - 1/isl] = [0, 0.999512]"),
     # 1 − 1/2048 = 0.99951171875: one computed token is the most a 2048-token prompt can hit
     (("--hit-ratio", "0.999999"), "hit_ratio must be in [0, 1 - 1/isl] = [0, 0.999512]"),
@@ -890,6 +891,7 @@ def test_api_predict_at_the_steps_per_request_asked_about(sim_runner):
     ("hit_ratio=0.5&isl=1e12&osl=1e12", "isl must be in [1, 10000000] tokens, got 1e+12"),
     ("hit_ratio=0.5&isl=2048&osl=2e7", "osl must be in [1, 10000000] tokens, got 2e+07"),
     ("hit_ratio=0.5&isl=many", "isl must be a finite number, got 'many'"),
+    ("hit_ratio=0_5", "hit_ratio must be a finite number, got '0_5'"),  # float() alone reads 5.0
     ("hit_ratio=0.999999", "hit_ratio must be in [0, 1 - 1/isl] = [0, 0.999512]"),  # the window's ISL: 2048
     ("hit_ratio=1", "hit_ratio must be in [0, 1 - 1/isl]"),
     ("isl=2048", "hit_ratio is required"),

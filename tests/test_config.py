@@ -157,3 +157,14 @@ def test_hf_config_without_usable_geometry_names_the_key(tmp_path, doc, says):
 def test_hf_config_with_a_bad_pp_names_pp_not_a_traceback(hf_config):
     with pytest.raises(ConfigError, match="config key model.pp: must be >= 1"):
         load_config(None, environ={}, flags={"model": {"hf_config": hf_config, "pp": 0}})
+
+
+def test_a_number_argument_refuses_underscores():
+    # int() and float() read "0_5" as 5 and "1_000" as 1000; nobody writing a number means that
+    import argparse
+
+    from exporter.config import bounded
+    for text in ("0_5", "1_000"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a number"):
+            bounded(0.0, 1e9)(text)
+    assert bounded(0.0, 1e9)("1000") == 1000.0
