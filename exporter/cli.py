@@ -67,6 +67,19 @@ def fleet_families() -> tuple[Family, ...]:
     return tuple(out)
 
 
+def pipeline(cfg: Config) -> tuple[Runner, LiveSource | PrometheusSource]:
+    """The runner and source ``kvhit run`` polls: fleet mode when ``cfg.prometheus`` is set, whose
+    query ranges end on the runner's clock (its snapshots' stamps: a wall-clock step moves
+    neither), else the sidecar's scrape of ``cfg.target``."""
+    if cfg.prometheus:
+        runner = Runner(cfg, cfg.prometheus, scope="fleet")
+        return runner, PrometheusSource(cfg.prometheus, fleet_families(), selector_matchers(cfg.selector),
+                                        interval=cfg.interval, delay=cfg.prometheus_delay, timeout=cfg.timeout,
+                                        max_bytes=cfg.max_body_bytes, headers=cfg.prometheus_headers,
+                                        bearer_token_file=cfg.prometheus_bearer_token_file, clock=runner.clock)
+    return Runner(cfg, cfg.target), LiveSource(cfg.target, timeout=cfg.timeout, max_bytes=cfg.max_body_bytes)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = _config(args, target=args.target, prometheus=args.prometheus, selector=args.selector,
                   interval=args.interval, listen=args.listen, web_config=getattr(args, "web_config", None))
@@ -75,16 +88,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "for fleet mode)")
     check_t_load(cfg)
     web = load_web_config(cfg.web_config)  # checked by load_config: nothing starts on a bad file
+    runner, source = pipeline(cfg)
     if cfg.prometheus:
-        runner = Runner(cfg, cfg.prometheus, scope="fleet")
-        source = PrometheusSource(cfg.prometheus, fleet_families(), selector_matchers(cfg.selector),
-                                  interval=cfg.interval, delay=cfg.prometheus_delay, timeout=cfg.timeout,
-                                  max_bytes=cfg.max_body_bytes, headers=cfg.prometheus_headers,
-                                  bearer_token_file=cfg.prometheus_bearer_token_file)
         reading = f"fleet {cfg.selector or '{}'} from Prometheus {redact_url(cfg.prometheus)}"
     else:
-        runner = Runner(cfg, cfg.target)
-        source = LiveSource(cfg.target, timeout=cfg.timeout, max_bytes=cfg.max_body_bytes)
         reading = f"scraping {redact_url(cfg.target)}"
     server, _ = serve(runner, cfg.listen, web)
     log.info("kvhit serving on %s (%s%s), %s every %ss", cfg.listen, "https" if web.tls else "http",

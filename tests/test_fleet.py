@@ -577,3 +577,23 @@ def test_bad_selector_on_the_command_line_exits_2_with_one_line(capsys):
                  "--listen", f"127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("kvhit: config key selector: "), err
+
+
+def test_a_wall_clock_step_moves_neither_the_ranges_nor_the_stamps(fake, monkeypatch):
+    # kvhit run's fleet pipeline: the query ranges ended on the wall clock while the snapshots were
+    # stamped on kvhit's steady clock, so a 10-min forward step (NTP, a resumed VM) gave one 60-s
+    # step 11 minutes of increases (an adversarial review saw TPM 13.86M for a true 1.26M).
+    from exporter import runner as runner_module
+    from exporter.cli import pipeline
+    wall, mono = [5000.0], [100.0]
+    monkeypatch.setattr(runner_module.time, "time", lambda: wall[0])
+    monkeypatch.setattr(runner_module.time, "monotonic", lambda: mono[0])
+    runner, source = pipeline(Config(prometheus=fake.url, interval=60.0))
+    fake.answer([_row("c:prefix_cache_queries", "1000")])
+    fake.answer([_row("c:prefix_cache_queries", "1000")])
+    assert runner.poll(source)
+    wall[0] += 600.0 + 60.0  # the system clock jumps 10 min forward during the next interval
+    mono[0] += 60.0
+    assert runner.poll(source)
+    assert "[60000ms]" in fake.forms[-1]["query"]  # the 60 s kvhit's own clock saw, not 660 s
+    assert float(fake.forms[-1]["time"]) - float(fake.forms[0]["time"]) == pytest.approx(60.0)
