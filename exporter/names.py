@@ -41,7 +41,7 @@ SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scra
 # error would hide that error from rate() and increase(). http_<code> series appear when met.
 SCRAPE_ERROR_REASONS = ("refused", "no_answer", "timeout", "redirect", "too_large", "encoding", "incomplete",
                         "parse", "out_of_order", "internal", "error")
-FLEET_ERROR_REASONS = ("query_error", "bad_response", "credentials")  # fleet mode only
+FLEET_ERROR_REASONS = ("query_error", "partial_response", "bad_response", "credentials")  # fleet mode only
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
                    f"({', '.join(SCRAPE_ERROR_REASONS)}, http_<code>; fleet mode also {', '.join(FLEET_ERROR_REASONS)}) "
                    "[scrapes].", ("target", "reason"), "counter")

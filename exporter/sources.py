@@ -476,6 +476,14 @@ def _vector(body: bytes, where: str) -> list[tuple[dict[str, str], float]]:
     if isinstance(doc, dict) and doc.get("status") == "error":
         kind = str(doc.get("errorType", "unknown"))[:40]
         raise ScrapeError("query_error", f"query failed at {where} (errorType {kind})")
+    # Thanos and Mimir answer "success" with a warning when a store did not answer: the sums then
+    # miss its pods, and the range would move past increases never counted. Prometheus 2.x's
+    # "PromQL info:" annotations say nothing is missing.
+    warnings = doc.get("warnings") if isinstance(doc, dict) else None
+    if warnings and not (isinstance(warnings, list)
+                         and all(isinstance(w, str) and w.startswith("PromQL info:") for w in warnings)):
+        n = len(warnings) if isinstance(warnings, list) else 1  # their text may quote label values: not logged
+        raise ScrapeError("partial_response", f"answer from {where} carries {n} warning(s): a store or shard missing?")
     data = doc.get("data") if isinstance(doc, dict) and doc.get("status") == "success" else None
     if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         raise ScrapeError("bad_response", f"answer from {where} is not a successful instant vector")

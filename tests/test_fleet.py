@@ -369,6 +369,9 @@ def test_empty_answer_is_no_data_not_zero(fake):
     (200, b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{"model_name":null},'
           b'"value":[1,"2"]}]}}', "bad_response"),
     (200, b"[" * 100_000, "bad_response"),  # deeper than json recurses: was reason "error" (RecursionError)
+    # Thanos/Mimir with a store down: "success", half the sums, and a warning (was taken as whole)
+    (200, b'{"status":"success","warnings":["partial response: SECRET store unavailable"],'
+          b'"data":{"resultType":"vector","result":[]}}', "partial_response"),
 ])
 def test_each_failure_has_its_reason_and_moves_no_range(fake, status, body, reason):
     clock = Clock(95.0)
@@ -418,9 +421,9 @@ def _series(scope: str) -> list:
 
 def test_scope_label_on_every_series_in_fleet_mode_only():
     fleet_mode, pod_mode = _series("fleet"), _series("")
-    fleet_errors = ("query_error", "bad_response", "credentials")
-    # the same series, plus fleet mode's own error reasons at 0 (query_error, bad_response, credentials)
-    assert len(fleet_mode) == len(pod_mode) + 3 and len(pod_mode) > 50
+    fleet_errors = ("query_error", "partial_response", "bad_response", "credentials")
+    # the same series, plus fleet mode's own error reasons at 0
+    assert len(fleet_mode) == len(pod_mode) + 4 and len(pod_mode) > 50
     assert {s.labels["reason"] for s in fleet_mode if s.name == "kvhit_scrape_errors_total"} \
         - {s.labels["reason"] for s in pod_mode if s.name == "kvhit_scrape_errors_total"} \
         == set(fleet_errors)
