@@ -75,7 +75,7 @@ class HistogramDelta(Buckets):
         if self.count <= 0:
             return "no observation in the interval"
         if not math.isfinite(self.sum):
-            return "no _sum (or one engine or step lacks it)"
+            return "no _sum, or _sum went down at a step without a restart (or one engine or step lacks it)"
         edges, counts = self.edges, self.counts
         if not counts:
             return ""
