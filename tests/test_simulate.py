@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import threading
 import urllib.request
 from dataclasses import replace
@@ -262,36 +263,41 @@ def test_no_alpha_while_the_chip_time_fit_cannot_see_attention():
     assert len(errors) > 30 and max(map(abs, errors)) <= 2.0, errors
 
 
+_QUERIES = re.compile(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) (\S+)$", re.M)
+
+
+def _beside_a_clean_run(name: str, at: int, edit):
+    """(i, runner, clean) after each scrape i of scenario ``name``: ``runner`` read scrape ``at``
+    through ``edit`` (the text → the text served instead), ``clean`` every scrape as served."""
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset(name)
+    clock = TraceClock()
+    runner, clean = (Runner(Config(interval=sc.interval), "sim", clock=clock) for _ in range(2))
+    for i, (t, text, _) in enumerate(generate(sc)):
+        clock.t = t
+        assert clean.ingest_text(t, text)
+        assert runner.ingest_text(t, edit(text) if i == at else text), i
+        yield i, runner, clean
+
+
 def test_one_absurd_counter_value_is_dropped_not_an_hour_down():
     # A glitched scrape with prefix_cache_queries_total = 1e200 (finite, beyond 2^53): kvhit
     # stayed down ~700 scrapes before (ZeroDivisionError in every analysis, each counted as an
     # internal scrape error). Now the value is dropped (out_of_range), the hit ratio is unknown
     # for the two steps that touch it, and every scrape is analysed.
-    import re
-
-    from exporter.config import Config
-    from exporter.replay import TraceClock
-    from exporter.runner import Runner
-
-    sc = preset("sweep")
-    clock = TraceClock()
-    runner, clean = (Runner(Config(interval=sc.interval), "sim", clock=clock) for _ in range(2))
-    queries = re.compile(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) \S+$", re.M)
-    for i, (t, text, _) in enumerate(generate(sc)):
-        clock.t = t
-        assert clean.ingest_text(t, text)
+    model = preset("sweep").model_name
+    for i, runner, clean in _beside_a_clean_run("sweep", 30, lambda text: _QUERIES.sub(r"\1 1e200", text)):
         if i == 30:
-            text, n = queries.subn(r"\1 1e200", text)
-            assert n == 1
-        assert runner.ingest_text(t, text), i
-        if i == 30:
-            assert "all" not in runner.current()[0].models[sc.model_name].hit_ratio  # unknown, never a number
+            assert "all" not in runner.current()[0].models[model].hit_ratio  # unknown, never a number
         if i == 50:  # the publish window (60 s of 5-s scrapes) has left scrape 30 behind
             break
     analysis, health = runner.current()
     assert health.up and not health.errors and health.quirks == {"out_of_range": 1}
     # the window after it is the glitch-free run's, Δhits/Δqueries of the same two scrapes
-    assert analysis.models[sc.model_name].hit_ratio == clean.current()[0].models[sc.model_name].hit_ratio
+    assert analysis.models[model].hit_ratio == clean.current()[0].models[model].hit_ratio
 
 
 def test_one_glitched_scrape_leaves_the_fits_as_they_were():
@@ -300,24 +306,11 @@ def test_one_glitched_scrape_leaves_the_fits_as_they_were():
     # step stayed buffered, and the next scrape (the counter back down, _created unchanged) taken
     # for a restart. Now the spike step is an outlier of the miss-slope fit and the step back is
     # a glitch without increases; the fit ends where the glitch-free run's does.
-    import re
-
-    from exporter.config import Config
-    from exporter.replay import TraceClock
-    from exporter.runner import Runner
-
-    sc = preset("valley")
-    clock = TraceClock()
-    runner, clean = (Runner(Config(interval=sc.interval), "sim", clock=clock) for _ in range(2))
-    queries = re.compile(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) (\S+)$", re.M)
-    for i, (t, text, _) in enumerate(generate(sc)):
-        clock.t = t
-        assert clean.ingest_text(t, text)
-        if i == 100:
-            text = queries.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 1.1!r}", text)
-        assert runner.ingest_text(t, text)
+    model = preset("valley").model_name
+    spike = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 1.1!r}", text)  # noqa: E731
+    for i, runner, clean in _beside_a_clean_run("valley", 100, spike):
         if i == 101:
-            assert runner.analyzer.windows.window(sc.model_name).glitches == 1
-    got, want = (r.current()[0].models[sc.model_name].fits["miss_slope"] for r in (runner, clean))
+            assert runner.analyzer.windows.window(model).glitches == 1
+    got, want = (r.current()[0].models[model].fits["miss_slope"] for r in (runner, clean))
     assert got.ok and got.value("a") == pytest.approx(want.value("a"), abs=0.005)
     assert got.extra["outliers"] >= 1 and got.extra["anomalies"] == want.extra["anomalies"]
