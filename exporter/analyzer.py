@@ -301,7 +301,8 @@ class Analyzer:
     def _kv_bytes_per_token(self) -> float | None:
         """S_kv [bytes/token] of the configured geometry stored as the latest snapshot's engine stores
         KV (cache_config_info cache_dtype, :meth:`~exporter.config.Geometry.element_bytes`)."""
-        return self.config.model.kv_bytes_per_token(None if self._last is None else self._last.cache_config.get("cache_dtype"))
+        last = self._last
+        return self.config.model.kv_bytes_per_token(None if last is None else last.cache_config.get("cache_dtype"))
 
     # --- assembly ------------------------------------------------------------------------
 

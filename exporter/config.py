@@ -433,14 +433,22 @@ def _check_hf_geometry(g: Geometry) -> None:
                           "head_dim)")
 
 
+def number(text: str) -> float:
+    """``float(text)`` of a number as people write one. Raises ValueError, also for an underscore
+    (float() reads "0_5" as 5.0)."""
+    if "_" in text:
+        raise ValueError(f"{text!r}: no number has an underscore")
+    return float(text)
+
+
 def bounded(lo: float, hi: float = math.inf, integer: bool = False, open_low: bool = False) -> Callable[[str], float]:
     """An argparse ``type``: a finite number in [lo, hi] ((lo, hi] with ``open_low``), a whole one
     with ``integer``; anything else is argparse's usage error (one line, exit 2)."""
     def parse(text: str) -> float:
         try:
-            if "_" in text:  # int() and float() read 0_5 as 5; nobody means that
-                raise ValueError
-            v = int(text) if integer else float(text)
+            v = number(text)  # int() reads "1_0" as 10 too: refused here first
+            if integer:
+                v = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {'whole ' if integer else ''}number, got {text!r}") from None
         if not (math.isfinite(v) and (lo < v if open_low else lo <= v) and v <= hi):

@@ -39,7 +39,7 @@ from dataclasses import MISSING, asdict, fields
 
 from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
-from exporter.config import bounded
+from exporter.config import bounded, number
 from fitters.result import FitResult
 from fitters.whatif import NULLABLE, FittedModel
 
@@ -133,8 +133,8 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
     """
     out = []
     for name, v in (("hit_ratio", hit_ratio), ("isl", isl), ("osl", osl)):
-        try:  # float() reads "0_5" as 5.0: no number anyone writes
-            x = math.nan if isinstance(v, bool) or isinstance(v, str) and "_" in v else float(v)
+        try:
+            x = math.nan if isinstance(v, bool) else number(v) if isinstance(v, str) else float(v)
         except (TypeError, ValueError):
             x = math.nan
         if not math.isfinite(x):

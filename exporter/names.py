@@ -117,8 +117,8 @@ OVERLAP = _m("kvhit_overlap_ratio", "alpha: share of min(T_load, T_compute) hidd
 OVERLAP_STDERR = _m("kvhit_overlap_ratio_stderr", "Standard error of alpha [ratio].", section="§3.2")
 LOAD_BANDWIDTH = _m("kvhit_load_bandwidth_bytes_per_second", "B_load used for T_load; source=measured (vLLM KV "
                     "offload load bytes/time) or configured [bytes/s].", MODEL + ("source",), section="§3.2")
-KV_BYTES = _m("kvhit_kv_bytes_per_token", "S_kv, per-token per-GPU KV bytes from the configured geometry [bytes].",
-              section="§3.6")
+KV_BYTES = _m("kvhit_kv_bytes_per_token", "S_kv, per-token per-GPU KV bytes from the configured geometry, stored "
+              "as the engine's cache_dtype says [bytes].", section="§3.6")
 CONTENTION = _m("kvhit_contention_factor", "c(running) = c0 + c1*running: prefill latency over unloaded prefill "
                 "chip time at the publish window's time-averaged num_requests_running [1].", section="§7")
 

@@ -13,9 +13,9 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   unterminated last line is dropped (``truncated``), never read as a shorter number. Bytes that
   were not UTF-8 arrive as U+FFFD (``non_utf8``): a metric name containing one is malformed, a
   label value keeps it.
-* NaN/±Inf samples (``non_finite``), values beyond ±2^53 (``out_of_range``: no token or request
-  count gets there, and a difference of two such floats is not exact) and negative counters /
-  histogram counts (``negative``) are ignored; the same series twice is dropped, unknown (``duplicate_series``: which value is right
+* NaN/±Inf samples (``non_finite``), values beyond ±1e18 (``out_of_range``: an exabyte; no token,
+  request or byte count gets there, and a glitched 1e200 would overflow the fits' sums of
+  squares) and negative counters / histogram counts (``negative``) are ignored; the same series twice is dropped, unknown (``duplicate_series``: which value is right
   cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
   0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum (``pid_duplicate``).
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
@@ -495,9 +495,8 @@ class _Plan:
             values = list(map(float, strings))
         except ValueError:
             return None
-        # every value finite, ≥ 0 and ≤ MAX_VALUE (a NaN makes the sum NaN): none the reference would
-        # drop (a body whose values add up beyond MAX_VALUE takes the full path)
-        if not (min(values) >= 0 and sum(values) <= MAX_VALUE):
+        # every value finite, ≥ 0 and ≤ MAX_VALUE (a NaN makes the sum NaN): none the reference would drop
+        if not (min(values) >= 0 and max(values) <= MAX_VALUE and sum(values) < math.inf):
             return None
         snap, maps = self.evaluate(values, timestamp)
         for i in self.engine_hists:

@@ -30,10 +30,10 @@ from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from exporter.config import read_bearer_token, redact_url
 
-# Largest magnitude any stage reads as a value (2^53: floats are exact integers up to it; a
-# glitched 1e200 counter would overflow every sum of squares downstream): parse drops a sample
-# beyond it (out_of_range), and fleet mode never adds one to a running total.
-MAX_VALUE = float(2**53)
+# Largest magnitude any stage reads as a value: parse drops a sample beyond it (out_of_range), and
+# fleet mode never adds one to a running total. A glitched 1e200 counter would overflow every sum
+# of squares downstream; 1e18 is an exabyte (a bytes counter at 10 GB/s gets there in 3 years).
+MAX_VALUE = 1e18
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
@@ -276,8 +276,9 @@ class PrometheusSource:
     * ``cache_config_info``: the set of labels kvhit reads that most pods report (pods of one
       model normally share it).
 
-    A sample that is no value (NaN, ±Inf) or, for a counter or bucket, no increase (below 0) is
-    rendered as it came and never added to a total (a total would keep it forever): parse counts
+    A sample that is no value (NaN, ±Inf, beyond MAX_VALUE) or, for a counter or bucket, no
+    increase (below 0) is rendered as it came and never added to a total (a total would keep it
+    forever): parse counts
     and drops it (``non_finite``, ``out_of_range``, ``negative``) as in a pod's body, and the series is unknown for
     that fetch. A family Prometheus has no series for this fetch (never exported, or no pod with
     two samples in the range) is absent from the text — unknown, never 0. Each ``increase()`` extrapolates
@@ -331,7 +332,9 @@ class PrometheusSource:
         Raises:
             ScrapeError: reason as in the class docstring.
         """
-        t = self.clock() - self.delay
+        # Never past the wall clock: after it stepped back, a steady clock ahead of it would ask
+        # Prometheus about the future (empty ranges) until kvhit restarts.
+        t = min(self.clock(), time.time()) - self.delay
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval
         body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._headers,
@@ -376,6 +379,10 @@ class PrometheusSource:
     def _render(self, rows: list[tuple[dict[str, str], float]]) -> str:
         """This fetch's rows → exposition: counter and histogram rows added to the totals first."""
         by_query: dict[str, list[tuple[dict[str, str], float]]] = {}
+        # a fleet's bytes add up fast: past half the cap every total starts again from this answer
+        # (no _created: parse reads a restart of them all, whose increases are then this answer's)
+        if self._totals and max(self._totals.values()) > MAX_VALUE / 2:
+            self._totals.clear()
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         registry = CollectorRegistry(auto_describe=False)

@@ -17,6 +17,10 @@ Bad days, each handled as a kind:
 * A step whose ``_created`` stamps changed to a time before the previous scrape came from another
   process (one target URL load-balancing several pods): no increases either, never a pod's
   lifetime total taken for a restart's increase.
+* A scrape in which a value went down while every ``_created`` stayed the same (a glitched read,
+  not a restart) is skipped for that model: the next step is taken from the scrape before it, so
+  a scrape that read low costs nothing. Still down at the next scrape (the skipped one had read
+  high), that step has no increases (``glitches``) and counting starts afresh from it.
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
   go down are dropped, never clamped to 0; a Δsum outside what the bucket deltas allow
   (:attr:`HistogramDelta.problem`, e.g. all observations ≤ 1 ms but a mean of 0.5 s) makes the
@@ -307,6 +311,8 @@ class Windows:
         self._last: Snapshot | None = None
         self._models: dict[str, ModelWindow] = {}
         self.gaps = 0  # steps longer than the publish window, not used (see the module doc)
+        self._held: dict[str, tuple[float, ModelSignals]] = {}  # model → (t, signals) before a skipped scrape
+        self.skipped = 0  # scrapes of a model skipped as glitched (push)
 
     @property
     def last(self) -> Snapshot | None:
@@ -320,15 +326,23 @@ class Windows:
         out: dict[str, Delta] = {}
         if prev is None:
             return out
+        held, self._held = self._held, {}
         if snap.timestamp - prev.timestamp > self.gap_seconds:
             self.gaps += 1
             self._models.clear()  # no window spans the gap; it starts again from this snapshot
             return out
         for model, cur in snap.models.items():
-            before = prev.models.get(model)
+            t0, before = held.get(model) or (prev.timestamp, prev.models.get(model))
             if before is None:
                 continue
-            d = step_delta(before, cur, prev.timestamp, snap.timestamp)
+            d = step_delta(before, cur, t0, snap.timestamp)
+            if d.glitches and model not in held:
+                # A value went down with _created unchanged: this scrape read low, or the last one
+                # high. This scrape is skipped once: the next step is taken from before it, so a
+                # dip costs nothing; still down then, that step (no increases) starts afresh.
+                self._held[model] = (t0, before)
+                self.skipped += 1
+                continue
             self._models.setdefault(model, ModelWindow(self.window_seconds)).push(d)
             out[model] = d
         for model in list(self._models):

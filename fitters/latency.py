@@ -507,7 +507,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
     idx = {n: i for i, n in enumerate(names)}
     cov = sol.covariance
     if coef_covariance is not None:
-        g = _first_stage(x[rows], arrays, design, names, sol)
+        g = _first_stage(_basis_rows(x[rows], (coef, kv, bw))[0], arrays, design, names, sol)
         cov = cov + g @ np.asarray(coef_covariance, dtype=float) @ g.T
 
     y_hat = sol.predicted + arrays["t_load"]
@@ -578,30 +578,32 @@ def _arrays(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: flo
     }
 
 
-def _first_stage(x: np.ndarray, arrays: dict[str, np.ndarray], design: np.ndarray, names: list[str],
+def _first_stage(u: np.ndarray, arrays: dict[str, np.ndarray], design: np.ndarray, names: list[str],
                  sol: "_Solution") -> np.ndarray:
     """G = ∂θ/∂(t_step, k_ffn, k_attn), shape (p, 3): how the fitted θ = (c0[, c1][, α]) move
     with the chip-time coefficients they are fitted under, so that G·Σ·Gᵀ is the part of the
     chip-time fit's covariance Σ they inherit (the delta method for a two-step estimate, the two
-    fits' noise taken as independent). The solution is stationary, Dᵀ·W·(z − D·θ) = 0 with the
-    IRLS weights W held; differentiating it in c_j gives (DᵀWD)·∂θ = ∂Dᵀ·W·e − DᵀW·∂D·θ
-    (e = z − D·θ) over the parameters off their bounds (those at a bound stay there: 0).
-    x: the fitted rows (n, 7); design: D (n, p), columns ``names`` as :func:`_design` builds them."""
-    isl, h = x[:, 2], x[:, 3]
-    u = np.column_stack([np.ones(len(x)), (1.0 - h) * isl, attention_work(isl, h)])  # ∂P/∂(t_step, k_ffn, k_attn)
+    fits' noise taken as independent). The soft_l1 solution is stationary, Σ n·ψ(r)·∂r/∂θ = 0
+    (r = D·θ − z per normalised row, n the request weights, ψ(r)/r = ω the IRLS weight);
+    differentiating it in c_j, with ψ' = ω³ (the loss-modified Jacobian's weight, as
+    :func:`_robust_covariance`): (Dᵀ·n·ψ'·D)·∂θ = ∂Dᵀ·n·ω·e − Dᵀ·n·ψ'·∂D·θ (e = z − D·θ), over the
+    parameters off their bounds (those at a bound stay there: 0). u: ∂P/∂(t_step, k_ffn, k_attn)
+    of the fitted rows (n, 3), :func:`_basis_rows`; design: D (n, p), columns ``names`` as
+    :func:`_design` builds them."""
     on_compute = arrays["m"] < arrays["t_load"]  # min() is T_compute = (0, k_ffn, k_attn)·u there
-    w = arrays["w"] * sol.weights
+    irls = arrays["w"] * sol.weights
+    hess = arrays["w"] * sol.weights ** 3
     e = arrays["z"] - design @ sol.values
     free = ~sol.active
     g = np.zeros((len(names), 3))
     if not free.any():
         return g
     df = design[:, free]
-    gram = df.T @ (df * w[:, None])
+    gram = df.T @ (df * hess[:, None])
     for j in range(3):
-        dm = u[:, j] * on_compute if j else np.zeros(len(x))  # T_compute has no t_step
+        dm = u[:, j] * on_compute if j else np.zeros(len(u))  # T_compute has no t_step
         dd = np.column_stack([{"c0": u[:, j], "c1": u[:, j] * arrays["r"], "alpha": -dm}[n] for n in names])
-        rhs = dd[:, free].T @ (w * e) - df.T @ (w * (dd @ sol.values))
+        rhs = dd[:, free].T @ (irls * e) - df.T @ (hess * (dd @ sol.values))
         try:
             g[free, j] = np.linalg.solve(gram, rhs)
         except np.linalg.LinAlgError:

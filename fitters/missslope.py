@@ -16,9 +16,11 @@ property of the engine, not of the traffic's h histogram.
 Tail chunks (seed 002: at some hit ratios, 20 %, 40 % and 70 % in its measurement, the last
 prefill chunk is tiny and TPS_miss is very low) are flagged as anomalies and excluded. They are
 flagged against a reference that follows the curve, because against the line the steep end of a
-curved TPS_miss(h) looks like a dip too. A step as far above the reference is excluded as an
-outlier (a glitched counter: no engine serves miss tokens that much faster than it does at that
-h); the line's quadrature would give a lone step at an h of its own a whole node's weight.
+curved TPS_miss(h) looks like a dip too. A step as far above the reference and at least twice its
+throughput is excluded as an outlier (a glitched counter: no engine serves miss tokens twice as
+fast as it does at that h; a real engine's steps scatter by whole prefill chunks, ±20 % on the
+bundled CPU trace); the line's quadrature would give a lone step at an h of its own a whole
+node's weight.
 """
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, solve_normal
 from .result import Estimate, FitResult, Status
 
 # A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip; one as
-# far above it is an outlier (dips are structural, seed 002; a high point that far is a glitch).
+# far above it and at least OUTLIER_RATIO times its throughput is an outlier (dips are structural,
+# seed 002; a high point that far is a glitch, where σ of a chunk-quantised trace is tiny).
 ANOMALY_SIGMAS = 3.5
+OUTLIER_RATIO = 2.0
 # Steps whose h agree to this measure the same point of the curve (one node of the h quadrature).
 H_RESOLUTION = 0.01
 _NODES = round(1.0 / H_RESOLUTION) + 1  # node indices of h ∈ [0, 1]
@@ -81,8 +85,9 @@ def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_s
        line (B = C = 0, s = a) is in the family too. Residuals are relative, TPS/curve - 1, since
        throughput noise and dips are fractions of it; soft_l1 loss with f_scale = the MAD σ of
        all points, started from the OLS line or the §7 curve, whichever has the smaller σ. Every
-       point below -ANOMALY_SIGMAS·σ (a dip) or above +ANOMALY_SIGMAS·σ (an outlier) is flagged
-       and the curve refitted without the flagged points, until the flagged set is stable. σ is taken over all points, not over the kept
+       point below -ANOMALY_SIGMAS·σ (a dip), or above both +ANOMALY_SIGMAS·σ and OUTLIER_RATIO
+       times the curve (an outlier), is flagged and the curve refitted without the flagged
+       points, until the flagged set is stable. σ is taken over all points, not over the kept
        ones: cutting the low tail would shrink σ round after round and flag ever more.
     2. The line: weighted least squares of TPS_miss on h over the kept points, weight = the h
        quadrature (trapezoid rule over the distinct h, to H_RESOLUTION, each node's width
@@ -142,7 +147,7 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     for _ in range(_MAX_ROUNDS):
         rel = _reference_residuals(p, hf, ys)
         sigma = robust_sigma(rel)
-        flagged = np.abs(rel) > ANOMALY_SIGMAS * sigma
+        flagged = _flagged(rel, sigma)
         if np.array_equal(flagged, ~keep):
             break
         keep = ~flagged
@@ -155,6 +160,12 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     anomalies[finite] = _dips(hf, yf, ~keep, ref)
     res = _line(hf, yf, keep, ref, min_samples, min_h_span)
     return res, anomalies, excluded, ref if res.ok else None
+
+
+def _flagged(rel: np.ndarray, sigma: float) -> np.ndarray:
+    """Points (bool, shape of ``rel``) left out against a reference: relative residual below
+    -ANOMALY_SIGMAS·σ (a dip), or above ANOMALY_SIGMAS·σ and OUTLIER_RATIO − 1 (an outlier)."""
+    return (rel < -ANOMALY_SIGMAS * sigma) | (rel > max(ANOMALY_SIGMAS * sigma, OUTLIER_RATIO - 1.0))
 
 
 def _dips(h: np.ndarray, y: np.ndarray, excluded: np.ndarray, ref: _Reference) -> np.ndarray:
@@ -280,7 +291,8 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
     """One ISL bucket's rows (t [s], h [1], TPS_miss [tokens/s]) and its amortized fit
     (fitters/online.py): a refit is :func:`_robust_fit`; the frozen weight of a row is 1 when it
     is kept, 0 when flagged against the refit's reference (a new row: flagged when more than
-    ANOMALY_SIGMAS of the refit's σ below or above that reference); in between, the exact step is the
+    ANOMALY_SIGMAS of the refit's σ below that reference, or above it and OUTLIER_RATIO times it); in
+    between, the exact step is the
     line of :func:`fit_miss_slope` over the kept rows (it has no robust loss, so that is the whole
     fit) with the sandwich covariance about the frozen reference. The line comes from running
     sums per node of the h quadrature (:class:`~fitters.online.GramSums` of (1, h, TPS) over the
@@ -304,7 +316,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
 
     def _weigh(self, x: np.ndarray, v: np.ndarray, key: object, ref: _Reference) -> np.ndarray:
         rel = _reference_residuals(ref.p, x[:, 1], x[:, 2] / ref.y_scale)
-        return (np.abs(rel) <= ANOMALY_SIGMAS * ref.sigma).astype(float)
+        return (~_flagged(rel, ref.sigma)).astype(float)
 
     def _basis(self, x: np.ndarray, ref: _Reference) -> tuple[np.ndarray, float, np.ndarray]:
         h = x[:, 1]

@@ -307,14 +307,14 @@ def test_non_finite_and_negative_samples_are_counted_as_quirks_and_move_no_total
     runner = Runner(Config(interval=5.0), fake.url, scope="fleet")
     fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "250")])
     # NaN, ±Inf: no value (non_finite); an increase of -5: no increase (negative); 1e200, beyond
-    # 2^53: out_of_range, as in a pod's body
+    # 1e18: out_of_range, as in a pod's body
     fake.answer([_row("c:prefix_cache_queries", "NaN"), _row("c:prefix_cache_hits", "-5"),
                  _row("g:num_requests_running", "+Inf"),
                  _row("b:request_prompt_tokens", "-Inf", le="100.0"), _row("b:request_prompt_tokens", "2", le="+Inf"),
                  _row("s:request_prompt_tokens", "NaN")])
     fake.answer([_row("c:prefix_cache_queries", "600"), _row("c:prefix_cache_hits", "450"),
                  _row("b:request_prompt_tokens", "NaN", le="+Inf")])  # no _count: no histogram, one more
-    fake.answer([_row("c:prefix_cache_queries", "1e200"), _row("c:prefix_cache_hits", "50")])  # beyond 2^53
+    fake.answer([_row("c:prefix_cache_queries", "1e200"), _row("c:prefix_cache_hits", "50")])  # beyond 1e18
     fake.answer([_row("c:prefix_cache_queries", "400"), _row("c:prefix_cache_hits", "50")])
     texts = []
     for t in (3000.0, 3005.0, 3010.0, 3015.0, 3020.0):
@@ -600,3 +600,31 @@ def test_a_wall_clock_step_moves_neither_the_ranges_nor_the_stamps(fake, monkeyp
     assert runner.poll(source)
     assert "[60000ms]" in fake.forms[-1]["query"]  # the 60 s kvhit's own clock saw, not 660 s
     assert float(fake.forms[-1]["time"]) - float(fake.forms[0]["time"]) == pytest.approx(60.0)
+    # stepped back 20 min: the steady clock is now ahead of Prometheus' and would ask about the
+    # future (empty ranges) for good; the query is at the wall clock, over one interval
+    wall[0] -= 1200.0 - 60.0
+    mono[0] += 60.0
+    fake.answer([_row("c:prefix_cache_queries", "1000")])
+    assert runner.poll(source)
+    assert float(fake.forms[-1]["time"]) == pytest.approx(wall[0]) and "[60000ms]" in fake.forms[-1]["query"]
+
+
+def test_fleet_totals_near_the_value_cap_start_again_together(fake):
+    # A fleet's bytes counters add up to 1e18 (parse's cap) in days; past half of it every running
+    # total starts again from the answer at hand, so parse reads a restart of them all: that
+    # step's increases are the answer's own (1000 queries, 250 hits), never a lifetime total.
+    clock = Clock(3000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    runner = Runner(Config(interval=5.0), fake.url, scope="fleet")
+    for q, h in (("4e17", "1e17"), ("4e17", "1e17"), ("1000", "250")):
+        fake.answer([_row("c:prefix_cache_queries", q), _row("c:prefix_cache_hits", h)])
+    texts = []
+    for t in (3000.0, 3005.0, 3010.0):
+        clock.t = t
+        texts.append(src.fetch()[1])
+        assert runner.ingest_text(t, texts[-1])
+    assert dict(parse_exposition(texts[1], 3005.0).models["m"].counters) == {"queries": 8e17, "hits": 2e17}
+    assert dict(parse_exposition(texts[2], 3010.0).models["m"].counters) == {"queries": 1000.0, "hits": 250.0}
+    step = runner.analyzer.windows._models["m"].steps[-1]
+    assert step.counters == {"queries": 1000.0, "hits": 250.0} and step.resets == 1
+    assert runner.current()[1].quirks == {}  # nothing dropped on the way

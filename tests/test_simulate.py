@@ -284,7 +284,7 @@ def _beside_a_clean_run(name: str, at: int, edit):
 
 
 def test_one_absurd_counter_value_is_dropped_not_an_hour_down():
-    # A glitched scrape with prefix_cache_queries_total = 1e200 (finite, beyond 2^53): kvhit
+    # A glitched scrape with prefix_cache_queries_total = 1e200 (finite, beyond 1e18): kvhit
     # stayed down ~700 scrapes before (ZeroDivisionError in every analysis, each counted as an
     # internal scrape error). Now the value is dropped (out_of_range), the hit ratio is unknown
     # for the two steps that touch it, and every scrape is analysed.
@@ -300,17 +300,40 @@ def test_one_absurd_counter_value_is_dropped_not_an_hour_down():
     assert analysis.models[model].hit_ratio == clean.current()[0].models[model].hit_ratio
 
 
-def test_one_glitched_scrape_leaves_the_fits_as_they_were():
+def test_a_scrape_that_read_high_leaves_the_fits_as_they_were():
     # prefix_cache_queries_total × 1.1 at one scrape of the valley scenario, right again at the
     # next: an adversarial review saw the direct miss slope go 0.81 → 1.39 (ok) for as long as the
     # step stayed buffered, and the next scrape (the counter back down, _created unchanged) taken
-    # for a restart. Now the spike step is an outlier of the miss-slope fit and the step back is
-    # a glitch without increases; the fit ends where the glitch-free run's does.
+    # for a restart. Now the spike step is an outlier of the miss-slope fit; the scrape after it
+    # is skipped, and the next step (still below the spike) has no increases.
     model = preset("valley").model_name
     spike = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 1.1!r}", text)  # noqa: E731
     for i, runner, clean in _beside_a_clean_run("valley", 100, spike):
         if i == 101:
+            assert runner.analyzer.windows.skipped == 1
+        if i == 102:
             assert runner.analyzer.windows.window(model).glitches == 1
     got, want = (r.current()[0].models[model].fits["miss_slope"] for r in (runner, clean))
     assert got.ok and got.value("a") == pytest.approx(want.value("a"), abs=0.005)
     assert got.extra["outliers"] >= 1 and got.extra["anomalies"] == want.extra["anomalies"]
+
+
+def test_a_scrape_that_read_low_costs_nothing():
+    # The mirror case (a review of the fix above): queries × 0.5 at scrape 100. The step back up
+    # counted half the counter's lifetime as one step's queries: h 0.04 published for 0.30, and
+    # k_ffn 1e-6 (true 1e-4), c0 115 (1.04), direct a 1.48 (0.81), all ok. Now scrape 100 is
+    # skipped and the step from 99 to 101 is exact: every fit is the glitch-free run's, within a
+    # fraction of its own standard error (one 10-s step in place of two 5-s ones).
+    model = preset("valley").model_name
+    dip = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 0.5!r}", text)  # noqa: E731
+    for i, runner, clean in _beside_a_clean_run("valley", 100, dip):
+        if i == 112:  # the first publish window without scrape 100 at its base: Δhits/Δqueries as served
+            h, h_clean = (r.current()[0].models[model].hit_ratio for r in (runner, clean))
+            assert h == pytest.approx(h_clean, rel=1e-9)  # the same increases, summed over other steps
+    got, want = (r.current()[0].models[model] for r in (runner, clean))
+    assert runner.analyzer.windows.skipped == 1
+    for fit, names in (("chip_time", ("t_step", "k_ffn", "k_attn")), ("miss_slope", ("a",)), ("load_aware", ("c0",))):
+        assert got.fits[fit].ok
+        for name in names:
+            off = abs(got.fits[fit].value(name) - want.fits[fit].value(name))
+            assert off <= 0.5 * want.fits[fit].params[name].stderr, (fit, name, off)

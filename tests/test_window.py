@@ -66,7 +66,8 @@ def test_changed_created_is_restart_even_when_value_went_up():
 def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     # hits 500 → 450 at one scrape while every _created stayed 1000: the same process, no restart.
     # Counting a restart took every counter's lifetime total as the step's increase (queries 1040,
-    # hits 450: h 0.43 for a window whose true h is 0.5); the step has no increases instead.
+    # hits 450: h 0.43 for a window whose true h is 0.5); the step has no increases instead, and
+    # the window skips such a scrape once (below).
     key = 'prefix_cache_queries{engine="0"}'
     prev = sig({"queries": 1000.0, "hits": 500.0}, created={key: 1000.0})
     cur = sig({"queries": 1040.0, "hits": 450.0}, created={key: 1000.0})
@@ -75,12 +76,24 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     # without _created (prometheus_client's multiprocess mode) a value down is a restart, as before
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 450.0}), 2000.0, 2005.0)
     assert d.counters == {"queries": 1040.0, "hits": 450.0} and d.resets == 1
-    # the window holding it says why its hit ratio is unknown
     from exporter.analyzer import Analyzer
     from exporter.config import Config
-    a = Analyzer(Config())
-    for t, q, h in ((2000.0, 1000.0, 500.0), (2005.0, 1040.0, 450.0), (2010.0, 1080.0, 540.0)):
-        a.ingest(snap(t, m=sig({"queries": q, "hits": h}, created={key: 1000.0})))
+
+    def analysed(scrapes):
+        a = Analyzer(Config())
+        for t, q, h in scrapes:
+            a.ingest(snap(t, m=sig({"queries": q, "hits": h}, created={key: 1000.0})))
+        return a
+    # a scrape that read low is skipped: the next step is taken from the one before it, and the
+    # window [2000, 2010] holds queries 1080 − 1000 = 80, hits 540 − 500 = 40, h = 0.5
+    a = analysed([(2000.0, 1000.0, 500.0), (2005.0, 1040.0, 450.0), (2010.0, 1080.0, 540.0)])
+    assert a.windows.skipped == 1 and a.windows.window("m").counters == {"queries": 80.0, "hits": 40.0}
+    assert a.analysis().models["m"].hit_ratio["device"] == 0.5
+    # one that read high (hits 600 at 2005) is seen at the next scrape, which is skipped; still
+    # down at 2015 (560 < 600), that step [2005, 2015] has no increases and the window says why
+    a = analysed([(2000.0, 1000.0, 500.0), (2005.0, 1040.0, 600.0), (2010.0, 1080.0, 540.0),
+                  (2015.0, 1120.0, 560.0)])
+    assert a.windows.skipped == 1 and a.windows.window("m").glitches == 1
     m = a.analysis().models["m"]
     assert m.hit_ratio == {}  # unknown, never a number
     assert m.unknown["hit_ratio"].startswith("a counter went down inside the publish window while its _created")
