@@ -290,10 +290,10 @@ class Analyzer:
         slope = st.slope.result(isl) if isl is not None and isl >= 1 else st.slope.result()
         if coef is not None:
             bandwidth = load_bandwidth if load_bandwidth is not None else self.config.load_bandwidth_bytes_per_second
-            # the latency layer is fitted under these coefficients: its errors include theirs
-            prefill_cov = None if chip.covariance is None else tuple(
-                tuple(chip.covariance[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
-            load_aware, overlap = st.latency.result(coef, self._kv_bytes_per_token(), bandwidth, prefill_cov)
+            # the latency layer is fitted under these coefficients: its errors include theirs (read
+            # when its statistics are built: the chip-time fit's own are lazy between refits)
+            load_aware, overlap = st.latency.result(coef, self._kv_bytes_per_token(), bandwidth,
+                                                    lambda: _prefill_covariance(chip))
         else:
             load_aware = overlap = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
         return ModelFits(chip, coef, slope, load_aware, overlap)
@@ -394,7 +394,8 @@ class Analyzer:
         if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
             contention = fitted.c0 + fitted.c1 * fitted.running
         return replace(out, fitted=fitted, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
-                       valley_form=_valley_form(chip, bathtubs), contention=contention)
+                       valley_form=_valley_form(chip, bathtubs), contention=contention,
+                       warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None) -> dict[str, BathtubCurve]:
         tps0, a = slope.value("tps0"), slope.value("a")
@@ -517,6 +518,30 @@ def _bandwidth(w: Delta, configured: float | None) -> tuple[float, str] | None:
 # The terms of a prefill step's time P = T_step + T_compute, which α is fitted against (MODEL.md §3.2, §7).
 PREFILL_TERMS = ("t_step", "k_ffn", "k_attn")
 _PREFILL_INDEX = tuple(CHIP_TIME_TERMS.index(t) for t in PREFILL_TERMS)  # in the chip-time fit's covariance
+
+
+# Relative miss of the load-aware TTFT on the window's own traffic beyond which it is flagged.
+LOAD_AWARE_TOLERANCE = 0.25
+
+
+def _load_aware_note(current: Prediction | None, observed: float | None) -> dict[str, str]:
+    """{"load_aware_off": why} when the load-aware TTFT predicted for the publish window's own
+    traffic misses the window's observed mean TTFT by more than LOAD_AWARE_TOLERANCE, else {}:
+    the fit may be ok and still not describe this engine's latency (on real vLLM it read 28-69 %
+    low: README, "Calibrate")."""
+    pred = None if current is None else current.ttft_load_aware
+    if pred is None or not observed or abs(pred / observed - 1) <= LOAD_AWARE_TOLERANCE:
+        return {}
+    return {"load_aware_off": f"the load-aware TTFT predicted for the window's own traffic, {pred:.3g} s, is "
+                              f"{pred / observed - 1:+.0%} off its observed mean TTFT {observed:.3g} s: queue time + "
+                              "c(running) x prefill chip time + visible load does not hold this engine's TTFT (what "
+                              "else it spends: README, Calibrate); read the load-aware TTFTs as a trend"}
+
+
+def _prefill_covariance(chip: FitResult) -> tuple[tuple[float, ...], ...] | None:
+    """The chip-time fit's covariance of (t_step, k_ffn, k_attn), 3×3, or None when it has none."""
+    cov = chip.covariance
+    return None if cov is None else tuple(tuple(cov[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
 
 
 def _overlap_identified(overlap: FitResult, chip: FitResult) -> FitResult:

@@ -66,7 +66,8 @@ WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values publish
                   "hit ratio), preemptions (hits inflated before vLLM 0.11.1), short_prompts (h = 0 because prompts "
                   "are not longer than one KV block), data_parallel (several engines in one exposition fitted as one "
                   "machine), kv_cache_dtype (vLLM's KV cache dtype unknown to kvhit or not the configured "
-                  "model.dtype_bytes); reason explains.", MODEL + ("warning", "reason"))
+                  "model.dtype_bytes), load_aware_off (the load-aware TTFT misses the window's observed one by more "
+                  "than 25 %); reason explains.", MODEL + ("warning", "reason"))
 
 # --- observed over the publish window (MODEL.md §1, §2) ----------------------------------
 WINDOW = _m("kvhit_window_seconds", "Length of the publish window the observed values cover [s] "
@@ -132,7 +133,8 @@ PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the curre
                     "kind=service is the unloaded chip-time TTFT of seed 000 (T_fixed+T_load+T_compute-T_overlap, "
                     "T_fixed = T_step, one engine step, not kvhit_fixed_time_seconds); "
                     "load_aware adds the window's mean queue time and contention at its time-averaged "
-                    "concurrency [s].",
+                    "concurrency (kvhit_warning_info{warning=\"load_aware_off\"} when it misses the window's "
+                    "observed TTFT by more than 25 %) [s].",
                     MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
 REVENUE = _m("kvhit_revenue_per_second", "R(h) at the current hit ratio, revenue per machine-second in configured "
              "price units (form=linear: seed 002 with the direct a; chip_time: from the §7 model) [price/s].",

@@ -416,7 +416,7 @@ def fit_latency(
     matrix = np.array([(s.t, s.y, s.isl, s.h, s.h_load, s.running, s.weight) for s in samples], dtype=float)
     out = _fit_matrix(matrix.reshape(-1, len(_COLUMNS)), coef, kv_bytes_per_token, load_bandwidth, min_samples,
                       lambda design, z, w, lower, upper, names, rows: _solve(design, z, w, lower, upper),
-                      coef_covariance=coef_covariance)
+                      coef_covariance=None if coef_covariance is None else lambda: coef_covariance)
     assert out is not None  # _solve always answers
     return out[0]
 
@@ -439,14 +439,16 @@ class _Fitted:
 
 
 def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: float | None, min_samples: int,
-                solver: Solver, frozen: list[str] | None = None, coef_covariance: np.ndarray | None = None
+                solver: Solver, frozen: list[str] | None = None,
+                coef_covariance: Callable[[], np.ndarray | None] | None = None
                 ) -> tuple[tuple[FitResult, FitResult], _Fitted | None] | None:
     """:func:`fit_latency` on a matrix of samples, shape (n, 7) in _COLUMNS order, with the linear
     problem solved by ``solver(design, z, w, lower, upper, names, rows)`` (rows: bool mask of the
     fit set over x); None when the solver returns None. The _Fitted is None when the fit failed
     before solving. ``frozen``: the parameter names of the last refit, whose collinearity
     verdicts (α, c0) stand instead of being checked again (the exact step between refits).
-    ``coef_covariance``: as in :func:`fit_latency`."""
+    ``coef_covariance``: returns :func:`fit_latency`'s (or None), called only once the solution
+    stands (its source may be a lazy result)."""
     _check_inputs(coef, kv, bw)
     loaded_rows = x[:, 4] > 0
     n_loaded = int(loaded_rows.sum())
@@ -506,9 +508,10 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
         return None
     idx = {n: i for i, n in enumerate(names)}
     cov = sol.covariance
-    if coef_covariance is not None:
+    sigma = None if coef_covariance is None else coef_covariance()
+    if sigma is not None:
         g = _first_stage(_basis_rows(x[rows], (coef, kv, bw))[0], arrays, design, names, sol)
-        cov = cov + g @ np.asarray(coef_covariance, dtype=float) @ g.T
+        cov = cov + g @ np.asarray(sigma, dtype=float) @ g.T
 
     y_hat = sol.predicted + arrays["t_load"]
     params = {"c0": Estimate(float(sol.values[idx["c0"]]), _stderr(cov, idx["c0"]))}
@@ -720,8 +723,8 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
     collinearity verdicts. It refits instead when a free parameter leaves its bounds, the fit's
     structure changes (which parameters are fitted, which steps enter) or a loaded step's
     min(T_load, T_compute) changes branch under the new coefficients. The result is cached while the samples,
-    ``coef``, ``kv_bytes_per_token``, ``load_bandwidth`` and ``coef_covariance`` are unchanged
-    (compared by value).
+    ``coef``, ``kv_bytes_per_token`` and ``load_bandwidth`` are unchanged (compared by value) and
+    ``coef_covariance`` is the same callable.
     Raises ValueError for capacity < 1, min_samples < 1 or every < 1.
     """
 
@@ -752,10 +755,12 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         coef: ChipTimeCoefficients,
         kv_bytes_per_token: float | None,
         load_bandwidth: float | None,
-        coef_covariance: tuple[tuple[float, ...], ...] | None = None,
+        coef_covariance: Callable[[], object] | None = None,
     ) -> tuple[FitResult, FitResult]:
         """``(load_aware, overlap)`` on the stored samples (class docstring); ``coef_covariance``
-        (3×3 over t_step, k_ffn, k_attn) as in :func:`fit_latency`. Raises ValueError as
+        returns the 3×3 covariance over (t_step, k_ffn, k_attn) of :func:`fit_latency` (or None),
+        called only when the statistics are built: the exact step's are lazy, and so may be the
+        chip-time fit's that give it (compared by identity: a new one means a new result). Raises ValueError as
         :func:`fit_latency`."""
         return self.solve(((coef, kv_bytes_per_token, load_bandwidth), coef_covariance))
 

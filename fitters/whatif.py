@@ -83,16 +83,18 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
         bounds = [k[t] / c for t, c in relation.items() if c > 0 and k[t] > 0]
         if bounds:
             off = min(bounds) * gap / predicted if predicted > 0 else math.inf
-            size = f"up to {min(bounds) * gap:.3g} s of its {predicted:.3g} s"
+            size = (f"its chip time could be off by up to {min(bounds) * gap:.3g} s of its {predicted:.3g} s "
+                    f"({off:.0%})")
         else:
             off = gap / max(abs(z[term]), abs(carried), math.ulp(0.0))
-            size = "by the regressor itself"
+            size = f"{off:.0%} apart, and the fit has no bound on what that costs"
         if off <= COLLINEAR_TOLERANCE:
             continue
         seen = " + ".join(f"{c:.4g} × {words[t]}" for t, c in relation.items()) or "0"
         return (f"not identifiable: the chip-time fit could not tell {words[term]} apart (in its steps "
-                f"{words[term]} ≈ {seen}); {what} has {z[term]:.4g} against {carried:.4g}, {off:.0%} off "
-                f"({size}): ask about traffic closer to the fitted one, or fit on traffic that varies them apart")
+                f"{words[term]} ≈ {seen}); {what} has {z[term]:.4g} {words[term]} where that relation gives "
+                f"{carried:.4g}: {size}; ask about traffic closer to the fitted one, or fit on traffic that "
+                "varies them apart")
     return None
 
 

@@ -376,7 +376,8 @@ def test_chip_time_uncertainty_propagates_to_alpha_and_contention():
     fitter = LatencyFitter(every=16)
     for o in obs[:-1]:
         fitter.update(o)
-    cov = tuple(map(tuple, sigma))
+    def cov():
+        return sigma
     on_la, on_ov = fitter.result(COEF, S_KV, B_LOAD, cov)
     pure = fit_latency(samples[:-1], COEF, S_KV, B_LOAD, coef_covariance=sigma)
     assert on_ov.params["alpha"].stderr == pytest.approx(pure[1].params["alpha"].stderr, rel=1e-6)

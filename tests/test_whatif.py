@@ -60,7 +60,7 @@ def test_a_prefill_is_refused_when_decode_time_rides_on_prefill_terms():
     p = fit.predict(0.0, 2048.0, 128.0)
     assert p.t_chip == pytest.approx(0.02 + 0.4096 + 0.1258291, rel=1e-6)
     assert p.ttft_service is None and p.ttft_load_aware is None
-    assert "a prefill has 0 against 128" in fit.unidentified_prefill(0.0, 2048.0)
+    assert "a prefill has 0 decode tokens where that relation gives 128" in fit.unidentified_prefill(0.0, 2048.0)
 
 
 def test_a_prefill_stands_when_the_carried_time_is_bounded_small():
