@@ -23,8 +23,8 @@ from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import quantile
 from fitters.latency import LatencyFitter
 from fitters.missslope import MissSlopeFitter
-from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors, tpm_delivered,
-                           tpm_physical)
+from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
+                           tpm_delivered, tpm_physical)
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes

@@ -150,10 +150,11 @@ class Geometry:
         if cache_dtype is None or self.kv_bytes_per_token() is None:
             return None
         engine = KV_CACHE_DTYPE_BYTES.get(cache_dtype)
-        if engine is None:
-            return None if self.dtype_bytes is not None else (f"vLLM stores KV as cache_dtype={cache_dtype} (cache_config_info), a format kvhit has no element "
-                    f"size for: S_kv is taken at {self.element_bytes():g} bytes per element; set model.dtype_bytes")
-        if cache_dtype != "auto" and self.dtype_bytes is not None and self.dtype_bytes != engine:
+        if engine is None and self.dtype_bytes is None:
+            return (f"vLLM stores KV as cache_dtype={cache_dtype} (cache_config_info), a format kvhit has no "
+                    f"element size for: S_kv is taken at {self.element_bytes():g} bytes per element; set "
+                    "model.dtype_bytes")
+        if engine is not None and cache_dtype != "auto" and self.dtype_bytes not in (None, engine):
             return (f"model.dtype_bytes is {self.dtype_bytes:g} but vLLM stores KV as {cache_dtype} ({engine:g} "
                     "bytes per element, cache_config_info): S_kv uses the engine's")
         return None

@@ -15,8 +15,8 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   label value keeps it.
 * NaN/±Inf samples (``non_finite``), values beyond ±1e18 (``out_of_range``: an exabyte; no token,
   request or byte count gets there, and a glitched 1e200 would overflow the fits' sums of
-  squares) and negative counters / histogram counts (``negative``) are ignored; the same series twice is dropped, unknown (``duplicate_series``: which value is right
-  cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
+  squares) and negative counters / histogram counts (``negative``) are ignored; the same series
+  twice is dropped, unknown (``duplicate_series``: which value is right cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
   0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum (``pid_duplicate``).
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
   summed, KV usage max over engines — only when EVERY engine of the model has the signal: a signal
@@ -132,9 +132,8 @@ PREEMPTION_FIX = (0, 11, 1)
 _OTHER_ENGINES = ("sglang", "lmcache")
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
-QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative", "duplicate_series",
-          "pid_duplicate", "engine_incomplete", "histogram_inconsistent")
-
+QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative",
+          "duplicate_series", "pid_duplicate", "engine_incomplete", "histogram_inconsistent")
 
 
 class ParseError(ValueError):
@@ -459,8 +458,8 @@ class _Plan:
         if repr(_parse(lines, truncated, reference.timestamp, _read_lines, b)) != repr(reference):
             return None
         prefixes = [lines[i].rpartition(" ")[0] + " " for i in sample_pos]
-        # every value the readers check (non_finite, out_of_range, negative), whether or not a leaf reads it: e.g.
-        # prompt_tokens_by_source{source="local_cache_hit"} is read and checked, never summed
+        # every value the readers check (non_finite, out_of_range, negative), whether or not a leaf
+        # reads it: e.g. prompt_tokens_by_source{source="local_cache_hit"} is read and checked, never summed
         needed = sorted(b.values)
         if len(comment_pos) < 2 or len(needed) < 2 or "" in (p.strip() for p in prefixes):
             return None

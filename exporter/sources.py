@@ -278,9 +278,8 @@ class PrometheusSource:
 
     A sample that is no value (NaN, ±Inf, beyond MAX_VALUE) or, for a counter or bucket, no
     increase (below 0) is rendered as it came and never added to a total (a total would keep it
-    forever): parse counts
-    and drops it (``non_finite``, ``out_of_range``, ``negative``) as in a pod's body, and the series is unknown for
-    that fetch. A family Prometheus has no series for this fetch (never exported, or no pod with
+    forever): parse counts and drops it (``non_finite``, ``out_of_range``, ``negative``) as in a
+    pod's body, and the series is unknown for that fetch. A family Prometheus has no series for this fetch (never exported, or no pod with
     two samples in the range) is absent from the text — unknown, never 0. Each ``increase()`` extrapolates
     the samples inside its range to the range's edges (Prometheus semantics): a total is exact
     for a steadily growing counter, otherwise off by the change of rate within the ≤ 1 scrape

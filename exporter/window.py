@@ -149,7 +149,7 @@ class Delta:
         return self.t1 - self.t0
 
 
-def _restarted(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
+def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
     """How the step from ``prev`` to ``cur`` began: "restart" (a ``_created`` timestamp changed, or
     a counter or observation count went down while no ``_created`` tells otherwise), "foreign" (a
     ``_created`` changed to a time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a
@@ -206,7 +206,7 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
 
 def _engine_increase(prev: ModelSignals, cur: ModelSignals, t0: float
                      ) -> tuple[dict[str, float], dict[str, HistogramDelta], str]:
-    kind = _restarted(prev, cur, t0)
+    kind = _step_kind(prev, cur, t0)
     if kind in ("foreign", "glitch"):
         return {}, {}, kind
     restarted = kind == "restart"

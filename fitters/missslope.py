@@ -181,7 +181,8 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
     n_out = int(len(keep) - keep.sum()) - n_anom
     extra = {"anomalies": n_anom, "outliers": n_out, "h_min": float(h.min()), "h_max": float(h.max())}
     hk = h[keep]
-    checked = _check(hk, min_samples, min_h_span, f" after excluding {n_anom} tail-chunk anomalies and {n_out} outliers")
+    checked = _check(hk, min_samples, min_h_span,
+                     f" after excluding {n_anom} tail-chunk anomalies and {n_out} outliers")
     if checked is not None:
         return dataclasses.replace(checked, extra=extra)
     y_k = y[keep]
@@ -291,9 +292,8 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
     """One ISL bucket's rows (t [s], h [1], TPS_miss [tokens/s]) and its amortized fit
     (fitters/online.py): a refit is :func:`_robust_fit`; the frozen weight of a row is 1 when it
     is kept, 0 when flagged against the refit's reference (a new row: flagged when more than
-    ANOMALY_SIGMAS of the refit's σ below that reference, or above it and OUTLIER_RATIO times it); in
-    between, the exact step is the
-    line of :func:`fit_miss_slope` over the kept rows (it has no robust loss, so that is the whole
+    ANOMALY_SIGMAS of the refit's σ below that reference, or above it and OUTLIER_RATIO times it);
+    in between, the exact step is the line of :func:`fit_miss_slope` over the kept rows (it has no robust loss, so that is the whole
     fit) with the sandwich covariance about the frozen reference. The line comes from running
     sums per node of the h quadrature (:class:`~fitters.online.GramSums` of (1, h, TPS) over the
     kept rows, one group per node): a node's centre is Σh/count and its weight width/count, so the
