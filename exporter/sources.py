@@ -16,8 +16,10 @@ import os
 import re
 import socket
 import tarfile
+import threading
 import time
 import zlib
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
@@ -25,7 +27,10 @@ from typing import Callable, Iterator, Mapping, Sequence
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from requests.adapters import HTTPAdapter
 from requests.auth import AuthBase
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from exporter.config import read_bearer_token, redact_url
@@ -79,6 +84,57 @@ def _unresolved(exc: BaseException) -> bool:
     return False
 
 
+# time.monotonic() by which the request being sent in this context must have its status line and
+# headers (LiveSource.read); None outside a read
+_HEADERS_DEADLINE: ContextVar[float | None] = ContextVar("kvhit_headers_deadline", default=None)
+
+
+class _Deadline:
+    """Waits for the status line and headers under the read's deadline: requests' timeout bounds
+    each socket read, so a target sending its headers a line at a time could hold a scrape for
+    ever. A timer shuts the socket down at the deadline; the blocked read then fails."""
+
+    def getresponse(self):
+        deadline = _HEADERS_DEADLINE.get()
+        if deadline is None or self.sock is None:
+            return super().getresponse()
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, (self.sock,))
+        timer.daemon = True
+        timer.start()
+        try:
+            return super().getresponse()
+        finally:
+            timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: the read is over
+
+
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = type("_DeadlineHTTPConnection", (_Deadline, HTTPConnection), {})
+
+
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = type("_DeadlineHTTPSConnection", (_Deadline, HTTPSConnection), {})
+
+
+class _DeadlineAdapter(HTTPAdapter):
+    """requests' adapter whose connections wait for headers under :data:`_HEADERS_DEADLINE`."""
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+
+    def proxy_manager_for(self, proxy, **kwargs):
+        manager = super().proxy_manager_for(proxy, **kwargs)
+        manager.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+        return manager
+
+
 @dataclass
 class LiveSource:
     """Scrapes a vLLM ``/metrics`` URL with requests.
@@ -87,9 +143,10 @@ class LiveSource:
     name not resolved), ``no_answer`` (the connection was accepted, then closed or reset before
     an HTTP status line: not an HTTP server on that port, e.g. a TLS one, or a proxy without an
     upstream, or a server dying on the request), ``timeout`` (the whole scrape — connect, headers
-    and body — did not finish within ``timeout``; a body trickling in a few bytes at a time
-    counts, the deadline is checked after every socket read and each read waits at most the time
-    left), ``http_<status>`` (any status but 200 after redirects), ``redirect`` (more than
+    and body — did not finish within ``timeout``; a status line, headers or body trickling in a
+    few bytes at a time counts: a timer shuts the socket down at the deadline while headers are
+    awaited, and the body's deadline is checked after every socket read, each waiting at most
+    the time left), ``http_<status>`` (any status but 200 after redirects), ``redirect`` (more than
     ``max_redirects``), ``too_large`` (over ``max_bytes``, by Content-Length before reading or
     while reading, counted after gzip decoding so a gzip bomb is cut at the cap), ``encoding``
     (a Content-Encoding other than gzip/deflate/identity, or a corrupt one), ``incomplete``
@@ -109,6 +166,8 @@ class LiveSource:
 
     def __post_init__(self) -> None:
         self._session = requests.Session()
+        for prefix in ("http://", "https://"):
+            self._session.mount(prefix, _DeadlineAdapter())
         self._session.headers["Accept"] = "text/plain;version=0.0.4"
         self._session.headers["Accept-Encoding"] = "gzip"
         self._session.max_redirects = self.max_redirects
@@ -134,8 +193,23 @@ class LiveSource:
             ScrapeError: reason as in the class docstring.
         """
         deadline = time.monotonic() + self.timeout
-        where = self._where
         auth = None if authorization is None else _Authorization(authorization)
+        where = self._where
+        token = _HEADERS_DEADLINE.set(deadline)
+        try:
+            return self._request(form, headers, auth, deadline)
+        except ScrapeError as exc:
+            if exc.reason in ("no_answer", "incomplete", "error") and time.monotonic() >= deadline:
+                # the deadline's timer shut the socket (_Deadline): the read failed because it timed out
+                raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None
+            raise
+        finally:
+            _HEADERS_DEADLINE.reset(token)
+
+    def _request(self, form: Mapping[str, str] | None, headers: Mapping[str, str] | None, auth: AuthBase | None,
+                 deadline: float) -> bytes:
+        """:meth:`read`'s request, every failure a ScrapeError."""
+        where = self._where
         try:
             if form is None:
                 resp = self._session.get(self.url, timeout=self.timeout, stream=True, allow_redirects=True,

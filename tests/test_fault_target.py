@@ -135,6 +135,28 @@ class Target:
         except OSError:
             pass  # kvhit hung up at its deadline
 
+    def mode_drip_headers(self, h) -> None:  # each header line quick, all of them not (requests'
+        # timeout is per socket read)
+        h.send_response(200)
+        try:
+            for i in range(int(4 * TIMEOUT / 0.1)):
+                h.send_header(f"X-Drip-{i}", "1")
+                h.flush_headers()
+                time.sleep(0.1)
+            h.end_headers()
+        except OSError:
+            pass  # kvhit hung up at its deadline
+
+    def mode_drip_status(self, h) -> None:  # the status line itself, one byte at a time
+        try:
+            for byte in b"HTTP/1.1 200 OK":
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
+        h.close_connection = True
+
     def mode_oversize(self, h) -> None:
         line = f'vllm:num_requests_running{{engine="0",model_name="{SECRET}"}} 1.0\n'.encode()
         self.send(h, 200, line * (CAP // len(line) + 10))
@@ -199,6 +221,8 @@ FAULTS = {
     "redirect_loop": "redirect",
     "slow": "timeout",
     "trickle": "timeout",
+    "drip_headers": "timeout",
+    "drip_status": "timeout",
     "oversize": "too_large",
     "oversize_chunked": "too_large",
     "gzip_bomb": "too_large",
