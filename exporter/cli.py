@@ -25,13 +25,13 @@ from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, bounded, check_t_load, load_config,
-                             load_web_config, redact_url, selector_matchers)
+                             load_web_config, redact_url, selector_matchers, WebConfig)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import load_source, render
 from exporter.runner import Runner
-from exporter.server import serve
+from exporter.server import config_error_app, serve, serve_app
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
 from exporter.sources import Family, LiveSource, PrometheusSource, load_trace
 
@@ -80,7 +80,8 @@ def pipeline(cfg: Config) -> tuple[Runner, LiveSource | PrometheusSource]:
     return Runner(cfg, cfg.target), LiveSource(cfg.target, timeout=cfg.timeout, max_bytes=cfg.max_body_bytes)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _run_config(args: argparse.Namespace) -> tuple[Config, WebConfig]:
+    """``kvhit run``'s configuration and web configuration; raises ConfigError."""
     cfg = _config(args, target=args.target, prometheus=args.prometheus, selector=args.selector,
                   interval=args.interval, timeout=args.timeout, listen=args.listen,
                   web_config=getattr(args, "web_config", None))
@@ -88,7 +89,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("config key target: required (--target URL of vLLM /metrics, or --prometheus URL "
                           "for fleet mode)")
     check_t_load(cfg)
-    web = load_web_config(cfg.web_config)  # checked by load_config: nothing starts on a bad file
+    return cfg, load_web_config(cfg.web_config)  # checked by load_config: nothing starts on a bad file
+
+
+def _stop_event() -> threading.Event:
+    """An event set by SIGTERM or SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
+    """``--on-config-error=serve``: a sidecar whose configuration was refused keeps running, so its
+    pod stays Ready (every container must be) and vLLM in its Service, and says so through
+    kvhit_config_last_load_successful 0 (KvhitConfigInvalid) until restarted. It listens on
+    --listen, else KVHIT_LISTEN, else the default; TLS and basic auth from --web-config when that
+    file loads (nothing served is secret). Returns 2 when stopped."""
+    listen = args.listen or os.environ.get("KVHIT_LISTEN") or Config.listen
+    try:
+        web = load_web_config(args.web_config)
+    except ConfigError:
+        web = None
+    server, _ = serve_app(config_error_app(), listen, web)
+    log.error("configuration refused: %s; kvhit analyses nothing and serves kvhit_config_last_load_successful 0 "
+              "on %s until restarted with a valid one", exc, listen)
+    _stop_event().wait()
+    server.shutdown()
+    return 2
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg, web = _run_config(args)
+    except ConfigError as exc:
+        if args.on_config_error != "serve":
+            raise
+        return _serve_refused(args, exc)
     runner, source = pipeline(cfg)
     if cfg.prometheus:
         reading = f"fleet {cfg.selector or '{}'} from Prometheus {redact_url(cfg.prometheus)}"
@@ -103,9 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.window_seconds < cfg.interval:  # allowed, but the window is then never what was asked
         log.warning("window_seconds %ss < interval %ss: every publish window spans one scrape interval, often with "
                     "no request finished in it", cfg.window_seconds, cfg.interval)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_event()
     # Everything alive now (modules, config, server) lives as long as the process: moved out of
     # the collector's reach, a full collection only walks the analysis state (benchmarks/performance.py).
     gc.freeze()
@@ -381,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--listen", help=f"ADDR:PORT to serve on (default: the config's listen, {Config.listen}; [::1]:PORT for IPv6)")
     r.add_argument("--config", help="YAML config file")
     r.add_argument("--web-config", dest="web_config", help="web-config YAML: TLS and basic auth of kvhit's endpoint")
+    r.add_argument("--on-config-error", dest="on_config_error", choices=("exit", "serve"), default="exit",
+                   help="exit (default: status 2) or serve: keep running, analyse nothing and publish "
+                        "kvhit_config_last_load_successful 0, so a sidecar's bad configuration never makes "
+                        "its pod NotReady")
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("replay", help="replay a recorded trace (directory or .tar.gz of <unix_ms>.prom)")

@@ -74,6 +74,20 @@ class _Families:
         return iter(self._f.values())
 
 
+class ConfigErrorCollector(Collector):
+    """What ``kvhit run --on-config-error=serve`` publishes after its configuration was refused
+    (exporter/server.py ``config_error_app``): the version and kvhit_config_last_load_successful 0."""
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        f = _Families({})
+        f.add(N.BUILD_INFO, {"target": "", "version": __version__}, 1.0)
+        f.add(N.CONFIG_LOADED, {}, 0.0)
+        yield from f
+
+
 class KvhitCollector(Collector):
     """Renders ``provider()`` → (Analysis, Health) on every collect."""
 
@@ -88,6 +102,7 @@ class KvhitCollector(Collector):
         f = _Families({"scope": health.scope} if health.scope else {})
         t = {"target": health.target}
         f.add(N.BUILD_INFO, {**t, "version": __version__}, 1.0)
+        f.add(N.CONFIG_LOADED, {}, 1.0)
         f.add(N.UP, t, 1.0 if health.up else 0.0)
         f.add(N.SCRAPE_DURATION, t, health.duration)
         f.add(N.LAST_SUCCESS, t, health.last_success)

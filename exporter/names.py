@@ -35,6 +35,10 @@ def _m(name: str, help: str, labels: tuple[str, ...] = MODEL, type: str = "gauge
 # --- scrape health ---------------------------------------------------------------------
 BUILD_INFO = _m("kvhit_build_info", "kvhit's version (label version; value 1): which kvhit a pod runs.",
                 ("target", "version"))
+CONFIG_LOADED = _m("kvhit_config_last_load_successful", "1 when kvhit started with a valid configuration "
+                   "(file, KVHIT_* environment, flags); 0 when it did not and, run with --on-config-error=serve "
+                   "(the sidecar manifests), analyses nothing and serves only this and kvhit_build_info until "
+                   "restarted; its log says what is wrong [boolean].", ())
 UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
 # Label values of kvhit_scrape_errors_total exported at 0 from the start: a series born at its first

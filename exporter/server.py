@@ -38,7 +38,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from exporter.collector import KvhitCollector
+from exporter.collector import ConfigErrorCollector, KvhitCollector
 from exporter.config import WebConfig, listen_address, listening
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.runner import Runner
@@ -246,8 +246,33 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
     return _json(start_response, "200 OK", {"model_name": name, "prediction": asdict(pred)})
 
 
+def config_error_app() -> Callable:
+    """The WSGI application of ``kvhit run --on-config-error=serve`` after its configuration was
+    refused: /metrics has kvhit_build_info and kvhit_config_last_load_successful 0, /healthz 200
+    (restarting cannot fix a configuration), every other path 503. What was refused stays in the
+    log: a configuration may hold secrets, and /readyz answers without authentication."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ConfigErrorCollector())
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/healthz":
+            return _text(start_response, "200 OK", "ok (configuration refused: kvhit analyses nothing)\n")
+        return _text(start_response, "503 Service Unavailable",
+                     "kvhit analyses nothing: its configuration was refused (kvhit's log says why)\n")
+    return app
+
+
 def serve(runner: Runner, listen: str, web: WebConfig | None = None) -> tuple[WSGIServer, threading.Thread]:
-    """Start serving on ``listen`` ("host:port", "[v6 address]:port") in a daemon thread, with TLS
+    """:func:`serve_app` of the runner's application (:func:`make_app`)."""
+    return serve_app(make_app(runner), listen, web)
+
+
+def serve_app(app: Callable, listen: str, web: WebConfig | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Start serving ``app`` on ``listen`` ("host:port", "[v6 address]:port") in a daemon thread, with TLS
     and basic auth when ``web`` says so; returns (server, thread).
 
     Raises:
@@ -258,7 +283,6 @@ def serve(runner: Runner, listen: str, web: WebConfig | None = None) -> tuple[WS
     web = web or WebConfig()
     host, port = listen_address(listen, "listen", any_port=True)  # 0: any free port (tests, benchmarks)
     host = host or "0.0.0.0"
-    app = make_app(runner)
     if web.users:
         app = with_basic_auth(app, web.users)
     server = listening(lambda: make_server(host, port, app, handler_class=_QuietHandler,

@@ -342,6 +342,58 @@ def test_run_without_target_exits_2(config_errors):
     assert "target" in _refused(config_errors, "no_target")
 
 
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path):
+    # A container that exits makes its pod NotReady and takes vLLM out of its Service: the sidecar
+    # manifests run kvhit with --on-config-error=serve.
+    (tmp_path / "rho.yaml").write_text("prices:\n  hit_price_ratio: 1.5\n")
+    port = free_port()
+    proc = subprocess.Popen([*KVHIT, "run", *TARGET_ARGS, "--config", str(tmp_path / "rho.yaml"),
+                             "--listen", f"127.0.0.1:{port}", "--on-config-error=serve"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, body = _get(base + "/metrics")
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.1)
+        assert status == 200
+        samples = {s.name: s for fam in text_string_to_metric_families(body) for s in fam.samples}
+        assert samples["kvhit_config_last_load_successful"].value == 0.0
+        assert samples["kvhit_build_info"].value == 1.0
+        assert not any(name.startswith("kvhit_up") for name in samples)  # nothing is scraped
+        assert _get(base + "/healthz")[0] == 200  # a restart cannot fix the file: no liveness failure
+        status, body = _get(base + "/readyz")
+        assert status == 503 and "1.5" not in body  # what was refused stays in the log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert "prices.hit_price_ratio: must be in (0, 1], got 1.5" in err
+
+
+def test_a_run_with_a_valid_config_says_its_configuration_loaded(sim_runner):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.collector import KvhitCollector
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(sim_runner.current))
+    samples = {s.name: s.value for fam in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in fam.samples}
+    assert samples["kvhit_config_last_load_successful"] == 1.0
+
+
 # ---- replay + predict ----------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from promql_selectors import selectors
 
 ALERTS = {"KvhitValley", "KvhitRevenueBelowZeroHitBaseline", "KvhitPredictedTTFTAboveSLO",
           "KvhitPrefixCachingNotPaying", "KvhitCacheThrash", "KvhitFitNotOk", "KvhitTargetDown", "KvhitTargetNeverUp",
-          "KvhitTargetNotAnalysable", "KvhitAbsent"}
+          "KvhitTargetNotAnalysable", "KvhitConfigInvalid", "KvhitAbsent"}
 
 
 def _duration(s: str) -> int:
