@@ -12,19 +12,19 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, hit_problem, hit_tokens, kv_capacity_tokens,
-                              mean_length, observe, request_isl, window_notes)
+from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
+                              kv_capacity_tokens, observe, request_isl, window_notes)
 from exporter.parse import HISTOGRAMS, Snapshot
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
-from fitters.histogram import quantile
-from fitters.latency import LatencyFitter
+from fitters.histogram import P95, quantile
+from fitters.latency import LatencyFitter, contention
 from fitters.missslope import MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           tpm_delivered, tpm_physical)
+                           prefill_share, tpm_delivered, tpm_physical)
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
@@ -49,7 +49,7 @@ class ModelAnalysis:
         unknown: signal → reason it is unknown.
         isl, osl: window means [tokens]; observed_ttft: window-mean TTFT [s].
         tpm_observed: {("delivered"|"physical", "instance"|"gpu")} → tokens/min (§3.4 observed).
-        fits: "chip_time" | "miss_slope" | "overlap" | "load_aware" → FitResult.
+        fits: "chip_time" | "miss_slope" | "overlap" | "load_aware" | "max_num_seqs" → FitResult.
         miss_slope_derived: ("tps0", "a") Estimates from the chip-time model (§4), or {}.
         fitted: the frozen model for predictions (None until the chip-time fit is ok).
         predictions: "current" | "target" → Prediction.
@@ -221,9 +221,7 @@ class Analyzer:
 
     def _context(self, snap: Snapshot, model: str, st: _ModelState) -> Context:
         sig = snap.models[model]
-        block = snap.cache_config.get("block_size")
-        return Context(hit_unit=sig.hit_unit or "tokens",
-                       block_size=float(block) if block and block.replace(".", "", 1).isdigit() else None,
+        return Context(hit_unit=sig.hit_unit or "tokens", block_size=cache_config_number(snap.cache_config, "block_size"),
                        unknown=sig.unknown, isl=st.isl, osl=st.osl, since=snap.since)
 
     def analysis(self) -> Analysis:
@@ -312,12 +310,12 @@ class Analyzer:
         ctx = self._context(snap, model, st)
         wobs = observe(w, ctx)
         unknown = dict(snap.models[model].unknown)
-        hit = _window_hits(w, ctx, unknown)
+        hit = _window_hits(w, ctx, wobs, unknown)
         # predictions use the latest known means (wobs falls back to the last step's when no
         # request finished in the window); what is published as the window's means is the window's
         # own, never that fallback (MODEL.md §2: window deltas; absent = no data)
         isl, osl = wobs.isl, wobs.osl
-        isl_w, osl_w = mean_length(w, ISL_HISTOGRAM), mean_length(w, OSL_HISTOGRAM)
+        isl_w, osl_w = histogram_mean(w, ISL_HISTOGRAM), histogram_mean(w, OSL_HISTOGRAM)
         engines = _engine_count(snap, model)
         tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines)
         kv = self._kv_bytes_per_token()
@@ -390,11 +388,11 @@ class Analyzer:
                 tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi,
                                                        fixed_steps=steps_per_request)
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
-        contention = None
+        factor = None
         if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
-            contention = fitted.c0 + fitted.c1 * fitted.running
+            factor = contention(fitted.c0, fitted.c1, fitted.running)
         return replace(out, fitted=fitted, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
-                       valley_form=_valley_form(chip, bathtubs), contention=contention,
+                       valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None) -> dict[str, BathtubCurve]:
@@ -429,8 +427,10 @@ def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> s
     return "linear" if "linear" in bathtubs else None
 
 
-def _window_hits(w: Delta, ctx: Context, unknown: dict[str, str]) -> dict[str, float]:
-    q, k, e = hit_tokens(w, ctx)
+def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, str]) -> dict[str, float]:
+    """{"device", "loaded", "all"} → the window's h (``wobs``: ``observe(w, ctx)``), each only when
+    known; why not goes into ``unknown["hit_ratio"]`` (MODEL.md §1, §2)."""
+    q = wobs.queried_tokens
     out: dict[str, float] = {}
     problem = hit_problem(w, ctx)
     if problem:
@@ -454,12 +454,9 @@ def _window_hits(w: Delta, ctx: Context, unknown: dict[str, str]) -> dict[str, f
         if q is not None:
             unknown.setdefault("hit_ratio", "no prefix-cache queries in the publish window (no data, not 0 %)")
         return out
-    if k is not None:
-        out["device"] = k / q
-    if e is not None:
-        out["loaded"] = e / q
-    if k is not None and e is not None:
-        out["all"] = (k + e) / q
+    for key, h in (("device", wobs.hit_ratio_device), ("loaded", wobs.hit_ratio_loaded), ("all", wobs.hit_ratio)):
+        if h is not None:
+            out[key] = h
     return out
 
 
@@ -605,7 +602,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     p95 = {}
     for key, family in (("ttft", "ttft"), ("tpot_request", "request_tpot"), ("itl", "itl")):
         h = w.histograms.get(family)
-        q = None if h is None else quantile(h.buckets, h.count, 0.95)
+        q = None if h is None else quantile(h.buckets, h.count, P95)
         if q is not None:
             p95[key] = q
         else:
@@ -640,7 +637,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     share = {}
     if pre is not None and dec is not None and pre.mean is not None and dec.mean is not None \
             and pre.mean + dec.mean > 0:
-        share["window"] = pre.mean / (pre.mean + dec.mean)
+        share["window"] = prefill_share(pre.mean, dec.mean)
     hist_share = st.rollup.prefill_share()
     if hist_share is not None:
         share["history"] = hist_share

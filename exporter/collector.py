@@ -143,21 +143,21 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
         for status in STATUSES:
             f.add(N.FIT_STATUS, {**base, "fit": fit, "status": status}, 1.0 if res.status.value == status else 0.0)
         f.add(N.FIT_SAMPLES, {**base, "fit": fit}, res.samples)
-        if res.ok and res.r2 == res.r2:
+        if res.ok:
             f.add(N.FIT_R2, {**base, "fit": fit}, res.r2)
 
     chip = m.fits["chip_time"]
     for term, label in N.CHIP_TERMS.items():
         f.add(N.CHIP_COEF, {**base, "term": label}, chip.value(term))
         if chip.value(term) is not None:
-            f.add(N.CHIP_COEF_STDERR, {**base, "term": label}, _finite(chip.params[term].stderr))
+            f.add(N.CHIP_COEF_STDERR, {**base, "term": label}, chip.params[term].stderr)
     slope = m.fits["miss_slope"]
     direct = {k: slope.params[k] for k in ("tps0", "a")} if slope.ok else {}
     for method, est in (("direct", direct), ("derived", m.miss_slope_derived)):
         if "a" in est:
             f.add(N.TPS0, {**base, "method": method}, est["tps0"].value)
             f.add(N.MISS_SLOPE, {**base, "method": method}, est["a"].value)
-            f.add(N.MISS_SLOPE_STDERR, {**base, "method": method}, _finite(est["a"].stderr))
+            f.add(N.MISS_SLOPE_STDERR, {**base, "method": method}, est["a"].stderr)
     if slope.ok:
         for bound, key in (("lower", "isl_bucket_lo"), ("upper", "isl_bucket_hi")):
             f.add(N.MISS_SLOPE_BUCKET, {**base, "bound": bound}, slope.extra.get(key))
@@ -165,7 +165,7 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
     overlap = m.fits["overlap"]
     f.add(N.OVERLAP, base, overlap.value("alpha"))
     if overlap.value("alpha") is not None:
-        f.add(N.OVERLAP_STDERR, base, _finite(overlap.params["alpha"].stderr))
+        f.add(N.OVERLAP_STDERR, base, overlap.params["alpha"].stderr)
     f.add(N.CONTENTION, base, m.contention)
     if m.fitted is not None:
         f.add(N.FIXED_TIME, base, m.fitted.t_fixed)
@@ -232,6 +232,3 @@ def _seed3(f: _Families, base: dict[str, str], m: ModelAnalysis) -> None:
         f.add(N.CAPACITY_BOUND, {**base, "hit_ratio": which}, theta)
     f.add(N.LOAD_COMPUTE, base, m.load_compute_ratio)
 
-
-def _finite(x: float) -> float | None:
-    return x if x == x and abs(x) != float("inf") else None

@@ -214,7 +214,5 @@ ALL: tuple[Metric, ...] = tuple(_ALL)
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
 
 # Label values used across the collector, rules and dashboards.
-FITS = ("chip_time", "miss_slope", "overlap", "load_aware", "max_num_seqs")
 CHIP_TERMS = {"t_step": "step", "k_ffn": "miss_token", "k_attn": "attention", "k_dec": "decode_token",
               "k_ctx": "decode_context"}
-FORMS = ("linear", "chip_time")

@@ -44,11 +44,13 @@ OSL_HISTOGRAM = "request_generation_tokens"
 
 def request_isl(delta: Delta, ctx: Context) -> float | None:
     """ISL [tokens]: the mean prompt length of the requests finished in the delta, else ``ctx.isl``."""
-    return mean_length(delta, ISL_HISTOGRAM) or ctx.isl
+    return histogram_mean(delta, ISL_HISTOGRAM) or ctx.isl
 
 
-def mean_length(delta: Delta, hist: str) -> float | None:
-    """Mean per-request length from a request-length histogram's Δsum/Δcount [tokens]."""
+def histogram_mean(delta: Delta, hist: str) -> float | None:
+    """Δsum/Δcount of histogram ``hist`` over the delta, the mean of the observations in it [the
+    histogram's unit: tokens for request lengths, seconds for times]; None when unknown
+    (:attr:`~exporter.window.HistogramDelta.mean`)."""
     h = delta.histograms.get(hist)
     return None if h is None else h.mean
 
@@ -104,7 +106,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     """
     q, k, e = hit_tokens(delta, ctx)
     isl = request_isl(delta, ctx)
-    osl = mean_length(delta, OSL_HISTOGRAM) or ctx.osl
+    osl = histogram_mean(delta, OSL_HISTOGRAM) or ctx.osl
     g = delta.counters.get("generation_tokens")  # None = unknown, never 0
     steps_h = delta.histograms.get("iteration_tokens")
     steps = steps_h.count if steps_h is not None else 0.0
@@ -144,19 +146,23 @@ def observe(delta: Delta, ctx: Context) -> Observation:
         isl=isl,
         osl=osl,
         requests_finished=prefill.count if prefill is not None else 0.0,
-        prefill_time_mean=_mean(delta, "prefill_time"),
-        queue_time_mean=_mean(delta, "queue_time"),
-        ttft_mean=_mean(delta, "ttft"),
+        prefill_time_mean=histogram_mean(delta, "prefill_time"),
+        queue_time_mean=histogram_mean(delta, "queue_time"),
+        ttft_mean=histogram_mean(delta, "ttft"),
         running=None if delta.running_seconds is None or delta.dt <= 0 else delta.running_seconds / delta.dt,
         waiting=delta.end.get("waiting"),
         anomaly_hint=hint,
     )
 
 
-def _mean(delta: Delta, hist: str) -> float | None:
-    h = delta.histograms.get(hist)
-    m = None if h is None else h.mean
-    return m if m is not None and math.isfinite(m) else None
+def cache_config_number(cache_config: Mapping[str, str], key: str) -> float | None:
+    """Label ``key`` of ``cache_config_info`` as a finite number > 0 (block_size, num_gpu_blocks,
+    kv_cache_size_tokens); None when absent or anything else ("None", "auto", 0)."""
+    try:
+        v = float(cache_config.get(key, "None"))
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v > 0 else None
 
 
 def kv_capacity_tokens(cache_config: Mapping[str, str], gauges: Mapping[str, float]) -> float | None:
@@ -166,17 +172,10 @@ def kv_capacity_tokens(cache_config: Mapping[str, str], gauges: Mapping[str, flo
     ``num_gpu_blocks`` × ``block_size`` (labels of engine 0; llm-d-inference-sim exports only
     these two); SGLang: the ``max_total_num_tokens`` gauge. None when none is a number.
     """
-    def num(key: str) -> float | None:
-        try:
-            v = float(cache_config.get(key, "None"))
-        except ValueError:
-            return None
-        return v if math.isfinite(v) and v > 0 else None
-
-    size = num("kv_cache_size_tokens")
+    size = cache_config_number(cache_config, "kv_cache_size_tokens")
     if size is not None:
         return size
-    blocks, block = num("num_gpu_blocks"), num("block_size")
+    blocks, block = cache_config_number(cache_config, "num_gpu_blocks"), cache_config_number(cache_config, "block_size")
     if blocks is not None and block is not None:
         return blocks * block
     cap = gauges.get("kv_capacity_tokens")

@@ -660,8 +660,3 @@ def _take(name: str, read, files: dict, phases_doc: dict) -> None:
             if not ok or not ph["start_ms"] < ph["end_ms"]:
                 raise ValueError(f"{name} in the trace: phase {i} needs numeric start_ms < end_ms")
         phases_doc.update(doc)
-
-
-def iter_replay(trace: Trace) -> Iterator[tuple[float, str]]:
-    """Yield the trace's (timestamp, text) pairs in time order."""
-    yield from trace.snapshots

@@ -102,15 +102,6 @@ class HistogramDelta(Buckets):
             return "_sum disagrees with the buckets"
         return ""
 
-    def fraction_at_most(self, threshold: float) -> float | None:
-        """Share of observations ≤ ``threshold`` from bucket deltas (None without a bucket edge
-        at or below the threshold or without observations). Takes the largest edge ≤ threshold,
-        so the share is a lower bound when the threshold falls between edges."""
-        if self.count <= 0:
-            return None
-        below = [c for le, c in self.buckets if le <= threshold]
-        return None if not below else below[-1] / self.count
-
 
 @dataclass(frozen=True)
 class Delta:
@@ -310,7 +301,7 @@ class Windows:
         self.gap_seconds = 2.0 * window_seconds if gap_seconds is None else gap_seconds
         self._last: Snapshot | None = None
         self._models: dict[str, ModelWindow] = {}
-        self.gaps = 0  # steps longer than the publish window, not used (see the module doc)
+        self.gaps = 0  # steps longer than gap_seconds, not used (see the module doc)
         self._held: dict[str, tuple[float, ModelSignals]] = {}  # model → (t, signals) before a skipped scrape
         self.skipped = 0  # scrapes of a model skipped as glitched (push)
 
@@ -319,6 +310,12 @@ class Windows:
         return self._last
 
     def push(self, snap: Snapshot) -> dict[str, Delta]:
+        """Add one snapshot; returns model → the new step's :class:`Delta` (models with no step:
+        the first snapshot, a gap, a model new in this one, a glitched scrape skipped).
+
+        Raises:
+            ValueError: ``snap`` is not newer than the last snapshot (nothing changes).
+        """
         prev = self._last
         if prev is not None and snap.timestamp <= prev.timestamp:
             raise ValueError(f"snapshot at {snap.timestamp:.3f} is not newer than {prev.timestamp:.3f}")

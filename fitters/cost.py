@@ -26,9 +26,6 @@ from dataclasses import dataclass
 from .histogram import Buckets, share_at_most
 from .model import effective_cost, slo_pass_bounds, unit_cost_per_million
 
-P95 = 0.95
-
-
 @dataclass(frozen=True)
 class SloShares:
     """Bracketed share of requests within one SLO [1] (lower ≤ true share ≤ upper)."""
@@ -64,7 +61,9 @@ class SloCost:
 
 
 def slo_shares(buckets: Buckets, count: float, slo: float) -> SloShares | None:
-    """Share of requests with value ≤ ``slo`` from bucket deltas, bracketed (None without data)."""
+    """Share of requests with value ≤ ``slo`` (in the histogram's ``le`` unit, seconds for
+    latencies) from bucket deltas, bracketed (None without data; fitters/histogram.py
+    ``share_at_most``)."""
     got = share_at_most(buckets, count, slo)
     return None if got is None else SloShares(*got)
 

@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 
 Buckets = Sequence[tuple[float, float]]
+P95 = 0.95  # the quantile kvhit publishes (observed latencies) and sizes max-num-seqs by (seed 003)
 
 
 def quantile(buckets: Buckets, count: float, q: float) -> float | None:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fitters.model import ChipTimeCoefficients, attention_work, load_time, ttft_unified
+from fitters.model import ChipTimeCoefficients, attention_work, load_time, overlap_time, ttft_unified
 from fitters.observation import Observation
 from fitters.online import (REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, frozen_wls, shared, soft_l1_weight,
                             solve_normal)
@@ -241,8 +241,12 @@ def predict_prefill_latency(
     if parts is None:
         return None
     t_load, t_compute, a = parts
-    contention = c0 + c1 * running
-    return contention * (coef.t_step + t_compute) + t_load - a * min(t_load, t_compute)
+    return contention(c0, c1, running) * (coef.t_step + t_compute) + t_load - overlap_time(a, t_load, t_compute)
+
+
+def contention(c0: float, c1: float, running: float) -> float:
+    """Contention factor c(running) = c0 + c1·running [1] (MODEL.md §7's load-aware layer)."""
+    return c0 + c1 * running
 
 
 # --- fitting ------------------------------------------------------------------------------

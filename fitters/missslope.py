@@ -102,12 +102,7 @@ def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_s
     insufficient_variation when the h span is below ``min_h_span`` (or H_RESOLUTION), else ok.
     Raises ValueError when h and tps differ in shape or are not 1-D.
     """
-    return _fit(np.asarray(h, dtype=float), np.asarray(tps, dtype=float), min_samples, min_h_span)[0]
-
-
-def _fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: float) -> tuple[FitResult, np.ndarray]:
-    """:func:`fit_miss_slope` plus the tail-chunk dip mask over the input points, shape (n,)."""
-    return _robust_fit(h, tps, min_samples, min_h_span)[:2]
+    return _robust_fit(np.asarray(h, dtype=float), np.asarray(tps, dtype=float), min_samples, min_h_span)[0]
 
 
 @dataclasses.dataclass(frozen=True)

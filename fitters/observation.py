@@ -73,11 +73,11 @@ class Observation:
 
     @property
     def hit_ratio(self) -> float | None:
-        """h = h_dev + h_load [1] (MODEL.md §1); None when either part is unknown."""
-        dev, load = self.hit_ratio_device, self.hit_ratio_loaded
-        if dev is None or load is None:
+        """h = h_dev + h_load = (Δhits + Δexternal hits) / Δqueries [1] (MODEL.md §1); None when
+        either part is unknown or no queries."""
+        if self.hit_tokens_device is None or self.hit_tokens_loaded is None:
             return None
-        return dev + load
+        return _ratio(self.hit_tokens_device + self.hit_tokens_loaded, self.queried_tokens)
 
     @property
     def miss_tps(self) -> float | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .histogram import quantile
+from .histogram import P95, quantile
 from .model import capacity_first_order, load_compute_ratio
 from .result import Estimate, FitResult, Status
 
@@ -49,7 +49,9 @@ def concurrency_from_memory(kv_memory_bytes: float, kv_bytes_per_token: float, t
 
 
 def peak_kv_bytes(batch: int, max_len: float, kv_bytes_per_token: float) -> float:
-    """M_KV^peak = B · N_max · S_kv [bytes per GPU when S_kv is per GPU] (seed 000 §7.1)."""
+    """M_KV^peak = B · N_max · S_kv [bytes per GPU when S_kv is per GPU] (seed 000 §7.1): batch B
+    [requests], max_len N_max [tokens], kv_bytes_per_token S_kv [bytes/token]. Raises ValueError
+    when any is negative."""
     if batch < 0 or max_len < 0 or kv_bytes_per_token < 0:
         raise ValueError("batch, max_len and kv_bytes_per_token must be >= 0")
     return float(batch) * max_len * kv_bytes_per_token
@@ -186,7 +188,7 @@ class TpotConcurrencyFitter:
             lv = self._levels[key]
             if lv.total < self.min_requests:
                 continue
-            p95 = quantile(tuple(zip(lv.edges, lv.counts)), lv.total, 0.95)
+            p95 = quantile(tuple(zip(lv.edges, lv.counts)), lv.total, P95)
             if p95 is not None:
                 out.append((key, p95, lv.total))
         return out

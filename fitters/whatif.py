@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 
 from fitters.latency import predict_prefill_latency, service_ttft
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           revenue_chip_time, tpm_delivered, tpm_physical)
+                           revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
 # How far off (relative) a prediction may be where the fit could not tell terms apart
@@ -147,7 +147,7 @@ class FittedModel:
     @property
     def t_fixed(self) -> float:
         """T_fixed = T_step × steps per request [s] (MODEL.md §7)."""
-        return self.t_step * self.steps_per_request
+        return steps_fixed_time(self.t_step, self.steps_per_request)
 
     def unidentified(self, hit_ratio: float, isl: float, osl: float,
                      seen: Sequence[float] | None = None) -> str | None:

@@ -136,9 +136,8 @@ def test_histogram_bucket_deltas():
     # Δsum 7.5 − 3 = 4.5; Δcount 11 − 6 = 5; buckets 3−2 = 1, 9−5 = 4, 11−6 = 5;
     # le=0.5 exists only in the later scrape → no delta for it
     assert h == HistogramDelta.of(4.5, 5.0, ((0.1, 1.0), (1.0, 4.0), (math.inf, 5.0)))
-    # mean of the 5 new observations: 4.5 / 5 = 0.9; share ≤ 1.0 s: 4 / 5 = 0.8
+    # mean of the 5 new observations: 4.5 / 5 = 0.9
     assert h.mean == pytest.approx(0.9)
-    assert h.fraction_at_most(1.0) == pytest.approx(0.8)
 
 
 def test_histogram_count_down_is_restart():
@@ -164,16 +163,11 @@ def test_signal_in_one_snapshot_only_is_absent_not_zero():
 # --- HistogramDelta, add_deltas --------------------------------------------------------------
 
 
-def test_histogram_delta_mean_and_fraction():
+def test_histogram_delta_mean():
     h = HistogramDelta.of(4.0, 10.0, ((0.1, 2.0), (0.5, 6.0), (1.0, 9.0), (math.inf, 10.0)))
     assert h.mean == pytest.approx(0.4)  # 4.0 / 10
-    assert h.fraction_at_most(0.5) == pytest.approx(0.6)  # 6 / 10
-    assert h.fraction_at_most(0.7) == pytest.approx(0.6)  # largest edge ≤ 0.7 is 0.5: lower bound
-    assert h.fraction_at_most(1e9) == pytest.approx(0.9)  # largest edge ≤ 1e9 is 1.0 (not +Inf) → 9/10
-    assert h.fraction_at_most(math.inf) == pytest.approx(1.0)  # +Inf edge → 10/10
-    assert h.fraction_at_most(0.05) is None  # no edge at or below 0.05
     empty = HistogramDelta.of(0.0, 0.0, ((1.0, 0.0),))
-    assert empty.mean is None and empty.fraction_at_most(1.0) is None
+    assert empty.mean is None
     assert HistogramDelta(math.nan, 3.0).mean is None
 
 
