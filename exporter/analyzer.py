@@ -24,7 +24,7 @@ from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
 from fitters.missslope import MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           prefill_share, tpm_delivered, tpm_physical)
+                           prefill_share)
 from fitters.observation import Observation
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes

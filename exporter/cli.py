@@ -24,8 +24,8 @@ from exporter import __version__
 from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
-from exporter.config import (Config, ConfigError, Geometry, bounded, check_t_load, load_config,
-                             load_web_config, redact_url, selector_matchers, WebConfig)
+from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, load_config,
+                             load_web_config, redact_url, selector_matchers)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay

@@ -22,7 +22,7 @@ import zlib
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import requests
 from prometheus_client import CollectorRegistry, generate_latest

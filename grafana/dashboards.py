@@ -468,7 +468,7 @@ def firing_alerts(ids: Ids) -> table.Panel:
     return (table_panel(ids, "Firing kvhit alerts", "none",
                         "Prometheus's ALERTS series of the kvhit rules (rules/kvhit-alerts.yml) that are firing; "
                         "runbooks in docs/runbooks.md.", w=24, h=6)
-            .with_target(q("A", f'ALERTS{{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace"}}',
+            .with_target(q("A", 'ALERTS{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace"}',
                            instant=True))
             .with_transformation(DataTransformerConfig(id_val="organize", options={
                 "excludeByName": {"Time": True, "Value": True, "__name__": True, "alertstate": True},

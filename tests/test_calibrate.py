@@ -10,7 +10,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
-from pathlib import Path
 
 import pytest
 

@@ -270,8 +270,6 @@ def test_refused_when_the_listener_is_closed(target):
 
 
 def test_a_host_name_that_does_not_resolve_is_refused_and_says_dns(monkeypatch):
-    import socket
-
     def no_such_host(*args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
     monkeypatch.setattr(socket, "getaddrinfo", no_such_host)  # no resolver needed: the lookup fails

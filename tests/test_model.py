@@ -2,7 +2,6 @@
 
 Every expected value is derived in a comment; none is copied from the code's output.
 """
-import math
 
 import pytest
 
