@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +46,17 @@ def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, headers: di
         handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """(status, body) of a GET of ``url``; (0, "") when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError:
+        return 0, ""
 
 
 def http_ok(url: str) -> bool:

