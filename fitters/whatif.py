@@ -65,9 +65,12 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
     or empty when every term was identified): a dropped term j's time β_j·x_j is carried by the
     kept terms as β_j·Σ c × their regressors, so work whose own x_j differs from that sum by g is
     off by β_j·g. β_j is bounded by the kept coefficients (``coef``) it inflated: a kept k with
-    c_k > 0 was fitted as k_true + c_k·β_j with k_true ≥ 0, so β_j ≤ min coef_k / c_k; the work
-    is refused when that bound × g exceeds COLLINEAR_TOLERANCE of its predicted time (Σ coef × z).
-    Without such a partner (all c ≤ 0, kept coefficients at 0, or a column never seen), the gap
+    c_k > 0 was fitted as k_true + c_k·β_j with k_true ≥ 0, so β_j ≤ coef_k / c_k; and the work's
+    predicted time Σ coef × z = Σ k_true·z + β_j·(Σ c × z) holds β_j times the carried sum, so
+    β_j ≤ predicted / carried when that sum is > 0 (at the fitted traffic itself the gap is then
+    a tiny share of the time, however loose the first bound). The work is refused when the
+    smallest bound × g exceeds COLLINEAR_TOLERANCE of its predicted time.
+    Without either bound (no c > 0 with its coefficient > 0, a carried sum ≤ 0, or a column never seen), the gap
     itself must stay within COLLINEAR_TOLERANCE of the larger of x_j and the sum. ``z``: the
     work's regressors in CHIP_TIME_TERMS order (:func:`~fitters.model.chip_time_regressors` of a
     request or of its prefill alone, or a window's totals); ``what`` names it in the message.
@@ -81,6 +84,8 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
         carried = sum(c * z[t] for t, c in relation.items())
         gap = abs(z[term] - carried)
         bounds = [k[t] / c for t, c in relation.items() if c > 0 and k[t] > 0]
+        if carried > 0 and predicted > 0:
+            bounds.append(predicted / carried)
         if bounds:
             off = min(bounds) * gap / predicted if predicted > 0 else math.inf
             size = (f"its chip time could be off by up to {min(bounds) * gap:.3g} s of its {predicted:.3g} s "
@@ -92,8 +97,8 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
             continue
         seen = " + ".join(f"{c:.4g} × {words[t]}" for t, c in relation.items()) or "0"
         return (f"not identifiable: the chip-time fit could not tell {words[term]} apart (in its steps "
-                f"{words[term]} ≈ {seen}); {what} has {z[term]:.4g} {words[term]} where that relation gives "
-                f"{carried:.4g}: {size}; ask about traffic closer to the fitted one, or fit on traffic that "
+                f"{words[term]} ≈ {seen}); {what} has {z[term]:.6g} {words[term]} where that relation gives "
+                f"{carried:.6g}: {size}; ask about traffic closer to the fitted one, or fit on traffic that "
                 "varies them apart")
     return None
 

@@ -1003,8 +1003,8 @@ def test_predict_refuses_hit_ratios_a_fit_without_attention_cannot_identify(tmp_
         assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
     else:
         m = 2048 * (1 - h)
-        said = (f"a request of 10 engine steps has {m * 1024 * (1 + h):.4g} attention work where that relation "
-                f"gives {1024 * m:.4g}")
+        said = (f"a request of 10 engine steps has {m * 1024 * (1 + h):.6g} attention work where that relation "
+                f"gives {1024 * m:.6g}")
         assert code == 1 and out == "" and "not identifiable" in err and said in err, err
 
 

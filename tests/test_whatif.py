@@ -63,6 +63,25 @@ def test_a_prefill_is_refused_when_decode_time_rides_on_prefill_terms():
     assert "a prefill has 0 decode tokens where that relation gives 128" in fit.unidentified_prefill(0.0, 2048.0)
 
 
+def test_a_what_if_at_the_calibrated_traffic_stands_however_loose_the_partner_bound():
+    # kvhit calibrate's sweep at one ISL 2048 and OSL 64: decode context C = G·(2048 + 64/2) =
+    # 2080·G in every step; dropped, seen as C ≈ 2079.9·G + 0.005596·M (step noise lands on k_ffn),
+    # with k_dec held at 0. The partner bound k_ffn/0.005596 = 2e-4/0.005596 = 0.03574 s is loose.
+    # A request at h 0.9, ISL 2048, OSL 64, 10 steps: M = 204.8, H = 1843.2,
+    # W = 204.8·1843.2 + 204.8²/2 = 398,458.88; C = 64·2080 = 133,120; carried = 2079.9·64 +
+    # 0.005596·204.8 = 133,113.6 + 1.1461 = 133,114.746, gap 5.254.
+    # predicted = 0.002·10 + 2e-4·204.8 + 6e-8·398,458.88 = 0.02 + 0.04096 + 0.0239075328 = 0.0848675328 s;
+    # the carried bound: k_ctx ≤ 0.0848675/133,114.746 = 6.3756e-7 s, × 5.254 = 3.35e-6 s (0.004 %):
+    # stands (the partner bound alone gave 0.03574·5.254 = 0.188 s, 221 %)
+    fit = FittedModel(**{**FIT, "k_dec": 0.0}, collinear={"k_ctx": {"k_dec": 2079.9, "k_ffn": 0.005596}})
+    assert fit.unidentified(0.9, 2048.0, 64.0) is None
+    assert fit.predict(0.9, 2048.0, 64.0).t_chip == pytest.approx(0.0848675328, rel=1e-12)
+    # OSL 1024 at ISL 2048: C = 1024·2560 = 2,621,440, carried = 2,129,817.6 + 1.1461 = 2,129,818.7,
+    # gap 491,621: off by up to gap/carried = 23 % of the predicted time: refused
+    why = fit.unidentified(0.9, 2048.0, 1024.0)
+    assert why is not None and "(23%)" in why
+
+
 def test_a_prefill_stands_when_the_carried_time_is_bounded_small():
     # Decode context dropped, seen as C = -4000·steps + 3000·G (as on the bundled trace): k_ctx rode
     # on k_dec only (the steps' coefficient is negative: t_step_true = t_step + 4000·k_ctx ≥ 0 for
