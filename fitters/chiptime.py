@@ -31,6 +31,12 @@ _HINTS = {
 }
 # Uncentred R² of a column regressed on the kept ones above which it is not identifiable.
 COLLINEAR_R2 = 0.999
+# A kept term carrying under this share of a dropped column's RMS is step noise, not part of the
+# column's relation (extra "collinear"): left in, it puts every what-if off the relation by its
+# share (kvhit calibrate's one ISL and OSL: decode context ≈ 2080·G + 0.0056·M, and a prefill
+# "had" 0 where the relation gave 1.1). Dropping it moves the relation by less than the 3 % scatter
+# √(1 − COLLINEAR_R2) its rows may have.
+RELATION_SHARE = 0.01
 # Residuals beyond this many robust sigmas are outliers: left out of the fit (a tail-chunk dip
 # does a fraction of a step's work in the step's time, MODEL.md §4: even soft_l1's bounded pull
 # of a few of them bends the coefficients), of R² and of the covariance.
@@ -269,17 +275,20 @@ def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dic
                ) -> dict[str, dict[str, float]]:
     """``fit_chip_time``'s extra "collinear" over a refit's rows x, shape (n, 5): for each dropped
     term, the relation its regressor follows on the kept ones in these rows (uncentred least
-    squares, physical units; {} for a column with no regressor). Kept until the next refit, like
-    the decision to drop the term."""
+    squares, physical units, on the kept terms that carry at least RELATION_SHARE of its RMS; {}
+    for a column with no regressor). Kept until the next refit, like the decision to drop the term."""
     if not dropped:
         return {}
-    basis = x[:, kept] / x_scale[kept]
     out = {}
     for j in sorted(dropped):
-        coef = np.linalg.lstsq(basis, x[:, j], rcond=None)[0] if x[:, j].any() else ()
-        # a partner whose share of the column's RMS is rounding (1e-9) is no partner
-        out[CHIP_TIME_TERMS[j]] = {CHIP_TIME_TERMS[k]: float(c / x_scale[k]) for k, c in zip(kept, coef)
-                                   if abs(c) > 1e-9 * x_scale[j]}
+        partners, coef = list(kept), ()
+        while x[:, j].any() and partners:
+            coef = np.linalg.lstsq(x[:, partners] / x_scale[partners], x[:, j], rcond=None)[0]
+            big = [k for k, c in zip(partners, coef) if abs(c) >= RELATION_SHARE * x_scale[j]]
+            if len(big) == len(partners):
+                break
+            partners, coef = big, ()
+        out[CHIP_TIME_TERMS[j]] = {CHIP_TIME_TERMS[k]: float(c / x_scale[k]) for k, c in zip(partners, coef)}
     return out
 
 

@@ -16,7 +16,7 @@ import pytest
 from scipy.optimize import least_squares, nnls
 
 from fitters import chiptime
-from fitters.chiptime import ChipTimeFitter, design_row, fit_chip_time, predict_busy_time
+from fitters.chiptime import ChipTimeFitter, _relations, design_row, fit_chip_time, predict_busy_time
 from fitters.model import CHIP_TIME_TERMS, ChipTimeCoefficients
 from fitters.observation import Observation
 from fitters.result import Status
@@ -406,6 +406,23 @@ def _fixed_mix_steps(rng: np.random.Generator, n: int, isl: float, h: float) -> 
                                hit_tokens_device=float(hits), hit_tokens_loaded=0.0, miss_tokens=m, attention_work=w,
                                generation_tokens=g, decode_context_tokens=c, isl=isl, osl=osl))
     return out
+
+
+def test_a_kept_term_carrying_step_noise_is_no_partner_of_a_dropped_relation():
+    # kvhit calibrate's sweep: one ISL 2048 and OSL 64, so decode context C = 2080·G per step,
+    # plus a little that follows the miss tokens M (per-step ISL/OSL means): 0.005·M. M's share of
+    # C's RMS: 0.005·RMS(M) ≤ 0.005·2048 = 10 against RMS(C) ≥ 2080·50 = 104,000: ~1e-4, under
+    # RELATION_SHARE (1 %). The relation is C on G alone: Σ G·C / Σ G² = 2080 + 0.005·Σ G·M / Σ G²,
+    # within 0.005·2048/50 = 0.2 of 2080 (1e-4)
+    rng = np.random.default_rng(5)
+    n = 60
+    steps, m, g = rng.uniform(40, 250, n), rng.uniform(0, 2048, n), rng.uniform(50, 600, n)
+    w = m * 1024.0 * rng.uniform(1.0, 1.9, n)
+    x = np.column_stack([steps, m, w, g, 2080.0 * g + 0.005 * m])
+    x_scale = np.sqrt((x * x).mean(axis=0))
+    rel = _relations(x, x_scale, [0, 1, 2, 3], {4: "decode context"})
+    assert set(rel["k_ctx"]) == {"k_dec"}
+    assert rel["k_ctx"]["k_dec"] == pytest.approx(2080.0, rel=1e-4)
 
 
 def test_one_h_and_isl_leave_attention_unidentified_and_record_the_relation():
