@@ -366,8 +366,8 @@ class Analyzer:
                     unknown.setdefault(f"predicted_{which}", problem)
                     continue
                 preds[which] = fitted.predict(h, isl, osl, seen)
-                if preds[which].ttft_service is None and (why := fitted.ttft_unknown(h, isl)):
-                    unknown.setdefault(f"predicted_ttft_{which}", why)
+                if "ttft_service" in preds[which].unknown:
+                    unknown.setdefault(f"predicted_ttft_{which}", preds[which].unknown["ttft_service"])
         bathtubs = dict(linear)
         derived = {}
         h_max = 1 - 1 / isl  # the last prompt token is never a hit

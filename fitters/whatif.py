@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from fitters.latency import predict_prefill_latency, service_ttft
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
@@ -25,10 +25,11 @@ LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit
 
 @dataclass(frozen=True)
 class Prediction:
-    """What-if outputs at one (h, ISL, OSL); None = cannot be predicted (reason in the fit).
+    """What-if outputs at one (h, ISL, OSL); None = cannot be predicted, ``unknown`` says why.
 
     ttft_service / ttft_load_aware [s]; tpm_* [tokens/min] per instance and per GPU;
-    revenue [price/s per machine] (chip_time form); t_chip [s per request].
+    revenue [price/s per machine] (chip_time form); t_chip [s per request]; unknown: output
+    name → why it is None.
     """
 
     hit_ratio: float
@@ -42,6 +43,7 @@ class Prediction:
     tpm_delivered_per_gpu: float
     tpm_physical_per_gpu: float
     revenue: float
+    unknown: dict[str, str] = field(default_factory=dict)
 
 
 # from_dict's checks: (field, accepts, what it must be); NULLABLE fields may also be None (unknown).
@@ -180,7 +182,9 @@ class FittedModel:
             LOAD_SHARE_UNKNOWN if hit_ratio > 0 and self.hit_load_share is None else None)
 
     def predict(self, hit_ratio: float, isl: float, osl: float, seen: Sequence[float] | None = None) -> Prediction:
-        """Predict at (h, ISL, OSL); the TTFTs are None where :meth:`ttft_unknown` says why.
+        """Predict at (h, ISL, OSL); a TTFT is None with the reason in ``Prediction.unknown`` (the
+        prefill not identifiable or T_load unknown: :meth:`ttft_unknown`, α, S_kv or B_load
+        unknown with loaded hits; load-aware: no contention fit or window inputs).
 
         Raises:
             ValueError: h outside [0, 1) or non-positive ISL / negative OSL; a fit whose chip
@@ -196,15 +200,22 @@ class FittedModel:
         coef = self.coefficients
         t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)
         ttft_s = ttft_l = None
-        known = self.ttft_unknown(hit_ratio, isl) is None
+        why = self.ttft_unknown(hit_ratio, isl)
         h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
-        if known:
+        if why is None:
             ttft_s = service_ttft(coef, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
                                   self.load_bandwidth)
-        if known and None not in (self.c0, self.c1, self.running, self.queue_time):
-            prefill = predict_prefill_latency(coef, self.c0, self.c1, self.running, isl, hit_ratio, h_load,
-                                              self.alpha, self.kv_bytes_per_token, self.load_bandwidth)
-            ttft_l = None if prefill is None else self.queue_time + prefill
+            if ttft_s is None:
+                why = ("hits are loaded from host memory (h_load > 0) and α, kv_bytes_per_token or the load "
+                       "bandwidth is unknown, so T_load and its overlap are")
+        unknown = {} if why is None else {"ttft_service": why, "ttft_load_aware": why}
+        if why is None and None in (self.c0, self.c1, self.running, self.queue_time):
+            unknown["ttft_load_aware"] = ("no load-aware fit (c0, c1) or no running / queue time of the publish "
+                                          "window to predict it at")
+        elif why is None:
+            ttft_l = self.queue_time + predict_prefill_latency(
+                coef, self.c0, self.c1, self.running, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
+                self.load_bandwidth)
         if not (t_chip > 0 and math.isfinite(t_chip)):
             raise ValueError(f"the fit gives a chip time of {t_chip!r} s per request: not a usable fit")
         delivered = tpm_delivered(isl, osl, t_chip)
@@ -215,6 +226,7 @@ class FittedModel:
             tpm_delivered=delivered, tpm_physical=physical,
             tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
             revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out),
+            unknown=unknown,
         )
 
     def to_dict(self) -> dict:

@@ -6,7 +6,7 @@ import pytest
 
 from exporter.analyzer import _load_share
 from exporter.window import Delta
-from fitters.whatif import FittedModel
+from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel
 
 # T_step 2 ms, k_ffn 0.2 ms/token, k_attn 60 ns/token², k_dec 0.8 ms/token, 10 steps per request;
 # α 0.5, S_kv 1e5 bytes, B_load 1e10 bytes/s
@@ -21,9 +21,14 @@ def test_an_unknown_loaded_share_leaves_ttft_unknown_at_h_above_0_and_chip_time_
     assert p.t_chip == pytest.approx(0.1585, rel=1e-12)
     assert p.tpm_delivered == pytest.approx(1020 * 60 / 0.1585, rel=1e-12)
     assert p.ttft_service is None and p.ttft_load_aware is None  # T_load needs h_load
+    assert p.unknown == {"ttft_service": LOAD_SHARE_UNKNOWN, "ttft_load_aware": LOAD_SHARE_UNKNOWN}
     # h = 0: nothing is loaded whatever the share: TTFT = T_step + k_ffn·1000 + k_attn·1000²/2
     #   = 0.002 + 0.2 + 0.03 = 0.232 s
-    assert FittedModel(**FIT, hit_load_share=None).predict(0.0, 1000.0, 20.0).ttft_service == pytest.approx(0.232)
+    at_0 = FittedModel(**FIT, hit_load_share=None).predict(0.0, 1000.0, 20.0)
+    assert at_0.ttft_service == pytest.approx(0.232)
+    # no contention fit in FIT (c0, c1 None): the load-aware TTFT alone is unknown, and says why
+    assert at_0.ttft_load_aware is None and set(at_0.unknown) == {"ttft_load_aware"}
+    assert "no load-aware fit" in at_0.unknown["ttft_load_aware"]
     # a known share 0.2 at h 0.5: h_load = 0.1, T_load = 0.1·1000·1e5/1e10 = 1 ms, T_compute =
     # 0.1 + 0.0225 = 0.1225 s, TTFT = 0.002 + 0.001 + 0.1225 - 0.5·0.001 = 0.125 s
     assert FittedModel(**FIT, hit_load_share=0.2).predict(0.5, 1000.0, 20.0).ttft_service == pytest.approx(0.125)
