@@ -16,7 +16,7 @@ from typing import Callable
 from exporter.config import Config
 from exporter.runner import Runner
 from exporter.sources import Trace
-from fitters.chiptime import fit_chip_time, predict_busy_time
+from fitters.chiptime import fit_chip_time, observed_regressors, predict_busy_time
 from fitters.latency import LatencySample, fit_latency, predict_prefill_latency
 from fitters.model import ChipTimeCoefficients
 from fitters.observation import Observation
@@ -31,8 +31,10 @@ class PhaseSummary:
         steps, busy_steps: steps inside the phase / busy ones.
         hit_ratio: measured Δhits/Δqueries over the phase's steps (None without queries).
         busy_seconds: Σ Δt of busy steps [s].
-        predicted_busy_seconds: Σ predicted Δt_busy from the fit without this phase [s].
-        busy_error: predicted/observed − 1 (None when not computable).
+        predicted_busy_seconds: Σ predicted Δt_busy from the fit without this phase [s], over
+            the busy steps the model can read (all five regressors known: not the busy step
+            before the first request finished, whose ISL is unknown).
+        busy_error: predicted/observed − 1 over those same steps (None when not computable).
         miss_tps: mean TPS_miss over busy steps [tokens/s].
         prefill_seconds: mean observed request_prefill_time_seconds of the phase [s].
         ttft_seconds: observed mean TTFT of the phase [s]: step means of
@@ -139,12 +141,11 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
         fit = fit_chip_time([o for o in steps if id(o) not in ids])
         predicted = err = None
         coef = ChipTimeCoefficients(*(fit.params[k].value for k in fit.params)) if fit.ok else None
-        if coef is not None and busy:
-            try:
-                predicted = sum(predict_busy_time(coef, o) for o in busy)
-                err = predicted / busy_s - 1.0 if busy_s > 0 else None
-            except ValueError:
-                predicted = None
+        readable = [o for o in busy if None not in observed_regressors(o)]
+        if coef is not None and readable:
+            predicted = sum(predict_busy_time(coef, o) for o in readable)
+            seen = sum(o.dt for o in readable)
+            err = predicted / seen - 1.0 if seen > 0 else None
         others = [o for o in steps if id(o) not in ids]
         ttft, ttft_pred = phase_ttft(inside, others, coef)
         tps = [o.miss_tps for o in busy if o.miss_tps is not None]
