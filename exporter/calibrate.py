@@ -193,14 +193,15 @@ class Recorder:
         return t, text
 
     def _loop(self) -> None:
-        due = time.monotonic()
-        while not self._stop.is_set():
+        # after a scrape_once (the caller's first look at the endpoint) the next is one interval
+        # later: two scrapes 20 ms apart would make a first step of 0.02 s
+        due = time.monotonic() + (self.interval if self.scrapes else 0.0)
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
             self.scrape_once()
             due += self.interval
             now = time.monotonic()
             if due < now:  # a slow scrape: skip the missed slots, keep the grid
                 due += math.ceil((now - due) / self.interval) * self.interval
-            self._stop.wait(due - now)
 
 
 # --- driving --------------------------------------------------------------------------------
@@ -391,10 +392,11 @@ def calibrated_parameters(m: ModelAnalysis) -> dict[str, dict]:
         status = slope.status.value if not slope.ok else (e.status.value if e else "unknown")
         out[f"{key}_direct"] = _est(e.value if e else None, e.stderr if e else None, status,
                                     slope.reason or (e.reason if e else ""), unit)
+    why = m.unknown.get("miss_slope_derived", "needs the chip-time fit and an h span")
     for key, unit in (("tps0", "tokens/s"), ("a", "1")):
         e = m.miss_slope_derived.get(key)
         out[f"{key}_derived"] = _est(e.value if e else None, e.stderr if e else None,
-                                     "ok" if e else "unknown", "" if e else "needs the chip-time fit and an h span", unit)
+                                     "ok" if e else "unknown", "" if e else why, unit)
     chip = m.fits["chip_time"]
     units = {"t_step": "s/step", "k_ffn": "s/token", "k_attn": "s/token^2", "k_dec": "s/token",
              "k_ctx": "s/token^2"}
@@ -503,6 +505,10 @@ def _urls(endpoint: str, metrics_url: str | None) -> tuple[str, str]:
         base = base[: -len("/v1")]
     if not base.startswith(("http://", "https://")):
         raise ConfigError(f"--endpoint {endpoint}: must be an http(s) URL")
+    if base.endswith("/metrics"):
+        raise ConfigError(f"--endpoint {endpoint}: the OpenAI-compatible API's base URL (e.g. http://localhost:8000), "
+                          "not its /metrics: calibrate sends /v1/completions there and reads <base>/metrics "
+                          "(--metrics-url to read another)")
     return base + "/v1/completions", metrics_url or base + "/metrics"
 
 
@@ -586,26 +592,36 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
 
     recorder = Recorder(metrics_url, out_dir, args.interval, timeout=cfg.timeout)
     first = recorder.scrape_once()
-    if first is None:
+
+    def refuse(exc: Exception) -> Exception:
+        """``exc`` after undoing the run: nothing was driven, so the first scrape goes, and the
+        directory when this run made it, and the same --out can be used again."""
+        for f in out_dir.glob("*.prom"):
+            f.unlink()
         if created:
-            out_dir.rmdir()  # nothing recorded: leave no empty directory behind
-        raise CalibrationError(recorder.last_error)
+            out_dir.rmdir()
+        return exc
+
+    if first is None:
+        raise refuse(CalibrationError(recorder.last_error))
     try:
         snap = parse_exposition(first[1], first[0])
     except ParseError as exc:
-        raise CalibrationError(f"{metrics_url} is not Prometheus text: {exc}") from None
+        raise refuse(CalibrationError(f"{metrics_url} is not Prometheus text: {exc}")) from None
     if args.model not in snap.models:
         log.warning("model_name %r not among the metrics' models %s", args.model, sorted(snap.models))
     block = args.block_size
     if block is None:
         raw = snap.cache_config.get("block_size")
         if not raw or not str(raw).isdigit():
-            raise ConfigError("--block-size: required (the endpoint exports no cache_config_info block_size)")
+            raise refuse(ConfigError("--block-size: required (the endpoint exports no cache_config_info block_size)"))
         block = int(raw)
     if str(snap.cache_config.get("enable_prefix_caching", "True")).lower() == "false":
-        log.warning("the endpoint reports enable_prefix_caching=False: every phase will measure h = 0")
+        raise refuse(CalibrationError(
+            "the endpoint reports enable_prefix_caching=False: vLLM then counts no prefix-cache query, so no phase "
+            "could measure a hit ratio; restart it with prefix caching on (the default) to calibrate"))
     if args.isl - 1 < block:
-        raise ConfigError(f"--isl {args.isl}: must exceed the block size {block} for any hit to be possible")
+        raise refuse(ConfigError(f"--isl {args.isl}: must exceed the block size {block} for any hit to be possible"))
     seed_base = secrets.randbits(62)  # fresh prefixes every run: no earlier run can leak hits
     plans = plan_phases(hit_ratios, args.isl, args.osl, args.concurrency, args.phase_seconds, block, seed_base)
 

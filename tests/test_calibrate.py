@@ -98,6 +98,7 @@ class FakeVllm:
 
     def __init__(self, block: int = 16) -> None:
         self.block = block
+        self.caching = "True"  # enable_prefix_caching in cache_config_info
         self.cached: set[int] = set()
         self.c = {"queries": 0, "hits": 0, "prompt": 0, "gen": 0, "steps": 0, "done": 0}
         self.running = 0
@@ -164,7 +165,7 @@ class FakeVllm:
                 f'vllm:request_prompt_tokens_bucket{{{lab},le="+Inf"}} {c["done"]}',
                 f"vllm:request_prompt_tokens_count{{{lab}}} {c['done']}",
                 f"vllm:request_prompt_tokens_sum{{{lab}}} {c['prompt']}",
-                f'vllm:cache_config_info{{block_size="{self.block}",enable_prefix_caching="True",engine="0"}} 1.0',
+                f'vllm:cache_config_info{{block_size="{self.block}",enable_prefix_caching="{self.caching}",engine="0"}} 1.0',
                 ""])
 
 
@@ -218,6 +219,7 @@ def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
     (["--isl", "1"], "--isl"),
     (["--token-range", "9:3"], "--token-range"),
     (["--endpoint", "ftp://x"], "--endpoint"),
+    (["--endpoint", "http://127.0.0.1:8000/metrics"], "base URL (e.g. http://localhost:8000), not its /metrics"),
 ])
 def test_bad_arguments_exit_2_naming_the_flag(argv, needle, capsys, tmp_path):
     base = ["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path)]
@@ -238,3 +240,40 @@ def test_unreachable_endpoint_exits_1_with_one_line_and_leaves_no_empty_director
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kvhit: cannot reach http://127.0.0.1:9/metrics: ConnectionError"], err
     assert not out.exists()
+
+
+def test_an_endpoint_without_prefix_caching_is_refused_before_any_load_and_leaves_nothing(fake, capsys, tmp_path):
+    # vLLM with --no-enable-prefix-caching counts no prefix-cache query: no phase could measure h
+    fake.caching = "False"
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "enable_prefix_caching=False" in err[0]
+    assert not out.exists() and fake.c["done"] == 0  # no request sent, no recording left
+
+
+def test_the_recording_s_first_step_is_one_interval_not_two_scrapes_in_a_row(fake, tmp_path, capsys):
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 0
+    stamps = sorted(int(p.stem) for p in out.glob("*.prom"))
+    # the first look at the endpoint, then the recorder's grid one interval (200 ms) on: no step
+    # shorter than half an interval
+    assert min(b - a for a, b in zip(stamps, stamps[1:])) >= 100, stamps[:4]
+
+
+def test_the_calibrated_derived_slope_says_why_it_is_missing():
+    from exporter.analyzer import ModelAnalysis
+    from exporter.calibrate import calibrated_parameters
+    from fitters.result import FitResult, Status
+
+    failed = FitResult.failed(Status.INSUFFICIENT_DATA, "no busy step")
+    fits = {k: failed for k in ("chip_time", "miss_slope", "overlap", "load_aware")}
+
+    def analysis(unknown: dict[str, str]) -> ModelAnalysis:
+        return ModelAnalysis("m", 60.0, 12, {}, unknown, None, None, None, {}, fits)
+    # the analysis knows why (a what-if the fit cannot identify): that reason, not a generic one
+    said = calibrated_parameters(analysis({"miss_slope_derived": "not identifiable: …"}))["a_derived"]
+    assert said["status"] == "unknown" and said["reason"] == "not identifiable: …"
+    assert calibrated_parameters(analysis({}))["a_derived"]["reason"] == "needs the chip-time fit and an h span"
