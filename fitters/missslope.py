@@ -142,7 +142,7 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     for _ in range(_MAX_ROUNDS):
         rel = _reference_residuals(p, hf, ys)
         sigma = robust_sigma(rel)
-        flagged = _flagged(rel, sigma)
+        flagged = _flagged(rel, sigma, hf)
         if np.array_equal(flagged, ~keep):
             break
         keep = ~flagged
@@ -157,10 +157,26 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     return res, anomalies, excluded, ref if res.ok else None
 
 
-def _flagged(rel: np.ndarray, sigma: float) -> np.ndarray:
+def _flagged(rel: np.ndarray, sigma: float, h: np.ndarray | None = None) -> np.ndarray:
     """Points (bool, shape of ``rel``) left out against a reference: relative residual below
-    -ANOMALY_SIGMAS·σ (a dip), or above ANOMALY_SIGMAS·σ and OUTLIER_RATIO − 1 (an outlier)."""
-    return (rel < -ANOMALY_SIGMAS * sigma) | (rel > max(ANOMALY_SIGMAS * sigma, OUTLIER_RATIO - 1.0))
+    -ANOMALY_SIGMAS·σ (a dip), or above ANOMALY_SIGMAS·σ and OUTLIER_RATIO − 1 (an outlier).
+    With the points' ``h`` (same shape), no outlier is one of an h node (H_RESOLUTION) of two or
+    more points that are all outliers: a glitch is a point, and a whole node far above the
+    reference is where the reference went wrong (a sweep cut short: h 0 and 0.25 fitted, 0.5 off
+    it), not where the engine did. Dips stay: tail-chunk dips hit every step at their h."""
+    high = rel > max(ANOMALY_SIGMAS * sigma, OUTLIER_RATIO - 1.0)
+    if h is not None:
+        high &= ~_whole_nodes(high, h)
+    return (rel < -ANOMALY_SIGMAS * sigma) | high
+
+
+def _whole_nodes(mask: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Points (bool, shape of ``mask``) of the h nodes of two or more points that ``mask`` holds
+    every point of."""
+    if not mask.any():
+        return mask
+    _, node, count = np.unique(np.floor(h / H_RESOLUTION + 0.5), return_inverse=True, return_counts=True)
+    return ((np.bincount(node, weights=mask) == count) & (count >= 2))[node]
 
 
 def _dips(h: np.ndarray, y: np.ndarray, excluded: np.ndarray, ref: _Reference) -> np.ndarray:
@@ -324,6 +340,10 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
                ref: _Reference) -> tuple[FitResult, np.ndarray] | None:
         keep = w > 0.5
         if _check(x[keep, 1], self.min_samples, self.min_h_span, "") is not None:
+            return None
+        # new rows are weighed one by one: a whole h node left out above the frozen reference is
+        # where the reference went wrong (_flagged), which only a refit can see
+        if not keep.all() and _whole_nodes(~keep & ~_dips(x[:, 1], x[:, 2], ~keep, ref), x[:, 1]).any():
             return None
         g = self.sums.g
         nodes = np.flatnonzero(g[:, 0, 0] > 0.5)  # counts are exact integers

@@ -382,3 +382,24 @@ def test_a_lone_high_step_is_an_outlier_not_a_dip_and_moves_nothing():
         fitter.update(step(2.0 * i, hi, ti, isl=1500.0))
     assert fitter.result().value("a") == pytest.approx(clean.value("a"), abs=1e-9)
     assert fitter.anomaly_times() == []
+
+
+def test_a_sweep_cut_short_keeps_its_last_phase_not_outliers_of_a_reference_bent_by_a_transition():
+    # kvhit calibrate interrupted in its third phase (ISL 1024, real vLLM): 9 busy steps at h 0, the
+    # phase transition's one step at h 0.25, 4 at h 0.5. The reference frozen at the step at 0.25
+    # put the h 0.5 node under half its throughput: weighed one by one, all 4 were outliers and the
+    # line went through h 0 and 0.25 alone, a = 2.09 "ok". A whole node is no glitch: kept.
+    # The line over all nodes (quadrature weights 0.125, 0.25, 0.125 at node means 43520/9, 2304,
+    # 3520): h̄ = 0.25, ȳ = 3240.89, Sxy = 0.03125·(279.11 − 1594.67) = −41.111, Sxx = 0.015625:
+    # b1 = −2631.1, b0 = 3898.67, a = 0.67487
+    h0 = [5120, 4608, 5632, 4608, 4096, 5120, 5120, 4608, 4608]
+    data = [(0.0, y) for y in h0] + [(0.25, 2304.0)] + [(0.5, y) for y in (3840, 3328, 3584, 3328)]
+    online = MissSlopeFitter()
+    for i, (h, y) in enumerate(data):
+        online.update(step(2.0 * i, h, float(y), 1024.0))
+        online.result()  # after every step, as the analyzer's fit step asks
+    pure = fit_miss_slope(np.array([h for h, _ in data]), np.array([y for _, y in data], dtype=float))
+    for res in (online.result(), pure):
+        assert res.ok and res.extra["outliers"] == 0
+        assert res.value("tps0") == pytest.approx(3898.67, rel=1e-5)
+        assert res.value("a") == pytest.approx(0.67487, rel=1e-4)
