@@ -608,8 +608,9 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
         snap = parse_exposition(first[1], first[0])
     except ParseError as exc:
         raise refuse(CalibrationError(f"{metrics_url} is not Prometheus text: {exc}")) from None
-    if args.model not in snap.models:
-        log.warning("model_name %r not among the metrics' models %s", args.model, sorted(snap.models))
+    if snap.models and args.model not in snap.models:  # vLLM labels its series with the served model's name
+        raise refuse(ConfigError(f"--model {args.model}: the endpoint serves {sorted(snap.models)} (model_name in its "
+                                 "/metrics)"))
     block = args.block_size
     if block is None:
         raw = snap.cache_config.get("block_size")

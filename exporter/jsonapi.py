@@ -156,6 +156,9 @@ def check_analysis_doc(doc) -> dict:
     """``doc`` (any parsed JSON value) when it is an analysis document (``/api/v1/analysis``:
     a JSON object with ``schema_version`` 1 and a ``models`` object). Raises ValueError, one line."""
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("models"), dict):
+        if isinstance(doc, dict) and {"parameters", "leave_one_phase_out", "analysis"} <= doc.keys():
+            raise ValueError("a kvhit calibrate report, not an analysis document: give the fit.json written beside "
+                             "it (kvhit calibrate prints its path)")
         raise ValueError("not a kvhit analysis document (a JSON object with schema_version 1 and a models object)")
     return doc
 

@@ -253,6 +253,15 @@ def test_an_endpoint_without_prefix_caching_is_refused_before_any_load_and_leave
     assert not out.exists() and fake.c["done"] == 0  # no request sent, no recording left
 
 
+def test_a_model_the_endpoint_does_not_serve_is_refused_naming_those_it_does(fake, capsys, tmp_path):
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "llama", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kvhit: --model llama: the endpoint serves ['fake'] (model_name in its /metrics)"], err
+    assert not out.exists() and fake.c["done"] == 0
+
+
 def test_the_recording_s_first_step_is_one_interval_not_two_scrapes_in_a_row(fake, tmp_path, capsys):
     out = tmp_path / "rec"
     assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",

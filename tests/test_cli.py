@@ -674,6 +674,9 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
      "fit field collinear must map chip-time terms to {term: finite number}"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "schema_version": 1, "prefill_mix_tokens": 1024.0}}}},
      "fit schema_version must be 2 (a fit saved by an older kvhit: save it again with kvhit replay --save-fit)"),
+    # kvhit calibrate's report.json beside the fit.json it also wrote
+    ({"schema_version": 1, "parameters": {}, "leave_one_phase_out": {}, "analysis": {}},
+     "a kvhit calibrate report, not an analysis document: give the fit.json written beside it"),
 ])
 def test_predict_on_a_document_of_the_wrong_shape_exits_1_with_one_line_naming_it(tmp_path, capsys, doc, says):
     # exit 1: what the file holds is wrong, not the command line (that is exit 2, below)
