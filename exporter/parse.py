@@ -1065,7 +1065,8 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
                                 "(cut or partial body): a partial sum would be wrong")
     elif "queries" not in counters or "hits" not in counters:
         reasons["hit_ratio"] = ("no usable prefix_cache_queries/hits counters (absent, or dropped as NaN, negative or "
-                                "duplicated: see kvhit_input_quirks_total)")
+                                "duplicated: see kvhit_input_quirks_total; fleet mode: not from every pod, e.g. pods "
+                                "of another vLLM version)")
     elif hit_unit == "unknown":
         reasons["hit_ratio"] = ("gpu_prefix_cache_* without HELP text and no sign of vLLM >= 0.9: counted in "
                                 "blocks (0.7-0.8) or tokens (0.9+) cannot be told")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import math
 import os
 import re
@@ -34,6 +35,8 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from exporter.config import read_bearer_token, redact_url
+
+log = logging.getLogger("kvhit")
 
 # Largest magnitude any stage reads as a value: parse drops a sample beyond it (out_of_range), and
 # fleet mode never adds one to a running total. A glitched 1e200 counter would overflow every sum
@@ -339,7 +342,9 @@ class PrometheusSource:
       ``+Inf`` bucket). Consecutive ranges tile time; each increase is added to a running total
       per series, rendered as a cumulative counter, which parse → window turn back into the same
       increases. A pod restart is handled per series by ``increase()``, so the totals never go
-      down. A failed fetch does not move t: the next range covers the gap.
+      down. A failed fetch does not move t: the next range covers the gap. Each sum comes with
+      ``count by (model_name)`` of its series (of ``_count`` for histograms): a sum over fewer
+      series than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
       API-server process: one value, never a sum), then combined over pods as MODEL.md §2
       combines data-parallel engines (``Family.agg``, parse's aggregation): summed for requests
@@ -398,6 +403,7 @@ class PrometheusSource:
         self._where = redact_url(self._http.url)
         self._end: float | None = None  # t of the last successful fetch
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
+        self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
 
     def fetch(self) -> tuple[float, str]:
         """One query → (t [unix s], vLLM V1 exposition of the fleet's totals and gauges at t).
@@ -434,10 +440,12 @@ class PrometheusSource:
     def _queries(self, f: Family, r: str) -> list[tuple[str, str]]:
         by = ", ".join(("model_name",) + f.labels)
         if f.kind == "counter":
-            return [(f"c:{f.name}", f"sum by ({by}) (increase({self._selector(f, '(_total)?')}[{r}]))")]
+            increase = f"increase({self._selector(f, '(_total)?')}[{r}])"
+            return [(f"c:{f.name}", f"sum by ({by}) ({increase})"), (f"n:{f.name}", f"count by (model_name) ({increase})")]
         if f.kind == "histogram":
             return [(f"b:{f.name}", f"sum by (model_name, le) (increase({self._selector(f, '_bucket')}[{r}]))"),
-                    (f"s:{f.name}", f"sum by (model_name) (increase({self._selector(f, '_sum')}[{r}]))")]
+                    (f"s:{f.name}", f"sum by (model_name) (increase({self._selector(f, '_sum')}[{r}]))"),
+                    (f"n:{f.name}", f"count by (model_name) (increase({self._selector(f, '_count')}[{r}]))")]
         if f.kind == "gauge":
             return [(f"g:{f.name}", f"{f.agg} by ({by}) (max without (pid) ({self._selector(f, '')}))")]
         return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
@@ -458,10 +466,32 @@ class PrometheusSource:
             self._totals.clear()
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
+        self._partial = self._coverage(by_query)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Rendered([m for f in self.families for m in self._metrics(f, by_query)]))
         # A successful answer without series is no data, not an empty body (a parse error)
         return generate_latest(registry).decode() or "# kvhit fleet mode: no series in this answer\n"
+
+    def _coverage(self, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> set[tuple[str, str]]:
+        """(family, model) pairs summed over fewer series than the model's best-covered counter or
+        histogram family this fetch (``n:`` rows: series with two samples in the range): pods
+        without the family (another vLLM version, a name it does not export) or with too few
+        samples. Such a sum is not the fleet's (hits from some pods over queries from all): it is
+        left out, unknown for this fetch, never added to a total; a change of the set is logged."""
+        counts = {(f.name, labels.get("model_name", "")): value
+                  for f in self.families for labels, value in by_query.get(f"n:{f.name}", [])}
+        most: dict[str, float] = {}
+        for (_, model), n in counts.items():
+            most[model] = max(most.get(model, 0.0), n)
+        partial = {key for key, n in counts.items() if n < most[key[1]]}
+        if partial != self._partial:
+            for name, model in sorted(partial - self._partial):
+                log.warning("fleet mode: %s of model %r comes from %d of %d series this range (pods of another vLLM "
+                            "version or without it, or with fewer than two samples): left out, unknown",
+                            name, model, counts[(name, model)], most[model])
+            if self._partial and not partial:
+                log.info("fleet mode: every family comes from every pod again")
+        return partial
 
     def _add(self, qid: str, labels: Mapping[str, str], value: float, count: bool = True) -> float:
         """The running total after adding this increase, or ``value`` itself when it is no
@@ -477,7 +507,8 @@ class PrometheusSource:
     def _metrics(self, f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> list[Metric]:
         name, names = f"vllm:{f.name}", ("model_name",) + f.labels
         if f.kind == "counter":
-            rows = by_query.get(f"c:{f.name}", [])
+            rows = [(labels, value) for labels, value in by_query.get(f"c:{f.name}", [])
+                    if (f.name, labels.get("model_name", "")) not in self._partial]
             fam = CounterMetricFamily(name, _FLEET_HELP, labels=names)
             for labels, value in rows:
                 fam.add_metric([labels.get(k, "") for k in names], self._add(f"c:{f.name}", labels, value))
@@ -503,6 +534,8 @@ class PrometheusSource:
         a +Inf bucket this fetch has no histogram, one without ``_sum`` none of its sum."""
         buckets: dict[str, list[tuple[float, str, float]]] = {}
         for labels, value in by_query.get(f"b:{f.name}", []):
+            if (f.name, labels.get("model_name", "")) in self._partial:
+                continue
             try:
                 edge = float(labels.get("le", ""))
             except ValueError:
@@ -510,7 +543,8 @@ class PrometheusSource:
             total = self._add(f"b:{f.name}", labels, value)
             buckets.setdefault(labels.get("model_name", ""), []).append((edge, labels["le"], total))
         sums = {labels.get("model_name", ""): self._add(f"s:{f.name}", labels, value, count=False)
-                for labels, value in by_query.get(f"s:{f.name}", [])}
+                for labels, value in by_query.get(f"s:{f.name}", [])
+                if (f.name, labels.get("model_name", "")) not in self._partial}
         fam = HistogramMetricFamily(f"vllm:{f.name}", _FLEET_HELP, labels=("model_name",))
         for model, rows in sorted(buckets.items()):
             rows.sort()

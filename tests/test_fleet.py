@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,8 @@ from exporter.config import Config, ConfigError, load_config, redact_url, select
 from exporter.parse import parse_exposition
 from exporter.runner import Runner
 from exporter.sources import Family, PrometheusSource, ScrapeError
-from local_servers import FakePrometheus, Processes, free_port, http_ok, prometheus_query, start_prometheus, wait_for
+from local_servers import (FakePrometheus, Processes, free_port, http_ok, prometheus_query, reply, serve, start_prometheus,
+                           wait_for)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "fleet-model"
@@ -45,8 +47,23 @@ INTERVAL = 3.0  # kvhit's poll interval = the range I of each increase() [s]
 WINDOW = 12.0  # kvhit's publish window W [s]
 # Pod → (namespace, designed token hit ratio, prompt length). Queried tokens per second are
 # ISL / t_chip(h): pod b serves about 7x pod a's, so the weighting matters; pod c is outside the selector.
-PODS = {"a": ("ns-fleet", 0.2, 512.0), "b": ("ns-fleet", 0.9, 4096.0), "c": ("ns-other", 0.0, 4096.0)}
+PODS = {"a": ("ns-fleet", 0.2, 512.0), "b": ("ns-fleet", 0.9, 4096.0), "c": ("ns-other", 0.0, 4096.0),
+        "d": ("ns-old", 0.5, 1024.0)}
 SELECTOR = '{namespace="ns-fleet"}'
+OLD = "d"  # served as a vLLM 0.7-0.8 pod: gpu_prefix_cache_* instead of prefix_cache_*
+
+
+class OldVllm(BaseHTTPRequestHandler):
+    """A simulator's /metrics (``upstream`` port) with prefix_cache_* renamed gpu_prefix_cache_*."""
+    upstream = 0
+
+    def do_GET(self):  # noqa: N802 (http.server API)
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.upstream}/metrics", timeout=5) as r:
+            body = r.read().replace(b"vllm:prefix_cache_", b"vllm:gpu_prefix_cache_")
+        reply(self, 200, body)
+
+    def log_message(self, *a):
+        pass
 
 
 def _scenario(h: float, isl: float) -> simulate.Scenario:
@@ -92,6 +109,8 @@ def fleet(tmp_path_factory):
                              kwargs={"on_ready": lambda p, pod=pod, ev=ready: (ports.__setitem__(pod, p), ev.set()),
                                      "stop": stop}).start()
             assert ready.wait(10), f"simulator {pod} did not start"
+        old = serve(type("Old", (OldVllm,), {"upstream": ports[OLD]}))
+        ports[OLD] = old.server_address[1]
         prom_port, kvhit_port = free_port(), free_port()
         prom = f"http://127.0.0.1:{prom_port}"
         start_prometheus(procs, {
@@ -100,8 +119,8 @@ def fleet(tmp_path_factory):
                 {"targets": [f"127.0.0.1:{ports[pod]}"], "labels": {"namespace": ns, "pod": pod}}
                 for pod, (ns, _, _) in PODS.items()]}]}, prom_port)
         # Every pod has samples before kvhit's first range starts: no range sums a pod partially.
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[5s]) >= 3")) == 3,
-                 30, "three samples of every pod")
+        wait_for(lambda: len(prometheus_query(prom, 'count_over_time({__name__=~"vllm:(gpu_)?prefix_cache_queries_total"}'
+                                                 '[5s]) >= 3')) == len(PODS), 30, "three samples of every pod")
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVHIT_")}
         env.update(PYTHONPATH=str(ROOT), KVHIT_WINDOW_SECONDS=f"{WINDOW:g}")  # the checkout, not an install
         kvhit = procs.spawn("kvhit", [sys.executable, "-m", "exporter.cli", "run", "--prometheus", prom,
@@ -136,6 +155,9 @@ def fleet(tmp_path_factory):
     finally:
         stop.set()
         procs.stop()
+        if "old" in locals():
+            old.shutdown()
+            old.server_close()
 
 
 def test_fleet_hit_ratio_equals_the_pods_counter_deltas_summed_by_hand(fleet):
@@ -199,8 +221,24 @@ def test_fleet_hit_ratio_equals_the_pods_counter_deltas_summed_by_hand(fleet):
         print(f"  wrong answers: unweighted mean {unweighted:.5f}, pod c included {everyone:.5f}")
         assert min(abs(unweighted - by_hand), abs(everyone - by_hand)) > tol, (unweighted, everyone, tol)
     # The designed ratios, as a sanity check of the setup (all = device + loaded; half loaded).
-    for pod, (_, h, _) in PODS.items():
-        assert (hits[pod] + ext[pod]) / q[pod] == pytest.approx(h, abs=1e-6)
+    for pod in q:  # a, b, c (pod d's counters are named gpu_prefix_cache_*)
+        assert (hits[pod] + ext[pod]) / q[pod] == pytest.approx(PODS[pod][1], abs=1e-6)
+
+
+def test_pods_of_an_older_vllm_make_the_fleet_h_unknown_not_a_partial_sum(fleet):
+    # Pods a and b export prefix_cache_*, pod d (an older vLLM) gpu_prefix_cache_*: parse takes the
+    # first name present, so the sum of a and b alone would be published as the fleet's h. Prometheus'
+    # own series counts show both sums partial: h unknown; prompt tokens, from every pod, stay.
+    def model(selector: str):
+        src = PrometheusSource(fleet["prom"], fleet_families(), selector_matchers(selector), interval=INTERVAL)
+        t, text = src.fetch()
+        return parse_exposition(text, t).models[MODEL]
+
+    mixed = model('{namespace=~"ns-fleet|ns-old"}')
+    assert {"queries", "hits"}.isdisjoint(mixed.counters) and "prompt_tokens" in mixed.counters
+    assert "not from every pod" in mixed.unknown["hit_ratio"]
+    alike = model(SELECTOR)
+    assert {"queries", "hits", "prompt_tokens"} <= set(alike.counters) and "hit_ratio" not in alike.unknown
 
 
 def test_fleet_series_carry_scope_fleet(fleet):
@@ -263,7 +301,11 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert f'sum by (model_name) (max without (pid) ({{__name__=~"vllm[:_]num_requests_running", {sel}}}))' in q0
     assert f'max by (model_name) (max without (pid) ({{__name__=~"vllm[:_]kv_cache_usage_perc", {sel}}}))' in q0
     assert f'count by (block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
-    assert q0.count(" or ") == 6 and q0.count('label_replace(') == 7  # one request: 7 subqueries, 6 families
+    # how many series each counter and histogram sum covers (_coverage)
+    assert (f'count by (model_name) (increase({{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}}[5000ms]))'
+            in q0)
+    assert f'count by (model_name) (increase({{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}}[5000ms]))' in q0
+    assert q0.count(" or ") == 9 and q0.count('label_replace(') == 10  # one request: 10 subqueries, 6 families
 
 
 def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknown(fake):
@@ -299,6 +341,34 @@ def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknow
     assert s2.cache_config == {}  # not in this answer: absent
     # Hits absent from Prometheus: absent here (unknown, never 0); queries keep their running total.
     assert dict(m3.counters) == {"queries": 2000.0} and "hit_ratio" in m3.unknown
+
+
+def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, caplog):
+    # Two pods serve model m; one exports no prefix_cache_hits (or runs a vLLM without it): its
+    # hits summed over one pod against queries over two read h = 300/1000 = 0.3, whatever the
+    # fleet's is. Series with two samples in the range (the n: rows) say so: hits are left out.
+    clock = Clock(6000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    both = [_row("n:prefix_cache_queries", "2"), _row("n:request_prompt_tokens", "2")]
+    fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "300"),
+                 _row("b:request_prompt_tokens", "4", le="+Inf"), _row("s:request_prompt_tokens", "2000"),
+                 *both, _row("n:prefix_cache_hits", "1")])
+    # the histogram from one of the two pods: its mean would be that pod's
+    fake.answer([_row("c:prefix_cache_queries", "500"), _row("c:prefix_cache_hits", "200"),
+                 _row("b:request_prompt_tokens", "2", le="+Inf"), _row("s:request_prompt_tokens", "600"),
+                 _row("n:prefix_cache_queries", "2"), _row("n:prefix_cache_hits", "2"),
+                 _row("n:request_prompt_tokens", "1")])
+    with caplog.at_level("WARNING", logger="kvhit"):
+        s1 = parse_exposition(src.fetch()[1], 6000.0)
+    assert dict(s1.models["m"].counters) == {"queries": 1000.0}  # hits left out: unknown, no total
+    assert "hit_ratio" in s1.models["m"].unknown
+    assert s1.models["m"].histograms["request_prompt_tokens"].count == 4.0
+    assert "prefix_cache_hits of model 'm' comes from 1 of 2 series" in caplog.text
+    clock.t = 6005.0
+    s2 = parse_exposition(src.fetch()[1], 6005.0)
+    # hits whole again: their total starts from this range (300 never entered it); the histogram is out
+    assert dict(s2.models["m"].counters) == {"queries": 1500.0, "hits": 200.0}
+    assert "request_prompt_tokens" not in s2.models["m"].histograms
 
 
 def test_non_finite_and_negative_samples_are_counted_as_quirks_and_move_no_total(fake):

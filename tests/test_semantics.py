@@ -215,7 +215,7 @@ def test_missing_hit_counters_are_unknown_never_zero():
     assert series(pub, "kvhit_hit_ratio") == {}
     assert info(pub, "kvhit_unknown_info", "signal")["hit_ratio"] == \
         "no usable prefix_cache_queries/hits counters (absent, or dropped as NaN, negative or duplicated: " \
-        "see kvhit_input_quirks_total)"
+        "see kvhit_input_quirks_total; fleet mode: not from every pod, e.g. pods of another vLLM version)"
     # delivered TPM is known: (300 + 30) tokens in 5 s → 330 · 60 / 5 = 3960 per minute
     tpm = series(pub, "kvhit_tpm_tokens_per_minute")
     assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "instance"))] == \
