@@ -343,8 +343,8 @@ class PrometheusSource:
       per series, rendered as a cumulative counter, which parse → window turn back into the same
       increases. A pod restart is handled per series by ``increase()``, so the totals never go
       down. A failed fetch does not move t: the next range covers the gap. Each sum comes with
-      ``count by (model_name)`` of its series (of ``_count`` for histograms): a sum over fewer
-      series than the model's best-covered family is left out (:meth:`_coverage`).
+      the count of pods in it (:func:`_pods`; of ``_count`` for histograms): a sum over fewer
+      pods than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
       API-server process: one value, never a sum), then combined over pods as MODEL.md §2
       combines data-parallel engines (``Family.agg``, parse's aggregation): summed for requests
@@ -441,11 +441,11 @@ class PrometheusSource:
         by = ", ".join(("model_name",) + f.labels)
         if f.kind == "counter":
             increase = f"increase({self._selector(f, '(_total)?')}[{r}])"
-            return [(f"c:{f.name}", f"sum by ({by}) ({increase})"), (f"n:{f.name}", f"count by (model_name) ({increase})")]
+            return [(f"c:{f.name}", f"sum by ({by}) ({increase})"), (f"n:{f.name}", _pods(increase))]
         if f.kind == "histogram":
             return [(f"b:{f.name}", f"sum by (model_name, le) (increase({self._selector(f, '_bucket')}[{r}]))"),
                     (f"s:{f.name}", f"sum by (model_name) (increase({self._selector(f, '_sum')}[{r}]))"),
-                    (f"n:{f.name}", f"count by (model_name) (increase({self._selector(f, '_count')}[{r}]))")]
+                    (f"n:{f.name}", _pods(f"increase({self._selector(f, '_count')}[{r}])"))]
         if f.kind == "gauge":
             return [(f"g:{f.name}", f"{f.agg} by ({by}) (max without (pid) ({self._selector(f, '')}))")]
         return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
@@ -473,8 +473,8 @@ class PrometheusSource:
         return generate_latest(registry).decode() or "# kvhit fleet mode: no series in this answer\n"
 
     def _coverage(self, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> set[tuple[str, str]]:
-        """(family, model) pairs summed over fewer series than the model's best-covered counter or
-        histogram family this fetch (``n:`` rows: series with two samples in the range): pods
+        """(family, model) pairs summed over fewer pods than the model's best-covered counter or
+        histogram family this fetch (``n:`` rows: pods with two samples in the range): pods
         without the family (another vLLM version, a name it does not export) or with too few
         samples. Such a sum is not the fleet's (hits from some pods over queries from all): it is
         left out, unknown for this fetch, never added to a total; a change of the set is logged."""
@@ -486,7 +486,7 @@ class PrometheusSource:
         partial = {key for key, n in counts.items() if n < most[key[1]]}
         if partial != self._partial:
             for name, model in sorted(partial - self._partial):
-                log.warning("fleet mode: %s of model %r comes from %d of %d series this range (pods of another vLLM "
+                log.warning("fleet mode: %s of model %r comes from %d of %d pods this range (pods of another vLLM "
                             "version or without it, or with fewer than two samples): left out, unknown",
                             name, model, counts[(name, model)], most[model])
             if self._partial and not partial:
@@ -559,6 +559,13 @@ class PrometheusSource:
             if model in sums and not math.isfinite(sums[model]):
                 fam.add_sample(f"vllm:{f.name}_sum", {"model_name": model}, sums[model])
         return [fam] if fam.samples else []
+
+
+def _pods(expr: str) -> str:
+    """PromQL: per model, how many scrape targets (pods: Prometheus' ``job``, ``instance``) have
+    series in ``expr`` — targets, not series: a pod's ``engine``s or a family's own labels
+    (``transfer_type``) would count several times."""
+    return f"count by (model_name) (count by (model_name, job, instance) ({expr}))"
 
 
 def _usable(total: float) -> bool:

@@ -228,7 +228,7 @@ def test_fleet_hit_ratio_equals_the_pods_counter_deltas_summed_by_hand(fleet):
 def test_pods_of_an_older_vllm_make_the_fleet_h_unknown_not_a_partial_sum(fleet):
     # Pods a and b export prefix_cache_*, pod d (an older vLLM) gpu_prefix_cache_*: parse takes the
     # first name present, so the sum of a and b alone would be published as the fleet's h. Prometheus'
-    # own series counts show both sums partial: h unknown; prompt tokens, from every pod, stay.
+    # own counts of the pods in each sum show both partial: h unknown; prompt tokens, from every pod, stay.
     def model(selector: str):
         src = PrometheusSource(fleet["prom"], fleet_families(), selector_matchers(selector), interval=INTERVAL)
         t, text = src.fetch()
@@ -302,9 +302,9 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert f'max by (model_name) (max without (pid) ({{__name__=~"vllm[:_]kv_cache_usage_perc", {sel}}}))' in q0
     assert f'count by (block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
     # how many series each counter and histogram sum covers (_coverage)
-    assert (f'count by (model_name) (increase({{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}}[5000ms]))'
-            in q0)
-    assert f'count by (model_name) (increase({{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}}[5000ms]))' in q0
+    pods = "count by (model_name) (count by (model_name, job, instance) ({}))"
+    assert pods.format(f'increase({{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}}[5000ms])') in q0
+    assert pods.format(f'increase({{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}}[5000ms])') in q0
     assert q0.count(" or ") == 9 and q0.count('label_replace(') == 10  # one request: 10 subqueries, 6 families
 
 
@@ -346,7 +346,7 @@ def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknow
 def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, caplog):
     # Two pods serve model m; one exports no prefix_cache_hits (or runs a vLLM without it): its
     # hits summed over one pod against queries over two read h = 300/1000 = 0.3, whatever the
-    # fleet's is. Series with two samples in the range (the n: rows) say so: hits are left out.
+    # fleet's is. Pods with two samples in the range (the n: rows) say so: hits are left out.
     clock = Clock(6000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
     both = [_row("n:prefix_cache_queries", "2"), _row("n:request_prompt_tokens", "2")]
@@ -363,7 +363,7 @@ def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, capl
     assert dict(s1.models["m"].counters) == {"queries": 1000.0}  # hits left out: unknown, no total
     assert "hit_ratio" in s1.models["m"].unknown
     assert s1.models["m"].histograms["request_prompt_tokens"].count == 4.0
-    assert "prefix_cache_hits of model 'm' comes from 1 of 2 series" in caplog.text
+    assert "prefix_cache_hits of model 'm' comes from 1 of 2 pods" in caplog.text
     clock.t = 6005.0
     s2 = parse_exposition(src.fetch()[1], 6005.0)
     # hits whole again: their total starts from this range (300 never entered it); the histogram is out
