@@ -643,6 +643,9 @@ def _latin1(value: str) -> bool:
 
 
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|\Z)')
+# The escapes PromQL's lexer takes in a double-quoted string (Go's): any other backslash, e.g. the
+# regex \d written unescaped (Prometheus wants "\\d"), fails every query with HTTP 400.
+_ESCAPE = re.compile(r'\\(?:[abfnrtv\\"]|[0-7]{3}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|(.|\Z))', re.S)
 
 
 def selector_matchers(selector: str | None) -> tuple[str, ...]:
@@ -650,8 +653,9 @@ def selector_matchers(selector: str | None) -> tuple[str, ...]:
     double quotes, operators = != =~ !~), each as ``label<op>"value"``; () for None or ``{}``.
 
     Raises:
-        ConfigError: naming the key ``selector`` when the text is not such matchers, or when it
-            matches ``__name__`` (kvhit picks the vLLM families itself).
+        ConfigError: naming the key ``selector`` when the text is not such matchers, when a value
+            has a backslash PromQL does not take as an escape, or when it matches ``__name__``
+            (kvhit picks the vLLM families itself).
     """
     text = (selector or "").strip()
     if text.startswith("{") and text.endswith("}"):
@@ -664,6 +668,9 @@ def selector_matchers(selector: str | None) -> tuple[str, ...]:
                               f"(values in double quotes), got {selector!r}")
         if m.group(1) == "__name__":
             raise ConfigError("config key selector: __name__ cannot be matched (kvhit picks the vLLM families)")
+        if bad := next((e for e in _ESCAPE.finditer(m.group(3)) if e.group(1) is not None), None):
+            raise ConfigError(f"config key selector: {bad.group(0)} in {m.group(0).strip()} "
+                              "is no PromQL string escape (a regex backslash is written twice: \\\\d)")
         out.append(f'{m.group(1)}{m.group(2)}"{m.group(3)}"')
         pos = m.end()
     return tuple(out)

@@ -416,8 +416,14 @@ class PrometheusSource:
         t = min(self.clock(), time.time()) - self.delay
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval
-        body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._headers,
-                               self._bearer())
+        try:
+            body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._headers,
+                                   self._bearer())
+        except ScrapeError as exc:
+            if exc.reason == "http_400":  # bad_data: kvhit's own PromQL parses, so the selector's values do not
+                raise ScrapeError(exc.reason, f"{exc} (Prometheus refused the query: check the selector's "
+                                  "values and regular expressions)") from None
+            raise
         rows = _vector(body, self._where)
         text = self._render(rows)
         self._end = t

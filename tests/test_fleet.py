@@ -18,6 +18,8 @@ import os
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -241,6 +243,27 @@ def test_pods_of_an_older_vllm_make_the_fleet_h_unknown_not_a_partial_sum(fleet)
     assert {"queries", "hits", "prompt_tokens"} <= set(alike.counters) and "hit_ratio" not in alike.unknown
 
 
+def test_the_selector_check_refuses_the_escapes_a_real_prometheus_refuses(fleet):
+    # kvhit's check at start against the real thing: each value in a matcher, accepted by
+    # selector_matchers exactly when this Prometheus parses the query (else every poll was HTTP 400)
+    values = [r"a\d*", r"a\\d*", r'x\"y', r"\u00e9", r"\n", r"\101", r"\x4", r"\x41", r"\'", "tail\\"]
+    for value in values:
+        form = urllib.parse.urlencode({"query": f'count({{pod=~"{value}"}})'}).encode()
+        try:
+            urllib.request.urlopen(f"{fleet['prom']}/api/v1/query", data=form, timeout=10).close()
+            prometheus = True
+        except urllib.error.HTTPError as err:
+            assert err.code == 400, value
+            prometheus = False
+        try:
+            selector_matchers(f'{{pod=~"{value}"}}')
+            kvhit = True
+        except ConfigError as err:
+            assert "is no PromQL string escape" in str(err) or value.endswith("\\"), (value, err)
+            kvhit = False
+        assert kvhit == prometheus, (value, kvhit, prometheus)
+
+
 def test_fleet_series_carry_scope_fleet(fleet):
     samples = [s for fam in text_string_to_metric_families(fleet["metrics"]) for s in fam.samples]
     assert samples and all(s.labels.get("scope") == "fleet" for s in samples)
@@ -458,6 +481,16 @@ def test_each_failure_has_its_reason_and_moves_no_range(fake, status, body, reas
     assert "[8000ms]" in fake.forms[-1]["query"]  # the failed fetch moved nothing: (95, 103]
 
 
+def test_a_refused_query_points_at_the_selector(fake):
+    # Prometheus answers a query it cannot parse with 400 bad_data; kvhit's own PromQL parses, so
+    # it is the selector's values (a regex like "ns-(f", checked only by Prometheus)
+    fake.answers.append((400, b'{"status":"error","errorType":"bad_data","error":"SECRET regex"}'))
+    with pytest.raises(ScrapeError) as err:
+        PrometheusSource(fake.url, FAMILIES, ('namespace=~"ns-(f"',)).fetch()
+    assert err.value.reason == "http_400" and "check the selector" in str(err.value)
+    assert "SECRET" not in str(err.value)
+
+
 def test_prometheus_down_is_refused():
     src = PrometheusSource(f"http://127.0.0.1:{free_port()}", FAMILIES, timeout=2.0)
     with pytest.raises(ScrapeError) as err:
@@ -516,6 +549,7 @@ def test_config_prometheus_selector_and_delay(tmp_path):
         "unquoted value": ({"prometheus": "http://p", "selector": "{namespace=llm}"}, "selector"),
         "missing comma": ({"prometheus": "http://p", "selector": '{a="b" c="d"}'}, "selector"),
         "metric name": ({"prometheus": "http://p", "selector": '{__name__="up"}'}, "selector"),
+        "regex escape": ({"prometheus": "http://p", "selector": r'{pod=~"vllm-\d+"}'}, "selector"),
         "not http": ({"prometheus": "prom:9090"}, "prometheus"),
         "negative delay": ({"prometheus": "http://p", "prometheus_delay": -1}, "prometheus_delay"),
     }
