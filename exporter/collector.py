@@ -158,6 +158,9 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
             f.add(N.TPS0, {**base, "method": method}, est["tps0"].value)
             f.add(N.MISS_SLOPE, {**base, "method": method}, est["a"].value)
             f.add(N.MISS_SLOPE_STDERR, {**base, "method": method}, est["a"].stderr)
+    if slope.ok or "a" in m.miss_slope_derived:
+        for bound, key in (("lower", "h_min"), ("upper", "h_max")):
+            f.add(N.MISS_SLOPE_RANGE, {**base, "bound": bound}, slope.extra.get(key))
     if slope.ok:
         for bound, key in (("lower", "isl_bucket_lo"), ("upper", "isl_bucket_hi")):
             f.add(N.MISS_SLOPE_BUCKET, {**base, "bound": bound}, slope.extra.get(key))

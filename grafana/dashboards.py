@@ -357,8 +357,9 @@ def model_dashboard() -> Dashboard:
     d = d.with_row(Row("Fits (MODEL.md §4, §6, §7)").id(ids()))
     ab = (ts(ids, "Miss slope a and overlap α with 95 % bands ($pod)", "none",
              "a of TPS_miss(h) = TPS0(1 - a h), direct and derived (never averaged), and the overlap α, each with "
-             "±1.96 standard errors. α is absent (not identifiable) without hits loaded from host memory. One "
-             "panel per selected pod.")
+             "±1.96 standard errors. Both a are secants over the h range the busy steps spanned (Model internals: "
+             "a's h range): the bands cover the noise, not h outside it. α is absent (not identifiable) without "
+             "hits loaded from host memory. One panel per selected pod.")
           .with_target(q("A", f"kvhit_miss_slope{{{SEL}}}", "a {{method}}"))
           .with_target(q("B", f'kvhit_miss_slope{{method="direct", {SEL}}} - {Z95} * kvhit_miss_slope_stderr{{method="direct", {SEL}}}', "a direct -1.96σ"))
           .with_target(q("C", f'kvhit_miss_slope{{method="direct", {SEL}}} + {Z95} * kvhit_miss_slope_stderr{{method="direct", {SEL}}}', "a direct +1.96σ"))
@@ -445,8 +446,9 @@ def model_dashboard() -> Dashboard:
         .override_by_query("C", [prop("unit", "s"), prop("custom.axisPlacement", "right")]))
     internals = (
         stat_panel(ids, "Model internals", "none",
-                   "T_fixed, the contention factor c(running), S_kv, B_load (measured or configured), the direct miss "
-                   "slope's ISL bucket and its anomalous (tail-chunk) steps, and the configured target hit ratio.", w=12, h=8)
+                   "T_fixed, the contention factor c(running), S_kv, B_load (measured or configured), the h range a "
+                   "is fitted over, the direct miss slope's ISL bucket and its anomalous (tail-chunk) steps, and the "
+                   "configured target hit ratio.", w=12, h=8)
         .with_target(q("A", f"kvhit_fixed_time_seconds{{{SEL}}}", "T_fixed {{pod}}"))
         .with_target(q("B", f"kvhit_contention_factor{{{SEL}}}", "c(running) {{pod}}"))
         .with_target(q("C", f"kvhit_kv_bytes_per_token{{{SEL}}}", "S_kv {{pod}}"))
@@ -454,12 +456,14 @@ def model_dashboard() -> Dashboard:
         .with_target(q("E", f"kvhit_miss_slope_isl_bucket_tokens{{{SEL}}}", "ISL bucket {{bound}} {{pod}}"))
         .with_target(q("F", f"kvhit_miss_slope_anomalous_steps{{{SEL}}}", "anomalous steps {{pod}}"))
         .with_target(q("G", f"kvhit_target_hit_ratio{{{SEL}}}", "target h {{pod}}"))
+        .with_target(q("H", f"kvhit_miss_slope_hit_ratio{{{SEL}}}", "a's h range {{bound}} {{pod}}"))
         .override_by_query("A", [prop("unit", "s")])
         .override_by_query("C", [prop("unit", "bytes")])
         .override_by_query("D", [prop("unit", "Bps")])
         .override_by_query("E", [prop("unit", TOKENS)])
         .override_by_query("F", [prop("unit", "suffix: steps")])
-        .override_by_query("G", [prop("unit", "percentunit")]))
+        .override_by_query("G", [prop("unit", "percentunit")])
+        .override_by_query("H", [prop("unit", "percentunit")]))
     d = d.with_panel(internals)
     return d
 

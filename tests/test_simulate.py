@@ -268,6 +268,33 @@ def test_no_alpha_while_the_chip_time_fit_cannot_see_attention():
     assert len(errors) > 30 and max(map(abs, errors)) <= 2.0, errors
 
 
+def test_the_published_slope_says_which_h_range_it_spans():
+    # a is a secant over the h the busy steps covered (MODEL.md §4): midway through the sweep
+    # (steps 0 → 0.95, h known per step) the range is [0, the highest h scheduled so far], not [0, 1].
+    from exporter.collector import KvhitCollector
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.config import Config
+
+    sc = preset("sweep")
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    seen = []
+    for i, (t, text, truth) in enumerate(generate(sc)):
+        clock.t = t
+        runner.ingest_text(t, text)
+        if truth is not None:  # None: the first scrape, before any step
+            seen.append(truth.h)
+        if i == 40:
+            break
+    assert 0.3 < max(seen) < 0.9
+    m = runner.current()[0].models[sc.model_name]
+    assert m.fits["miss_slope"].ok
+    got = {s.labels["bound"]: s.value for fam in KvhitCollector(runner.current).collect() for s in fam.samples
+           if s.name == "kvhit_miss_slope_hit_ratio"}
+    assert got == pytest.approx({"lower": min(seen), "upper": max(seen)}, abs=0.005)
+
+
 _QUERIES = re.compile(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) (\S+)$", re.M)
 
 
