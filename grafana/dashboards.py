@@ -366,8 +366,9 @@ def model_dashboard() -> Dashboard:
           .with_target(q("D", f'kvhit_miss_slope{{method="derived", {SEL}}} - {Z95} * kvhit_miss_slope_stderr{{method="derived", {SEL}}}', "a derived -1.96σ"))
           .with_target(q("E", f'kvhit_miss_slope{{method="derived", {SEL}}} + {Z95} * kvhit_miss_slope_stderr{{method="derived", {SEL}}}', "a derived +1.96σ"))
           .with_target(q("F", f"kvhit_overlap_ratio{{{SEL}}}", "α"))
-          .with_target(q("G", f"kvhit_overlap_ratio{{{SEL}}} - {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}", "α -1.96σ"))
-          .with_target(q("H", f"kvhit_overlap_ratio{{{SEL}}} + {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}", "α +1.96σ")))
+          # α is bounded to [0, 1] (MODEL.md §1): so is its band (at a bound, 1 ± 0.1 read as α up to 1.1)
+          .with_target(q("G", f"clamp(kvhit_overlap_ratio{{{SEL}}} - {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}, 0, 1)", "α -1.96σ"))
+          .with_target(q("H", f"clamp(kvhit_overlap_ratio{{{SEL}}} + {Z95} * kvhit_overlap_ratio_stderr{{{SEL}}}, 0, 1)", "α +1.96σ")))
     ab = per_pod(band(band(band(ab, "a direct +1.96σ", "a direct -1.96σ", "blue"), "a derived +1.96σ",
                            "a derived -1.96σ", "purple"), "α +1.96σ", "α -1.96σ", "orange"))
     d = d.with_panel(ab)
