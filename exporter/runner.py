@@ -73,7 +73,7 @@ class Runner:
         self._health = Health(target=redact_url(target), scope=scope)
         self._failures = 0
         self._last_reason = ""
-        self._engine_reason = ""  # the last snapshot's Snapshot.reason, logged when it changes
+        self._engine_reason = ""  # the last snapshot's reason (:meth:`_reason`), logged when it changes
         self._read_failed_at: object = ()  # the snapshot stamp whose analysis last failed on a read
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
         self._cap_logged = False
@@ -120,10 +120,11 @@ class Runner:
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
-        if snap.reason != self._engine_reason:  # kvhit_up 1 alone would not say the body is unusable
-            self._engine_reason = snap.reason
-            if snap.reason:
-                log.warning("the target answers but cannot be analysed: %s", snap.reason)
+        reason = self._reason(snap.engine, snap.reason, bool(snap.models))
+        if reason != self._engine_reason:  # kvhit_up 1 alone would not say the body is unusable
+            self._engine_reason = reason
+            if reason:
+                log.warning("the target answers but cannot be analysed: %s", reason)
             else:
                 log.info("the target's body is analysable (engine %s)", snap.engine)
         self._count_quirks(snap)
@@ -244,12 +245,18 @@ class Runner:
             analysis = analysis.without_models()
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
-        elif health.scope == "fleet" and analysis.engine == "unknown" and not analysis.models:
-            # the query succeeded and returned nothing: the selector, not the exposition, is at fault
-            analysis = replace(analysis, engine_reason=(
-                f"Prometheus answered but no vLLM series matched the selector {self.config.selector or '{}'} "
-                "(check --selector, and that Prometheus scrapes the vLLM pods)"))
+        elif analysis.timestamp is not None:
+            analysis = replace(analysis, engine_reason=self._reason(analysis.engine, analysis.engine_reason,
+                                                                    bool(analysis.models)))
         return analysis, replace(health, age=age, stale=stale)
+
+    def _reason(self, engine: str, reason: str, models: bool) -> str:
+        """Why the target cannot be analysed, as a snapshot says, except for a fleet query that
+        succeeded and returned nothing: then the selector, not an exposition, is at fault."""
+        if self._health.scope == "fleet" and engine == "unknown" and not models:
+            return (f"Prometheus answered but no vLLM series matched the selector {self.config.selector or '{}'} "
+                    "(check --selector, and that Prometheus scrapes the vLLM pods)")
+        return reason
 
     def fresh(self, age: float | None) -> bool:
         """Whether a last successful scrape ``age`` seconds old (None: none yet) is fresh enough to

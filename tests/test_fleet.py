@@ -425,7 +425,7 @@ def test_non_finite_and_negative_samples_are_counted_as_quirks_and_move_no_total
     assert dict(m4.counters) == {"hits": 750.0} and dict(m5.counters) == {"queries": 2000.0, "hits": 800.0}
 
 
-def test_empty_answer_is_no_data_not_zero(fake):
+def test_empty_answer_is_no_data_not_zero(fake, caplog):
     text = PrometheusSource(fake.url, FAMILIES).fetch()[1]
     assert "vllm:" not in text
     snap = parse_exposition(text, 1.0)
@@ -434,12 +434,14 @@ def test_empty_answer_is_no_data_not_zero(fake):
     # KvhitTargetNotAnalysable alert), not that an exposition held no vLLM metrics
     clock = Clock(5000.0)
     runner = Runner(Config(selector='{namespace="llm"}'), fake.url, clock=clock, scope="fleet")
-    for t in (4990.0, 4995.0):
-        assert runner.ingest_text(t, text)
+    with caplog.at_level("WARNING", logger="kvhit"):
+        for t in (4990.0, 4995.0):
+            assert runner.ingest_text(t, text)
     analysis, health = runner.current()
     assert health.up and analysis.models == {}
     assert analysis.engine_reason == ('Prometheus answered but no vLLM series matched the selector {namespace="llm"} '
                                       "(check --selector, and that Prometheus scrapes the vLLM pods)")
+    assert analysis.engine_reason in caplog.text and "no vLLM metrics in the exposition" not in caplog.text  # the log too
     # a pod's sidecar reading the same empty body keeps the exposition's own reason
     pod = Runner(Config(), "http://vllm:8000/metrics", clock=clock)
     assert pod.ingest_text(4995.0, text)
