@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from exporter.config import Config
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               kv_capacity_tokens, observe, request_isl, window_notes)
-from exporter.parse import HISTOGRAMS, Snapshot
+from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, CachingVerdict, HitRollup, speedup, verdict
@@ -647,6 +647,10 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
                            + (" (SGLang exports neither)" if snap.engine == "sglang" else ""))
     out["prefill_share"] = share
     v = verdict(st.rollup)
+    if prefix_caching_off(snap.cache_config):  # a history of hits from before it was turned off is no verdict now
+        v = replace(v, state=None, reason=f"{PREFIX_CACHING_OFF} now: no verdict and no hit-ratio history until it "
+                                          "is on again", history_hit_ratio=None, recent_hit_ratio=None, jitter=None)
+        unknown.setdefault("hit_ratio_jitter", PREFIX_CACHING_OFF)
     out["caching"] = v
     if v.state is None:
         unknown.setdefault("prefix_cache_verdict", v.reason)

@@ -53,7 +53,7 @@ import requests
 from exporter.analyzer import ModelAnalysis
 from exporter.config import ConfigError, load_config
 from exporter.jsonapi import analysis_to_dict
-from exporter.parse import ParseError, parse_exposition
+from exporter.parse import ParseError, parse_exposition, prefix_caching_off
 from exporter.replay import PhaseSummary, fmt, replay
 from exporter.sources import LiveSource, ScrapeError, load_trace
 
@@ -617,7 +617,7 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
         if not raw or not str(raw).isdigit():
             raise refuse(ConfigError("--block-size: required (the endpoint exports no cache_config_info block_size)"))
         block = int(raw)
-    if str(snap.cache_config.get("enable_prefix_caching", "True")).lower() == "false":
+    if prefix_caching_off(snap.cache_config):
         raise refuse(CalibrationError(
             "the endpoint reports enable_prefix_caching=False: vLLM then counts no prefix-cache query, so no phase "
             "could measure a hit ratio; restart it with prefix caching on (the default) to calibrate"))

@@ -1048,6 +1048,16 @@ def offload_configured(cache_config: Mapping[str, str]) -> bool | None:
     return re.fullmatch(OFFLOAD_SIZE_ON, cache_config.get("kv_offloading_size", "None")) is not None
 
 
+def prefix_caching_off(cache_config: Mapping[str, str]) -> bool:
+    """Whether ``cache_config_info`` says prefix caching is off (``enable_prefix_caching`` False):
+    vLLM then counts no prefix-cache query, and a hit ratio is not 0 % but not defined."""
+    return str(cache_config.get("enable_prefix_caching", "")).lower() == "false"
+
+
+PREFIX_CACHING_OFF = ('prefix caching is off (cache_config_info enable_prefix_caching="False"): vLLM counts no '
+                      "prefix-cache query, so there is no hit ratio")
+
+
 def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, object], v0_no_data: bool,
                      hit_unit: str, incomplete: set[str], cache_config: Mapping[str, str],
                      connector: bool) -> dict[str, str]:
@@ -1060,6 +1070,8 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
                                 "gauge: the token hit ratio cannot be windowed")
         if v0_no_data:
             reasons["hit_ratio"] += " (its value -1 means no data: prefix caching off or no query yet)"
+    elif prefix_caching_off(cache_config):
+        reasons["hit_ratio"] = PREFIX_CACHING_OFF
     elif incomplete & {"queries", "hits"}:
         reasons["hit_ratio"] = ("prefix_cache_queries/hits missing for some data-parallel engines of this model "
                                 "(cut or partial body): a partial sum would be wrong")

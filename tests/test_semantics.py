@@ -94,6 +94,25 @@ def test_gpu_counters_without_help_have_an_unknown_unit():
     assert "blocks (0.7-0.8) or tokens (0.9+) cannot be told" in info(pub, "kvhit_unknown_info", "signal")["hit_ratio"]
 
 
+def test_prefix_caching_off_says_so_and_withdraws_the_verdict_of_before():
+    # 13 scrapes 5 s apart with caching on, 750 of every 1000 queried tokens hit (h 0.75 over the
+    # minute); then vLLM restarts with --no-enable-prefix-caching: its counters start at 0 and stay
+    # there while it serves (a newcomer saw "no prefix-cache queries in the publish window (no data,
+    # not 0 %)", as if idle, and the old verdict's history h 0.75 published for minutes)
+    on = [BLOCKS.format(unit="tokens", q=1000.0 * i, k=750.0 * i) for i in range(13)]
+    off = [BLOCKS.format(unit="tokens", q=0.0, k=0.0).replace('enable_prefix_caching="True"',
+                                                            'enable_prefix_caching="False"')] * 3
+    before = published(run(*on))
+    assert series(before, "kvhit_prefix_cache_history_hit_ratio") == {(("model_name", "m"),): pytest.approx(0.75)}
+    pub = published(run(*on, *off))
+    reasons = info(pub, "kvhit_unknown_info", "signal")
+    assert reasons["hit_ratio"] == ('prefix caching is off (cache_config_info enable_prefix_caching="False"): vLLM '
+                                    "counts no prefix-cache query, so there is no hit ratio")
+    assert reasons["prefix_cache_verdict"].startswith(reasons["hit_ratio"] + " now")
+    assert series(pub, "kvhit_hit_ratio") == {} and series(pub, "kvhit_prefix_cache_history_hit_ratio") == {}
+    assert not any(v for v in series(pub, "kvhit_prefix_cache_verdict").values())
+
+
 # --- preemptions inflate hits before 0.11.1 --------------------------------------------------
 
 V010 = """\
