@@ -27,7 +27,7 @@ from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, load_config,
                              load_web_config, redact_url, selector_matchers)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
-from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES
+from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import load_source, render
 from exporter.runner import Runner
@@ -57,7 +57,7 @@ def fleet_families() -> tuple[Family, ...]:
     """The vLLM families parse reads (its COUNTERS, HISTOGRAMS, GAUGES tables and their labelled
     variants, plus cache_config_info), for fleet mode's :class:`PrometheusSource`; gauges combine
     over pods as parse combines them over data-parallel engines."""
-    out = [Family(name, "counter") for names in COUNTERS.values() for name in names]
+    out = [Family(name, "counter", lazy=canon in LAZY_COUNTERS) for canon, names in COUNTERS.items() for name in names]
     out += [Family(base, "counter", (label,), (label, value)) for base, label, value in LABELLED_COUNTERS.values()]
     out += [Family(name, "histogram") for names in HISTOGRAMS.values() for name in names]
     out += [Family(name, "gauge", agg=agg) for names, agg in GAUGES.values() for name in names]

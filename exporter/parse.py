@@ -72,6 +72,9 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "kv_offload_load_bytes": ("kv_offload_load_bytes",),
     "kv_offload_load_seconds": ("kv_offload_load_time",),
 }
+# Counters vLLM creates at first use (0.32 offloading/metrics.py: at an engine's first KV load), not
+# at start: absent from a pod that has not loaded yet, where their value is 0.
+LAZY_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")
 # Counters kept per label value: canonical name → (exposed base, label, value).
 LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
     "prompt_local_compute": ("prompt_tokens_by_source", "source", "local_compute"),

@@ -327,6 +327,8 @@ class Family:
             info: the labels kvhit reads from it).
         match: (label, value) every series read must carry, e.g. ("source", "local_compute").
         agg: how a gauge combines over pods, "sum" or "max" (counters and histograms add up).
+        lazy: the engine creates the series at its first use (vLLM's kv_offload_load_*, at an
+            engine's first load): a pod without it counted 0, so its sum is whole over fewer pods.
     """
 
     name: str
@@ -334,6 +336,7 @@ class Family:
     labels: tuple[str, ...] = ()
     match: tuple[str, str] | None = None
     agg: str = "sum"
+    lazy: bool = False
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
@@ -495,12 +498,12 @@ class PrometheusSource:
 
     def _coverage(self, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> set[tuple[str, str]]:
         """(family, model) pairs summed over fewer pods than the model's best-covered counter or
-        histogram family this fetch (``n:`` rows: pods with two samples in the range): pods
+        histogram family (:attr:`Family.lazy` ones aside) this fetch (``n:`` rows: pods with two samples in the range): pods
         without the family (another vLLM version, a name it does not export) or with too few
         samples. Such a sum is not the fleet's (hits from some pods over queries from all): it is
         left out, unknown for this fetch, never added to a total; a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
-                  for f in self.families for labels, value in by_query.get(f"n:{f.name}", [])}
+                  for f in self.families if not f.lazy for labels, value in by_query.get(f"n:{f.name}", [])}
         most: dict[str, float] = {}
         for (_, model), n in counts.items():
             most[model] = max(most.get(model, 0.0), n)

@@ -394,6 +394,20 @@ def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, capl
     assert "request_prompt_tokens" not in s2.models["m"].histograms
 
 
+def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(fake):
+    # vLLM 0.32 creates kv_offload_load_* at an engine's first KV load: a pod that has not loaded
+    # has none, and its share is 0, not missing. B_load = Δbytes/Δseconds of the pod that loaded.
+    fams = {f.name: f for f in fleet_families()}
+    assert fams["kv_offload_load_bytes"].lazy and fams["kv_offload_load_time"].lazy
+    assert not any(f.lazy for name, f in fams.items() if not name.startswith("kv_offload_load_"))
+    src = PrometheusSource(fake.url, (*FAMILIES, fams["kv_offload_load_bytes"]), interval=5.0, clock=Clock(7000.0))
+    fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "300"),
+                 _row("c:kv_offload_load_bytes", "5e9"), _row("n:prefix_cache_queries", "2"),
+                 _row("n:prefix_cache_hits", "2"), _row("n:kv_offload_load_bytes", "1")])
+    m = parse_exposition(src.fetch()[1], 7000.0).models["m"]
+    assert dict(m.counters) == {"queries": 1000.0, "hits": 300.0, "kv_offload_load_bytes": 5e9}
+
+
 def test_non_finite_and_negative_samples_are_counted_as_quirks_and_move_no_total(fake):
     clock = Clock(3000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
