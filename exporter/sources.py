@@ -82,8 +82,8 @@ def _unresolved(exc: BaseException) -> bool:
         seen.add(id(e))
         if isinstance(e, socket.gaierror):
             return True
-        stack += [e.__cause__, e.__context__, getattr(e, "reason", None),
-                  *(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))]
+        stack += [c for c in (e.__cause__, e.__context__, getattr(e, "reason", None), *getattr(e, "args", ()))
+                  if isinstance(c, BaseException)]  # an SSLError's reason is a str
     return False
 
 
@@ -252,6 +252,9 @@ class LiveSource:
             if any(isinstance(a, ProtocolError) for a in exc.args):
                 raise ScrapeError("no_answer", f"{where} accepted the connection and closed it without an HTTP "
                                                "answer") from None
+            if isinstance(exc, requests.exceptions.SSLError):
+                raise ScrapeError("refused", f"TLS with {where} failed: not a TLS server on that port, or a certificate "
+                                             "this pod does not trust (REQUESTS_CA_BUNDLE)") from None
             if _unresolved(exc):
                 raise ScrapeError("refused", f"cannot resolve the host of {where} (DNS): a typo in the target, or a "
                                              "name this pod cannot resolve") from None

@@ -289,6 +289,14 @@ def test_refused_when_the_listener_is_closed(target):
     assert src.fetch()[1] == target.snapshots[0]
 
 
+def test_https_to_a_plain_http_port_is_refused_and_says_tls(target):
+    # the TLS handshake fails: an SSLError, whose reason is a str (it raised AttributeError in
+    # the DNS check and was counted as an internal error; calibrate crashed on it)
+    with pytest.raises(ScrapeError) as info:
+        LiveSource(target.url.replace("http://", "https://"), timeout=TIMEOUT, max_bytes=CAP).fetch()
+    assert info.value.reason == "refused" and "TLS with https://127.0.0.1:" in str(info.value)
+
+
 def test_a_host_name_that_does_not_resolve_is_refused_and_says_dns(monkeypatch):
     def no_such_host(*args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
