@@ -341,10 +341,19 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         keep = w > 0.5
         if _check(x[keep, 1], self.min_samples, self.min_h_span, "") is not None:
             return None
-        # new rows are weighed one by one: a whole h node left out above the frozen reference is
-        # where the reference went wrong (_flagged), which only a refit can see
-        if not keep.all() and _whole_nodes(~keep & ~_dips(x[:, 1], x[:, 2], ~keep, ref), x[:, 1]).any():
-            return None
+        # New rows are weighed one by one against the frozen reference: a whole h node left out
+        # above it, or two or more new steps left out at a node the refit left nothing out of, may
+        # be where the reference went wrong (_flagged), which only a refit can tell from tail-chunk
+        # dips; a dip node the refit saw stays out without another.
+        if not keep.all():
+            h = x[:, 1]
+            if _whole_nodes(~keep & ~_dips(h, x[:, 2], ~keep, ref), h).any():
+                return None
+            new = np.arange(len(x)) >= len(x) - min(self.rows.appended - self._refit_at, len(x))
+            node = np.floor(h / H_RESOLUTION + 0.5)
+            fresh, count = np.unique(node[~keep & new], return_counts=True)
+            if np.any((count >= 2) & ~np.isin(fresh, node[~keep & ~new])):
+                return None
         g = self.sums.g
         nodes = np.flatnonzero(g[:, 0, 0] > 0.5)  # counts are exact integers
         sums, count = g[nodes], g[nodes, 0, 0]

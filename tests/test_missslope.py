@@ -403,3 +403,23 @@ def test_a_sweep_cut_short_keeps_its_last_phase_not_outliers_of_a_reference_bent
         assert res.ok and res.extra["outliers"] == 0
         assert res.value("tps0") == pytest.approx(3898.67, rel=1e-5)
         assert res.value("a") == pytest.approx(0.67487, rel=1e-4)
+
+
+def test_a_new_node_weighed_below_a_bent_reference_is_refitted_not_published_as_dips():
+    # The same cut-short sweep with the transition's step high (6000 at h 0.25) and the last phase
+    # at ~2000: the reference frozen with the step at 0.25 put every h 0.5 step more than 3.5 σ
+    # below it, so one by one they were dips and the line went through h 0 and 0.25 alone:
+    # a = −0.963 published ok (diff review). Two new steps out at a node the refit had nothing out
+    # of are a refit. The line over all nodes (weights 0.125, 0.25, 0.125 at node means 43520/9,
+    # 6000, 8050/4): h̄ = 0.25, ȳ = 4712.01, Sxy = 0.03125·(123.55·(−1) − 2699.51) = −88.221,
+    # Sxx = 0.015625: b1 = −5646.2, b0 = 6123.56, a = 0.92206; no step left out.
+    h0 = [5120, 4608, 5632, 4608, 4096, 5120, 5120, 4608, 4608]
+    data = [(0.0, y) for y in h0] + [(0.25, 6000.0)] + [(0.5, y) for y in (2000, 2100, 1900, 2050)]
+    online = MissSlopeFitter()
+    for i, (h, y) in enumerate(data):
+        online.update(step(2.0 * i, h, float(y), 1024.0))
+        online.result()
+    res = online.result()
+    assert res.ok and res.extra["anomalies"] == 0 and res.extra["outliers"] == 0
+    assert res.value("tps0") == pytest.approx(6123.56, rel=1e-4)
+    assert res.value("a") == pytest.approx(0.92206, rel=1e-4)
