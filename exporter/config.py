@@ -645,7 +645,36 @@ def _latin1(value: str) -> bool:
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|\Z)')
 # The escapes PromQL's lexer takes in a double-quoted string (Go's): any other backslash, e.g. the
 # regex \d written unescaped (Prometheus wants "\\d"), fails every query with HTTP 400.
+_SIMPLE_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 _ESCAPE = re.compile(r'\\(?:[abfnrtv\\"]|[0-7]{3}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|(.|\Z))', re.S)
+
+
+def _unquotes_to_utf8(value: str) -> bool:
+    """Whether a double-quoted PromQL value whose escapes are well formed (:data:`_ESCAPE`) unquotes,
+    as Go's strconv does, to UTF-8 text: \\x and octal escapes are bytes, \\u and \\U code points
+    (a surrogate or one above U+10FFFF is refused), and Prometheus takes UTF-8 label values only."""
+    out, pos = bytearray(), 0
+    for e in _ESCAPE.finditer(value):
+        out += value[pos:e.start()].encode()
+        pos, esc = e.end(), e.group(0)
+        if esc[1] in "uU":
+            point = int(esc[2:], 16)
+            if point > 0x10FFFF or 0xD800 <= point <= 0xDFFF:
+                return False
+            out += chr(point).encode()
+        elif esc[1] == "x" or esc[1].isdigit():
+            byte = int(esc[2:], 16) if esc[1] == "x" else int(esc[1:], 8)
+            if byte > 0xFF:
+                return False
+            out.append(byte)
+        else:
+            out.append(ord(_SIMPLE_ESCAPES.get(esc[1], esc[1])))
+    out += value[pos:].encode()
+    try:
+        out.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def selector_matchers(selector: str | None) -> tuple[str, ...]:
@@ -671,6 +700,9 @@ def selector_matchers(selector: str | None) -> tuple[str, ...]:
         if bad := next((e for e in _ESCAPE.finditer(m.group(3)) if e.group(1) is not None), None):
             raise ConfigError(f"config key selector: {bad.group(0)} in {m.group(0).strip()} "
                               "is no PromQL string escape (a regex backslash is written twice: \\\\d)")
+        if not _unquotes_to_utf8(m.group(3)):
+            raise ConfigError(f"config key selector: the escapes of {m.group(0).strip()} do not spell UTF-8 text "
+                              "(a surrogate, a code point above U+10FFFF, or bytes that are no UTF-8)")
         out.append(f'{m.group(1)}{m.group(2)}"{m.group(3)}"')
         pos = m.end()
     return tuple(out)

@@ -115,9 +115,10 @@ MISS_SLOPE = _m("kvhit_miss_slope", "a in TPS_miss(h)=TPS0*(1-a*h); method=direc
 MISS_SLOPE_STDERR = _m("kvhit_miss_slope_stderr", "Standard error of a [1].", MODEL + ("method",), section="§4")
 MISS_SLOPE_BUCKET = _m("kvhit_miss_slope_isl_bucket_tokens", "ISL bucket [lower, upper) of the direct miss-slope "
                        "fit being published [tokens].", MODEL + ("bound",), section="§4")
-MISS_SLOPE_RANGE = _m("kvhit_miss_slope_hit_ratio", "h range [lower, upper] of the busy steps behind a: the direct "
-                      "fit's line and the derived slope's both span it, so a is a secant over it and says nothing "
-                      "beyond it [ratio].", MODEL + ("bound",), section="§4")
+MISS_SLOPE_RANGE = _m("kvhit_miss_slope_hit_ratio", "h range [lower, upper] of the busy steps the miss-slope fit saw "
+                      "(dips and outliers included): the derived slope's line spans it, the direct line what its kept "
+                      "steps cover; a is a secant over it and says nothing beyond it [ratio].", MODEL + ("bound",),
+                      section="§4")
 MISS_SLOPE_ANOMALIES = _m("kvhit_miss_slope_anomalous_steps", "Busy steps flagged as tail-chunk anomalies and left "
                           "out of the direct miss-slope fit [1].", section="§4")
 OVERLAP = _m("kvhit_overlap_ratio", "alpha: share of min(T_load, T_compute) hidden by overlap, fitted on prefill "
