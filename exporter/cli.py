@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter import __version__
@@ -103,20 +105,42 @@ def _stop_event() -> threading.Event:
 def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     """``--on-config-error=serve``: a sidecar whose configuration was refused keeps running, so its
     pod stays Ready (every container must be) and vLLM in its Service, and says so through
-    kvhit_config_last_load_successful 0 (KvhitConfigInvalid) until restarted. It listens on
-    --listen, else KVHIT_LISTEN, else the default; TLS and basic auth from --web-config when that
-    file loads (nothing served is secret). Returns 2 when stopped."""
-    listen = args.listen or os.environ.get("KVHIT_LISTEN") or Config.listen
+    kvhit_config_last_load_successful 0 (KvhitConfigInvalid) until restarted. ``listen`` and
+    ``web_config`` are read as the normal path layers them (flag, environment, config file) however
+    the rest was refused: TLS and basic auth apply when the web config loads (nothing served is
+    secret; its liveness probe and PodMonitor speak HTTPS), the default address when the listen
+    address is what was refused. Returns 2 when stopped."""
+    listen, path = (_refused_setting(args, key) for key in ("listen", "web_config"))
     try:
-        web = load_web_config(args.web_config)
-    except ConfigError:
+        web = load_web_config(path)
+    except ConfigError as why:
+        log.error("the web config cannot be loaded either (%s): serving plain HTTP without auth", why)
         web = None
-    server, _ = serve_app(config_error_app(), listen, web)
+    try:
+        server, _ = serve_app(config_error_app(), listen or Config.listen, web)
+    except (ConfigError, OSError) as why:  # ssl.SSLError too: then no TLS either
+        log.error("cannot serve on %s (%s): serving on the default %s", listen, why, Config.listen)
+        listen = None
+        server, _ = serve_app(config_error_app(), Config.listen, None if isinstance(why, ssl.SSLError) else web)
     log.error("configuration refused: %s; kvhit analyses nothing and serves kvhit_config_last_load_successful 0 "
-              "on %s until restarted with a valid one", exc, listen)
+              "on %s until restarted with a valid one", exc, listen or Config.listen)
     _stop_event().wait()
     server.shutdown()
     return 2
+
+
+def _refused_setting(args: argparse.Namespace, key: str) -> str | None:
+    """``key`` of ``kvhit run``'s configuration as its layers give it — flag, KVHIT_<KEY>, the
+    config file's — read leniently (a string or nothing) after the whole was refused."""
+    value = getattr(args, key, None) or os.environ.get(f"KVHIT_{key.upper()}")
+    if value is None and getattr(args, "config", None):
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            doc = None
+        value = doc.get(key) if isinstance(doc, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

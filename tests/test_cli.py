@@ -342,6 +342,17 @@ def test_run_without_target_exits_2(config_errors):
     assert "target" in _refused(config_errors, "no_target")
 
 
+def _serving(proc: subprocess.Popen, answer):
+    """``answer()``'s first non-None result while ``proc`` runs, within 30 s; else kills it and fails."""
+    deadline = time.monotonic() + 30
+    while (got := answer()) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"kvhit never answered: {proc.communicate()}")
+        time.sleep(0.1)
+    return got
+
+
 def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path):
     # A container that exits makes its pod NotReady and takes vLLM out of its Service: the sidecar
     # manifests run kvhit with --on-config-error=serve.
@@ -352,11 +363,7 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while (got := http_get(base + "/metrics"))[0] == 0:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
-        status, body = got
+        status, body = _serving(proc, lambda: (lambda got: got if got[0] else None)(http_get(base + "/metrics")))
         assert status == 200
         samples = {s.name: s for fam in text_string_to_metric_families(body) for s in fam.samples}
         assert samples["kvhit_config_last_load_successful"].value == 0.0
@@ -370,6 +377,34 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert "prices.hit_price_ratio: must be in (0, 1], got 1.5" in err
+
+
+def test_a_refused_config_is_served_with_the_listen_address_and_tls_its_file_gives(tmp_path):
+    # TLS set in the config file, not on the command line: serve mode answered plain HTTP, so
+    # HTTPS probes failed and the kubelet restarted kvhit, the outage it exists to avoid
+    import requests
+    from test_web_security import self_signed
+
+    cert, key = self_signed(tmp_path)
+    (tmp_path / "web.yml").write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    port = free_port()
+    (tmp_path / "kvhit.yaml").write_text(f"listen: 127.0.0.1:{port}\nweb_config: {tmp_path / 'web.yml'}\n"
+                                         "prices:\n  hit_price_ratio: 1.5\n")
+    proc = subprocess.Popen([*KVHIT, "run", *TARGET_ARGS, "--config", str(tmp_path / "kvhit.yaml"),
+                             "--on-config-error=serve"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env())
+    try:
+        def https():
+            try:
+                return requests.get(f"https://127.0.0.1:{port}/metrics", verify=cert, timeout=5)
+            except requests.exceptions.ConnectionError:
+                return None
+        r = _serving(proc, https)
+        samples = {s.name: s.value for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+        assert r.status_code == 200 and samples["kvhit_config_last_load_successful"] == 0.0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
 
 
 def test_a_run_with_a_valid_config_says_its_configuration_loaded(sim_runner):
