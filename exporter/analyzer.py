@@ -184,9 +184,10 @@ class Analyzer:
         self._last: Snapshot | None = None
         self.last_observations: dict[str, Observation] = {}  # the latest ingest's steps
 
-    def ingest(self, snap: Snapshot) -> dict[str, Observation]:
+    def ingest(self, snap: Snapshot, unobserved: bool = False) -> dict[str, Observation]:
         """Add one snapshot. Returns model → the step's Observation (also kept in
-        ``last_observations``).
+        ``last_observations``). ``unobserved``: scrapes failed since the previous snapshot, so its
+        steps are no busy time (observe.Context).
 
         Raises:
             ValueError: the snapshot is not newer than the previous one (nothing changes).
@@ -201,7 +202,7 @@ class Analyzer:
             st = self._state.get(model)
             if st is None:  # not setdefault: a _ModelState is every fitter's buffers, built once per model
                 st = self._state[model] = _ModelState()
-            obs = observe(delta, self._context(snap, model, st))
+            obs = observe(delta, self._context(snap, model, st, unobserved))
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
             st.chip.update(obs)
             st.slope.update(obs)
@@ -219,10 +220,10 @@ class Analyzer:
                 del self._seen[model]
         return out
 
-    def _context(self, snap: Snapshot, model: str, st: _ModelState) -> Context:
+    def _context(self, snap: Snapshot, model: str, st: _ModelState, unobserved: bool = False) -> Context:
         sig = snap.models[model]
         return Context(hit_unit=sig.hit_unit or "tokens", block_size=cache_config_number(snap.cache_config, "block_size"),
-                       unknown=sig.unknown, isl=st.isl, osl=st.osl, since=snap.since)
+                       unknown=sig.unknown, isl=st.isl, osl=st.osl, since=snap.since, unobserved=unobserved)
 
     def analysis(self) -> Analysis:
         if self._cache is not None:

@@ -28,6 +28,8 @@ class Context:
         isl, osl: latest known mean prompt/output length [tokens], used when no request
             finished inside the step.
         since: lowest vLLM version the exposition proves (parse.Snapshot.since), () = none.
+        unobserved: scrapes failed inside the step: whether the engine worked through all of its
+            time is unknown (stopped, frozen, cut off), so it is never busy time (MODEL.md §7).
     """
 
     hit_unit: str = "tokens"
@@ -36,6 +38,7 @@ class Context:
     isl: float | None = None
     osl: float | None = None
     since: tuple[int, ...] = ()
+    unobserved: bool = False
 
 
 ISL_HISTOGRAM = "request_prompt_tokens"
@@ -124,7 +127,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
         ctx_tokens = g * decode_context_per_token(isl, osl)
 
     r0, r1 = delta.start.get("running"), delta.end.get("running")
-    busy = bool(r0 and r1 and r0 > 0 and r1 > 0 and steps > 0 and delta.resets == 0)
+    busy = bool(r0 and r1 and r0 > 0 and r1 > 0 and steps > 0 and delta.resets == 0 and not ctx.unobserved)
     prefill = delta.histograms.get("prefill_time")
     hint = ""
     if delta.resets:

@@ -108,7 +108,7 @@ class Runner:
             # one critical section with the health update: a reader sees a successful scrape's analysis
             # with its last_success (a fit_step that raises leaves the snapshot ingested, counted failed)
             with self._lock:
-                self.analyzer.ingest(snap)
+                self.analyzer.ingest(snap, unobserved=self._failures > 0)
                 self.analyzer.fit_step()
                 failed, self._failures = self._failures, 0
                 self._last_reason = ""

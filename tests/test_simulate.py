@@ -295,6 +295,33 @@ def test_the_published_slope_says_which_h_range_it_spans():
     assert got == pytest.approx({"lower": min(seen), "upper": max(seen)}, abs=0.005)
 
 
+def test_a_step_across_failed_scrapes_is_no_busy_time():
+    # A real vLLM paused (SIGSTOP) past the scrape timeout: the scrapes in between fail, and the
+    # step from the last good one to the first after it ran busy at both ends, so it was counted
+    # busy though the engine stood still for most of it (1/11 of the throughput, not flagged).
+    # The same simulator steps with and without failures between two snapshots: busy only without.
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.config import Config
+
+    sc = preset("sweep")
+    busy = {}
+    for failing in (False, True):
+        clock = TraceClock()
+        runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+        for i, (t, text, _) in enumerate(generate(sc)):
+            if failing and i == 12:
+                runner.record_failure("timeout", "paused")
+            clock.t = t
+            assert runner.ingest_text(t, text)
+            if i == 12:
+                busy[failing] = runner.analyzer.last_observations[sc.model_name].busy
+            if i == 13:
+                busy[failing, "next"] = runner.analyzer.last_observations[sc.model_name].busy
+                break
+    assert busy == {False: True, True: False, (False, "next"): True, (True, "next"): True}
+
+
 _QUERIES = re.compile(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) (\S+)$", re.M)
 
 
