@@ -418,7 +418,8 @@ class Analyzer:
             hit_load_share=_load_share(w, h_all, h_load),
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
             gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out,
-            collinear=fits["chip_time"].extra.get("collinear"))
+            collinear=fits["chip_time"].extra.get("collinear"),
+            chip_covariance=[list(row) for row in fits["chip_time"].covariance] if fits["chip_time"].covariance else None)
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:

@@ -19,6 +19,10 @@ SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_
 # How far off (relative) a prediction may be where the fit could not tell terms apart
 # (unidentified_terms): the kept terms carry a dropped term's time within that share.
 COLLINEAR_TOLERANCE = 0.05
+# Largest standard error of a prefill's chip time, relative to it, at which a TTFT is predicted: a
+# fit of traffic that never varied apart (one h, ISL and OSL: steps, miss and decode tokens in one
+# ratio) can split its time anyhow (a real vLLM: 39 µs ± 9 ms for a 0.3-s prefill, published).
+PREFILL_REL_STDERR = 0.5
 LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit in the publish window while a KV "
                       "connector was asked for some (external_prefix_cache_queries), so T_load at another h is unknown")
 
@@ -125,6 +129,9 @@ class FittedModel:
         collinear: the chip-time fit's terms it could not tell apart, {dropped term: {kept term:
             c}} (its extra "collinear"; None when it identified every term): predictions hold only
             where a request keeps those relations (:meth:`unidentified`).
+        chip_covariance: the chip-time coefficients' covariance, 5×5 in CHIP_TIME_TERMS order
+            (None: not known, as in fits saved before it was): a prefill whose chip time it leaves
+            uncertain beyond PREFILL_REL_STDERR has no TTFT (:meth:`unidentified_prefill`).
     """
 
     t_step: float
@@ -146,6 +153,7 @@ class FittedModel:
     p_hit: float = 1e-7
     p_out: float = 0.0
     collinear: dict[str, dict[str, float]] | None = None
+    chip_covariance: list[list[float]] | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -171,9 +179,21 @@ class FittedModel:
 
     def unidentified_prefill(self, hit_ratio: float, isl: float) -> str | None:
         """Why the prefill of a request at (h, ISL) — one engine step and its compute, no decode:
-        what the TTFTs count — is not identifiable, or None (:func:`unidentified_terms`)."""
-        return unidentified_terms(self.collinear, self.coefficients, chip_time_regressors(isl, 0.0, hit_ratio, 1.0),
-                                  f"at h={hit_ratio:g}, ISL={isl:g} a prefill")
+        what the TTFTs count — is not identifiable, or None: :func:`unidentified_terms`, or its
+        chip time z·β with a standard error √(zᵀΣz) (``chip_covariance``) over PREFILL_REL_STDERR
+        of it."""
+        z = chip_time_regressors(isl, 0.0, hit_ratio, 1.0)
+        problem = unidentified_terms(self.collinear, self.coefficients, z, f"at h={hit_ratio:g}, ISL={isl:g} a prefill")
+        if problem or self.chip_covariance is None:
+            return problem
+        chip = sum(k * x for k, x in zip(self.coefficients.as_tuple(), z))
+        var = sum(x * c * y for x, row in zip(z, self.chip_covariance) for c, y in zip(row, z))
+        stderr = math.sqrt(max(var, 0.0))
+        if stderr <= PREFILL_REL_STDERR * chip:
+            return None
+        return (f"not identifiable: the chip-time fit puts a prefill at h={hit_ratio:g}, ISL={isl:g} at "
+                f"{chip:.4g} ± {stderr:.4g} s of chip time: its traffic never varied the prefill's work apart from "
+                "the rest (one h, ISL and OSL); fit on traffic that varies them")
 
     def ttft_unknown(self, hit_ratio: float, isl: float) -> str | None:
         """Why the TTFTs at (h, ISL) cannot be predicted, or None: the prefill is not identifiable
@@ -263,4 +283,10 @@ class FittedModel:
                     k in CHIP_TIME_TERMS and not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c)
                     for k, c in r.items()) for t, r in relations.items())):
             raise ValueError("fit field collinear must map chip-time terms to {term: finite number}")
+        cov = model.chip_covariance
+        if cov is not None and not (isinstance(cov, list) and len(cov) == len(CHIP_TIME_TERMS) and all(
+                isinstance(row, list) and len(row) == len(CHIP_TIME_TERMS) and all(
+                    not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c) for c in row)
+                for row in cov)):
+            raise ValueError("fit field chip_covariance must be null or 5 rows of 5 finite numbers")
         return model

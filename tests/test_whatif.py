@@ -96,3 +96,24 @@ def test_a_prefill_stands_when_the_carried_time_is_bounded_small():
     fit = FittedModel(**FIT, hit_load_share=0.2, collinear={"k_ctx": {"t_step": -4000.0, "k_dec": 3000.0}})
     assert fit.unidentified_prefill(0.5, 1000.0) is None
     assert fit.predict(0.5, 1000.0, 20.0).ttft_service == pytest.approx(0.125)
+
+
+def test_a_prefill_the_covariance_leaves_uncertain_has_no_ttft():
+    # A real vLLM under one h, ISL and OSL: its fit split the busy time anyhow (T_step 39 µs ±
+    # 9 ms) and a 39-µs service TTFT was published for a 0.3-s prefill. The prefill at h 0.5,
+    # ISL 1000 is z = (1 step, M 500, W 375,000, 0, 0): chip time 0.002 + 2e-4·500 + 6e-8·375,000
+    # = 0.1245 s. σ(k_ffn) 4e-4 alone gives √(zᵀΣz) = 500·4e-4 = 0.2 s > 0.5·0.1245: no TTFT;
+    # σ(k_ffn) 1e-5 gives 0.005 s: the TTFT stands. The chip time per request is known either way.
+    def cov(sd_ffn: float) -> list[list[float]]:
+        c = [[0.0] * 5 for _ in range(5)]
+        c[1][1] = sd_ffn ** 2
+        return c
+
+    wide = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov(4e-4)).predict(0.5, 1000.0, 20.0)
+    assert wide.ttft_service is None and wide.ttft_load_aware is None
+    assert "0.1245 ± 0.2 s" in wide.unknown["ttft_service"]
+    assert wide.t_chip == pytest.approx(0.1585)
+    narrow = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov(1e-5)).predict(0.5, 1000.0, 20.0)
+    assert narrow.ttft_service == pytest.approx(0.1245) and "ttft_service" not in narrow.unknown
+    with pytest.raises(ValueError, match="chip_covariance"):
+        FittedModel.from_dict({**FittedModel(**FIT).to_dict(), "chip_covariance": [[1.0]]})
