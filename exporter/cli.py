@@ -95,9 +95,10 @@ def _run_config(args: argparse.Namespace) -> tuple[Config, WebConfig]:
 
 
 def _stop_event() -> threading.Event:
-    """An event set by SIGTERM or SIGINT."""
+    """An event set by SIGTERM, SIGINT or SIGHUP (a closed terminal: kvhit has nothing to reload,
+    and ending without a log line left no trace)."""
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     return stop
 

@@ -403,8 +403,9 @@ def test_a_refused_config_is_served_with_the_listen_address_and_tls_its_file_giv
         samples = {s.name: s.value for fam in text_string_to_metric_families(r.text) for s in fam.samples}
         assert r.status_code == 200 and samples["kvhit_config_last_load_successful"] == 0.0
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGHUP)  # stops it as SIGTERM does (it died without a word)
         proc.communicate(timeout=30)
+    assert proc.returncode == 2
 
 
 def test_a_run_with_a_valid_config_says_its_configuration_loaded(sim_runner):
