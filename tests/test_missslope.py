@@ -384,6 +384,19 @@ def test_a_lone_high_step_is_an_outlier_not_a_dip_and_moves_nothing():
     assert fitter.anomaly_times() == []
 
 
+def _cut_short(transition: float, last: tuple[float, ...]) -> tuple:
+    """(online fit, pure fit) of a calibrate sweep cut short at ISL 1024: 9 busy steps at h 0, the
+    phase transition's one at h 0.25 (TPS_miss ``transition``), then ``last`` at h 0.5; the online
+    fitter asked after every step, as the analyzer's fit step asks."""
+    h0 = [5120, 4608, 5632, 4608, 4096, 5120, 5120, 4608, 4608]
+    data = [(0.0, y) for y in h0] + [(0.25, transition)] + [(0.5, y) for y in last]
+    online = MissSlopeFitter()
+    for i, (h, y) in enumerate(data):
+        online.update(step(2.0 * i, h, float(y), 1024.0))
+        online.result()
+    return online.result(), fit_miss_slope(np.array([h for h, _ in data]), np.array([y for _, y in data], dtype=float))
+
+
 def test_a_sweep_cut_short_keeps_its_last_phase_not_outliers_of_a_reference_bent_by_a_transition():
     # kvhit calibrate interrupted in its third phase (ISL 1024, real vLLM): 9 busy steps at h 0, the
     # phase transition's one step at h 0.25, 4 at h 0.5. The reference frozen at the step at 0.25
@@ -392,14 +405,7 @@ def test_a_sweep_cut_short_keeps_its_last_phase_not_outliers_of_a_reference_bent
     # The line over all nodes (quadrature weights 0.125, 0.25, 0.125 at node means 43520/9, 2304,
     # 3520): h̄ = 0.25, ȳ = 3240.89, Sxy = 0.03125·(279.11 − 1594.67) = −41.111, Sxx = 0.015625:
     # b1 = −2631.1, b0 = 3898.67, a = 0.67487
-    h0 = [5120, 4608, 5632, 4608, 4096, 5120, 5120, 4608, 4608]
-    data = [(0.0, y) for y in h0] + [(0.25, 2304.0)] + [(0.5, y) for y in (3840, 3328, 3584, 3328)]
-    online = MissSlopeFitter()
-    for i, (h, y) in enumerate(data):
-        online.update(step(2.0 * i, h, float(y), 1024.0))
-        online.result()  # after every step, as the analyzer's fit step asks
-    pure = fit_miss_slope(np.array([h for h, _ in data]), np.array([y for _, y in data], dtype=float))
-    for res in (online.result(), pure):
+    for res in _cut_short(2304.0, (3840, 3328, 3584, 3328)):
         assert res.ok and res.extra["outliers"] == 0
         assert res.value("tps0") == pytest.approx(3898.67, rel=1e-5)
         assert res.value("a") == pytest.approx(0.67487, rel=1e-4)
@@ -413,13 +419,7 @@ def test_a_new_node_weighed_below_a_bent_reference_is_refitted_not_published_as_
     # of are a refit. The line over all nodes (weights 0.125, 0.25, 0.125 at node means 43520/9,
     # 6000, 8050/4): h̄ = 0.25, ȳ = 4712.01, Sxy = 0.03125·(123.55·(−1) − 2699.51) = −88.221,
     # Sxx = 0.015625: b1 = −5646.2, b0 = 6123.56, a = 0.92206; no step left out.
-    h0 = [5120, 4608, 5632, 4608, 4096, 5120, 5120, 4608, 4608]
-    data = [(0.0, y) for y in h0] + [(0.25, 6000.0)] + [(0.5, y) for y in (2000, 2100, 1900, 2050)]
-    online = MissSlopeFitter()
-    for i, (h, y) in enumerate(data):
-        online.update(step(2.0 * i, h, float(y), 1024.0))
-        online.result()
-    res = online.result()
-    assert res.ok and res.extra["anomalies"] == 0 and res.extra["outliers"] == 0
-    assert res.value("tps0") == pytest.approx(6123.56, rel=1e-4)
-    assert res.value("a") == pytest.approx(0.92206, rel=1e-4)
+    for res in _cut_short(6000.0, (2000, 2100, 1900, 2050)):
+        assert res.ok and res.extra["anomalies"] == 0 and res.extra["outliers"] == 0
+        assert res.value("tps0") == pytest.approx(6123.56, rel=1e-4)
+        assert res.value("a") == pytest.approx(0.92206, rel=1e-4)
