@@ -181,8 +181,9 @@ class Record:
 class RecordingProxy:
     """HTTP /metrics proxy in front of vLLM: kvhit scrapes through it; every successful upstream
     answer is recorded with the time its handler started, so the test sees exactly the bodies
-    kvhit ingested. On a starved machine that time can lag kvhit's request (its stamp) by as long
-    as kvhit's scrape took, kvhit_scrape_duration_seconds. An unreachable upstream answers 502
+    kvhit ingested. kvhit stamps a scrape when its answer began, after this handler had vLLM's
+    body; on a starved machine the handler can start after kvhit's request by as long as the
+    scrape took, kvhit_scrape_duration_seconds. An unreachable upstream answers 502
     (kvhit counts it as ``http_502``)."""
 
     def __init__(self, upstream: str, upstream_timeout: float = 2.5) -> None:

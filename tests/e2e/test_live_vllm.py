@@ -230,22 +230,22 @@ def _dump(res: Live) -> None:
 
 
 def _scrapes_from(records: list[Record], t: float, took: dict[float, float]) -> list[int]:
-    """Indices of the records that can be kvhit's successful scrape stamped ``t``. kvhit stamps a
-    scrape, then sends it, one at a time (exporter/cli.py ``poll_loop``): the proxy's handler
-    starts after t and before the scrape ended, t + its kvhit_scrape_duration_seconds (``took``:
-    stamp → duration of the successful scrapes the test saw), and before kvhit stamped its next
-    scrape, however long either process was starved in between. A handler of an earlier,
-    abandoned scrape can start in that span too, so this is a set. (10 ms: clocks of two
-    processes; t may be a difference of stamps, rounded.)"""
+    """Indices of the records that can be kvhit's successful scrape stamped ``t``. kvhit sends one
+    scrape at a time (exporter/cli.py ``poll_loop``) and stamps it when its answer began
+    (exporter/runner.py ``poll``: the request's time plus the time to the answer's headers), so
+    the proxy's handler started at or before t, after the request: no earlier than t minus the
+    scrape's kvhit_scrape_duration_seconds (``took``: stamp → duration of the successful scrapes
+    the test saw; it covers the whole scrape from the request) or, unseen, KVHIT_TIMEOUT, and
+    after kvhit's previous successful stamp, however long either process was starved in between.
+    A handler of an earlier, abandoned scrape can start in that span too, so this is a set. (10 ms:
+    clocks of two processes; t may be a difference of stamps, rounded.)"""
     stamps = sorted(took)
     i = bisect.bisect_left(stamps, t - 0.01)
-    hi = math.inf
-    if i < len(stamps) and stamps[i] <= t + 0.01:
-        hi = stamps[i] + took[stamps[i]] + 0.01
-        i += 1
-    if i < len(stamps):
-        hi = min(hi, stamps[i])
-    return [j for j, r in enumerate(records) if t - 0.01 <= r.t <= hi]
+    seen = i < len(stamps) and stamps[i] <= t + 0.01
+    lo = t - (took[stamps[i]] if seen else KVHIT_TIMEOUT) - 0.01
+    if i > 0:
+        lo = max(lo, stamps[i - 1])
+    return [j for j, r in enumerate(records) if lo <= r.t <= t + 0.01]
 
 
 def _increase(records: list[Record], i0: int, i1: int, name: str, t_kill: float) -> float:
