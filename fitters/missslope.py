@@ -349,11 +349,12 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
             h = x[:, 1]
             if _whole_nodes(~keep & ~_dips(h, x[:, 2], ~keep, ref), h).any():
                 return None
-            new = np.arange(len(x)) >= len(x) - min(self.rows.appended - self._refit_at, len(x))
-            node = np.floor(h / H_RESOLUTION + 0.5)
-            fresh, count = np.unique(node[~keep & new], return_counts=True)
-            if np.any((count >= 2) & ~np.isin(fresh, node[~keep & ~new])):
-                return None
+            old = len(x) - min(self.rows.appended - self._refit_at, len(x))  # rows before: the refit's
+            if np.count_nonzero(~keep[old:]) >= 2:
+                node = np.floor(h / H_RESOLUTION + 0.5)
+                fresh, count = np.unique(node[old:][~keep[old:]], return_counts=True)
+                if np.any((count >= 2) & ~np.isin(fresh, node[:old][~keep[:old]])):
+                    return None
         g = self.sums.g
         nodes = np.flatnonzero(g[:, 0, 0] > 0.5)  # counts are exact integers
         sums, count = g[nodes], g[nodes, 0, 0]
