@@ -494,6 +494,9 @@ class PrometheusSource:
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         self._partial = self._coverage(by_query)
+        for qid, rows in by_query.items():  # a partial sum: its counter, bucket and sum rows
+            if qid[:2] in ("c:", "b:", "s:"):
+                by_query[qid] = [row for row in rows if (qid[2:], row[0].get("model_name", "")) not in self._partial]
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Rendered([m for f in self.families for m in self._metrics(f, by_query)]))
         # A successful answer without series is no data, not an empty body (a parse error)
@@ -501,10 +504,11 @@ class PrometheusSource:
 
     def _coverage(self, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> set[tuple[str, str]]:
         """(family, model) pairs summed over fewer pods than the model's best-covered counter or
-        histogram family (:attr:`Family.lazy` ones aside) this fetch (``n:`` rows: pods with two samples in the range): pods
-        without the family (another vLLM version, a name it does not export) or with too few
-        samples. Such a sum is not the fleet's (hits from some pods over queries from all): it is
-        left out, unknown for this fetch, never added to a total; a change of the set is logged."""
+        histogram family (:attr:`Family.lazy` ones aside) this fetch (``n:`` rows: pods with two
+        samples in the range): pods without the family (another vLLM version, a name it does not
+        export) or with too few samples. Such a sum is not the fleet's (hits from some pods over
+        queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
+        total; a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
                   for f in self.families if not f.lazy for labels, value in by_query.get(f"n:{f.name}", [])}
         most: dict[str, float] = {}
@@ -534,8 +538,7 @@ class PrometheusSource:
     def _metrics(self, f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> list[Metric]:
         name, names = f"vllm:{f.name}", ("model_name",) + f.labels
         if f.kind == "counter":
-            rows = [(labels, value) for labels, value in by_query.get(f"c:{f.name}", [])
-                    if (f.name, labels.get("model_name", "")) not in self._partial]
+            rows = by_query.get(f"c:{f.name}", [])
             fam = CounterMetricFamily(name, _FLEET_HELP, labels=names)
             for labels, value in rows:
                 fam.add_metric([labels.get(k, "") for k in names], self._add(f"c:{f.name}", labels, value))
@@ -561,8 +564,6 @@ class PrometheusSource:
         a +Inf bucket this fetch has no histogram, one without ``_sum`` none of its sum."""
         buckets: dict[str, list[tuple[float, str, float]]] = {}
         for labels, value in by_query.get(f"b:{f.name}", []):
-            if (f.name, labels.get("model_name", "")) in self._partial:
-                continue
             try:
                 edge = float(labels.get("le", ""))
             except ValueError:
@@ -570,8 +571,7 @@ class PrometheusSource:
             total = self._add(f"b:{f.name}", labels, value)
             buckets.setdefault(labels.get("model_name", ""), []).append((edge, labels["le"], total))
         sums = {labels.get("model_name", ""): self._add(f"s:{f.name}", labels, value, count=False)
-                for labels, value in by_query.get(f"s:{f.name}", [])
-                if (f.name, labels.get("model_name", "")) not in self._partial}
+                for labels, value in by_query.get(f"s:{f.name}", [])}
         fam = HistogramMetricFamily(f"vllm:{f.name}", _FLEET_HELP, labels=("model_name",))
         for model, rows in sorted(buckets.items()):
             rows.sort()
