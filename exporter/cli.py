@@ -19,15 +19,14 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
-import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter import __version__
 from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
-from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, load_config,
-                             load_web_config, redact_url, selector_matchers)
+from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, layered_string,
+                             load_config, load_web_config, redact_url, selector_matchers)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
@@ -111,7 +110,7 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     the rest was refused: TLS and basic auth apply when the web config loads (nothing served is
     secret; its liveness probe and PodMonitor speak HTTPS), the default address when the listen
     address is what was refused. Returns 2 when stopped."""
-    listen, path = (_refused_setting(args, key) for key in ("listen", "web_config"))
+    listen, path = (layered_string(key, args.config, getattr(args, key)) for key in ("listen", "web_config"))
     try:
         web = load_web_config(path)
     except ConfigError as why:
@@ -128,20 +127,6 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     _stop_event().wait()
     server.shutdown()
     return 2
-
-
-def _refused_setting(args: argparse.Namespace, key: str) -> str | None:
-    """``key`` of ``kvhit run``'s configuration as its layers give it — flag, KVHIT_<KEY>, the
-    config file's — read leniently (a string or nothing) after the whole was refused."""
-    value = getattr(args, key, None) or os.environ.get(f"KVHIT_{key.upper()}")
-    if value is None and getattr(args, "config", None):
-        try:
-            with open(args.config, encoding="utf-8") as f:
-                doc = yaml.safe_load(f)
-        except (OSError, yaml.YAMLError, UnicodeDecodeError):
-            doc = None
-        value = doc.get(key) if isinstance(doc, dict) else None
-    return value if isinstance(value, str) and value else None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -337,6 +337,21 @@ def _read_yaml(path: str, where: str) -> Any:
         raise ConfigError(f"{where}: not valid YAML ({type(exc).__name__})") from None
 
 
+def layered_string(key: str, path: str | None, flag: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> str | None:
+    """Top-level ``key`` as :func:`load_config` layers it (flag, then ``KVHIT_<KEY>``, then the
+    file at ``path``), read leniently for a configuration that was refused as a whole: the first
+    layer giving a non-empty string, None when none does (an unreadable file gives nothing)."""
+    value = flag or (os.environ if environ is None else environ).get(f"KVHIT_{key.upper()}")
+    if not value and path:
+        try:
+            doc = _read_yaml(path, f"config file {path}")
+        except ConfigError:
+            doc = None
+        value = doc.get(key) if isinstance(doc, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict:
     """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError."""
     out: dict = {}
