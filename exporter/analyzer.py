@@ -408,7 +408,7 @@ class Analyzer:
                 w: Delta, wobs: Observation, hit: dict[str, float], kv: float | None,
                 bandwidth: tuple[float, str] | None, engines: int) -> FittedModel:
         cfg = self.config
-        la = fits["load_aware"]
+        la, chip = fits["load_aware"], fits["chip_time"]
         h_all, h_load = hit.get("all"), hit.get("loaded")
         running = wobs.running
         return FittedModel(
@@ -418,8 +418,8 @@ class Analyzer:
             hit_load_share=_load_share(w, h_all, h_load),
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
             gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out,
-            collinear=fits["chip_time"].extra.get("collinear"),
-            chip_covariance=[list(row) for row in fits["chip_time"].covariance] if fits["chip_time"].covariance else None)
+            collinear=chip.extra.get("collinear"),
+            chip_covariance=[list(row) for row in chip.covariance] if chip.covariance else None)
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:

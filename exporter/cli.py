@@ -464,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("predict", help="what-if from a saved fit (kvhit replay --save-fit or /api/v1/analysis)")
     pr.add_argument("--fit", required=True, help="analysis JSON (kvhit replay --save-fit, or /api/v1/analysis saved)")
     # checked by what_if, as /api/v1/predict's (argparse's float would read 0_5 as 5.0)
-    pr.add_argument("--hit-ratio", required=True, dest="hit_ratio", help="what-if token hit ratio h in [0, 1 − 1/ISL] (the last prompt token is always computed)")
+    pr.add_argument("--hit-ratio", required=True, dest="hit_ratio", help="what-if token hit ratio h in [0, 1 − 1/ISL] (the last prompt token is always "
+                    "computed)")
     pr.add_argument("--isl", help="prompt tokens per request (default: the file's window mean)")
     pr.add_argument("--osl", help="output tokens per request (default: the file's window mean)")
     pr.add_argument("--steps-per-request", type=STEPS_PER_REQUEST, dest="steps_per_request",
