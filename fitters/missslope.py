@@ -175,7 +175,7 @@ def _whole_nodes(mask: np.ndarray, h: np.ndarray) -> np.ndarray:
     every point of."""
     if not mask.any():
         return mask
-    _, node, count = np.unique(np.floor(h / H_RESOLUTION + 0.5), return_inverse=True, return_counts=True)
+    _, node, count = np.unique(_node(h), return_inverse=True, return_counts=True)
     return ((np.bincount(node, weights=mask) == count) & (count >= 2))[node]
 
 
@@ -268,12 +268,16 @@ def _starts(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return line, curve
 
 
+def _node(h: np.ndarray) -> np.ndarray:
+    """Index of each h's node of the quadrature (int, shape of ``h``): h rounded to H_RESOLUTION."""
+    return np.floor(h / H_RESOLUTION + 0.5).astype(int)
+
+
 def _h_quadrature(h: np.ndarray) -> np.ndarray:
     """Weight per step, shape (n,): the trapezoid rule over the distinct h (nodes H_RESOLUTION
     apart, at the mean h of their steps) gives each node half the h distance to each neighbour;
     its steps share it. Σ weights = h range spanned by the nodes."""
-    node = np.floor(h / H_RESOLUTION + 0.5)
-    _, inv, count = np.unique(node, return_inverse=True, return_counts=True)
+    _, inv, count = np.unique(_node(h), return_inverse=True, return_counts=True)
     centre = np.bincount(inv, weights=h) / count
     half_gap = np.diff(centre) / 2.0
     width = np.zeros(len(centre))
@@ -334,7 +338,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         v = np.empty((len(x), 3))  # (1, h, TPS), filled in place: column_stack's per-call cost on one row
         v[:, 0] = 1.0
         v[:, 1:] = x[:, 1:3]
-        return v, 1.0, np.floor(h / H_RESOLUTION + 0.5).astype(int)
+        return v, 1.0, _node(h)
 
     def _exact(self, x: np.ndarray, w: np.ndarray, key: object,
                ref: _Reference) -> tuple[FitResult, np.ndarray] | None:
@@ -351,7 +355,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
                 return None
             old = len(x) - min(self.rows.appended - self._refit_at, len(x))  # rows before: the refit's
             if np.count_nonzero(~keep[old:]) >= 2:
-                node = np.floor(h / H_RESOLUTION + 0.5)
+                node = _node(h)
                 fresh, count = np.unique(node[old:][~keep[old:]], return_counts=True)
                 if np.any((count >= 2) & ~np.isin(fresh, node[:old][~keep[:old]])):
                     return None
