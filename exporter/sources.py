@@ -138,6 +138,16 @@ class _DeadlineAdapter(HTTPAdapter):
         return manager
 
 
+def _skip_redirect_body(resp: requests.Response, **_) -> requests.Response:
+    """Response hook: a redirect's body is dropped unread, its connection closed. requests reads it
+    whole before following, each socket read under the per-read timeout alone, so a body trickling
+    in held a scrape past its deadline; nothing in it is used."""
+    if resp.is_redirect:
+        resp.raw.close()
+        resp._content, resp._content_consumed = b"", True  # what requests checks before reading it
+    return resp
+
+
 @dataclass
 class LiveSource:
     """Scrapes a vLLM ``/metrics`` URL with requests.
@@ -149,8 +159,8 @@ class LiveSource:
     and body — did not finish within ``timeout``; a status line, headers or body trickling in a
     few bytes at a time counts: a timer shuts the socket down at the deadline while headers are
     awaited, and the body's deadline is checked after every socket read, each waiting at most
-    the time left), ``http_<status>`` (any status but 200 after redirects), ``redirect`` (more than
-    ``max_redirects``), ``too_large`` (over ``max_bytes``, by Content-Length before reading or
+    the time left; a redirect's body is not read), ``http_<status>`` (any status but 200 after
+    redirects), ``redirect`` (more than ``max_redirects``), ``too_large`` (over ``max_bytes``, by Content-Length before reading or
     while reading, counted after gzip decoding so a gzip bomb is cut at the cap), ``encoding``
     (a Content-Encoding other than gzip/deflate/identity, or a corrupt one), ``incomplete``
     (the connection broke inside the body), ``error`` (anything else).
@@ -180,6 +190,7 @@ class LiveSource:
         self._session.headers["Accept"] = "text/plain;version=0.0.4"
         self._session.headers["Accept-Encoding"] = "gzip"
         self._session.max_redirects = self.max_redirects
+        self._session.hooks["response"].append(_skip_redirect_body)
         self._where = redact_url(self.url)
 
     def fetch(self) -> tuple[float, str]:

@@ -106,6 +106,21 @@ class Target:
     def mode_redirect(self, h) -> None:
         self.send(h, 302, b"", {"Location": "/real-metrics"})
 
+    def mode_redirect_drip(self, h) -> None:  # a 302 whose body trickles in: requests read it whole
+        # before following, with its per-read timeout only
+        body = b"moved" * 8
+        h.send_response(302)
+        h.send_header("Location", "/real-metrics")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        try:
+            for byte in body:
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass  # kvhit hung up: it does not read a redirect's body
+
     def mode_redirect_loop(self, h) -> None:
         self.send(h, 302, b"", {"Location": "/metrics"})
 
@@ -217,6 +232,17 @@ def test_healthy_target_plain_gzip_and_redirect(target):
     _, redirected = src.fetch()
     assert redirected == target.snapshots[2]  # the 302 was followed to /real-metrics
     assert target.served == ["ok", "gzip", "redirect"]
+
+
+def test_a_redirect_whose_body_trickles_is_followed_without_reading_it(target):
+    # requests reads a redirect's body before following it, each read under the per-read timeout
+    # only: 40 bytes at 0.1 s held a 1-s scrape for 4 s (9.9 s with a slower drip)
+    target.mode = "redirect_drip"
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    started = time.monotonic()
+    _, text = src.fetch()
+    assert time.monotonic() - started < TIMEOUT
+    assert text == target.snapshots[0] and target.served == ["redirect_drip"]
 
 
 # mode → the reason kvhit must report
