@@ -17,6 +17,7 @@ from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_confi
 from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
+from fitters.caching import STATES as CACHING_STATES  # noqa: F401  (the collector's label values)
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
@@ -26,6 +27,7 @@ from fitters.missslope import MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
                            prefill_share)
 from fitters.observation import Observation
+from fitters.result import STATUSES as FIT_STATUSES  # noqa: F401  (the collector's label values)
 from fitters.result import Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
 from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel, Prediction, unidentified_terms
@@ -223,7 +225,8 @@ class Analyzer:
     def _context(self, snap: Snapshot, model: str, st: _ModelState, unobserved: bool = False) -> Context:
         sig = snap.models[model]
         return Context(hit_unit=sig.hit_unit or "tokens", block_size=cache_config_number(snap.cache_config, "block_size"),
-                       unknown=sig.unknown, isl=st.isl, osl=st.osl, since=snap.since, unobserved=unobserved)
+                       unknown=sig.unknown, isl=st.isl, osl=st.osl, excludes_preempted=snap.excludes_preempted,
+                       unobserved=unobserved)
 
     def analysis(self) -> Analysis:
         if self._cache is not None:

@@ -23,10 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter import __version__, names as N
-from exporter.analyzer import Analysis, ModelAnalysis
-from exporter.parse import QUIRKS
-from fitters.caching import STATES
-from fitters.result import STATUSES
+from exporter.analyzer import CACHING_STATES, FIT_STATUSES, Analysis, ModelAnalysis
 
 
 @dataclass(frozen=True)
@@ -34,8 +31,8 @@ class Health:
     """Scrape health of the target (rendered as-is).
 
     up: last scrape succeeded and parsed; duration [s] of the last scrape; last_success [unix s]
-    or None; errors: reason → count since start; quirks: input quirk (parse.QUIRKS) →
-    occurrences since start; untracked_series: (model_name, engine) series of the last scrape
+    or None; errors: reason → count since start; quirks: input quirk → occurrences
+    since start (the runner lists every kind the parser knows, from 0); untracked_series: (model_name, engine) series of the last scrape
     over ``max_series``; age: now − last_success [s] when rendered; stale: the values shown do
     not come from the latest scrape attempt (it failed, or none succeeded for an interval);
     scope: "fleet" in fleet mode, added as label ``scope`` to every series; "" adds nothing.
@@ -108,12 +105,12 @@ class KvhitCollector(Collector):
         f.add(N.LAST_SUCCESS, t, health.last_success)
         f.add(N.DATA_AGE, t, health.age)
         f.add(N.STALE, t, 1.0 if health.stale else 0.0)
-        # every known reason and quirk from 0 on, so rate() and increase() see the first one
+        # every known reason from 0 on, so rate() and increase() see the first one (quirks: Health)
         reasons = N.SCRAPE_ERROR_REASONS + (N.FLEET_ERROR_REASONS if health.scope == "fleet" else ())
         for reason in sorted({*reasons, *health.errors}):
             f.add(N.SCRAPE_ERRORS, {**t, "reason": reason}, health.errors.get(reason, 0))
-        for quirk in sorted({*QUIRKS, *health.quirks}):
-            f.add(N.INPUT_QUIRKS, {**t, "quirk": quirk}, health.quirks.get(quirk, 0))
+        for quirk, n in sorted(health.quirks.items()):
+            f.add(N.INPUT_QUIRKS, {**t, "quirk": quirk}, n)
         f.add(N.UNTRACKED_SERIES, t, health.untracked_series)
         f.add(N.ENGINE_INFO, {**t, "engine": analysis.engine, "reason": analysis.engine_reason}, 1.0)
         for model in analysis.models.values():
@@ -140,7 +137,7 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
         f.add(N.LOAD_BANDWIDTH, {**base, "source": m.load_bandwidth[1]}, m.load_bandwidth[0])
 
     for fit, res in m.fits.items():
-        for status in STATUSES:
+        for status in FIT_STATUSES:
             f.add(N.FIT_STATUS, {**base, "fit": fit, "status": status}, 1.0 if res.status.value == status else 0.0)
         f.add(N.FIT_SAMPLES, {**base, "fit": fit}, res.samples)
         if res.ok:
@@ -222,7 +219,7 @@ def _seed3(f: _Families, base: dict[str, str], m: ModelAnalysis) -> None:
     if v is not None:
         if v.state is not None:
             prov = "true" if v.provisional else "false"
-            for state in STATES:
+            for state in CACHING_STATES:
                 f.add(N.VERDICT, {**base, "state": state, "provisional": prov}, 1.0 if state == v.state else 0.0)
         f.add(N.HISTORY_SECONDS, base, v.history_seconds)
         f.add(N.HISTORY_HIT_RATIO, base, v.history_hit_ratio)

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from exporter.parse import PREEMPTION_FIX
 from exporter.window import Delta
 from fitters.model import attention_work, decode_context_per_token
 from fitters.observation import Observation
@@ -27,7 +26,8 @@ class Context:
         unknown: signal → reason from the parser (e.g. "hit_ratio", "hit_ratio_loaded").
         isl, osl: latest known mean prompt/output length [tokens], used when no request
             finished inside the step.
-        since: lowest vLLM version the exposition proves (parse.Snapshot.since), () = none.
+        excludes_preempted: the exposition proves a vLLM whose prefix-cache counters leave
+            resumed preempted requests out (parse.Snapshot.excludes_preempted).
         unobserved: scrapes failed inside the step: whether the engine worked through all of its
             time is unknown (stopped, frozen, cut off), so it is never busy time (MODEL.md §7).
     """
@@ -37,7 +37,7 @@ class Context:
     unknown: Mapping[str, str] | None = None
     isl: float | None = None
     osl: float | None = None
-    since: tuple[int, ...] = ()
+    excludes_preempted: bool = False
     unobserved: bool = False
 
 
@@ -186,8 +186,9 @@ def kv_capacity_tokens(cache_config: Mapping[str, str], gauges: Mapping[str, flo
 
 
 def _excludes_preempted(delta: Delta, ctx: Context) -> bool:
-    """vLLM ≥ 0.11.1 no longer counts resumed preempted requests as prefix-cache queries/hits."""
-    return "external_hits" in delta.counters or ctx.since >= PREEMPTION_FIX
+    """vLLM ≥ 0.11.1 no longer counts resumed preempted requests as prefix-cache queries/hits
+    (vllm PR #25787); its external-hit counters are newer still."""
+    return "external_hits" in delta.counters or ctx.excludes_preempted
 
 
 # Histogram behind each published window mean: signal → (canonical histogram, vLLM family, what a

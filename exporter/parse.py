@@ -226,6 +226,12 @@ class Snapshot:
     def supported(self) -> bool:
         return self.engine.startswith("vllm") or self.engine in engines.TRANSLATED
 
+    @property
+    def excludes_preempted(self) -> bool:
+        """Whether the families prove a vLLM ≥ :data:`PREEMPTION_FIX`, whose prefix-cache counters
+        leave resumed preempted requests out (the external-hit counters prove it too, per model)."""
+        return self.since >= PREEMPTION_FIX
+
 
 def _strip_prefix(name: str) -> tuple[str, str]:
     for prefix in ("vllm:", "vllm_"):

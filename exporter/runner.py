@@ -33,7 +33,7 @@ from typing import Callable
 from exporter.analyzer import Analysis, Analyzer
 from exporter.collector import Health
 from exporter.config import Config, redact_url
-from exporter.parse import ParseError, Parser, Snapshot
+from exporter.parse import QUIRKS, ParseError, Parser, Snapshot
 from exporter.sources import LiveSource, PrometheusSource, ScrapeError
 
 log = logging.getLogger("kvhit")
@@ -70,7 +70,8 @@ class Runner:
         self.parser = Parser()  # the hot path: remembers this target's layout
         self.clock = clock if clock is not None else SteadyClock()
         self._lock = threading.Lock()
-        self._health = Health(target=redact_url(target), scope=scope)
+        # every quirk kind from 0 on, so rate() and increase() see the first one
+        self._health = Health(target=redact_url(target), scope=scope, quirks=dict.fromkeys(QUIRKS, 0))
         self._failures = 0
         self._last_reason = ""
         self._engine_reason = ""  # the last snapshot's reason (:meth:`_reason`), logged when it changes

@@ -253,7 +253,7 @@ def _check(runner: Runner) -> None:
     assert "internal" not in health.errors, health.errors
     for reason in health.errors:
         event(f"error {reason}")
-    for quirk in health.quirks:
+    for quirk in (k for k, n in health.quirks.items() if n):
         event(f"quirk {quirk}")
     event(f"models published: {len(analysis.models)}")
     for metric, labels, value in _published(runner):
