@@ -212,6 +212,9 @@ class Snapshot:
         cache_config: labels of ``vllm:cache_config_info`` (first engine), {} when absent.
         quirks: quirk (see :data:`QUIRKS`) → how many lines/series it affected in this body.
         since: lowest vLLM version the declared families prove, () when none does.
+        clock_offset: ``timestamp`` minus the host's wall clock when it was stamped [s]: 0 until
+            the wall clock steps (kvhit's live clock never steps, exporter/runner.py
+            SteadyClock); the engine stamps ``_created`` on the wall clock (exporter/window.py).
     """
 
     timestamp: float
@@ -221,6 +224,7 @@ class Snapshot:
     cache_config: Mapping[str, str] = field(default_factory=dict)
     quirks: Mapping[str, int] = field(default_factory=dict)
     since: tuple[int, ...] = ()
+    clock_offset: float = 0.0
 
     @property
     def supported(self) -> bool:

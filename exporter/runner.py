@@ -50,6 +50,10 @@ class SteadyClock:
     def __call__(self) -> float:
         return self._wall0 + (time.monotonic() - self._mono0)
 
+    def offset(self) -> float:
+        """This clock minus the wall clock now [s]: 0 until the wall clock steps (NTP, an operator)."""
+        return self() - time.time()
+
 
 class Runner:
     """One target's pipeline with health and staleness.
@@ -82,8 +86,10 @@ class Runner:
 
     # --- input -----------------------------------------------------------------------------
 
-    def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None) -> bool:
+    def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None,
+                    clock_offset: float = 0.0) -> bool:
         """Parse one exposition and feed it to the analyzer. Returns True on success; never raises.
+        ``clock_offset``: ``timestamp`` minus the wall clock then (parse.Snapshot.clock_offset).
 
         ``bytes`` are decoded as UTF-8 with replacement. A body that is not exposition, a
         timestamp not newer than the last snapshot, or an exception in the analysis counts as an
@@ -93,6 +99,8 @@ class Runner:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
             snap = self.parser.parse(text, timestamp)
+            if clock_offset:
+                snap = replace(snap, clock_offset=clock_offset)
         except ParseError as exc:
             self.record_failure("parse", str(exc), duration)
             return False
@@ -136,6 +144,8 @@ class Runner:
         (``source.answer_delay`` after the request); errors are counted by reason."""
         start = time.monotonic()  # before the stamp: the duration covers all the scrape took after it
         stamp = self.clock()
+        # the engine stamps _created on the wall clock, which may have stepped since kvhit started
+        offset = self.clock.offset() if isinstance(self.clock, SteadyClock) else 0.0
         try:
             _, text = source.fetch()
             stamp += source.answer_delay  # when the body was generated (LiveSource)
@@ -147,7 +157,7 @@ class Runner:
             return False
         finally:
             self._polled = self.clock()
-        return self.ingest_text(stamp, text, time.monotonic() - start)
+        return self.ingest_text(stamp, text, time.monotonic() - start, offset)
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer

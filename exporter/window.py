@@ -141,6 +141,7 @@ class Delta:
 
 
 def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
+    # t0 on the wall clock of the _created stamps (step_delta's clock_offset)
     """How the step from ``prev`` to ``cur`` began: "restart" (a ``_created`` timestamp changed, or
     a counter or observation count went down while no ``_created`` tells otherwise), "foreign" (a
     ``_created`` changed to a time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a
@@ -159,7 +160,7 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
     return "glitch" if any(name in prev.created for name in cur.created) else "restart"
 
 
-def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> Delta:
+def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0) -> Delta:
     """The :class:`Delta` of one model between two consecutive snapshots (MODEL.md §1).
 
     A counter or histogram present in only one of the two is absent from the delta (unknown).
@@ -174,15 +175,18 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
     With per-engine signals (parsed snapshots) increases are formed per engine and summed —
     only signals every engine has at both ends; when the engine set changed the step has no
     increases at all. Signals built by hand (no ``engines``) are one engine.
+    ``clock_offset`` [s]: the step's stamps minus the wall clock the engine stamps ``_created``
+    on (parse.Snapshot.clock_offset): t0 is compared with ``_created`` on that clock, so a wall
+    clock stepped back reads a restart as a restart.
     """
     r0, r1 = prev.gauges.get("running"), cur.gauges.get("running")
     running = None if r0 is None or r1 is None else (r0 + r1) / 2.0 * (t1 - t0)
     if prev.engines and cur.engines:
         if set(prev.engines) != set(cur.engines):
             return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0, running_seconds=running)
-        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0) for e in sorted(cur.engines)]
+        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset) for e in sorted(cur.engines)]
     else:
-        parts = [_engine_increase(prev, cur, t0)]
+        parts = [_engine_increase(prev, cur, t0 - clock_offset)]
     kinds = {k for _, _, k in parts}
     if kinds & {"foreign", "glitch"}:  # two processes' counters, or a value that went back: no increase
         return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=int("foreign" in kinds),
@@ -195,9 +199,9 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float) -> D
                  running_seconds=running)
 
 
-def _engine_increase(prev: ModelSignals, cur: ModelSignals, t0: float
+def _engine_increase(prev: ModelSignals, cur: ModelSignals, wall_t0: float
                      ) -> tuple[dict[str, float], dict[str, HistogramDelta], str]:
-    kind = _step_kind(prev, cur, t0)
+    kind = _step_kind(prev, cur, wall_t0)
     if kind in ("foreign", "glitch"):
         return {}, {}, kind
     restarted = kind == "restart"
@@ -332,7 +336,7 @@ class Windows:
             t0, before = held.get(model) or (prev.timestamp, prev.models.get(model))
             if before is None:
                 continue
-            d = step_delta(before, cur, t0, snap.timestamp)
+            d = step_delta(before, cur, t0, snap.timestamp, snap.clock_offset)
             if d.glitches and model not in held:
                 # A value went down with _created unchanged: this scrape read low, or the last one
                 # high. This scrape is skipped once: the next step is taken from before it, so a

@@ -7,11 +7,14 @@ Every expected value is derived in a comment; none is copied from the code's out
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
+from exporter.config import Config
 from exporter.observe import Context, observe
 from exporter.parse import Histogram, ModelSignals, Snapshot, parse_exposition
+from exporter.runner import Runner
 from exporter.window import Delta, HistogramDelta, Windows, add_deltas, step_delta
 
 
@@ -126,6 +129,47 @@ def test_series_created_later_is_not_a_restart():
     b = parse_exposition(EXPO.format(q=150.0, created=1000.0) + later, 5.0).models["m"]
     d = step_delta(a, b, 0.0, 5.0)
     assert d.counters == {"queries": 50.0} and d.resets == 0
+
+
+def test_a_restart_after_the_wall_clock_stepped_back_is_a_restart_not_another_process():
+    # kvhit's stamps never step (SteadyClock); the engine's _created is on the wall clock, here set
+    # back 120 s after kvhit started. The engine restarted at stamp 1003 = wall 883: against the
+    # stamp 1000 of the scrape before, 883 < 1000 − 60 read as another process (no increases, h
+    # unknown); on the wall clock that scrape was at 880, so 883 is after it: a restart.
+    def at(t, q, created, offset):
+        return Snapshot(float(t), "vllm_v1", "", {"m": parse_exposition(EXPO.format(q=q, created=created), t).models["m"]},
+                        clock_offset=offset)
+    w = Windows(60.0)
+    w.push(at(1000.0, 900.0, 500.0, 0.0))
+    d = w.push(at(1005.0, 40.0, 883.0, 120.0))["m"]
+    assert (d.resets, d.foreign) == (1, 0) and d.counters == {"queries": 40.0}  # restarted: all 40 since
+    # a _created from before the previous scrape on the wall clock too is still another process
+    w = Windows(60.0)
+    w.push(at(1000.0, 900.0, 500.0, 0.0))
+    d = w.push(at(1005.0, 40.0, 700.0, 120.0))["m"]
+    assert (d.resets, d.foreign) == (0, 1) and d.counters == {}
+
+
+def test_the_runner_stamps_live_scrapes_with_the_wall_clock_offset():
+    class Bodies:  # a source answering the given bodies (Runner.poll's interface)
+        answer_delay = 0.0
+
+        def __init__(self, *texts):
+            self.texts = iter(texts)
+
+        def fetch(self):
+            return 0.0, next(self.texts)
+
+    runner = Runner(Config(interval=5.0), "t")
+    runner.clock._wall0 += 120.0  # the wall clock stepped back 120 s after kvhit started: its clock is ahead
+    now = time.time()
+    # a process up for an hour, then one restarted a second ago (both _created on the wall clock)
+    assert runner.poll(Bodies(EXPO.format(q=900.0, created=now - 3600.0)))
+    time.sleep(0.01)
+    assert runner.poll(Bodies(EXPO.format(q=40.0, created=time.time() - 0.005)))
+    assert runner.analyzer.windows.last.clock_offset == pytest.approx(120.0, abs=0.5)
+    d = runner.analyzer.windows._models["m"].steps[-1]
+    assert (d.resets, d.foreign) == (1, 0) and d.counters == {"queries": 40.0}
 
 
 def test_histogram_bucket_deltas():
