@@ -17,8 +17,7 @@ from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_confi
 from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
 from exporter.window import Delta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
-from fitters.caching import STATES as CACHING_STATES  # noqa: F401  (the collector's label values)
-from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, CachingVerdict, HitRollup, speedup, verdict
+from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import P95, quantile
@@ -27,12 +26,13 @@ from fitters.missslope import MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
                            prefill_share)
 from fitters.observation import Observation
-from fitters.result import STATUSES as FIT_STATUSES  # noqa: F401  (the collector's label values)
-from fitters.result import Estimate, FitResult, Status
+from fitters.result import STATUSES, Estimate, FitResult, Status
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
 from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel, Prediction, unidentified_terms
 
 
+# Label values the collector publishes each of (1 for the current one, 0 for the others).
+CACHING_STATES, FIT_STATUSES = STATES, STATUSES
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
