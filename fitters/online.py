@@ -406,6 +406,7 @@ class AmortizedFit(Generic[S, R]):
         self.refit_seconds = 0.0
         self._state: S | None = None
         self._refit_at = 0  # rows.appended at the last refit
+        self._weighed = 0  # rows.appended when rows were last weighed into the sums
         self._cache: tuple[int, object, R] | None = None
 
     def __len__(self) -> int:
@@ -429,12 +430,13 @@ class AmortizedFit(Generic[S, R]):
         x, w = data[:, :-1], data[:, -1]
         out = None
         if self._state is not None and appended - self._refit_at < self.every:
-            weighed = self._cache[0] if self._cache is not None else 0  # rows.appended at the last solve
-            new = slice(len(x) - min(appended - weighed, len(x)), None)  # the rows since then
+            new = slice(len(x) - min(appended - self._weighed, len(x)), None)  # the rows since then
             if new.start < len(x):
                 v, scale, group = self._basis(x[new], self._state)
                 w[new] = self._weigh(x[new], v, key, self._state)
                 self.sums.add(v, w[new] * scale, group)
+            # marked at once: a hook that raises below must not leave these rows to be added again
+            self._weighed = appended
             out = self._exact(x, w, key, self._state)
         if out is None:
             start = time.perf_counter()
@@ -442,7 +444,7 @@ class AmortizedFit(Generic[S, R]):
             if self._state is not None:
                 v, scale, group = self._basis(x, self._state)
                 self.sums.reset(v, data[:, -1] * scale, group)
-            self._refit_at = appended
+            self._refit_at = self._weighed = appended
             self.refits += 1
             self.refit_seconds += time.perf_counter() - start
         self._cache = (appended, key, out)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy.optimize import least_squares
 
-from fitters.online import GramSums, LazyFitResult, RowBuffer, bounded_lsq, frozen_wls, soft_l1_weight, solve_normal
+from fitters.online import (AmortizedFit, GramSums, LazyFitResult, RowBuffer, bounded_lsq, frozen_wls, soft_l1_weight,
+                            solve_normal)
 from fitters.result import FitResult, Status
 
 
@@ -315,6 +316,39 @@ def test_chip_time_sums_after_evictions_equal_a_rebuild():
     v, scale, group = fitter._basis(data[:, :-1], fitter._state)
     rebuilt.reset(v, data[:, -1] * scale, group)
     assert fitter.sums.g == pytest.approx(rebuilt.g, rel=1e-9, abs=1e-12 * np.abs(rebuilt.g).max())
+
+
+class _Mean(AmortizedFit):
+    """The mean of column 0 from the running sums; its exact step raises for key "bad" (as the
+    latency fit's does on invalid inputs)."""
+
+    def _refit(self, x, key, previous):
+        return float(x[:, 0].mean()), "frozen", np.ones(len(x))
+
+    def _basis(self, x, state):
+        return np.column_stack([np.ones(len(x)), x[:, 0]]), 1.0, None
+
+    def _weigh(self, x, v, key, state):
+        return np.ones(len(x))
+
+    def _exact(self, x, w, key, state):
+        if key == "bad":
+            raise ValueError("invalid input")
+        g = self.sums.g[0]
+        return g[0, 1] / g[0, 0]
+
+
+def test_an_exact_step_that_raises_does_not_count_its_new_rows_twice():
+    fit = _Mean(100, 1, every=1000, basis_width=2)
+    for v in (1.0, 2.0):
+        fit.append((v,))
+    assert fit.solve() == 1.5 and fit.refits == 1
+    fit.append((6.0,))
+    with pytest.raises(ValueError):
+        fit.solve("bad")
+    # (1 + 2 + 6) / 3 = 3: the 6 was added to the sums before the raise and must not be again
+    # (it was: (1 + 2 + 6 + 6) / 4 = 3.75 until the next refit)
+    assert fit.solve() == pytest.approx(3.0) and fit.refits == 1
 
 
 def test_lazy_fit_result_builds_once_on_first_read():
