@@ -136,8 +136,14 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     if previous is not None:
         # A, B, C are busy seconds per miss token in units of 1/y_scale; s is a pure number.
         starts += (previous.p * np.array([*[y_scale / previous.y_scale] * 3, 1.0]),)
-    start = min(starts, key=lambda q: robust_sigma(_reference_residuals(q, hf, ys)))
-    p = _fit_reference(hf, ys, start, robust_sigma(_reference_residuals(start, hf, ys)))
+    start = min(starts, key=lambda q: _start_score(q, hf, ys))
+    rel = _reference_residuals(start, hf, ys)
+    # soft_l1 grows as √|r|: one point hundreds of times above the rest outweighs them all and
+    # the fit slides under them, so the start's outliers above it are left out of the first fit
+    first = ~(_flagged(rel, robust_sigma(rel), hf) & (rel > 0))
+    if first.sum() < max(min_samples, 3):
+        first[:] = True
+    p = _fit_reference(hf[first], ys[first], start, robust_sigma(rel))
     keep = np.ones(hf.shape, dtype=bool)
     for _ in range(_MAX_ROUNDS):
         rel = _reference_residuals(p, hf, ys)
@@ -155,6 +161,15 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     anomalies[finite] = _dips(hf, yf, ~keep, ref)
     res = _line(hf, yf, keep, ref, min_samples, min_h_span)
     return res, anomalies, excluded, ref if res.ok else None
+
+
+def _start_score(p: np.ndarray, h: np.ndarray, y: np.ndarray) -> tuple[bool, float]:
+    """How a start (A, B, C, s) ranks (lowest first): one that leaves out most points is no
+    reference — one glitch far above them pulls the NNLS curve under every other point, whose
+    residuals are then ≈ -1 alike, a tiny σ — then the robust σ of its residuals."""
+    rel = _reference_residuals(p, h, y)
+    sigma = robust_sigma(rel)
+    return bool(np.count_nonzero(_flagged(rel, sigma)) > len(rel) / 2), sigma
 
 
 def _flagged(rel: np.ndarray, sigma: float, h: np.ndarray | None = None) -> np.ndarray:
@@ -259,8 +274,12 @@ def _fit_reference(h: np.ndarray, y: np.ndarray, start: np.ndarray, sigma: float
 
 def _starts(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Starting (A, B, C, s): seed 002's OLS line b0 + b1·h as A/(1 - s·h) with A = 1/b0,
-    s = -b1/b0 (clipped to [0, 1]); and MODEL.md §7's curve (s = 1) by NNLS."""
-    b1, b0 = np.polyfit(h, y, 1)
+    s = -b1/b0 (clipped to [0, 1]), through the points within 5 MADs of the median TPS (a glitch
+    far above them, 200× the median, tilted it so that the fit from it slid under every other
+    point); and MODEL.md §7's curve (s = 1) by NNLS."""
+    dev = np.abs(y - np.median(y))
+    near = dev <= 5.0 * np.median(dev)
+    b1, b0 = np.polyfit(h[near], y[near], 1) if np.ptp(h[near]) > 0 else np.polyfit(h, y, 1)
     b0 = max(float(b0), _POLE_FLOOR)
     line = np.array([1.0 / b0, 0.0, 0.0, min(max(-float(b1) / b0, 0.0), 1.0)])
     design = np.column_stack([1.0 / np.maximum(1.0 - h, _POLE_FLOOR), np.ones_like(h), h]) * y[:, None]
