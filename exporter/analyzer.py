@@ -229,15 +229,20 @@ class Analyzer:
                        unobserved=unobserved)
 
     def analysis(self) -> Analysis:
+        """The analysis at the latest snapshot (cached until the next ingest). A model whose publish
+        window ends more than two intervals plus the timeout before it is left out, as the runner
+        leaves out every model of a scrape that old: its scrape was skipped (exporter/window.py: a
+        value went down, ``_created`` unchanged), and after an outage that window ended before it."""
         if self._cache is not None:
             return self._cache
         snap = self._last
         if snap is None:
             return Analysis(None, "unknown", "no scrape yet", {}, self.config.target_hit_ratio, self._slo())
         models = {}
+        oldest = snap.timestamp - (2 * self.config.interval + self.config.timeout)
         for model in self.windows.models():
             w = self.windows.window(model)
-            if w is not None and model in snap.models:
+            if w is not None and model in snap.models and w.t1 >= oldest:
                 models[model] = self._model_analysis(snap, model, w)
         self._cache = Analysis(snap.timestamp, snap.engine, snap.reason, models, self.config.target_hit_ratio,
                                self._slo())

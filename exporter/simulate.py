@@ -36,6 +36,7 @@ import bisect
 import math
 import random
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
@@ -460,7 +461,9 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        engine = Engine(scenario)
+        # _created on the wall clock from this start, as a real engine's: a simulator started again
+        # is a restart to kvhit (with the scenario's fixed start it read as a glitched scrape)
+        engine = Engine(replace(scenario, start=time.time()))
         with state["lock"]:
             state["text"] = engine.exposition()
         if on_ready is not None:
@@ -562,7 +565,9 @@ def cmd_simulate(args) -> int:
         print(f"kvhit simulate: {args.scenario} on http://{host}:{p}/metrics "
               f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, {sc.h_max:g}] at "
               f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
-        print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', sc.interval)}"
+        # kvhit scrapes once per served step: every interval / speed wall seconds (at least MIN_INTERVAL)
+        every = max(sc.interval / args.speed, MIN_INTERVAL)
+        print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', every)}"
               + ("" if args.speed == 1 else " (fitted times are in wall seconds: at --speed "
                  f"{args.speed:g} they come out {args.speed:g}x too small)"), flush=True)
 

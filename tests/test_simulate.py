@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 import urllib.request
 from dataclasses import replace
 
@@ -136,12 +137,16 @@ def test_serves_on_loopback():
 
     th = threading.Thread(target=serve, args=(preset("sweep"), "127.0.0.1", 0),
                           kwargs={"speed": 1000.0, "on_ready": on_ready, "stop": stop}, daemon=True)
+    started = time.time()
     th.start()
     assert ready.wait(5)
     body = urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/metrics", timeout=5).read().decode()
     stop.set()
     th.join(5)
     assert "vllm:prefix_cache_queries_total" in body and math.isfinite(_counter(body, "prefix_cache_queries_total"))
+    # _created is when this server started, on the wall clock (a served-again simulator is a restart)
+    created = [float(v) for v in re.findall(r"^vllm:\S+_created\{[^}]*\} (\S+)$", body, re.M)]
+    assert created and all(started <= c <= time.time() for c in created)
 
 
 def test_a_scraper_that_gave_up_prints_no_traceback(capfd):
@@ -190,7 +195,8 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     # the command it prints configures kvhit with the truth's S_kv and B_load (α identifiable)
     line = next(x for x in out.splitlines() if "analyse it with: " in x).split("analyse it with: ", 1)[1]
     env = dict(w.split("=", 1) for w in line.split() if w.startswith("KVHIT_"))
-    assert "kvhit run --target http://127.0.0.1:" in line and "--interval 5 " in line
+    # one scrape per served step: 5 s / 1e6 wall seconds, at kvhit's shortest interval 0.1 s
+    assert "kvhit run --target http://127.0.0.1:" in line and "--interval 0.1 " in line
     assert "1e+06x too small" in out  # --speed 1e6: the wall-second warning
     from exporter.config import load_config
     cfg = load_config(None, environ=env)

@@ -100,6 +100,14 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     m = a.analysis().models["m"]
     assert m.hit_ratio == {}  # unknown, never a number
     assert m.unknown["hit_ratio"].startswith("a counter went down inside the publish window while its _created")
+    # skipped after an outage (2015 → 2040, 25 s > 2 intervals + timeout = 13 s): the window that
+    # ended at 2015 is not published as the 2040 scrape's (it was, with up 1 and data age 0)
+    a = analysed([(2000.0, 1000.0, 500.0), (2005.0, 1040.0, 520.0), (2010.0, 1080.0, 540.0),
+                  (2015.0, 1120.0, 560.0), (2040.0, 1100.0, 550.0)])
+    assert a.windows.skipped == 1 and "m" not in a.analysis().models
+    # the next scrape gives a step again: [2015, 2045], queries 1240 − 1120, hits 620 − 560
+    a.ingest(snap(2045.0, m=sig({"queries": 1240.0, "hits": 620.0}, created={key: 1000.0})))
+    assert a.analysis().models["m"].hit_ratio["device"] == 0.5
 
 
 EXPO = """\
