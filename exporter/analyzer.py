@@ -26,13 +26,14 @@ from fitters.missslope import MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
                            prefill_share)
 from fitters.observation import Observation
-from fitters.result import STATUSES, Estimate, FitResult, Status
+from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
 from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel, Prediction, unidentified_terms
 
 
-# Label values the collector publishes each of (1 for the current one, 0 for the others).
-CACHING_STATES, FIT_STATUSES = STATES, STATUSES
+# Label values the collector publishes each of (1 for the current one, 0 for the others), and a
+# reason as a label value (without the values measured this scrape, fitters/result.py).
+CACHING_STATES, FIT_STATUSES, LABEL_REASON = STATES, STATUSES, label_reason
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
@@ -539,10 +540,11 @@ def _load_aware_note(current: Prediction | None, observed: float | None) -> dict
     pred = None if current is None else current.ttft_load_aware
     if pred is None or not observed or abs(pred / observed - 1) <= LOAD_AWARE_TOLERANCE:
         return {}
-    return {"load_aware_off": f"the load-aware TTFT predicted for the window's own traffic, {pred:.3g} s, is "
-                              f"{pred / observed - 1:+.0%} off its observed mean TTFT {observed:.3g} s: queue time + "
-                              "c(running) x prefill chip time + visible load does not hold this engine's TTFT (what "
-                              "else it spends: README, Calibrate); read the load-aware TTFTs as a trend"}
+    return {"load_aware_off": f"the load-aware TTFT predicted for the window's own traffic is more than "
+                              f"{LOAD_AWARE_TOLERANCE:.0%} off its observed mean TTFT: queue time + c(running) x "
+                              "prefill chip time + visible load does not hold this engine's TTFT (what else it spends: "
+                              "README, Calibrate); read the load-aware TTFTs as a trend"
+                              + measured(f"{pred:.3g} s predicted, {observed:.3g} s observed, {pred / observed - 1:+.0%}")}
 
 
 def _prefill_covariance(chip: FitResult) -> tuple[tuple[float, ...], ...] | None:
@@ -709,7 +711,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     t0 = coef.compute_time(isl, 0.0) if coef is not None and isl else None
     # T0 is prefill compute alone (no engine step, no decode)
     problem = unidentified_terms(fits["chip_time"].extra.get("collinear"), coef, chip_time_regressors(isl, 0.0, 0.0, 0.0),
-                                 f"at h=0, ISL={isl:g} a prefill's compute") if t0 else None
+                                 "a prefill's compute", f"at h=0, ISL={isl:g}") if t0 else None
     if t0 is None or not t0 > 0 or h_all is None:
         unknown.setdefault("capacity_bound", "needs the chip-time fit (T0 = k_ffn·N + k_attn·N²/2), ISL and h")
     elif problem:

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter import __version__, names as N
-from exporter.analyzer import CACHING_STATES, FIT_STATUSES, Analysis, ModelAnalysis
+from exporter.analyzer import CACHING_STATES, FIT_STATUSES, LABEL_REASON, Analysis, ModelAnalysis
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,9 @@ class KvhitCollector(Collector):
 def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float | None,
            slo: dict[str, float]) -> None:
     for signal, reason in sorted(m.unknown.items()):
-        f.add(N.UNKNOWN_INFO, {**base, "signal": signal, "reason": reason}, 1.0)
+        f.add(N.UNKNOWN_INFO, {**base, "signal": signal, "reason": LABEL_REASON(reason)}, 1.0)
     for warning, reason in sorted(m.warnings.items()):
-        f.add(N.WARNING_INFO, {**base, "warning": warning, "reason": reason}, 1.0)
+        f.add(N.WARNING_INFO, {**base, "warning": warning, "reason": LABEL_REASON(reason)}, 1.0)
     f.add(N.WINDOW, base, m.window_seconds)
     for source, value in m.hit_ratio.items():
         f.add(N.HIT_RATIO, {**base, "source": source}, value)

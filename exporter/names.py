@@ -64,7 +64,8 @@ UNTRACKED_SERIES = _m("kvhit_untracked_series", "(model_name, engine) series of 
 ENGINE_INFO = _m("kvhit_engine_info", "Engine detected in the target's exposition (value 1); reason says why "
                  "it is unsupported or empty.", ("target", "engine", "reason"))
 UNKNOWN_INFO = _m("kvhit_unknown_info", "A signal kvhit cannot know for this model (value 1), with the reason; "
-                  "the signal's own series is absent.", MODEL + ("signal", "reason"))
+                  "the signal's own series is absent. The reason leaves out values measured this scrape (they are in "
+                  "/api/v1/analysis), so the series stays one while they move.", MODEL + ("signal", "reason"))
 WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values published for the publish window (value "
                   "1): warning=counter_reset (engine restarted inside it), hit_unit_blocks (vLLM 0.7-0.8 block-level "
                   "hit ratio), preemptions (hits inflated before vLLM 0.11.1), short_prompts (h = 0 because prompts "

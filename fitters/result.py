@@ -21,6 +21,20 @@ class Status(str, Enum):
 
 
 STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+# What follows this in a reason are the values measured this scrape: the JSON API shows the whole
+# reason, a Prometheus label (kvhit_unknown_info, kvhit_warning_info) the part before it
+# (:func:`label_reason`), so the series stays one while the values move.
+MEASURED = " (measured: "
+
+
+def label_reason(reason: str) -> str:
+    """``reason`` without its measured values (:data:`MEASURED` to the end)."""
+    return reason.split(MEASURED, 1)[0]
+
+
+def measured(text: str) -> str:
+    """``text`` as the measured values that end a reason."""
+    return f"{MEASURED}{text})"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from fitters.latency import predict_prefill_latency, service_ttft
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
                            revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
+from fitters.result import measured
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
 # How far off (relative) a prediction may be where the fit could not tell terms apart
@@ -63,7 +64,7 @@ NULLABLE = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", 
 
 
 def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: ChipTimeCoefficients,
-                       z: Sequence[float], what: str) -> str | None:
+                       z: Sequence[float], what: str, where: str = "") -> str | None:
     """Why the chip time of some work is not identifiable, or None (MODEL.md §6: collinear
     regressors give the combined prediction only).
 
@@ -79,7 +80,9 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
     Without either bound (no c > 0 with its coefficient > 0, a carried sum ≤ 0, or a column never seen), the gap
     itself must stay within COLLINEAR_TOLERANCE of the larger of x_j and the sum. ``z``: the
     work's regressors in CHIP_TIME_TERMS order (:func:`~fitters.model.chip_time_regressors` of a
-    request or of its prefill alone, or a window's totals); ``what`` names it in the message.
+    request or of its prefill alone, or a window's totals); ``what`` names it in the message and
+    ``where`` (e.g. "at h=0.3, ISL=2048") says where it is among the measured values
+    (fitters/result.py ``measured``: a Prometheus label leaves them out).
     E.g. attention work dropped with miss tokens as its partner (one h and ISL seen): c =
     ISL·(1+h)/2 of the steps seen, and a what-if at another mix is off by up to k_ffn·M·Δh.
     """
@@ -101,11 +104,13 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
             size = f"{off:.0%} apart, and the fit has no bound on what that costs"
         if off <= COLLINEAR_TOLERANCE:
             continue
+        partners = " + ".join(words[t] for t in relation) or "nothing"
         seen = " + ".join(f"{c:.4g} × {words[t]}" for t, c in relation.items()) or "0"
-        return (f"not identifiable: the chip-time fit could not tell {words[term]} apart (in its steps "
-                f"{words[term]} ≈ {seen}); {what} has {z[term]:.6g} {words[term]} where that relation gives "
-                f"{carried:.6g}: {size}; ask about traffic closer to the fitted one, or fit on traffic that "
-                "varies them apart")
+        return (f"not identifiable: the chip-time fit could not tell {words[term]} apart from {partners}, and "
+                f"{what} is off the relation they followed in its steps by more than {COLLINEAR_TOLERANCE:.0%} of "
+                "its chip time; ask about traffic closer to the fitted one, or fit on traffic that varies them apart"
+                + measured(f"in its steps {words[term]} ≈ {seen}; {(where + ' ') if where else ''}{what} has "
+                           f"{z[term]:.6g} {words[term]} where that relation gives {carried:.6g}: {size}"))
     return None
 
 
@@ -173,9 +178,9 @@ class FittedModel:
         if seen is not None:
             return unidentified_terms(self.collinear, self.coefficients, seen, "the publish window's traffic")
         return unidentified_terms(self.collinear, self.coefficients,
-                                  chip_time_regressors(isl, osl, hit_ratio, self.steps_per_request),
-                                  f"at h={hit_ratio:g}, ISL={isl:g}, OSL={osl:g} a request of "
-                                  f"{self.steps_per_request:.3g} engine steps")
+                                  chip_time_regressors(isl, osl, hit_ratio, self.steps_per_request), "a request",
+                                  f"at h={hit_ratio:g}, ISL={isl:g}, OSL={osl:g}, {self.steps_per_request:.3g} engine "
+                                  "steps,")
 
     def unidentified_prefill(self, hit_ratio: float, isl: float) -> str | None:
         """Why the prefill of a request at (h, ISL) — one engine step and its compute, no decode:
@@ -183,7 +188,7 @@ class FittedModel:
         chip time z·β with a standard error √(zᵀΣz) (``chip_covariance``) over PREFILL_REL_STDERR
         of it."""
         z = chip_time_regressors(isl, 0.0, hit_ratio, 1.0)
-        problem = unidentified_terms(self.collinear, self.coefficients, z, f"at h={hit_ratio:g}, ISL={isl:g} a prefill")
+        problem = unidentified_terms(self.collinear, self.coefficients, z, "a prefill", f"at h={hit_ratio:g}, ISL={isl:g}")
         if problem or self.chip_covariance is None:
             return problem
         chip = sum(k * x for k, x in zip(self.coefficients.as_tuple(), z))
@@ -191,9 +196,10 @@ class FittedModel:
         stderr = math.sqrt(max(var, 0.0))
         if stderr <= PREFILL_REL_STDERR * chip:
             return None
-        return (f"not identifiable: the chip-time fit puts a prefill at h={hit_ratio:g}, ISL={isl:g} at "
-                f"{chip:.4g} ± {stderr:.4g} s of chip time: its traffic never varied the prefill's work apart from "
-                "the rest (one h, ISL and OSL); fit on traffic that varies them")
+        return (f"not identifiable: the chip-time fit leaves a prefill's chip time uncertain by more than "
+                f"{PREFILL_REL_STDERR:.0%} of it: its traffic never varied the prefill's work apart from the rest "
+                "(one h, ISL and OSL); fit on traffic that varies them"
+                + measured(f"at h={hit_ratio:g}, ISL={isl:g} {chip:.4g} ± {stderr:.4g} s of chip time"))
 
     def ttft_unknown(self, hit_ratio: float, isl: float) -> str | None:
         """Why the TTFTs at (h, ISL) cannot be predicted, or None: the prefill is not identifiable

@@ -561,7 +561,7 @@ def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
     _, off = _decode_context_off(f, 0.5, 2048.0, 32.0, f["steps_per_request"])
     assert off > 0.05
     done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32")
-    assert done.returncode == 1 and "decode context" in done.stderr and f" s ({off:.0%});" in done.stderr, done.stderr
+    assert done.returncode == 1 and "decode context" in done.stderr and f" s ({off:.0%}))" in done.stderr, done.stderr
 
 
 def test_readme_s_predict_example_runs_on_the_bundled_trace_and_its_refused_one_is_refused(replayed):
@@ -1042,8 +1042,8 @@ def test_predict_refuses_hit_ratios_a_fit_without_attention_cannot_identify(tmp_
         assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
     else:
         m = 2048 * (1 - h)
-        said = (f"a request of 10 engine steps has {m * 1024 * (1 + h):.6g} attention work where that relation "
-                f"gives {1024 * m:.6g}")
+        said = (f"OSL=32, 10 engine steps, a request has {m * 1024 * (1 + h):.6g} attention work where that "
+                f"relation gives {1024 * m:.6g}")
         assert code == 1 and out == "" and "not identifiable" in err and said in err, err
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from exporter.analyzer import _load_share
 from exporter.window import Delta
+from fitters.result import label_reason
 from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel
 
 # T_step 2 ms, k_ffn 0.2 ms/token, k_attn 60 ns/token², k_dec 0.8 ms/token, 10 steps per request;
@@ -66,6 +67,14 @@ def test_a_prefill_is_refused_when_decode_time_rides_on_prefill_terms():
     assert p.t_chip == pytest.approx(0.02 + 0.4096 + 0.1258291, rel=1e-6)
     assert p.ttft_service is None and p.ttft_load_aware is None
     assert "a prefill has 0 decode tokens where that relation gives 128" in fit.unidentified_prefill(0.0, 2048.0)
+    # as a Prometheus label the reason leaves out what this request measured: the same at h 0 and
+    # 0.5, ISL 2048 and 4096, while the whole reasons differ (kvhit_unknown_info churned a series a scrape)
+    reasons = [fit.unidentified_prefill(h, isl) for h, isl in ((0.0, 2048.0), (0.5, 4096.0))]
+    assert reasons[0] != reasons[1] and label_reason(reasons[0]) == label_reason(reasons[1])
+    assert label_reason(reasons[0]) == ("not identifiable: the chip-time fit could not tell decode tokens apart from "
+                                        "miss tokens, and a prefill is off the relation they followed in its steps by "
+                                        "more than 5% of its chip time; ask about traffic closer to the fitted one, or "
+                                        "fit on traffic that varies them apart")
 
 
 def test_a_what_if_at_the_calibrated_traffic_stands_however_loose_the_partner_bound():
