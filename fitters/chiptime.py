@@ -407,6 +407,12 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         if not np.array_equal(xr.any(axis=0), state.nonzero):  # regressors are ≥ 0
             return None
         kept, k = state.kept, len(state.kept)
+        need = max(REJECT_AFTER * self.min_samples, k + 1)
+        if state.reject == math.inf and need <= len(x) < 2 * need:
+            # the refit had too few inliers to call any row an outlier: each new row may give it
+            # enough (the exact steps kept every new row while the published errors left some
+            # out); past 2·need rows, more than half of them outliers, the schedule's refits do
+            return None
         g = self.sums.g[0]
         square, column = state.gram_index
         sol = solve_normal(g[square], g[column, -1], state.active, np.zeros(k), np.zeros(k), np.full(k, np.inf))

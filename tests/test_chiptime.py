@@ -431,3 +431,23 @@ def test_one_h_and_isl_leave_attention_unidentified_and_record_the_relation():
     assert 2080 <= ctx["k_dec"] <= 2176  # decode context per decode token, between the two mixes
     varied = fit_chip_time(make_steps(np.random.default_rng(11), 80))
     assert varied.params["k_attn"].ok and "collinear" not in varied.extra
+
+
+def test_the_first_exact_step_with_enough_rows_to_reject_outliers_refits():
+    # Rows are rejected as outliers only while REJECT_AFTER·min_samples = 30 inliers remain. The
+    # exact steps after a refit that could not reject kept every new row past that, while the
+    # published errors counted outliers: k_ffn 12σ off a refit of the same rows (exact-update
+    # review). With 3 stalls, the 33rd row is the first with 30 inliers: the online fit is then
+    # the batch robust fit of those 33 rows, stalls rejected.
+    obs = make_steps(np.random.default_rng(2), 33, outliers=3)
+    fitter = ChipTimeFitter()
+    for o in obs[:32]:
+        fitter.update(o)
+        fitter.result()
+    refits = fitter.refits
+    fitter.update(obs[32])
+    online, batch = fitter.result(), fit_chip_time(obs)
+    assert fitter.refits == refits + 1
+    assert online.extra["outliers"] == batch.extra["outliers"] >= 3
+    for name in CHIP_TIME_TERMS:
+        assert online.value(name) == pytest.approx(batch.value(name), rel=1e-6, abs=1e-12), name
