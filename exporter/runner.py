@@ -37,6 +37,12 @@ from exporter.parse import QUIRKS, ParseError, Parser, Snapshot
 from exporter.sources import LiveSource, PrometheusSource, ScrapeError
 
 log = logging.getLogger("kvhit")
+# Logged when a scrape's step was one of these (exporter/window.py): restart, glitch, two processes.
+_STEP_NOTES = ("the engine restarted (a counter went down or its _created moved): the step counts its values since",
+               "a counter read lower than at the scrape before while every _created stayed: this scrape is skipped, "
+               "the next step is taken from the one before it",
+               "the counters now come from another process than at the scrape before (_created moved to before it: "
+               "one target URL reaching several pods?): the step has no increases")
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
 DEFAULT_MAX_SERIES = 64
 
@@ -117,6 +123,8 @@ class Runner:
             # one critical section with the health update: a reader sees a successful scrape's analysis
             # with its last_success (a fit_step that raises leaves the snapshot ingested, counted failed)
             with self._lock:
+                w = self.analyzer.windows
+                seen = (w.restarts, w.skipped, w.foreign)
                 self.analyzer.ingest(snap, unobserved=self._failures > 0)
                 self.analyzer.fit_step()
                 failed, self._failures = self._failures, 0
@@ -129,6 +137,9 @@ class Runner:
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
+        for before, now, what in zip(seen, (w.restarts, w.skipped, w.foreign), _STEP_NOTES):
+            if now > before:
+                log.info(what)
         reason = self._reason(snap.engine, snap.reason, bool(snap.models))
         if reason != self._engine_reason:  # kvhit_up 1 alone would not say the body is unusable
             self._engine_reason = reason

@@ -308,6 +308,8 @@ class Windows:
         self.gaps = 0  # steps longer than gap_seconds, not used (see the module doc)
         self._held: dict[str, tuple[float, ModelSignals]] = {}  # model → (t, signals) before a skipped scrape
         self.skipped = 0  # scrapes of a model skipped as glitched (push)
+        self.restarts = 0  # steps of a model across an engine restart (push)
+        self.foreign = 0  # steps of a model between two processes' counters (push)
 
     @property
     def last(self) -> Snapshot | None:
@@ -345,6 +347,8 @@ class Windows:
                 self.skipped += 1
                 continue
             self._models.setdefault(model, ModelWindow(self.window_seconds)).push(d)
+            self.restarts += d.resets > 0
+            self.foreign += d.foreign > 0
             out[model] = d
         for model in list(self._models):
             if model not in snap.models:

@@ -682,3 +682,17 @@ def test_an_analysis_that_fails_on_read_is_counted_once_per_snapshot_and_is_no_f
     for _ in range(3):
         health = r.current()[1]
     assert health.errors == {"internal": 2}
+
+
+def test_restarts_glitches_and_another_process_are_logged(caplog):
+    # an operator reading the log saw no line for a restart or a skipped scrape (soak review)
+    import logging
+    runner = Runner(Config(interval=5.0), "t", clock=lambda: 0.0)
+    bodies = [(100.0, 1000.0), (150.0, 1000.0), (20.0, 1002.0),  # restarted at 1002: 20 since
+              (10.0, 1002.0),  # lower, _created unchanged: skipped
+              (40.0, 1002.0), (70.0, 500.0)]  # _created 500, before the scrape at 1025: another process
+    with caplog.at_level(logging.INFO, logger="kvhit"):
+        for i, (q, created) in enumerate(bodies):
+            assert runner.ingest_text(1000.0 + 5 * i, EXPO.format(q=q, created=created))
+    from exporter.runner import _STEP_NOTES  # restart, glitch, another process: each once, in that order
+    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == list(_STEP_NOTES)
