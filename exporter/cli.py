@@ -421,8 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--selector", help='fleet mode: PromQL label matchers of the pods, e.g. \'{namespace="llm"}\'')
     r.add_argument("--interval", type=float, help=f"seconds between scrapes (default: the config's interval, {Config.interval:g})")
     r.add_argument("--timeout", type=float,
-                   help=f"scrape timeout, seconds (default: the config's timeout, {Config.timeout:g}); at most the "
-                        "interval, or a hanging target looks fresh longer")
+                   help=f"scrape timeout, seconds (default: the config's timeout, {Config.timeout:g}); longer than "
+                        "the interval is allowed with a warning: a hanging target then looks fresh longer")
     r.add_argument("--listen", help=f"ADDR:PORT to serve on (default: the config's listen, {Config.listen}; [::1]:PORT for IPv6)")
     r.add_argument("--config", help="YAML config file")
     r.add_argument("--web-config", dest="web_config", help="web-config YAML: TLS and basic auth of kvhit's endpoint")

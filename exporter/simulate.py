@@ -528,7 +528,7 @@ def add_arguments(p) -> None:
     p.add_argument("--interval", type=bounded(MIN_INTERVAL, MAX_INTERVAL), default=5.0,
                    help="simulated seconds per scrape interval (default 5)")
     p.add_argument("--speed", type=bounded(1e-3, 1e6), default=1.0, help="simulated seconds per wall second (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the measurement noise (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the measurement noise and the schedule's draws (default 0)")
     p.add_argument("--loop", action="store_true", help="repeat the schedule forever (counters keep growing)")
 
 
