@@ -252,13 +252,16 @@ _HISTS = (
 class Engine:
     """The simulated engine's state: cumulative counters and histograms (one model, one engine)."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, wall: Callable[[], float] | None = None) -> None:
         self.sc = scenario
         self.rng = random.Random(scenario.seed)
         self.t = 0.0  # seconds since start
         self.running = self._draw_running()
         self._restart_at = sorted(scenario.restarts)
-        self._reset(scenario.start)
+        # what stamps _created: the simulated clock, or (served live) the wall clock, as a real
+        # engine's, whatever --speed is, so kvhit reads a start and each restart as one
+        self._wall = wall
+        self._reset(scenario.start if wall is None else wall())
 
     def _reset(self, now: float) -> None:
         self.created = now
@@ -279,7 +282,7 @@ class Engine:
         restart = bool(self._restart_at and self._restart_at[0] <= self.t + dt)
         if restart:
             self._restart_at.pop(0)
-            self._reset(sc.start + self.t + dt / 2.0)
+            self._reset(sc.start + self.t + dt / 2.0 if self._wall is None else self._wall())
             dt_work = dt / 2.0  # the engine came back half-way through the interval
         else:
             dt_work = dt
@@ -461,9 +464,9 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        # _created on the wall clock from this start, as a real engine's: a simulator started again
-        # is a restart to kvhit (with the scenario's fixed start it read as a glitched scrape)
-        engine = Engine(replace(scenario, start=time.time()))
+        # _created on the wall clock (a simulator started again read as a glitched scrape, a restart
+        # at --speed < 1 as another process)
+        engine = Engine(scenario, wall=time.time)
         with state["lock"]:
             state["text"] = engine.exposition()
         if on_ready is not None:
@@ -566,7 +569,7 @@ def cmd_simulate(args) -> int:
               f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, {sc.h_max:g}] at "
               f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
         # kvhit scrapes once per served step: every interval / speed wall seconds (at least MIN_INTERVAL)
-        every = max(sc.interval / args.speed, MIN_INTERVAL)
+        every = min(max(sc.interval / args.speed, MIN_INTERVAL), MAX_INTERVAL)
         print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', every)}"
               + ("" if args.speed == 1 else " (fitted times are in wall seconds: at --speed "
                  f"{args.speed:g} they come out {args.speed:g}x too small)"), flush=True)

@@ -81,6 +81,20 @@ def test_expositions_parse_as_vllm_v1_with_every_signal_and_restarts_change_crea
     assert stamps == sorted(stamps)
 
 
+def test_served_live_every_created_is_the_wall_clock_whatever_the_simulated_time():
+    # served at --speed 0.5, simulated time fell behind the wall clock: a restart stamped at start +
+    # simulated t was more than 60 s before the scrape before it, another process to kvhit
+    wall = [1_900_000_000.0]
+    engine = Engine(preset("diurnal"), wall=lambda: wall[0])
+    assert engine.created == 1_900_000_000.0
+    restarted = []
+    while engine.t < preset("diurnal").duration:
+        wall[0] += 10.0  # 5 simulated seconds per step at --speed 0.5
+        if engine.advance().restart:
+            restarted.append((engine.created, wall[0]))
+    assert restarted and all(created == now for created, now in restarted)
+
+
 def test_deterministic_and_seeded():
     a = [x[1] for x in generate(preset("sweep", seed=3))]
     b = [x[1] for x in generate(preset("sweep", seed=3))]
