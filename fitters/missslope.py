@@ -278,8 +278,12 @@ def _starts(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     far above them, 200× the median, tilted it so that the fit from it slid under every other
     point); and MODEL.md §7's curve (s = 1) by NNLS."""
     dev = np.abs(y - np.median(y))
-    near = dev <= 5.0 * np.median(dev)
-    b1, b0 = np.polyfit(h[near], y[near], 1) if np.ptp(h[near]) > 0 else np.polyfit(h, y, 1)
+    mad = float(np.median(dev))
+    near = dev <= 5.0 * mad
+    # all points when that leaves one h node: more than half of them at one TPS (MAD 0), or one h
+    if not (mad > 0 and np.ptp(h[near]) >= H_RESOLUTION):
+        near[:] = True
+    b1, b0 = np.polyfit(h[near], y[near], 1)
     b0 = max(float(b0), _POLE_FLOOR)
     line = np.array([1.0 / b0, 0.0, 0.0, min(max(-float(b1) / b0, 0.0), 1.0)])
     design = np.column_stack([1.0 / np.maximum(1.0 - h, _POLE_FLOOR), np.ones_like(h), h]) * y[:, None]

@@ -206,6 +206,16 @@ def test_one_glitch_far_above_every_point_is_one_outlier_not_every_other_point_a
     assert res.value("tps0") == pytest.approx(5000.0, rel=1e-9) and res.value("a") == pytest.approx(0.8, rel=1e-9)
 
 
+def test_most_steps_at_one_tps_still_give_the_line():
+    # 24 steps at h 0.3 with TPS exactly 850 (on the line 1000·(1 − 0.5h)) and 16 on the line over
+    # [0, 0.9]: the MAD is 0, and a start line through the points within 5 MADs — the 24 alone, one
+    # h — was garbage; every other point became a dip (diff review). Exact data: a = 0.5, TPS0 1000.
+    h = np.r_[np.full(24, 0.3), np.linspace(0.0, 0.9, 16)]
+    y = np.r_[np.full(24, 850.0), 1000.0 * (1.0 - 0.5 * np.linspace(0.0, 0.9, 16))]
+    res = fit_miss_slope(h, y)
+    assert res.ok and res.value("a") == pytest.approx(0.5, rel=1e-9) and res.value("tps0") == pytest.approx(1000.0)
+
+
 def test_collapsed_sigma_is_a_failed_status_not_a_crash():
     # Issue 7 (fault-injection flap): busy steps of a replayed trace where 20 of 25 points at
     # h = 0 have the very same TPS_miss (MAD 0 → σ at its 1e-9 floor) and one point sits at
