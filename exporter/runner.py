@@ -24,6 +24,7 @@ of a crash or a lie:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import replace
@@ -37,7 +38,9 @@ from exporter.parse import QUIRKS, ParseError, Parser, Snapshot
 from exporter.sources import LiveSource, PrometheusSource, ScrapeError
 
 log = logging.getLogger("kvhit")
-# Logged when a scrape's step was one of these (exporter/window.py): restart, glitch, two processes.
+# Logged when a scrape's step was one of these (exporter/window.py): restart, glitch, two processes;
+# each at most once per STEP_NOTE_SECONDS of snapshot time (a load-balanced URL would say it every scrape).
+STEP_NOTE_SECONDS = 600.0
 _STEP_NOTES = ("the engine restarted (a counter went down or its _created moved): the step counts its values since",
                "a counter read lower than at the scrape before while every _created stayed: this scrape is skipped, "
                "the next step is taken from the one before it",
@@ -89,6 +92,7 @@ class Runner:
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
+        self._noted: dict[str, float] = {}  # _STEP_NOTES line → snapshot time it was last logged
 
     # --- input -----------------------------------------------------------------------------
 
@@ -138,7 +142,8 @@ class Runner:
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
         for before, now, what in zip(seen, (w.restarts, w.skipped, w.foreign), _STEP_NOTES):
-            if now > before:
+            if now > before and timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS:
+                self._noted[what] = timestamp
                 log.info(what)
         reason = self._reason(snap.engine, snap.reason, bool(snap.models))
         if reason != self._engine_reason:  # kvhit_up 1 alone would not say the body is unusable

@@ -141,8 +141,8 @@ class Delta:
 
 
 def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
-    # t0 on the wall clock of the _created stamps (step_delta's clock_offset)
-    """How the step from ``prev`` to ``cur`` began: "restart" (a ``_created`` timestamp changed, or
+    """How the step from ``prev`` to ``cur`` (``t0`` on the wall clock of the ``_created`` stamps:
+    step_delta's clock_offset) began: "restart" (a ``_created`` timestamp changed, or
     a counter or observation count went down while no ``_created`` tells otherwise), "foreign" (a
     ``_created`` changed to a time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a
     restarted engine creates its series after the old one was last scraped, so this is another

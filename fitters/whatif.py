@@ -104,11 +104,11 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
             size = f"{off:.0%} apart, and the fit has no bound on what that costs"
         if off <= COLLINEAR_TOLERANCE:
             continue
-        partners = " + ".join(words[t] for t in relation) or "nothing"
+        partners = " from " + " + ".join(words[t] for t in relation) if relation else ""
         seen = " + ".join(f"{c:.4g} × {words[t]}" for t, c in relation.items()) or "0"
-        return (f"not identifiable: the chip-time fit could not tell {words[term]} apart from {partners}, and "
-                f"{what} is off the relation they followed in its steps by more than {COLLINEAR_TOLERANCE:.0%} of "
-                "its chip time; ask about traffic closer to the fitted one, or fit on traffic that varies them apart"
+        return (f"not identifiable: the chip-time fit could not tell {words[term]} apart{partners}, and {what} is "
+                f"off the relation its steps followed beyond the {COLLINEAR_TOLERANCE:.0%} tolerance; ask about "
+                "traffic closer to the fitted one, or fit on traffic that varies them apart"
                 + measured(f"in its steps {words[term]} ≈ {seen}; {(where + ' ') if where else ''}{what} has "
                            f"{z[term]:.6g} {words[term]} where that relation gives {carried:.6g}: {size}"))
     return None

@@ -6,6 +6,8 @@ expected value is derived by hand in a comment.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +17,7 @@ from exporter.collector import Health, KvhitCollector
 from exporter.config import ConfigError, load_config
 from exporter.jsonapi import analysis_to_dict
 from exporter.parse import parse_exposition
+from fitters.result import measured
 
 L = 'engine="0",model_name="m"'
 
@@ -253,3 +256,17 @@ def test_configured_dtype_bytes_that_disagrees_with_the_engine_is_overruled_and_
     assert m.warnings["kv_cache_dtype"].startswith("model.dtype_bytes is 2 but vLLM stores KV as fp8 (1 bytes")
     s = _series(a.analysis())
     assert s[("kvhit_warning_info", (("reason", m.warnings["kv_cache_dtype"]), ("warning", "kv_cache_dtype")))] == 1
+
+
+def test_published_reasons_leave_out_the_values_measured_this_scrape():
+    # kvhit_unknown_info / kvhit_warning_info carry a reason label: a reason printing this scrape's
+    # h or ISL made a new series almost every scrape (305 for one signal in an hour: soak review)
+    analysis = _analysis()
+    m = analysis.models["m"]
+    tail = measured("at h=0.3, ISL=2048 0.1 ± 0.2 s")
+    m = replace(m, unknown={**m.unknown, "predicted_target": "not identifiable: why" + tail},
+                warnings={**m.warnings, "load_aware_off": "off its observed TTFT" + tail})
+    series = _series(replace(analysis, models={"m": m}))
+    assert series[("kvhit_unknown_info", (("reason", "not identifiable: why"), ("signal", "predicted_target")))] == 1.0
+    assert series[("kvhit_warning_info", (("reason", "off its observed TTFT"), ("warning", "load_aware_off")))] == 1.0
+    assert not any("measured" in dict(labels).get("reason", "") for _, labels in series)

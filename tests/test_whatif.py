@@ -72,9 +72,9 @@ def test_a_prefill_is_refused_when_decode_time_rides_on_prefill_terms():
     reasons = [fit.unidentified_prefill(h, isl) for h, isl in ((0.0, 2048.0), (0.5, 4096.0))]
     assert reasons[0] != reasons[1] and label_reason(reasons[0]) == label_reason(reasons[1])
     assert label_reason(reasons[0]) == ("not identifiable: the chip-time fit could not tell decode tokens apart from "
-                                        "miss tokens, and a prefill is off the relation they followed in its steps by "
-                                        "more than 5% of its chip time; ask about traffic closer to the fitted one, or "
-                                        "fit on traffic that varies them apart")
+                                        "miss tokens, and a prefill is off the relation its steps followed beyond the "
+                                        "5% tolerance; ask about traffic closer to the fitted one, or fit on traffic "
+                                        "that varies them apart")
 
 
 def test_a_what_if_at_the_calibrated_traffic_stands_however_loose_the_partner_bound():

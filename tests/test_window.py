@@ -156,6 +156,11 @@ def test_a_restart_after_the_wall_clock_stepped_back_is_a_restart_not_another_pr
     w.push(at(1000.0, 900.0, 500.0, 0.0))
     d = w.push(at(1005.0, 40.0, 700.0, 120.0))["m"]
     assert (d.resets, d.foreign) == (0, 1) and d.counters == {}
+    # signals built by hand (one engine, no per-engine map) read the offset alike
+    key = 'prefix_cache_queries{engine="0"}'
+    d = step_delta(sig({"queries": 900.0}, created={key: 500.0}), sig({"queries": 40.0}, created={key: 883.0}),
+                   1000.0, 1005.0, clock_offset=120.0)
+    assert (d.resets, d.foreign) == (1, 0) and d.counters == {"queries": 40.0}
 
 
 def test_the_runner_stamps_live_scrapes_with_the_wall_clock_offset():
@@ -696,3 +701,8 @@ def test_restarts_glitches_and_another_process_are_logged(caplog):
             assert runner.ingest_text(1000.0 + 5 * i, EXPO.format(q=q, created=created))
     from exporter.runner import _STEP_NOTES  # restart, glitch, another process: each once, in that order
     assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == list(_STEP_NOTES)
+    # another process again at the next scrape (a load-balanced URL): not logged again for 10 minutes
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kvhit"):
+        assert runner.ingest_text(1030.0, EXPO.format(q=90.0, created=400.0))
+    assert runner.analyzer.windows.foreign == 2 and not [r for r in caplog.records if r.getMessage() in _STEP_NOTES]
