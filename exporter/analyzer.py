@@ -240,7 +240,7 @@ class Analyzer:
         if snap is None:
             return Analysis(None, "unknown", "no scrape yet", {}, self.config.target_hit_ratio, self._slo())
         models = {}
-        oldest = snap.timestamp - (2 * self.config.interval + self.config.timeout)
+        oldest = snap.timestamp - self.config.max_value_age
         for model in self.windows.models():
             w = self.windows.window(model)
             if w is not None and model in snap.models and w.t1 >= oldest:

@@ -224,6 +224,12 @@ class Config:
     retry_rate: float = 0.0
     sizing: Sizing = field(default_factory=Sizing)
 
+    @property
+    def max_value_age(self) -> float:
+        """Oldest a published per-model value may be [s]: two intervals plus the timeout, when the
+        retry after one failed attempt has completed at the latest (exporter/runner.py)."""
+        return 2 * self.interval + self.timeout
+
 
 _SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
 

@@ -38,7 +38,7 @@ from exporter.parse import QUIRKS, ParseError, Parser, Snapshot
 from exporter.sources import LiveSource, PrometheusSource, ScrapeError
 
 log = logging.getLogger("kvhit")
-# Logged when a scrape's step was one of these (exporter/window.py): restart, glitch, two processes;
+# Logged when a scrape's step was one of these (Windows.unusual_steps): restart, glitch, two processes;
 # each at most once per STEP_NOTE_SECONDS of snapshot time (a load-balanced URL would say it every scrape).
 STEP_NOTE_SECONDS = 600.0
 _STEP_NOTES = ("the engine restarted (a counter went down or its _created moved): the step counts its values since",
@@ -127,8 +127,7 @@ class Runner:
             # one critical section with the health update: a reader sees a successful scrape's analysis
             # with its last_success (a fit_step that raises leaves the snapshot ingested, counted failed)
             with self._lock:
-                w = self.analyzer.windows
-                seen = (w.restarts, w.skipped, w.foreign)
+                seen = self.analyzer.windows.unusual_steps
                 self.analyzer.ingest(snap, unobserved=self._failures > 0)
                 self.analyzer.fit_step()
                 failed, self._failures = self._failures, 0
@@ -141,7 +140,7 @@ class Runner:
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
-        for before, now, what in zip(seen, (w.restarts, w.skipped, w.foreign), _STEP_NOTES):
+        for before, now, what in zip(seen, self.analyzer.windows.unusual_steps, _STEP_NOTES):
             if now > before and timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS:
                 self._noted[what] = timestamp
                 log.info(what)
@@ -293,7 +292,7 @@ class Runner:
         retry after a single failed attempt has completed at the latest (:meth:`next_delay`): one
         blip never withdraws the series (a Prometheus scrape in that gap would restart every pending
         alert's ``for:``), two consecutive failures do."""
-        return age is not None and age <= 2 * self.config.interval + self.config.timeout
+        return age is not None and age <= self.config.max_value_age
 
     def ready(self) -> bool:
         """A fresh successful scrape exists (what /readyz reports)."""

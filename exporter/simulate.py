@@ -261,7 +261,11 @@ class Engine:
         # what stamps _created: the simulated clock, or (served live) the wall clock, as a real
         # engine's, whatever --speed is, so kvhit reads a start and each restart as one
         self._wall = wall
-        self._reset(scenario.start if wall is None else wall())
+        self._reset(self._created_at(0.0))
+
+    def _created_at(self, t: float) -> float:
+        """The ``_created`` stamp of a (re)start ``t`` simulated seconds after the start [unix s]."""
+        return self.sc.start + t if self._wall is None else self._wall()
 
     def _reset(self, now: float) -> None:
         self.created = now
@@ -282,7 +286,7 @@ class Engine:
         restart = bool(self._restart_at and self._restart_at[0] <= self.t + dt)
         if restart:
             self._restart_at.pop(0)
-            self._reset(sc.start + self.t + dt / 2.0 if self._wall is None else self._wall())
+            self._reset(self._created_at(self.t + dt / 2.0))
             dt_work = dt / 2.0  # the engine came back half-way through the interval
         else:
             dt_work = dt

@@ -315,6 +315,11 @@ class Windows:
     def last(self) -> Snapshot | None:
         return self._last
 
+    @property
+    def unusual_steps(self) -> tuple[int, int, int]:
+        """(restarts, skipped glitched scrapes, steps between two processes) counted so far."""
+        return self.restarts, self.skipped, self.foreign
+
     def push(self, snap: Snapshot) -> dict[str, Delta]:
         """Add one snapshot; returns model → the new step's :class:`Delta` (models with no step:
         the first snapshot, a gap, a model new in this one, a glitched scrape skipped).

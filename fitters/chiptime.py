@@ -187,7 +187,7 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
         # relative residuals below 1e-6 are rounding, never outliers (a noiseless simulator)
         bound = max(OUTLIER_SIGMAS * robust_sigma(resid), 1e-6)
         flagged = np.abs(resid) <= bound
-        if int(flagged.sum()) < max(REJECT_AFTER * min_samples, len(kept) + 1):
+        if int(flagged.sum()) < _reject_floor(min_samples, len(kept)):
             break  # too few rows left to call the others outliers
         reject = bound
         if np.array_equal(flagged, inlier):
@@ -203,6 +203,12 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     x, y = x.copy(), y.copy()
     return (LazyFitResult(lambda: _publish(x, y, x_scale, size, kept, dropped, relations, fit, min_samples)), frozen,
             weights)
+
+
+def _reject_floor(min_samples: int, kept: int) -> int:
+    """Fewest inliers with which the other rows are called outliers (REJECT_AFTER·min_samples, and
+    more than the ``kept`` terms)."""
+    return max(REJECT_AFTER * min_samples, kept + 1)
 
 
 def _rms(x: np.ndarray) -> np.ndarray:
@@ -221,7 +227,7 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
     aw, yw = a / size[:, None], y / size
     resid = aw @ p - yw
     inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
-    if int(inlier.sum()) < max(REJECT_AFTER * min_samples, len(kept) + 1):
+    if int(inlier.sum()) < _reject_floor(min_samples, len(kept)):
         # As in the fit: too few inliers to judge outliers at all (near-identical rows make the
         # robust σ ~0 and every row an "outlier"), so every row counts.
         inlier = np.ones_like(inlier)
@@ -407,7 +413,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         if not np.array_equal(xr.any(axis=0), state.nonzero):  # regressors are ≥ 0
             return None
         kept, k = state.kept, len(state.kept)
-        need = max(REJECT_AFTER * self.min_samples, k + 1)
+        need = _reject_floor(self.min_samples, k)
         if state.reject == math.inf and need <= len(x) < 2 * need:
             # the refit had too few inliers to call any row an outlier: each new row may give it
             # enough (the exact steps kept every new row while the published errors left some

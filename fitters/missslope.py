@@ -138,12 +138,13 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
         starts += (previous.p * np.array([*[y_scale / previous.y_scale] * 3, 1.0]),)
     start = min(starts, key=lambda q: _start_score(q, hf, ys))
     rel = _reference_residuals(start, hf, ys)
+    sigma = robust_sigma(rel)
     # soft_l1 grows as √|r|: one point hundreds of times above the rest outweighs them all and
     # the fit slides under them, so the start's outliers above it are left out of the first fit
-    first = ~(_flagged(rel, robust_sigma(rel), hf) & (rel > 0))
+    first = ~(_flagged(rel, sigma, hf) & (rel > 0))
     if first.sum() < max(min_samples, 3):
         first[:] = True
-    p = _fit_reference(hf[first], ys[first], start, robust_sigma(rel))
+    p = _fit_reference(hf[first], ys[first], start, sigma)
     keep = np.ones(hf.shape, dtype=bool)
     for _ in range(_MAX_ROUNDS):
         rel = _reference_residuals(p, hf, ys)
