@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
+from exporter.engines import missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               kv_capacity_tokens, observe, request_isl, window_notes)
 from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
@@ -338,7 +339,8 @@ class Analyzer:
                 "load_aware": mf.load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits)
 
-        warnings = window_notes(w, ctx, hit, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
+        warnings = window_notes(w, ctx, hit, isl_w)
+        _absent_means(snap.engine, w, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
         if note := cfg.model.dtype_note(snap.cache_config.get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
         if engines > 1:
@@ -601,6 +603,26 @@ def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> 
         st.tpot_source = source
 
 
+# Histogram behind each published window mean: signal → (canonical histogram, what a zero Δcount means).
+_MEANS = {
+    "isl": (ISL_HISTOGRAM, "no request finished"),
+    "osl": (OSL_HISTOGRAM, "no request finished"),
+    "observed_ttft": ("ttft", "no first token"),
+}
+
+
+def _absent_means(engine: str, w: Delta, unknown: dict[str, str], published: dict[str, float | None]) -> None:
+    """Adds to ``unknown`` why each window mean in ``published`` that is None (isl, osl,
+    observed_ttft) is absent, naming the histogram as ``engine`` exposes it (issue 7)."""
+    for signal, (canon, none) in _MEANS.items():
+        if signal in published and published[signal] is None:
+            hd = w.histograms.get(canon)
+            unknown.setdefault(signal, missing_histogram(
+                engine, HISTOGRAMS[canon], "no complete {} histogram at both ends of the publish window") if hd is None
+                else f"{none} in the publish window (no data, not 0)" if hd.count <= 0
+                else missing_histogram(engine, HISTOGRAMS[canon], "{}: " + hd.problem + " in the publish window"))
+
+
 def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, hit: dict[str, float],
            unknown: dict[str, str], isl: float | None, osl: float | None, kv: float | None,
            bandwidth: tuple[float, str] | None, coef: ChipTimeCoefficients | None,
@@ -618,11 +640,11 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         if q is not None:
             p95[key] = q
         else:
-            name = " or ".join(f"vllm:{n}" for n in HISTOGRAMS[family])
-            unknown.setdefault(f"observed_p95_{key}",
-                               f"no {name} histogram with buckets in the publish window" if h is None or not h.buckets
-                               else "no observation in the publish window (no data, not 0)" if h.count <= 0
-                               else f"{name}: the P95 lies above every finite bucket edge")
+            unknown.setdefault(f"observed_p95_{key}", missing_histogram(
+                snap.engine, HISTOGRAMS[family],
+                "no {} histogram with buckets in the publish window" if h is None or not h.buckets
+                else "no observation in the publish window (no data, not 0)" if h.count <= 0
+                else "{}: the P95 lies above every finite bucket edge"))
     out["p95"] = p95
     ttft_slo, tpot_slo = cfg.slo.ttft_seconds, cfg.slo.tpot_seconds
     ttft = w.histograms.get("ttft")

@@ -191,17 +191,7 @@ def _excludes_preempted(delta: Delta, ctx: Context) -> bool:
     return "external_hits" in delta.counters or ctx.excludes_preempted
 
 
-# Histogram behind each published window mean: signal → (canonical histogram, vLLM family, what a
-# zero Δcount means).
-_MEANS = {
-    "isl": (ISL_HISTOGRAM, "vllm:request_prompt_tokens", "no request finished"),
-    "osl": (OSL_HISTOGRAM, "vllm:request_generation_tokens", "no request finished"),
-    "observed_ttft": ("ttft", "vllm:time_to_first_token_seconds", "no first token"),
-}
-
-
-def window_notes(w: Delta, ctx: Context, hit: Mapping[str, float], unknown: dict[str, str],
-                 published: Mapping[str, float | None]) -> dict[str, str]:
+def window_notes(w: Delta, ctx: Context, hit: Mapping[str, float], isl: float | None) -> dict[str, str]:
     """Caveats of a publish window's values, and why its absent means are absent (issue 7).
 
     Returns warning → reason for values that are published but need a caveat
@@ -209,8 +199,7 @@ def window_notes(w: Delta, ctx: Context, hit: Mapping[str, float], unknown: dict
     count from zero), ``hit_unit_blocks`` (vLLM 0.7–0.8: block-level hit ratio),
     ``preemptions`` (before vLLM 0.11.1 resumed requests count again as hits: h inflated),
     ``short_prompts`` (h exactly 0 with mean ISL ≤ block_size: vLLM caches whole blocks and never
-    the last prompt token, so such prompts cannot hit). Adds to ``unknown`` the reason of each
-    window mean in ``published`` that is None (isl, osl, observed_ttft).
+    the last prompt token, so such prompts cannot hit; ``isl``: the window's mean ISL [tokens]).
     """
     warnings: dict[str, str] = {}
     if w.resets:
@@ -222,19 +211,9 @@ def window_notes(w: Delta, ctx: Context, hit: Mapping[str, float], unknown: dict
     if hit and w.counters.get("preemptions", 0.0) > 0 and not _excludes_preempted(w, ctx):
         warnings["preemptions"] = ("preemptions in the publish window on vLLM < 0.11.1: resumed requests are "
                                    "counted again as prefix-cache queries and hits, the hit ratio is inflated")
-    h, isl = hit.get("all", hit.get("device")), published.get("isl")
+    h = hit.get("all", hit.get("device"))
     if h == 0.0 and ctx.block_size and isl is not None and isl <= ctx.block_size:
         warnings["short_prompts"] = ("hit ratio 0 with prompts no longer than one KV block (mean ISL <= block_size "
                                      "of cache_config_info): vLLM caches whole blocks and never the last prompt "
                                      "token, so these prompts cannot hit")
-    for signal, (name, family, none) in _MEANS.items():
-        if signal in published and published[signal] is None:
-            hd = w.histograms.get(name)
-            if hd is None:
-                why = f"no complete {family} histogram at both ends of the publish window"
-            elif hd.count <= 0:
-                why = f"{none} in the publish window (no data, not 0)"
-            else:
-                why = f"{family}: {hd.problem} in the publish window"
-            unknown.setdefault(signal, why)
     return warnings

@@ -57,6 +57,24 @@ def test_15_smg_realtime_tokens_hit_ratio_and_batch_gauge_ignored():
     assert "hit_ratio" not in m.unknown
 
 
+def test_unknown_reasons_name_sglang_families_not_vllm_ones():
+    # SGLang's histograms (vllm-metrics.md §6.1): time_to_first_token_seconds,
+    # inter_token_latency_seconds (old name time_per_output_token_seconds), e2e, queue_time; none of
+    # prompt/output length or per-request TPOT. Sample 14 exports none of them: a reason names
+    # what SGLang would export, or says SGLang exports no such histogram, never a vllm: family
+    text = _text("14")
+    m = next(iter(_window(text, text).models.values()))
+    assert m.unknown["observed_p95_ttft"] == "no sglang:time_to_first_token_seconds histogram with buckets in the publish window"
+    assert m.unknown["observed_p95_itl"] == ("no sglang:inter_token_latency_seconds or sglang:time_per_output_token_seconds "
+                                             "histogram with buckets in the publish window")
+    assert m.unknown["observed_p95_tpot_request"] == "SGLang exports no request_time_per_output_token_seconds histogram"
+    assert m.unknown["isl"] == "SGLang exports no request_prompt_tokens histogram"
+    assert m.unknown["osl"] == "SGLang exports no request_generation_tokens histogram"
+    assert m.unknown["observed_ttft"] == ("no complete sglang:time_to_first_token_seconds histogram at both ends of "
+                                          "the publish window")
+    assert not [r for r in m.unknown.values() if "vllm" in r.lower()]
+
+
 def test_14_tp_replicas_counted_once_dp_ranks_summed():
     # sample 14's label set with DP attention on (every series gains dp_rank; dp 1 is a copy of
     # the file's dp 0 on tp_rank 2) and the counters SGLang 0.5 exports: tp_rank 0 and 1 of one
