@@ -275,16 +275,18 @@ class LiveSource:
         scrape for 4 s (dropping it unread instead cost a new connection, a TLS handshake, per scrape)."""
         deadline = _HEADERS_DEADLINE.get()
         if resp.is_redirect and deadline is not None:
-            resp._content, resp._content_consumed = self._read(resp, deadline), True  # requests' own fields
+            # requests' own fields; the body is discarded, so it is read as sent, never decoded
+            resp._content, resp._content_consumed = self._read(resp, deadline, decode=False), True
         return resp
 
-    def _read(self, resp: requests.Response, deadline: float) -> bytes:
-        """The body, read socket-read by socket-read against the deadline and the size cap."""
+    def _read(self, resp: requests.Response, deadline: float, decode: bool = True) -> bytes:
+        """The body, read socket-read by socket-read against the deadline and the size cap, decoded
+        per its Content-Encoding unless ``decode`` is False (the bytes as sent)."""
         where = self._where
         length = resp.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > self.max_bytes:
             raise ScrapeError("too_large", f"Content-Length {length} over {self.max_bytes} bytes from {where}")
-        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower() if decode else ""
         if encoding in ("", "identity"):
             decoder = None
         elif encoding in ("gzip", "x-gzip", "deflate"):
