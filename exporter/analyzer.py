@@ -340,7 +340,7 @@ class Analyzer:
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits)
 
         warnings = window_notes(w, ctx, hit, isl_w)
-        _absent_means(snap.engine, w, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
+        _absent_means(snap, w, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
         if note := cfg.model.dtype_note(snap.cache_config.get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
         if engines > 1:
@@ -611,16 +611,16 @@ _MEANS = {
 }
 
 
-def _absent_means(engine: str, w: Delta, unknown: dict[str, str], published: dict[str, float | None]) -> None:
+def _absent_means(snap: Snapshot, w: Delta, unknown: dict[str, str], published: dict[str, float | None]) -> None:
     """Adds to ``unknown`` why each window mean in ``published`` that is None (isl, osl,
-    observed_ttft) is absent, naming the histogram as ``engine`` exposes it (issue 7)."""
+    observed_ttft) is absent, naming the histogram as ``snap``'s engine exposes it (issue 7)."""
     for signal, (canon, none) in _MEANS.items():
         if signal in published and published[signal] is None:
             hd = w.histograms.get(canon)
-            unknown.setdefault(signal, missing_histogram(
-                engine, HISTOGRAMS[canon], "no complete {} histogram at both ends of the publish window") if hd is None
-                else f"{none} in the publish window (no data, not 0)" if hd.count <= 0
-                else missing_histogram(engine, HISTOGRAMS[canon], "{}: " + hd.problem + " in the publish window"))
+            unknown.setdefault(signal, f"{none} in the publish window (no data, not 0)" if hd is not None and hd.count <= 0
+                               else missing_histogram(snap.engine, snap.name_prefix, HISTOGRAMS[canon],
+                                                      "no complete {} histogram at both ends of the publish window"
+                                                      if hd is None else "{}: " + hd.problem + " in the publish window"))
 
 
 def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, hit: dict[str, float],
@@ -641,7 +641,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
             p95[key] = q
         else:
             unknown.setdefault(f"observed_p95_{key}", missing_histogram(
-                snap.engine, HISTOGRAMS[family],
+                snap.engine, snap.name_prefix, HISTOGRAMS[family],
                 "no {} histogram with buckets in the publish window" if h is None or not h.buckets
                 else "no observation in the publish window (no data, not 0)" if h.count <= 0
                 else "{}: the P95 lies above every finite bucket edge"))

@@ -204,22 +204,23 @@ def _queries_from_prompt(rows, out: _Out) -> None:
             out.add("prefix_cache_queries" + ("_created" if suffix == "_created" else "_total"), labels, value)
 
 
-def exposed_names(engine: str, names: Iterable[str]) -> tuple[str, ...]:
+def exposed_names(engine: str, prefix: str, names: Iterable[str]) -> tuple[str, ...]:
     """The families ``engine``'s own exposition has for the vLLM family bases ``names`` (exposed
-    names without the prefix, e.g. "time_to_first_token_seconds"), prefixed as that engine writes
-    them ("vllm:…", "sglang:…"; empty when it has none of them): what reasons name, so that an
-    SGLang user is not sent looking for a vLLM metric."""
+    names without the prefix, e.g. "time_to_first_token_seconds"), each behind ``prefix``, the
+    engine's prefix as its exposition writes it ("vllm:", "sglang:", "sglang_" from SGLang's model
+    gateway; empty tuple when it has none of them): what reasons name, so that an SGLang user is
+    not sent looking for a vLLM metric."""
     if engine not in TRANSLATED:
-        return tuple(f"vllm:{n}" for n in names)
-    return tuple(dict.fromkeys(f"{engine}:{m}" for n in names for m in SGLANG_HISTOGRAMS.get(n, ())))
+        return tuple(prefix + n for n in names)
+    return tuple(dict.fromkeys(prefix + m for n in names for m in SGLANG_HISTOGRAMS.get(n, ())))
 
 
-def missing_histogram(engine: str, names: Iterable[str], why: str) -> str:
+def missing_histogram(engine: str, prefix: str, names: Iterable[str], why: str) -> str:
     """``why`` (a reason) with its first ``{}`` replaced by the histogram families ``engine``
-    exposes for the vLLM bases ``names`` (:func:`exposed_names`, joined by " or "), or "<engine>
-    exports no <first base> histogram" when it has none."""
+    exposes for the vLLM bases ``names`` behind ``prefix`` (:func:`exposed_names`, joined by
+    " or "), or "<engine> exports no <first base> histogram" when it has none."""
     names = tuple(names)
-    exposed = exposed_names(engine, names)
+    exposed = exposed_names(engine, prefix, names)
     if not exposed:
         return f"{_DISPLAY.get(engine, engine)} exports no {names[0]} histogram"
     return why.replace("{}", " or ".join(exposed), 1)

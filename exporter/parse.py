@@ -215,6 +215,8 @@ class Snapshot:
         clock_offset: ``timestamp`` minus the host's wall clock when it was stamped [s]: 0 until
             the wall clock steps (kvhit's live clock never steps, exporter/runner.py
             SteadyClock); the engine stamps ``_created`` on the wall clock (exporter/window.py).
+        name_prefix: the engine's metric-name prefix as the exposition writes it: "vllm:", or for
+            SGLang "sglang:" (its server) or "sglang_" (its model gateway).
     """
 
     timestamp: float
@@ -225,6 +227,7 @@ class Snapshot:
     quirks: Mapping[str, int] = field(default_factory=dict)
     since: tuple[int, ...] = ()
     clock_offset: float = 0.0
+    name_prefix: str = "vllm:"
 
     @property
     def supported(self) -> bool:
@@ -337,6 +340,7 @@ class _Builder:
         self.cache_config: dict[str, str] = {}
         self.quirks: dict[str, int] = {}
         self.other: list[tuple[str, dict[str, str], float]] = []  # samples of a translated engine
+        self.prefixes: dict[str, str] = {}  # translated engine → its prefix as first written
         # Series values are leaves (see _Sum): indices into ``values``, keyed by sample-line number
         # (``line``), so that a cached plan can refill them from a body of the same layout.
         self.values: dict[int, float] = {}
@@ -677,6 +681,7 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
         b.families.setdefault(engine, set()).add(family)
     if engine in engines.TRANSLATED:
         b.other.append((name, labels, value))
+        b.prefixes.setdefault(engine, full[:len(engine) + 1])
         return True
     if engine != "vllm":
         return True
@@ -867,7 +872,7 @@ def _translated(b: _Builder, engine: str, timestamp: float) -> Snapshot:
         quirks[k] = quirks.get(k, 0) + v
     reason = "" if models else f"{engine} samples present but none of the signals kvhit reads"
     return replace(snap, engine=engine, reason=reason, models=MappingProxyType(models),
-                   quirks=MappingProxyType(quirks), since=())
+                   quirks=MappingProxyType(quirks), since=(), name_prefix=b.prefixes.get(engine, engine + ":"))
 
 
 def _hit_unit(b: _Builder, exposed: str) -> str:

@@ -75,6 +75,17 @@ def test_unknown_reasons_name_sglang_families_not_vllm_ones():
     assert not [r for r in m.unknown.values() if "vllm" in r.lower()]
 
 
+def test_unknown_reasons_name_the_families_as_the_gateway_writes_them():
+    # sample 15 is SGLang's model gateway, whose names start "sglang_", not "sglang:": the name a
+    # user greps for is the one the exposition has
+    text = _text("15")
+    assert not [line for line in text.splitlines() if line.startswith("sglang:")]
+    m = next(iter(_window(text, text).models.values()))
+    assert m.unknown["observed_p95_ttft"] == "no sglang_time_to_first_token_seconds histogram with buckets in the publish window"
+    assert m.unknown["observed_ttft"] == ("no complete sglang_time_to_first_token_seconds histogram at both ends of "
+                                          "the publish window")
+
+
 def test_14_tp_replicas_counted_once_dp_ranks_summed():
     # sample 14's label set with DP attention on (every series gains dp_rank; dp 1 is a copy of
     # the file's dp 0 on tp_rank 2) and the counters SGLang 0.5 exports: tp_rank 0 and 1 of one
