@@ -29,7 +29,7 @@ from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeC
 from fitters.observation import Observation
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
-from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel, Prediction, unidentified_terms
+from fitters.whatif import LOAD_SHARE_UNKNOWN, STEPS_UNKNOWN, FittedModel, Prediction, unidentified_terms
 
 
 # Label values the collector publishes each of (1 for the current one, 0 for the others), and a
@@ -360,9 +360,26 @@ class Analyzer:
         h_now = hit.get("all")
         steps_per_request = _steps_per_request(w)
         linear = self._linear_bathtub(slope, h_now)
-        if coef is None or h_now is None or isl is None or osl is None or steps_per_request is None:
+        if coef is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
+        # the fit stands without the window's traffic (a what-if gives its own); what is predicted
+        # at the window's traffic waits for it, and says so
         fitted = self._fitted(coef, steps_per_request, fits, w, wobs, hit, kv, bandwidth, engines)
+        factor = None
+        if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
+            factor = contention(fitted.c0, fitted.c1, fitted.running)
+        out = replace(out, fitted=fitted, contention=factor)
+        if steps_per_request is None:
+            unknown.setdefault("fixed_time", STEPS_UNKNOWN)
+        idle = [name for name, v in (("h", h_now), ("ISL", isl), ("OSL", osl), ("engine steps per request",
+                                                                                steps_per_request)) if v is None]
+        if idle:
+            why = (f"{', '.join(idle)} of the publish window unknown (no request finished in it, or no prefix-cache "
+                   "query): no traffic to predict at; kvhit predict and /api/v1/predict answer for traffic given")
+            for signal in ("predicted_current", "bathtub_chip_time", "miss_slope_derived") + (
+                    ("predicted_target",) if cfg.target_hit_ratio is not None else ()):
+                unknown.setdefault(signal, why)
+            return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # Terms the chip-time fit could not tell apart are carried by the kept ones only where a
         # request keeps the relation the data followed: a what-if elsewhere, a chip_time bathtub
         # over h in [0, 1) (a slope with an exact-looking interval) or a derived miss slope beyond
@@ -400,11 +417,8 @@ class Analyzer:
                 tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi,
                                                        fixed_steps=steps_per_request)
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
-        factor = None
-        if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
-            factor = contention(fitted.c0, fitted.c1, fitted.running)
-        return replace(out, fitted=fitted, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
-                       valley_form=_valley_form(chip, bathtubs), contention=factor,
+        return replace(out, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
+                       valley_form=_valley_form(chip, bathtubs),
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None) -> dict[str, BathtubCurve]:
@@ -415,7 +429,7 @@ class Analyzer:
         return {"linear": bathtub_linear(tps0, a, slope.covariance, h_now, p.p_miss, p.hit_price_ratio,
                                          grid=BATHTUB_GRID)}
 
-    def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float, fits: dict[str, FitResult],
+    def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float | None, fits: dict[str, FitResult],
                 w: Delta, wobs: Observation, hit: dict[str, float], kv: float | None,
                 bandwidth: tuple[float, str] | None, engines: int) -> FittedModel:
         cfg = self.config

@@ -405,7 +405,7 @@ def calibrated_parameters(m: ModelAnalysis) -> dict[str, dict]:
         status = chip.status.value if not chip.ok else (e.status.value if e else "unknown")
         out[key] = _est(e.value if e else None, e.stderr if e else None, status,
                         chip.reason or (e.reason if e else ""), unit)
-    if m.fitted is not None and chip.ok:
+    if m.fitted is not None and chip.ok and m.fitted.steps_per_request is not None:
         se = chip.params["t_step"].stderr
         out["t_fixed"] = _est(m.fitted.t_fixed, se * m.fitted.steps_per_request if math.isfinite(se) else None,
                               unit="s", reason=f"t_step x {m.fitted.steps_per_request:.2f} engine steps per "

@@ -26,6 +26,8 @@ COLLINEAR_TOLERANCE = 0.05
 PREFILL_REL_STDERR = 0.5
 LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit in the publish window while a KV "
                       "connector was asked for some (external_prefix_cache_queries), so T_load at another h is unknown")
+STEPS_UNKNOWN = ("engine steps per request unknown: no request finished in the publish window the fit comes from, "
+                 "so T_fixed = T_step x steps is; give the what-if's steps per request")
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,8 @@ _FIELD_RANGES = (
     *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
     ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
 )
-NULLABLE = {"c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth", "hit_load_share"}
+NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
+            "hit_load_share"}
 
 
 def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: ChipTimeCoefficients,
@@ -121,7 +124,8 @@ class FittedModel:
     Attributes:
         t_step, k_ffn, k_attn, k_dec, k_ctx: chip-time coefficients (MODEL.md §7).
         steps_per_request: engine steps per request observed in the publish window; T_fixed =
-            t_step × steps_per_request [steps].
+            t_step × steps_per_request [steps]. None when no request finished in it: a what-if
+            then needs it given (:data:`STEPS_UNKNOWN`).
         c0, c1: contention factor c = c0 + c1·running (None when the load-aware fit is not ok).
         running: num_requests_running at which load-aware predictions are made [1].
         queue_time: mean queue time of the publish window [s] (None when unknown).
@@ -144,7 +148,7 @@ class FittedModel:
     k_attn: float
     k_dec: float
     k_ctx: float
-    steps_per_request: float
+    steps_per_request: float | None
     c0: float | None = None
     c1: float | None = None
     running: float | None = None
@@ -165,16 +169,19 @@ class FittedModel:
         return ChipTimeCoefficients(self.t_step, self.k_ffn, self.k_attn, self.k_dec, self.k_ctx)
 
     @property
-    def t_fixed(self) -> float:
-        """T_fixed = T_step × steps per request [s] (MODEL.md §7)."""
-        return steps_fixed_time(self.t_step, self.steps_per_request)
+    def t_fixed(self) -> float | None:
+        """T_fixed = T_step × steps per request [s] (MODEL.md §7); None when the steps are unknown."""
+        return None if self.steps_per_request is None else steps_fixed_time(self.t_step, self.steps_per_request)
 
     def unidentified(self, hit_ratio: float, isl: float, osl: float,
                      seen: Sequence[float] | None = None) -> str | None:
         """Why a request's chip time at (h, ISL, OSL) is not identifiable, or None
         (:func:`unidentified_terms`; ``steps_per_request`` engine steps). ``seen``: the regressor
         totals of the traffic the request stands for (the publish window's, CHIP_TIME_TERMS
-        order), checked instead: a mean request of mixed traffic is no request that ran."""
+        order), checked instead: a mean request of mixed traffic is no request that ran.
+        :data:`STEPS_UNKNOWN` when ``steps_per_request`` is None."""
+        if self.steps_per_request is None:
+            return STEPS_UNKNOWN
         if seen is not None:
             return unidentified_terms(self.collinear, self.coefficients, seen, "the publish window's traffic")
         return unidentified_terms(self.collinear, self.coefficients,

@@ -969,6 +969,50 @@ def test_api_predict_at_the_steps_per_request_asked_about(sim_runner):
     assert status.startswith("400") and doc["error"] == "steps_per_request must be in [1, 1e+07], got 0.5", doc
 
 
+def test_an_idle_window_keeps_the_fit_for_what_ifs_and_says_why_each_window_value_is_absent():
+    # the sweep, then 90 s with no request (the last scrape's counters repeated): no request
+    # finished in the 60-s publish window, so h and steps per request are unknown, while the
+    # chip-time fit is still ok. A what-if that gives its own steps needs no window: t_chip =
+    # T_step·S + k_ffn·M + k_attn·W + k_dec·OSL + k_ctx·OSL·(ISL + OSL/2) (MODEL.md §7).
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from exporter.collector import KvhitCollector
+    from exporter.config import Config
+    from exporter.jsonapi import analysis_to_dict
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.simulate import generate, preset
+    clock = TraceClock()
+    runner = Runner(Config(interval=5.0), "sim", clock=clock)
+    for t, text, _ in generate(preset("sweep", noise=0.0)):
+        clock.t = t
+        runner.ingest_text(t, text)
+    for _ in range(18):
+        clock.t = t = t + 5.0
+        runner.ingest_text(t, text)
+    m = analysis_to_dict(*runner.current())["models"]["sim-model"]
+    assert m["fits"]["chip_time"]["status"] == "ok" and m["fit"]["steps_per_request"] is None
+    assert m["predictions"] == {} and "hit_ratio" in m["unknown"]
+    for signal in ("fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived"):
+        assert "unknown" in m["unknown"][signal], signal
+    status, doc = _api(runner, "hit_ratio=0.5&isl=2048&osl=128")
+    assert status.startswith("400") and doc["error"].startswith("engine steps per request unknown"), doc
+    status, doc = _api(runner, "hit_ratio=0.5&isl=2048&osl=128&steps_per_request=10")
+    assert status.startswith("200"), doc
+    f, (isl, osl, h) = m["fit"], (2048.0, 128.0, 0.5)
+    miss, hit = (1 - h) * isl, h * isl
+    t_chip = (f["t_step"] * 10 + f["k_ffn"] * miss + f["k_attn"] * (miss * hit + miss * miss / 2)
+              + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2)))
+    assert doc["prediction"]["t_chip"] == pytest.approx(t_chip, rel=1e-12)
+    # every per-model gauge the idle window leaves out has its reason (README: kvhit_unknown_info)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(runner.current))
+    reasons = {s.labels["signal"] for fam in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in fam.samples if s.name == "kvhit_unknown_info"}
+    assert {"fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived"} <= reasons
+
+
 @pytest.mark.parametrize("query, says", [
     ("hit_ratio=0.5&isl=1e12&osl=1e12", "isl must be in [1, 10000000] tokens, got 1e+12"),
     ("hit_ratio=0.5&isl=2048&osl=2e7", "osl must be in [1, 10000000] tokens, got 2e+07"),
