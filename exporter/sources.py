@@ -145,7 +145,8 @@ class LiveSource:
     Failure kinds (the ``reason`` of :class:`ScrapeError`): ``refused`` (no connection: refused,
     name not resolved), ``no_answer`` (the connection was accepted, then closed or reset before
     an HTTP status line: not an HTTP server on that port, e.g. a TLS one, or a proxy without an
-    upstream, or a server dying on the request), ``timeout`` (the whole scrape — connect, headers
+    upstream, or a server dying on the request; tried twice, the second time on a new
+    connection, within the deadline), ``timeout`` (the whole scrape — connect, headers
     and body — did not finish within ``timeout``; a status line, headers or body trickling in a
     few bytes at a time counts: a timer shuts the socket down at the deadline while headers are
     awaited, and the body's deadline is checked after every socket read, each waiting at most
@@ -210,7 +211,15 @@ class LiveSource:
         where = self._where
         token = _HEADERS_DEADLINE.set(deadline)
         try:
-            body, answered = self._request(form, headers, auth, deadline)
+            try:
+                body, answered = self._request(form, headers, auth, deadline)
+            except ScrapeError as exc:
+                if exc.reason != "no_answer" or time.monotonic() >= deadline:
+                    raise
+                # a kept-alive connection the target closed as the request went out (vLLM's
+                # keep-alive timeout is 5 s, kvhit's interval too): once more on a new connection,
+                # as Go's HTTP client, Prometheus' scraper, does
+                body, answered = self._request(form, headers, auth, deadline)
             self.answer_delay = answered - start
             return body
         except ScrapeError as exc:

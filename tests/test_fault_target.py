@@ -294,6 +294,42 @@ def test_a_redirect_every_scrape_reuses_one_connection():
     assert bodies == ["# HELP x y\n# TYPE x gauge\nx 1\n"] * 5 and len(connections) == 1
 
 
+def test_a_kept_alive_connection_closed_as_the_next_scrape_goes_out_is_retried_on_a_new_one():
+    # vLLM (uvicorn) closes a kept-alive connection after 5 s idle, kvhit's default interval: a
+    # request sent as it closes is read by nobody. The first connection here answers one request,
+    # then closes on the next one unanswered; the scrape gets its body from a second connection.
+    connections, body = [], b"# HELP x y\n# TYPE x gauge\nx 1\n"
+
+    class ClosesOnSecondRequest(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            connections.append(0)
+            self.index = len(connections) - 1
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            connections[self.index] += 1
+            if self.index == 0 and connections[0] == 2:
+                self.close_connection = True
+                return
+            reply(self, 200, body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ClosesOnSecondRequest)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        src = LiveSource(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=TIMEOUT)
+        bodies = [src.fetch()[1] for _ in range(2)]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert bodies == [body.decode()] * 2 and connections == [2, 1]
+
+
 # mode → the reason kvhit must report
 FAULTS = {
     "http500": "http_500",
