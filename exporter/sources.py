@@ -71,16 +71,16 @@ class _Authorization(AuthBase):
         return r
 
 
-def _unresolved(exc: BaseException) -> bool:
-    """Whether a connection error comes from a host name that did not resolve (socket.gaierror
-    somewhere in the chain urllib3 and requests wrap around it)."""
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether a ``kind`` error is somewhere in the chain urllib3 and requests wrap around a
+    connection error (socket.gaierror: a host name that did not resolve; ConnectionRefusedError)."""
     seen, stack = set(), [exc]
     while stack:
         e = stack.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, socket.gaierror):
+        if isinstance(e, kind):
             return True
         stack += [c for c in (e.__cause__, e.__context__, getattr(e, "reason", None), *getattr(e, "args", ()))
                   if isinstance(c, BaseException)]  # an SSLError's reason is a str
@@ -265,9 +265,12 @@ class LiveSource:
             if isinstance(exc, requests.exceptions.SSLError):
                 raise ScrapeError("refused", f"TLS with {where} failed: not a TLS server on that port, or a certificate "
                                              "this pod does not trust (REQUESTS_CA_BUNDLE)") from None
-            if _unresolved(exc):
+            if _caused_by(exc, socket.gaierror):
                 raise ScrapeError("refused", f"cannot resolve the host of {where} (DNS): a typo in the target, or a "
                                              "name this pod cannot resolve") from None
+            if _caused_by(exc, ConnectionRefusedError):
+                raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port (vLLM "
+                                             "not started yet or restarting, or a wrong port)") from None
             raise ScrapeError("refused", f"cannot reach {where}: {type(exc).__name__}") from None
         except (requests.Timeout, ReadTimeoutError, TimeoutError):
             raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None

@@ -238,7 +238,8 @@ def test_unreachable_endpoint_exits_1_with_one_line_and_leaves_no_empty_director
     out = tmp_path / "new"
     assert main(["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["kvhit: cannot reach http://127.0.0.1:9/metrics: ConnectionError"], err
+    assert err == ["kvhit: connection to http://127.0.0.1:9/metrics refused: nothing listens on that port (vLLM not "
+                   "started yet or restarting, or a wrong port)"], err
     assert not out.exists()
 
 

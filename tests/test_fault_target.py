@@ -396,6 +396,8 @@ def test_refused_when_the_listener_is_closed(target):
     with pytest.raises(ScrapeError) as info:
         src.fetch()
     assert info.value.reason == "refused"
+    assert str(info.value) == f"connection to {target.url} refused: nothing listens on that port (vLLM not started " \
+                              "yet or restarting, or a wrong port)"
     target.start()  # same port
     assert src.fetch()[1] == target.snapshots[0]
 
