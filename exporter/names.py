@@ -86,9 +86,10 @@ OSL = _m("kvhit_osl_tokens", "Mean output length (OSL) of requests finished in t
 OBSERVED_TTFT = _m("kvhit_observed_ttft_seconds", "Mean TTFT (includes queueing) of the publish window, "
                    "Δsum/Δcount of vllm:time_to_first_token_seconds [s].", section="§2")
 TPM = _m("kvhit_tpm_tokens_per_minute", "Delivered TPM counts cached input, physical TPM only computed tokens; "
-         "basis=observed from counters over the publish window, predicted = capacity from the chip-time "
-         "model at the current h, ISL, OSL and the observed engine steps per request (they fall as concurrency "
-         "rises); per=gpu divides by tp*pp*engines [tokens/min].",
+         "basis=observed from counters over the publish window, predicted = the chip-time model's throughput "
+         "of an always-busy engine at the current h, ISL, OSL and the observed engine steps per request (they fall "
+         "as concurrency rises): a capacity estimate, within the chip-time fit's error of what the engine delivers; "
+         "per=gpu divides by tp*pp*engines [tokens/min].",
          MODEL + ("kind", "basis", "per"), section="§3.4")
 
 # --- fits (MODEL.md §4, §6, §7, §3.2) -----------------------------------------------------
@@ -191,8 +192,9 @@ VERDICT = _m("kvhit_prefix_cache_verdict", "Seed 003 prefix-caching verdict, val
              "and prefill share > 0.40), diminishing_returns (h > 0.85), thrash_risk (last 15 min: h > 0.85, "
              "per-minute h jitter >= 0.05 and KV usage >= 0.90); provisional=true until the history covers "
              "24 h [1].", MODEL + ("state", "provisional"), section="§5")
-HISTORY_SECONDS = _m("kvhit_prefix_cache_history_seconds", "Time covered by the verdict's per-minute rollup "
-                     "(at most 24 h) [s].", section="§5")
+HISTORY_SECONDS = _m("kvhit_prefix_cache_history_seconds", "Time covered by the verdict's per-minute rollup, "
+                     "from its first step to its last, outages included: the part of a day it has seen (at most "
+                     "24 h) [s].", section="§5")
 HISTORY_HIT_RATIO = _m("kvhit_prefix_cache_history_hit_ratio", "Token hit ratio over the verdict's history, "
                        "sum of hits / sum of queries (up to 24 h) [ratio].", section="§5")
 HIT_JITTER = _m("kvhit_hit_ratio_jitter", "Population standard deviation of the per-minute token hit ratio over "
