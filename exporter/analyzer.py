@@ -165,6 +165,7 @@ class _ModelState:
     tpot_source: str | None = None
     isl: float | None = None
     osl: float | None = None
+    load_share: float | None = None  # h_load/h of the latest step with prefix-cache queries
 
 
 class Analyzer:
@@ -208,6 +209,8 @@ class Analyzer:
                 st = self._state[model] = _ModelState()
             obs = observe(delta, self._context(snap, model, st, unobserved))
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
+            if obs.queried_tokens:
+                st.load_share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded)
             st.chip.update(obs)
             st.slope.update(obs)
             st.latency.update(obs)
@@ -364,7 +367,9 @@ class Analyzer:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # the fit stands without the window's traffic (a what-if gives its own); what is predicted
         # at the window's traffic waits for it, and says so
-        fitted = self._fitted(coef, steps_per_request, fits, w, wobs, hit, kv, bandwidth, engines)
+        # a window without queries says nothing of the loaded share: the latest step's that had some
+        share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
+        fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
         factor = None
         if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
             factor = contention(fitted.c0, fitted.c1, fitted.running)
@@ -430,17 +435,16 @@ class Analyzer:
                                          grid=BATHTUB_GRID)}
 
     def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float | None, fits: dict[str, FitResult],
-                w: Delta, wobs: Observation, hit: dict[str, float], kv: float | None,
+                wobs: Observation, load_share: float | None, kv: float | None,
                 bandwidth: tuple[float, str] | None, engines: int) -> FittedModel:
         cfg = self.config
         la, chip = fits["load_aware"], fits["chip_time"]
-        h_all, h_load = hit.get("all"), hit.get("loaded")
         running = wobs.running
         return FittedModel(
             *coef.as_tuple(), steps_per_request=steps_per_request,
             c0=la.value("c0"), c1=la.value("c1") if la.value("c1") is not None else (0.0 if la.ok else None),
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
-            hit_load_share=_load_share(w, h_all, h_load),
+            hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
             gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out,
             collinear=chip.extra.get("collinear"),

@@ -26,8 +26,9 @@ COLLINEAR_TOLERANCE = 0.05
 PREFILL_REL_STDERR = 0.5
 LOAD_SHARE_UNKNOWN = ("the loaded share h_load/h is unknown: no prefix-cache hit in the publish window while a KV "
                       "connector was asked for some (external_prefix_cache_queries), so T_load at another h is unknown")
-STEPS_UNKNOWN = ("engine steps per request unknown: no request finished in the publish window the fit comes from, "
-                 "so T_fixed = T_step x steps is; give the what-if's steps per request")
+STEPS_UNKNOWN = ("engine steps per request unknown in the publish window the fit comes from (no request finished in "
+                 "it, or no iteration_tokens / request_prefill_time histogram), so T_fixed = T_step x steps is; give "
+                 "the what-if's steps per request")
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ class FittedModel:
         running: num_requests_running at which load-aware predictions are made [1].
         queue_time: mean queue time of the publish window [s] (None when unknown).
         alpha: overlap α (None when not identifiable).
-        hit_load_share: h_load / h at the current operating point (scales a what-if h) [1]; None
+        hit_load_share: h_load / h at the current operating point (scales a what-if h; a window
+            without prefix-cache queries: the latest step's that had some) [1]; None
             when unknown (no hit in the window while a KV connector counts them): a what-if at
             h > 0 then has no TTFT (T_load unknown).
         kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].

@@ -985,14 +985,23 @@ def test_an_idle_window_keeps_the_fit_for_what_ifs_and_says_why_each_window_valu
     from exporter.simulate import generate, preset
     clock = TraceClock()
     runner = Runner(Config(interval=5.0), "sim", clock=clock)
+    texts = []
     for t, text, _ in generate(preset("sweep", noise=0.0)):
         clock.t = t
         runner.ingest_text(t, text)
+        texts.append(text)
     for _ in range(18):
         clock.t = t = t + 5.0
         runner.ingest_text(t, text)
     m = analysis_to_dict(*runner.current())["models"]["sim-model"]
     assert m["fits"]["chip_time"]["status"] == "ok" and m["fit"]["steps_per_request"] is None
+    # the loaded share what-ifs assume is the last step's with queries (MODEL.md §2: Δexternal
+    # hits over all hits), not unknown for want of queries in the window
+    def total(text: str, name: str) -> float:
+        return sum(x.value for fam in text_string_to_metric_families(text) for x in fam.samples if x.name == name)
+    device, loaded = (total(texts[-1], n) - total(texts[-2], n)
+                      for n in ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total"))
+    assert loaded > 0 and m["fit"]["hit_load_share"] == pytest.approx(loaded / (device + loaded), rel=1e-12)
     assert m["predictions"] == {} and "hit_ratio" in m["unknown"]
     for signal in ("fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived"):
         assert "unknown" in m["unknown"][signal], signal
