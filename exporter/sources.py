@@ -236,11 +236,12 @@ class LiveSource:
         failure a ScrapeError."""
         where = self._where
         try:
+            left = max(deadline - time.monotonic(), 0.001)  # a retry has less than the whole timeout
             if form is None:
-                resp = self._session.get(self.url, timeout=self.timeout, stream=True, allow_redirects=True,
+                resp = self._session.get(self.url, timeout=left, stream=True, allow_redirects=True,
                                          headers=headers, auth=auth)
             else:
-                resp = self._session.post(self.url, data=form, timeout=self.timeout, stream=True, auth=auth,
+                resp = self._session.post(self.url, data=form, timeout=left, stream=True, auth=auth,
                                           allow_redirects=True, headers={"Accept": "application/json", **(headers or {})})
             answered = time.monotonic()
             with resp:
@@ -268,6 +269,9 @@ class LiveSource:
             if _caused_by(exc, socket.gaierror):
                 raise ScrapeError("refused", f"cannot resolve the host of {where} (DNS): a typo in the target, or a "
                                              "name this pod cannot resolve") from None
+            if isinstance(exc, requests.exceptions.ProxyError):
+                raise ScrapeError("refused", f"cannot reach {where} through the proxy (HTTP_PROXY / HTTPS_PROXY; "
+                                             "NO_PROXY bypasses it)") from None
             if _caused_by(exc, ConnectionRefusedError):
                 raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port (vLLM "
                                              "not started yet or restarting, or a wrong port)") from None

@@ -330,6 +330,52 @@ def test_a_kept_alive_connection_closed_as_the_next_scrape_goes_out_is_retried_o
     assert bodies == [body.decode()] * 2 and connections == [2, 1]
 
 
+def test_the_retry_on_a_new_connection_stays_within_the_scrape_deadline():
+    # the target holds the request 1.8 s of a 2-s deadline, its accept queue fills, then it closes
+    # unanswered: the retry's connection waits for the 0.2 s left, not a whole timeout again
+    timeout, listener, fillers = 2.0, socket.socket(), []
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+
+    def hold_then_hang_up() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        time.sleep(1.8)
+        for _ in range(3):  # a full accept queue: new connections get no SYN-ACK
+            f = socket.socket()
+            f.setblocking(False)
+            try:
+                f.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+            fillers.append(f)
+        time.sleep(0.1)
+        conn.close()
+
+    threading.Thread(target=hold_then_hang_up, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ScrapeError) as info:
+            LiveSource(f"http://127.0.0.1:{port}/metrics", timeout=timeout).fetch()
+    finally:
+        for f in fillers:
+            f.close()
+        listener.close()
+    assert info.value.reason == "timeout" and time.monotonic() - started < timeout + 0.8
+
+
+def test_a_refusing_proxy_is_named_not_the_target(monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(ScrapeError) as info:
+        LiveSource("http://vllm.internal:8000/metrics", timeout=TIMEOUT).fetch()
+    assert info.value.reason == "refused"
+    assert str(info.value) == ("cannot reach http://vllm.internal:8000/metrics through the proxy (HTTP_PROXY / "
+                               "HTTPS_PROXY; NO_PROXY bypasses it)")
+
+
 # mode → the reason kvhit must report
 FAULTS = {
     "http500": "http_500",
