@@ -159,6 +159,13 @@ def _fitted(m: dict) -> FittedModel | None:
         return None
 
 
+def _predicting(m: dict) -> FittedModel | None:
+    """The saved fit when it can draw a curve: None without one, or without its window's engine
+    steps per request (a window no request finished in: FittedModel.unidentified)."""
+    fitted = _fitted(m)
+    return fitted if fitted is not None and fitted.steps_per_request is not None else None
+
+
 def _h_grid(isl: float | None, n: int = 200) -> list[float]:
     h_max = min(0.995, 1.0 - 1.0 / isl) if isl and isl > 1 else 0.995
     return [h_max * i / (n - 1) for i in range(n)]
@@ -214,7 +221,7 @@ def _isl_groups(steps: list[Observation], value) -> dict[str, tuple[list[float],
 
 def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
     """TTFT vs h: the model at the current ISL/OSL and the observed step means."""
-    fitted, isl, osl = _fitted(m), m.get("isl"), m.get("osl")
+    fitted, isl, osl = _predicting(m), m.get("isl"), m.get("osl")
     groups = _isl_groups(steps, lambda o: o.ttft_mean)
     if fitted is None and not groups:
         return None
@@ -246,7 +253,7 @@ def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
 
 def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
     """Delivered and physical TPM vs h: predicted capacity and observed steps."""
-    fitted, isl, osl = _fitted(m), m.get("isl"), m.get("osl")
+    fitted, isl, osl = _predicting(m), m.get("isl"), m.get("osl")
 
     def delivered(o: Observation):
         if o.queried_tokens is None or o.generation_tokens is None or o.dt <= 0:

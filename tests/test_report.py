@@ -190,3 +190,14 @@ def test_a_report_without_a_bathtub_says_why(cfg, tmp_path):
     page = render(load_source(str(src), cfg), tmp_path / "out").read_text()
     assert "Bathtub" in page and "no bathtub published: not identifiable: the chip-time fit could not tell attention" \
         in page
+
+
+def test_an_analysis_saved_while_idle_draws_no_empty_model_plots(cfg, replayed, tmp_path):
+    # a window no request finished in: the fit is kept (steps per request null), but a model curve
+    # needs T_fixed and a saved analysis has no steps: no TTFT or TPM plot, only the bathtub
+    doc = analysis_to_dict(*replayed.runner.current())
+    doc["models"]["tiny"]["fit"]["steps_per_request"] = None
+    saved = tmp_path / "idle.json"
+    saved.write_text(json.dumps(doc))
+    assert main(["report", str(saved), "--out", str(tmp_path / "idle")]) == 0
+    assert sorted(p.name for p in (tmp_path / "idle").glob("*.png")) == ["tiny-bathtub.png"]
