@@ -86,6 +86,7 @@ class Runner:
         # every quirk kind from 0 on, so rate() and increase() see the first one
         self._health = Health(target=redact_url(target), scope=scope, quirks=dict.fromkeys(QUIRKS, 0))
         self._failures = 0
+        self._backoff = 0  # consecutive failed attempts that cost the target (all but refused)
         self._last_reason = ""
         self._engine_reason = ""  # the last snapshot's reason (:meth:`_reason`), logged when it changes
         self._read_failed_at: object = ()  # the snapshot stamp whose analysis last failed on a read
@@ -130,7 +131,7 @@ class Runner:
                 seen = self.analyzer.windows.unusual_steps
                 self.analyzer.ingest(snap, unobserved=self._failures > 0)
                 self.analyzer.fit_step()
-                failed, self._failures = self._failures, 0
+                failed, self._failures, self._backoff = self._failures, 0, 0
                 self._last_reason = ""
                 self._health = replace(self._health, up=True, duration=duration, last_success=timestamp)
         except Exception as exc:
@@ -191,6 +192,7 @@ class Runner:
             h = self._health
             self._health = replace(h, up=False, errors=errors, duration=h.duration if duration is None else duration)
             self._failures += 1
+            self._backoff += reason != "refused"
             changed = reason != self._last_reason
             self._last_reason = reason
         if changed:
@@ -235,11 +237,14 @@ class Runner:
         return replace(snap, models=MappingProxyType({m: snap.models[m] for m in kept}))
 
     def next_delay(self) -> float:
-        """Seconds until the next scrape: the interval after a success and after a first failure (a
-        single blip must not hide the values: :meth:`fresh`), then doubled per further
-        consecutive failure, at most MAX_BACKOFF_FACTOR intervals."""
-        factor = min(2 ** (self._failures - 1), MAX_BACKOFF_FACTOR) if self._failures else 1
-        return self.config.interval * factor
+        """Seconds until the next scrape: the interval after a success, after a first failure (a
+        single blip must not hide the values: :meth:`fresh`) and after a refused connection (it
+        costs the target nothing, and a restarting vLLM refuses until it listens: its first answer
+        is read within an interval), else doubled per further consecutive failure that cost the
+        target, at most MAX_BACKOFF_FACTOR intervals."""
+        if self._last_reason == "refused" or not self._backoff:
+            return self.config.interval
+        return self.config.interval * min(2 ** (self._backoff - 1), MAX_BACKOFF_FACTOR)
 
     # --- output ----------------------------------------------------------------------------
 
