@@ -282,16 +282,20 @@ def test_a_redirect_every_scrape_reuses_one_connection():
             else:
                 reply(self, 200, b"# HELP x y\n# TYPE x gauge\nx 1\n")
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    assert _scrapes(KeepAlive, 5) == ["# HELP x y\n# TYPE x gauge\nx 1\n"] * 5 and len(connections) == 1
+
+
+def _scrapes(handler: type[BaseHTTPRequestHandler], n: int) -> list[str]:
+    """The bodies of ``n`` scrapes by one LiveSource of a local server answering with ``handler``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         src = LiveSource(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=TIMEOUT)
-        bodies = [src.fetch()[1] for _ in range(5)]
+        return [src.fetch()[1] for _ in range(n)]
     finally:
         server.shutdown()
         server.server_close()
-    assert bodies == ["# HELP x y\n# TYPE x gauge\nx 1\n"] * 5 and len(connections) == 1
 
 
 def test_a_kept_alive_connection_closed_as_the_next_scrape_goes_out_is_retried_on_a_new_one():
@@ -318,16 +322,7 @@ def test_a_kept_alive_connection_closed_as_the_next_scrape_goes_out_is_retried_o
                 return
             reply(self, 200, body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ClosesOnSecondRequest)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        src = LiveSource(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=TIMEOUT)
-        bodies = [src.fetch()[1] for _ in range(2)]
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert bodies == [body.decode()] * 2 and connections == [2, 1]
+    assert _scrapes(ClosesOnSecondRequest, 2) == [body.decode()] * 2 and connections == [2, 1]
 
 
 def test_the_retry_on_a_new_connection_stays_within_the_scrape_deadline():
