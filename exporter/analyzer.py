@@ -365,8 +365,6 @@ class Analyzer:
         linear = self._linear_bathtub(slope, h_now)
         if coef is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
-        # the fit stands without the window's traffic (a what-if gives its own); what is predicted
-        # at the window's traffic waits for it, and says so
         # a window without queries says nothing of the loaded share: the latest step's that had some
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
@@ -376,6 +374,8 @@ class Analyzer:
         out = replace(out, fitted=fitted, contention=factor)
         if steps_per_request is None:
             unknown.setdefault("fixed_time", STEPS_UNKNOWN)
+        # the fit stands without the window's traffic (a what-if gives its own); what is predicted
+        # at the window's traffic waits for it, and says so
         idle = [name for name, v in (("h", h_now), ("ISL", isl), ("OSL", osl), ("engine steps per request",
                                                                                 steps_per_request)) if v is None]
         if idle:
