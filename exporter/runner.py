@@ -87,6 +87,7 @@ class Runner:
         self._health = Health(target=redact_url(target), scope=scope, quirks=dict.fromkeys(QUIRKS, 0))
         self._failures = 0
         self._backoff = 0  # consecutive failed attempts that cost the target (all but refused)
+        self._costless = False  # the last failed attempt cost the target nothing
         self._last_reason = ""
         self._engine_reason = ""  # the last snapshot's reason (:meth:`_reason`), logged when it changes
         self._read_failed_at: object = ()  # the snapshot stamp whose analysis last failed on a read
@@ -131,7 +132,7 @@ class Runner:
                 seen = self.analyzer.windows.unusual_steps
                 self.analyzer.ingest(snap, unobserved=self._failures > 0)
                 self.analyzer.fit_step()
-                failed, self._failures, self._backoff = self._failures, 0, 0
+                failed, self._failures, self._backoff, self._costless = self._failures, 0, 0, False
                 self._last_reason = ""
                 self._health = replace(self._health, up=True, duration=duration, last_success=timestamp)
         except Exception as exc:
@@ -166,7 +167,7 @@ class Runner:
             _, text = source.fetch()
             stamp += source.answer_delay  # when the body was generated (LiveSource)
         except ScrapeError as exc:
-            self.record_failure(exc.reason, str(exc), time.monotonic() - start)
+            self.record_failure(exc.reason, str(exc), time.monotonic() - start, costly=exc.listening)
             return False
         except Exception as exc:
             self.record_failure("error", f"scrape failed: {type(exc).__name__}", time.monotonic() - start)
@@ -183,16 +184,19 @@ class Runner:
         limit = MAX_BACKOFF_FACTOR * self.config.interval + self.config.timeout + 60.0
         return polled is None or self.clock() - polled <= limit
 
-    def record_failure(self, reason: str, message: str, duration: float | None = None) -> None:
+    def record_failure(self, reason: str, message: str, duration: float | None = None, costly: bool = True) -> None:
         """Count a failed attempt (``reason`` is the kvhit_scrape_errors_total label); ``duration``
-        [s], when given, is what the failed scrape took (kvhit_scrape_duration_seconds)."""
+        [s], when given, is what the failed scrape took (kvhit_scrape_duration_seconds);
+        ``costly``: the attempt cost the target something (all but a refused connection), so
+        the next one backs off (:meth:`next_delay`)."""
         with self._lock:
             errors = dict(self._health.errors)
             errors[reason] = errors.get(reason, 0) + 1
             h = self._health
             self._health = replace(h, up=False, errors=errors, duration=h.duration if duration is None else duration)
             self._failures += 1
-            self._backoff += reason != "refused"
+            self._backoff += int(costly)
+            self._costless = not costly
             changed = reason != self._last_reason
             self._last_reason = reason
         if changed:
@@ -242,7 +246,7 @@ class Runner:
         costs the target nothing, and a restarting vLLM refuses until it listens: its first answer
         is read within an interval), else doubled per further consecutive failure that cost the
         target, at most MAX_BACKOFF_FACTOR intervals."""
-        if self._last_reason == "refused" or not self._backoff:
+        if self._costless or not self._backoff:
             return self.config.interval
         return self.config.interval * min(2 ** (self._backoff - 1), MAX_BACKOFF_FACTOR)
 

@@ -54,9 +54,10 @@ class ScrapeError(Exception):
     The message names the URL (credentials removed) and the kind of failure, never the body.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, listening: bool = True) -> None:
         super().__init__(message)
         self.reason = reason
+        self.listening = listening  # False: nothing listened (connection refused), the attempt cost the target nothing
 
 
 class _Authorization(AuthBase):
@@ -274,7 +275,7 @@ class LiveSource:
                                              "NO_PROXY bypasses it)") from None
             if _caused_by(exc, ConnectionRefusedError):
                 raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port (vLLM "
-                                             "not started yet or restarting, or a wrong port)") from None
+                                             "not started yet or restarting, or a wrong port)", listening=False) from None
             raise ScrapeError("refused", f"cannot reach {where}: {type(exc).__name__}") from None
         except (requests.Timeout, ReadTimeoutError, TimeoutError):
             raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None

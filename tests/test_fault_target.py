@@ -451,6 +451,23 @@ def test_https_to_a_plain_http_port_is_refused_and_says_tls(target):
     assert info.value.reason == "refused" and "TLS with https://127.0.0.1:" in str(info.value)
 
 
+
+def test_only_a_refused_connection_skips_the_back_off(target):
+    # a connection refused costs the target nothing: the next attempt one interval later; a TLS
+    # handshake the target answered (reason refused too) costs it one: 1, 2, 4 intervals
+    interval = 5.0
+    for url, waits in ((target.url.replace("http://", "https://"), [1, 2, 4]), (target.url, [1, 1, 1])):
+        if waits == [1, 1, 1]:
+            target.stop()
+        runner = Runner(Config(interval=interval, timeout=TIMEOUT), url, clock=lambda: 1000.0)
+        src = LiveSource(url, timeout=TIMEOUT, max_bytes=CAP)
+        got = []
+        for _ in waits:
+            assert runner.poll(src) is False
+            got.append(runner.next_delay() / interval)
+        assert runner.current()[1].errors["refused"] == 3 and got == waits
+
+
 def test_a_host_name_that_does_not_resolve_is_refused_and_says_dns(monkeypatch):
     def no_such_host(*args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
