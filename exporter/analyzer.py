@@ -331,7 +331,7 @@ class Analyzer:
         isl, osl = wobs.isl, wobs.osl
         isl_w, osl_w = histogram_mean(w, ISL_HISTOGRAM), histogram_mean(w, OSL_HISTOGRAM)
         engines = _engine_count(snap, model)
-        tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines)
+        tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines, unknown)
         kv = self._kv_bytes_per_token()
         if kv is None:
             unknown.setdefault("kv_bytes_per_token", "model geometry (model.layers, kv_heads, head_dim or "
@@ -491,20 +491,26 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
     return out
 
 
-def _observed_tpm(w: Delta, h_all: float | None, gpus: int) -> dict[tuple[str, str], float]:
-    """Observed TPM over the window (MODEL.md §3.4 basis="observed")."""
+def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, str]) -> dict[tuple[str, str], float]:
+    """Observed TPM over the window (MODEL.md §3.4 basis="observed"); why physical TPM is not
+    known goes into ``unknown["tpm_observed_physical"]``."""
     prompt, gen = w.counters.get("prompt_tokens"), w.counters.get("generation_tokens")
     if prompt is None or gen is None or w.dt <= 0:
         return {}
     out = {("delivered", "instance"): (prompt + gen) * 60.0 / w.dt}
     # Miss prompt tokens counted where prompt_tokens is (at prefill completion), so physical ≤
     # delivered: prompt_tokens_by_source{local_compute} (0.16+), else prompt·(1-h) of the window
-    # (prefix_cache_* count at scheduling and can run ahead of prompt_tokens in short windows).
+    # (prefix_cache_* count at scheduling and can run ahead of prompt_tokens in short windows);
+    # no prompt token in the window: none computed, whatever h
     miss = w.counters.get("prompt_local_compute")
-    if miss is None and h_all is not None:
-        miss = prompt * (1.0 - h_all)
+    if miss is None and (h_all is not None or prompt == 0):
+        miss = prompt * (1.0 - (h_all or 0.0))
     if miss is not None:
         out[("physical", "instance")] = (miss + gen) * 60.0 / w.dt
+    else:
+        unknown.setdefault("tpm_observed_physical", "the publish window's hit ratio is unknown and this vLLM exports no "
+                                                    "prompt_tokens_by_source{source=\"local_compute\"} (0.16+): its "
+                                                    "computed prompt tokens are unknown")
     for kind in ("delivered", "physical"):
         if (kind, "instance") in out:
             out[(kind, "gpu")] = out[(kind, "instance")] / gpus

@@ -1003,6 +1003,9 @@ def test_an_idle_window_keeps_the_fit_for_what_ifs_and_says_why_each_window_valu
                       for n in ("vllm:prefix_cache_hits_total", "vllm:external_prefix_cache_hits_total"))
     assert loaded > 0 and m["fit"]["hit_load_share"] == pytest.approx(loaded / (device + loaded), rel=1e-12)
     assert m["predictions"] == {} and "hit_ratio" in m["unknown"]
+    # no prompt or output token in the window: both observed TPMs are 0 by hand (MODEL.md §3.4)
+    assert {k: m["tpm_observed"][k] for k in ("delivered_instance", "physical_instance")} == {
+        "delivered_instance": 0.0, "physical_instance": 0.0}
     for name in ("fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived"):
         assert "unknown" in m["unknown"][name], name
     status, doc = _api(runner, "hit_ratio=0.5&isl=2048&osl=128")

@@ -47,3 +47,18 @@ def test_physical_never_exceeds_delivered_and_final_window_by_hand():
     assert abs(m.tpm_observed[("delivered", "instance")] - (d_prompt + d_gen) * 60 / dt) < 1e-6
     assert abs(m.tpm_observed[("physical", "instance")] - (d_miss + d_gen) * 60 / dt) < 1e-6
     assert times == sorted(times)
+
+
+def test_a_window_without_prompt_tokens_computed_none_and_an_unknown_h_says_why():
+    # MODEL.md §3.4 physical TPM = (miss prompt + output tokens)·60/Δt: with Δprompt = 0 no
+    # prompt token was computed whatever h (0 + 6 output tokens over 60 s = 6 tokens/min); with
+    # prompt tokens, an unknown h and no prompt_tokens_by_source{local_compute}, it is unknown
+    from exporter.analyzer import _observed_tpm
+    from exporter.window import Delta
+    unknown: dict[str, str] = {}
+    idle = Delta(0.0, 60.0, {"prompt_tokens": 0.0, "generation_tokens": 6.0}, {}, {}, {})
+    assert _observed_tpm(idle, None, 1, unknown)[("physical", "instance")] == 6.0 and not unknown
+    busy = Delta(0.0, 60.0, {"prompt_tokens": 600.0, "generation_tokens": 6.0}, {}, {}, {})
+    tpm = _observed_tpm(busy, None, 1, unknown)
+    assert tpm == {("delivered", "instance"): 606.0, ("delivered", "gpu"): 606.0}
+    assert unknown["tpm_observed_physical"].startswith("the publish window's hit ratio is unknown")
