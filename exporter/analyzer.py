@@ -165,7 +165,7 @@ class _ModelState:
     tpot_source: str | None = None
     isl: float | None = None
     osl: float | None = None
-    load_share: float | None = None  # h_load/h of the latest step with prefix-cache queries
+    load_share: float | None = None  # h_load/h of the latest step with queries that told it
 
 
 class Analyzer:
@@ -209,8 +209,9 @@ class Analyzer:
                 st = self._state[model] = _ModelState()
             obs = observe(delta, self._context(snap, model, st, unobserved))
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
-            if obs.queried_tokens:
-                st.load_share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded)
+            share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None
+            if share is not None:
+                st.load_share = share
             st.chip.update(obs)
             st.slope.update(obs)
             st.latency.update(obs)
@@ -365,13 +366,10 @@ class Analyzer:
         linear = self._linear_bathtub(slope, h_now)
         if coef is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
-        # a window without queries says nothing of the loaded share: the latest step's that had some
+        # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
-        factor = None
-        if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
-            factor = contention(fitted.c0, fitted.c1, fitted.running)
-        out = replace(out, fitted=fitted, contention=factor)
+        out = replace(out, fitted=fitted)
         if steps_per_request is None:
             unknown.setdefault("fixed_time", STEPS_UNKNOWN)
         # the fit stands without the window's traffic (a what-if gives its own); what is predicted
@@ -381,7 +379,7 @@ class Analyzer:
         if idle:
             why = (f"{', '.join(idle)} of the publish window unknown (no request finished in it, or no prefix-cache "
                    "query): no traffic to predict at; kvhit predict and /api/v1/predict answer for traffic given")
-            for signal in ("predicted_current", "bathtub_chip_time", "miss_slope_derived") + (
+            for signal in ("predicted_current", "bathtub_chip_time", "miss_slope_derived", "contention_factor") + (
                     ("predicted_target",) if cfg.target_hit_ratio is not None else ()):
                 unknown.setdefault(signal, why)
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
@@ -422,8 +420,11 @@ class Analyzer:
                 tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi,
                                                        fixed_steps=steps_per_request)
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
+        factor = None
+        if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
+            factor = contention(fitted.c0, fitted.c1, fitted.running)
         return replace(out, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
-                       valley_form=_valley_form(chip, bathtubs),
+                       valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None) -> dict[str, BathtubCurve]:

@@ -132,7 +132,7 @@ class FittedModel:
         queue_time: mean queue time of the publish window [s] (None when unknown).
         alpha: overlap α (None when not identifiable).
         hit_load_share: h_load / h at the current operating point (scales a what-if h; a window
-            without prefix-cache queries: the latest step's that had some) [1]; None
+            without prefix-cache queries: the latest step's that told it) [1]; None
             when unknown (no hit in the window while a KV connector counts them): a what-if at
             h > 0 then has no TTFT (T_load unknown).
         kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].

@@ -1006,7 +1006,9 @@ def test_an_idle_window_keeps_the_fit_for_what_ifs_and_says_why_each_window_valu
     # no prompt or output token in the window: both observed TPMs are 0 by hand (MODEL.md §3.4)
     assert {k: m["tpm_observed"][k] for k in ("delivered_instance", "physical_instance")} == {
         "delivered_instance": 0.0, "physical_instance": 0.0}
-    for name in ("fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived"):
+    # c(running) at an idle window's concurrency 0 would be outside what the fit saw: withheld too
+    assert m["contention"] is None
+    for name in ("fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived", "contention_factor"):
         assert "unknown" in m["unknown"][name], name
     status, doc = _api(runner, "hit_ratio=0.5&isl=2048&osl=128")
     assert status.startswith("400") and doc["error"].startswith("engine steps per request unknown"), doc
@@ -1022,7 +1024,7 @@ def test_an_idle_window_keeps_the_fit_for_what_ifs_and_says_why_each_window_valu
     registry.register(KvhitCollector(runner.current))
     reasons = {s.labels["signal"] for fam in text_string_to_metric_families(generate_latest(registry).decode())
                for s in fam.samples if s.name == "kvhit_unknown_info"}
-    assert {"fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived"} <= reasons
+    assert {"fixed_time", "predicted_current", "bathtub_chip_time", "miss_slope_derived", "contention_factor"} <= reasons
 
 
 @pytest.mark.parametrize("query, says", [
