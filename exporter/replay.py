@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from exporter.config import Config
+from exporter.config import Config, ConfigError
 from exporter.runner import Runner
 from exporter.sources import Trace
 from fitters.chiptime import fit_chip_time, observed_regressors, predict_busy_time
@@ -90,6 +90,7 @@ def replay(trace: Trace, config: Config, target: str,
 
     Raises:
         ValueError: no snapshot of the trace could be read (one line: how many, and why).
+        ConfigError: ``config.gap_seconds`` not above that interval (every step would be a gap).
     """
     # the trace's own scrape interval (median step): a recorder that scraped every 2 min must not
     # have every step taken for a scrape gap, nor a window one skipped scrape old for too old
@@ -97,6 +98,9 @@ def replay(trace: Trace, config: Config, target: str,
     steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
     if steps:
         config = replace(config, interval=max(config.interval, steps[len(steps) // 2]))
+    if config.gap_seconds is not None and config.gap_seconds <= config.interval:
+        raise ConfigError(f"config key gap_seconds: {config.gap_seconds:g} s is not above the recording's scrape "
+                          f"interval ({config.interval:g} s, its median step): every step would be a gap")
     clock = TraceClock()
     runner = Runner(config, target, clock=clock)
     if on_start is not None:

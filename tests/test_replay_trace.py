@@ -252,3 +252,15 @@ def test_a_trace_scraped_every_15_s_keeps_its_model_across_one_skipped_scrape(ga
     analysis = replay(trace, Config(gap_seconds=gap_seconds), "t").runner.current()[0]
     assert list(analysis.models) == ["m"]
     assert analysis.models["m"].hit_ratio["device"] == pytest.approx((540 - 500) / (1080 - 1000))
+
+
+def test_a_gap_threshold_below_the_recording_s_interval_is_refused_not_every_step_a_gap(tmp_path, capsys):
+    # scrapes 15 s apart with gap_seconds 10: every step would be a gap and nothing analysed (it
+    # printed "no model analysed: fewer than two snapshots of one model" for 4 snapshots)
+    from exporter.cli import main
+    for i, (q, h) in enumerate([(1000, 500), (1040, 520), (1080, 540), (1120, 560)]):
+        (tmp_path / f"{1796000000000 + 15000 * i}.prom").write_text(_COUNTERS.format(q=q, h=h))
+    (tmp_path / "kvhit.yaml").write_text("gap_seconds: 10\n")
+    assert main(["replay", str(tmp_path), "--config", str(tmp_path / "kvhit.yaml"), "--quiet"]) == 2
+    assert ("config key gap_seconds: 10 s is not above the recording's scrape interval (15 s, its median step): "
+            "every step would be a gap") in capsys.readouterr().err
