@@ -264,15 +264,16 @@ class LiveSource:
             if any(isinstance(a, ProtocolError) for a in exc.args):
                 raise ScrapeError("no_answer", f"{where} accepted the connection and closed it without an HTTP "
                                                "answer") from None
+            # first: a proxy's own failure wraps a refused connection or an unresolved name, its own
+            if isinstance(exc, requests.exceptions.ProxyError):
+                raise ScrapeError("refused", f"cannot reach {where} through the proxy (HTTP_PROXY / HTTPS_PROXY; "
+                                             "NO_PROXY bypasses it)") from None
             if isinstance(exc, requests.exceptions.SSLError):
                 raise ScrapeError("refused", f"TLS with {where} failed: not a TLS server on that port, or a certificate "
                                              "this pod does not trust (REQUESTS_CA_BUNDLE)") from None
             if _caused_by(exc, socket.gaierror):
                 raise ScrapeError("refused", f"cannot resolve the host of {where} (DNS): a typo in the target, or a "
                                              "name this pod cannot resolve") from None
-            if isinstance(exc, requests.exceptions.ProxyError):
-                raise ScrapeError("refused", f"cannot reach {where} through the proxy (HTTP_PROXY / HTTPS_PROXY; "
-                                             "NO_PROXY bypasses it)") from None
             if _caused_by(exc, ConnectionRefusedError):
                 raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port (vLLM "
                                              "not started yet or restarting, or a wrong port)", listening=False) from None

@@ -360,8 +360,9 @@ def test_the_retry_on_a_new_connection_stays_within_the_scrape_deadline():
     assert info.value.reason == "timeout" and time.monotonic() - started < timeout + 0.8
 
 
-def test_a_refusing_proxy_is_named_not_the_target(monkeypatch):
-    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+@pytest.mark.parametrize("proxy", ["http://127.0.0.1:9", "http://proxy.invalid:3128"])  # refusing, unresolvable
+def test_a_refusing_proxy_is_named_not_the_target(monkeypatch, proxy):
+    monkeypatch.setenv("HTTP_PROXY", proxy)
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     with pytest.raises(ScrapeError) as info:
