@@ -125,12 +125,14 @@ class Runner:
             self._count_quirks(snap)
             return False
         snap = self._cap(snap)
+        ingested = False
         try:
             # one critical section with the health update: a reader sees a successful scrape's analysis
             # with its last_success (a fit_step that raises leaves the snapshot ingested, counted failed)
             with self._lock:
                 seen = self.analyzer.windows.unusual_steps
                 self.analyzer.ingest(snap, unobserved=self._failures > 0)
+                ingested = True
                 self.analyzer.fit_step()
                 failed, self._failures, self._backoff, self._costless = self._failures, 0, 0, False
                 self._last_reason = ""
@@ -139,13 +141,12 @@ class Runner:
             log.debug("analysis of a snapshot failed", exc_info=True)
             # the type only: an exception's text may quote a label value from the scraped body
             self.record_failure("internal", f"analysis failed: {type(exc).__name__}")
+            if ingested:  # the step is in the windows: a restart there is news whatever the fits did
+                self._note_steps(seen, timestamp)
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
-        for before, now, what in zip(seen, self.analyzer.windows.unusual_steps, _STEP_NOTES):
-            if now > before and timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS:
-                self._noted[what] = timestamp
-                log.info(what)
+        self._note_steps(seen, timestamp)
         reason = self._reason(snap.engine, snap.reason, bool(snap.models))
         if reason != self._engine_reason:  # kvhit_up 1 alone would not say the body is unusable
             self._engine_reason = reason
@@ -155,6 +156,14 @@ class Runner:
                 log.info("the target's body is analysable (engine %s)", snap.engine)
         self._count_quirks(snap)
         return True
+
+    def _note_steps(self, seen: tuple[int, ...], timestamp: float) -> None:
+        """Log each kind of unusual step (_STEP_NOTES) counted since ``seen``, each at most once per
+        STEP_NOTE_SECONDS of snapshot time."""
+        for before, now, what in zip(seen, self.analyzer.windows.unusual_steps, _STEP_NOTES):
+            if now > before and timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS:
+                self._noted[what] = timestamp
+                log.info(what)
 
     def poll(self, source: LiveSource | PrometheusSource) -> bool:
         """One live scrape (or fleet query) stamped with :attr:`clock` when its answer began

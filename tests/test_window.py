@@ -706,3 +706,20 @@ def test_restarts_glitches_and_another_process_are_logged(caplog):
     with caplog.at_level(logging.INFO, logger="kvhit"):
         assert runner.ingest_text(1030.0, EXPO.format(q=90.0, created=400.0))
     assert runner.analyzer.windows.foreign == 2 and not [r for r in caplog.records if r.getMessage() in _STEP_NOTES]
+
+
+def test_a_restart_is_logged_when_the_fit_step_then_fails(caplog):
+    # the restart step is in the windows whatever the fits did after it; its note was skipped
+    import logging
+    runner = Runner(Config(interval=5.0), "t", clock=lambda: 0.0)
+    assert runner.ingest_text(1000.0, EXPO.format(q=100.0, created=1000.0))
+
+    def broken():
+        raise ZeroDivisionError
+    runner.analyzer.fit_step = broken
+    with caplog.at_level(logging.INFO, logger="kvhit"):
+        assert not runner.ingest_text(1005.0, EXPO.format(q=20.0, created=1002.0))  # restarted at 1002
+    from exporter.runner import _STEP_NOTES
+    assert runner.analyzer.windows.unusual_steps[0] == 1
+    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == [_STEP_NOTES[0]]
+    assert runner.current()[1].errors == {"internal": 1}
