@@ -583,6 +583,8 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     token_range = _token_range(args.token_range)
     completions_url, metrics_url = _urls(args.endpoint, args.metrics_url)
     cfg = load_config(getattr(args, "config", None), flags={"interval": args.interval})
+    if args.report and Path(args.report).is_dir():  # found after the sweep, it lost the report (adversarial review)
+        raise ConfigError(f"--report {args.report}: is a directory, not a file")
     out_dir = Path(args.out or f"kvhit-calibrate-{int(time.time())}")
     if out_dir.is_dir() and any(out_dir.glob("*.prom")):
         raise ConfigError(f"--out {out_dir}: already holds a recording; choose a new directory")

@@ -273,7 +273,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     check_t_load(cfg)
     for flag, path in (("--json", args.json), ("--metrics-out", args.metrics_out), ("--save-fit", args.save_fit)):
         _check_output(path, flag)
-    trace = load_trace(args.path)
+    trace = load_trace(args.path, cfg.max_body_bytes)
     t0 = trace.snapshots[0][0]
     if not args.quiet:
         print(STEP_HEADER)
@@ -355,8 +355,9 @@ def _demo_line(t: float, m: ModelAnalysis) -> str:
 def cmd_predict(args: argparse.Namespace) -> int:
     """What-if from a saved analysis, one line on error. Exit 1 (what the file holds): the file
     unreadable or not JSON, a document of the wrong shape or without the ``--model``
-    (:func:`load_fit`), or a what-if the fit cannot identify (``FittedModel.unidentified``). Exit 2
-    (the command line alone): ISL/OSL/h out of range (:func:`what_if`)."""
+    (:func:`load_fit`), a recorded ISL/OSL out of range, a what-if the fit cannot identify
+    (``FittedModel.unidentified``) or a fit that predicts no finite chip time. Exit 2 (the command
+    line alone): ISL/OSL/h given out of range (:func:`what_if`)."""
     try:
         doc = json.loads(Path(args.fit).read_text())
     except (OSError, ValueError, RecursionError) as exc:
@@ -374,14 +375,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:
         h, isl, osl = what_if(args.hit_ratio, isl, osl)
     except ValueError as exc:
+        # an ISL or OSL the file gave is the file's fault, not the command line's
+        if str(exc).startswith(tuple(k for k in ("isl", "osl") if getattr(args, k) is None)):
+            raise ValueError(f"--fit {args.fit}: the recorded {exc}") from None
         raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
     problem = fitted.unidentified(h, isl, osl)
     if problem:
         raise ValueError(f"--fit {args.fit}: {problem}")
     try:
         p = fitted.predict(h, isl, osl)
-    except ValueError as exc:
-        raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
+    except ValueError as exc:  # the arguments passed what_if: the fit itself is unusable
+        raise ValueError(f"--fit {args.fit}: {exc}") from None
     print(json.dumps({"model_name": name, "prediction": vars(p)}, indent=1))
     return 0
 

@@ -154,12 +154,18 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
 
 def check_analysis_doc(doc) -> dict:
     """``doc`` (any parsed JSON value) when it is an analysis document (``/api/v1/analysis``:
-    a JSON object with ``schema_version`` 1 and a ``models`` object). Raises ValueError, one line."""
+    a JSON object with ``schema_version`` 1 and a ``models`` object whose ``isl`` and ``osl`` are
+    numbers ≥ 0 or null). Raises ValueError, one line."""
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION or not isinstance(doc.get("models"), dict):
         if isinstance(doc, dict) and {"parameters", "leave_one_phase_out", "analysis"} <= doc.keys():
             raise ValueError("a kvhit calibrate report, not an analysis document: give the fit.json written beside "
                              "it (kvhit calibrate prints its path)")
         raise ValueError("not a kvhit analysis document (a JSON object with schema_version 1 and a models object)")
+    for name, m in doc["models"].items():
+        for k in ("isl", "osl"):
+            v = m.get(k) if isinstance(m, dict) else None
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0):
+                raise ValueError(f"model {name!r}: {k} must be a number of tokens ≥ 0 or null, got {str(v)[:40]!r}")
     return doc
 
 

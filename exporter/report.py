@@ -82,7 +82,7 @@ def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportDat
             raise ReportError(f"{source}: cannot read a JSON analysis ({type(exc).__name__})") from None
         return ReportData(source, _check_doc(doc, source))
     try:
-        trace = load_trace(path)
+        trace = load_trace(path, config.max_body_bytes)
     except (OSError, ValueError) as exc:  # the message names the trace
         raise ReportError(str(exc)) from None
     result = replay(trace, config, source)

@@ -45,6 +45,7 @@ MAX_VALUE = 1e18
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 _EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
+_LATEST_STAMP = 7258118400.0  # 2200-01-01 [unix s]: a later stamp is a name in µs (16 digits) read as ms
 _PROM_FILE = re.compile(r"(?:^|/)(\d{10,16})\.prom$")
 
 
@@ -690,17 +691,21 @@ class Trace:
     meta: dict
 
 
-def load_trace(path: str | os.PathLike) -> Trace:
+def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
     """Read a trace directory or ``.tar.gz`` (MODEL.md fixtures format).
 
-    Files are ordered by the unix-ms timestamp in their names (out-of-order listing is fine).
+    Files are ordered by the unix-ms timestamp in their names (out-of-order listing is fine);
+    only regular files are read (a FIFO would block). ``max_bytes``: the size cap [bytes] of one
+    file, as of one live scrape (``max_body_bytes``).
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: not a readable directory or tar archive, no ``<unix_ms>.prom`` file in it, a
-            stamp before 2001 (a name in seconds, not milliseconds), two files with the same
-            stamp, or a ``phases.json`` that is not UTF-8 JSON of an object with a ``phases`` list
-            of objects with numeric ``start_ms`` < ``end_ms``; every message starts with the trace's path
-            (and names the file inside it).
+        ValueError: not a readable directory or tar archive (cut short, or a checksum of its
+            compression that fails), no ``<unix_ms>.prom`` file in it, a stamp before 2001 (a name
+            in seconds, not milliseconds) or after 2200 (in microseconds), two files with the same
+            stamp, a file over ``max_bytes``, or a ``phases.json`` that is not UTF-8 JSON of an
+            object with a ``phases`` list of objects with numeric ``start_ms`` < ``end_ms``, a string
+            ``name`` and a ratio in [0, 1] or null ``intended_hit_ratio`` where given; every message
+            starts with the trace's path (and names the file inside it).
     """
     p = Path(path)
     if not p.exists():
@@ -708,7 +713,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     files: dict[float, tuple[str, str]] = {}  # unix s → (file name, text)
     phases_doc: dict = {}
     try:
-        _read_trace(p, files, phases_doc)
+        _read_trace(p, files, phases_doc, max_bytes)
     except ValueError as exc:
         raise ValueError(f"{p}: {exc}") from None
     if not files:
@@ -717,27 +722,39 @@ def load_trace(path: str | os.PathLike) -> Trace:
     return Trace(snaps, list(phases_doc.get("phases", [])), {k: v for k, v in phases_doc.items() if k != "phases"})
 
 
-def _read_trace(p: Path, files: dict, phases_doc: dict) -> None:
+def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
     if p.is_dir():
         for f in p.rglob("*"):
-            _take(str(f.relative_to(p)), lambda f=f: f.read_bytes(), files, phases_doc)
+            if f.is_file():
+                _take(str(f.relative_to(p)), f.stat().st_size, lambda f=f: f.read_bytes(), files, phases_doc, max_bytes)
     else:
         try:
             with tarfile.open(p, "r:*") as tar:
                 for member in tar.getmembers():
                     if member.isfile():
-                        _take(member.name, lambda m=member: tar.extractfile(m).read(), files, phases_doc)
-        except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:  # not an archive, or cut short
-            raise ValueError(f"not a readable trace directory or tar archive ({type(exc).__name__})") from None
+                        _take(member.name, member.size, lambda m=member: tar.extractfile(m).read(), files, phases_doc,
+                              max_bytes)
+                # tarfile stops at the end-of-archive block: the compression's checksum after it is
+                # read (and checked) only by reading on to the end
+                while tar.fileobj.read(1 << 20):
+                    pass
+        except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:  # not an archive, cut short, damaged
+            why = f"{type(exc).__name__}: {exc}" if str(exc) and "\n" not in str(exc) else type(exc).__name__
+            raise ValueError(f"not a readable trace directory or tar archive ({why})") from None
 
 
-def _take(name: str, read, files: dict, phases_doc: dict) -> None:
+def _take(name: str, size: int, read, files: dict, phases_doc: dict, max_bytes: int) -> None:
     m = _PROM_FILE.search(name)
+    if (m or name.endswith("phases.json")) and size > max_bytes:
+        raise ValueError(f"{name}: {size} bytes, over the cap of {max_bytes} bytes per file (max_body_bytes)")
     if m:
         t = int(m.group(1)) / 1000.0
         if t < _EARLIEST_STAMP:
             raise ValueError(f"{name}: {m.group(1)} ms is before 2001: trace files are named by unix time in "
                              "milliseconds (13 digits), not seconds")
+        if t >= _LATEST_STAMP:
+            raise ValueError(f"{name}: {m.group(1)} ms is after 2200: trace files are named by unix time in "
+                             "milliseconds (13 digits), not microseconds")
         if t in files:  # one of them would be lost, and which one depends on the listing order
             raise ValueError(f"two snapshots stamped {m.group(1)} ms in the trace ({files[t][0]} and {name}): "
                              "keep one")
@@ -758,4 +775,11 @@ def _take(name: str, read, files: dict, phases_doc: dict) -> None:
                                               and math.isfinite(ph[k]) for k in ("start_ms", "end_ms"))
             if not ok or not ph["start_ms"] < ph["end_ms"]:
                 raise ValueError(f"{name} in the trace: phase {i} needs numeric start_ms < end_ms")
+            if not isinstance(ph.get("name", ""), str):
+                raise ValueError(f"{name} in the trace: phase {i}'s name must be a string")
+            ratio = ph.get("intended_hit_ratio")
+            if ratio is not None and not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool)
+                                          and 0.0 <= ratio <= 1.0):
+                raise ValueError(f"{name} in the trace: phase {i}'s intended_hit_ratio must be a number in [0, 1] "
+                                 "or null")
         phases_doc.update(doc)

@@ -220,6 +220,7 @@ def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
     (["--token-range", "9:3"], "--token-range"),
     (["--endpoint", "ftp://x"], "--endpoint"),
     (["--endpoint", "http://127.0.0.1:8000/metrics"], "base URL (e.g. http://localhost:8000), not its /metrics"),
+    (["--report", "."], "--report .: is a directory, not a file"),  # was found after the whole sweep
 ])
 def test_bad_arguments_exit_2_naming_the_flag(argv, needle, capsys, tmp_path):
     base = ["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path)]

@@ -710,6 +710,14 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
      "fit field collinear must map chip-time terms to {term: finite number}"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "schema_version": 1, "prefill_mix_tokens": 1024.0}}}},
      "fit schema_version must be 2 (a fit saved by an older kvhit: save it again with kvhit replay --save-fit)"),
+    # a recorded ISL or OSL that is no number, or out of range where no flag replaces it: the
+    # file's fault (a traceback in kvhit report; predict blamed --isl, which was not given)
+    ({"schema_version": 1, "models": {"a": {"isl": "abc", "osl": 32.0, "fit": FIT}}},
+     "model 'a': isl must be a number of tokens ≥ 0 or null, got 'abc'"),
+    ({"schema_version": 1, "models": {"a": {"isl": 2048.0, "osl": True, "fit": FIT}}},
+     "model 'a': osl must be a number of tokens ≥ 0 or null, got 'True'"),
+    ({"schema_version": 1, "models": {"a": {"isl": 0.5, "osl": 32.0, "fit": FIT}}},
+     "the recorded isl must be in [1, 10000000] tokens, got 0.5"),
     # kvhit calibrate's report.json beside the fit.json it also wrote
     ({"schema_version": 1, "parameters": {}, "leave_one_phase_out": {}, "analysis": {}},
      "a kvhit calibrate report, not an analysis document: give the fit.json written beside it"),
@@ -739,10 +747,12 @@ def test_predict_out_of_range_exits_2_with_one_line(tmp_path, capsys, args, says
     assert err.count("\n") == 1 and says in err, err
 
 
-def test_predict_with_coefficients_out_of_any_real_range_exits_2(tmp_path, capsys):
+def test_predict_with_coefficients_out_of_any_real_range_exits_1_naming_the_file(tmp_path, capsys):
+    # the command line was fine: the file's fit is not usable (it blamed the flags, exit 2)
     doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0, "fit": {**FIT, "t_step": 1e308}}}}
     code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
-    assert code == 2 and out == "" and err.count("\n") == 1 and "chip time of inf s per request" in err, err
+    assert code == 1 and out == "" and err.count("\n") == 1 and err.startswith("kvhit: --fit ")
+    assert "chip time of inf s per request" in err, err
 
 
 def test_predict_at_the_highest_hit_ratio_one_computed_token(tmp_path, capsys):
@@ -800,6 +810,12 @@ def test_predict_with_loaded_hits_overlap_contention_gpus_and_prices_by_hand(tmp
     (b'{"phases": [{"start_ms": 0, "end_ms": 1}, {"start_ms": "a", "end_ms": "b"}]}',
      "phases.json in the trace: phase 1 needs numeric start_ms < end_ms"),
     (b'{"phases": [{"start_ms": 5, "end_ms": 5}]}', "phases.json in the trace: phase 0 needs numeric start_ms < end_ms"),
+    # a traceback in the phase table, after the whole replay, and no output file written (adversarial review)
+    (b'{"phases": [{"name": 123, "start_ms": 0, "end_ms": 1}]}', "phases.json in the trace: phase 0's name must be a string"),
+    (b'{"phases": [{"name": "a", "start_ms": 0, "end_ms": 1, "intended_hit_ratio": "0.3"}]}',
+     "phases.json in the trace: phase 0's intended_hit_ratio must be a number in [0, 1] or null"),
+    (b'{"phases": [{"start_ms": 0, "end_ms": 1, "intended_hit_ratio": 1.5}]}',
+     "phases.json in the trace: phase 0's intended_hit_ratio must be a number in [0, 1] or null"),
 ])
 def test_replay_with_a_bad_phases_json_exits_1_naming_it(tmp_path, capsys, body, says):
     from exporter.cli import main
@@ -812,14 +828,22 @@ def test_replay_with_a_bad_phases_json_exits_1_naming_it(tmp_path, capsys, body,
     assert err.count("\n") == 1 and says in err, err
 
 
-@pytest.mark.parametrize("archive", [b"x\n", b"", "cut"])
+def _damaged(real: bytes) -> bytes:
+    """200 bytes in the middle inverted: the deflate stream may still decode, its CRC fails."""
+    mid = len(real) // 2
+    return real[:mid] + bytes(b ^ 0xFF for b in real[mid:mid + 200]) + real[mid + 200:]
+
+
+@pytest.mark.parametrize("archive", [b"x\n", b"", "cut", "damaged"])
 def test_replay_and_report_of_a_bad_archive_exit_1_with_one_line(tmp_path, capsys, archive):
+    # damaged: tarfile stops at the end-of-archive block, before gzip's CRC; a replay of changed
+    # bodies exited 0 with other numbers (adversarial review)
     from importlib import resources
 
     from exporter.cli import main
     real = (resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz").read_bytes()
     path = tmp_path / "t.tar.gz"
-    path.write_bytes(real[:1000] if archive == "cut" else archive)
+    path.write_bytes(real[:1000] if archive == "cut" else _damaged(real) if archive == "damaged" else archive)
     for argv in (["replay", str(path), "--quiet"], ["report", str(path), "--out", str(tmp_path / "r")]):
         assert main(argv) == 1
         err = capsys.readouterr().err
@@ -839,6 +863,15 @@ def test_replay_and_report_of_a_trace_with_no_readable_scrape_exit_1_with_one_li
     assert not (tmp_path / "r").exists()
 
 
+def test_report_refuses_an_analysis_whose_isl_is_not_a_number(tmp_path, capsys):
+    from exporter.cli import main
+    bad = tmp_path / "fit.json"
+    bad.write_text(json.dumps({"schema_version": 1, "models": {"a": {"isl": "abc", "osl": 32.0, "fit": FIT}}}))
+    assert main(["report", str(bad), "--out", str(tmp_path / "r")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"kvhit: {bad}: model 'a': isl must be a number of tokens ≥ 0 or null, got 'abc'\n", err
+
+
 def test_predict_and_report_refuse_a_json_that_is_not_an_analysis_alike(tmp_path, capsys):
     from exporter.cli import main
     bad = tmp_path / "other.json"
@@ -850,14 +883,44 @@ def test_predict_and_report_refuse_a_json_that_is_not_an_analysis_alike(tmp_path
                                                "and a models object)") for line in err), err
 
 
-def test_trace_files_named_in_seconds_are_refused(tmp_path, capsys):
+@pytest.mark.parametrize("unit, says", [(1e-3, "is before 2001"), (1e3, "is after 2200")])
+def test_trace_files_named_in_seconds_or_microseconds_are_refused(tmp_path, capsys, unit, says):
+    # microseconds read as ms stretched time 1000×: a 2000-s window, TTFT 500 s (adversarial review)
     from exporter.cli import main
     texts, _, stamps = _trace_texts()
     for text, ms in zip(texts[:3], stamps[:3]):
-        (tmp_path / f"{ms // 1000}.prom").write_text(text)  # unix seconds: read as ms, 1970
+        (tmp_path / f"{int(ms * unit)}.prom").write_text(text)
     assert main(["replay", str(tmp_path), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "milliseconds (13 digits)" in err, err
+    assert err.count("\n") == 1 and says in err and "milliseconds (13 digits)" in err, err
+
+
+def test_a_trace_file_over_the_body_cap_is_refused_before_it_is_read(tmp_path, capsys):
+    # a 4.6 MB .tar.gz of a 1.5 GB comment took 12 GB of memory (adversarial review): one file is
+    # one scrape, held to the live scrape's cap; and a FIFO in a directory is not read (it blocked)
+    import os
+    import tarfile
+
+    from exporter.cli import main
+    from exporter.sources import load_trace
+    texts, _, stamps = _trace_texts()
+    d = tmp_path / "d"
+    d.mkdir()
+    for text, ms in zip(texts[:2], stamps[:2]):
+        (d / f"{ms}.prom").write_text(text)
+    os.mkfifo(d / f"{stamps[2]}.prom")
+    assert len(load_trace(d).snapshots) == 2
+    size = len(texts[0].encode())
+    with pytest.raises(ValueError, match=f"{stamps[0]}.prom: {size} bytes, over the cap of {size - 1} bytes per file"):
+        load_trace(d, max_bytes=size - 1)
+    with tarfile.open(tmp_path / "t.tar.gz", "w:gz") as tar:
+        tar.add(d / f"{stamps[0]}.prom", arcname=f"trace/{stamps[0]}.prom")
+    with pytest.raises(ValueError, match=f"over the cap of {size - 1} bytes per file"):
+        load_trace(tmp_path / "t.tar.gz", max_bytes=size - 1)
+    (tmp_path / "c.yaml").write_text(f"max_body_bytes: {size - 1}\n")
+    assert main(["replay", str(d), "--quiet", "--config", str(tmp_path / "c.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "over the cap" in err, err
 
 
 @pytest.mark.parametrize("argv, says", [
