@@ -7,7 +7,7 @@ Two dashboards, both with the variables datasource, namespace, model_name (a sin
 model on kvhit-model) and pod (the pods serving the selected models):
 
 - ``kvhit-model`` (kvhit / model): one model on selected pods — the token hit ratio with the
-  valley band (h*, h_even), the bathtub R(h) with the current operating point, R'(h) with its 95 %
+  valley band (0, h*) and h_even, the bathtub R(h) with the current operating point, R'(h) with its 95 %
   interval, predicted vs observed TTFT, Delivered vs Physical TPM, queue depth and KV usage, cost per
   1M SLO-passing output tokens, a and α with their error bands, fit status and quality, chip-time
   coefficients, sidecar health and the remaining model internals, and the firing kvhit alerts.
@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards"
 sys.path.insert(0, str(HERE.parent))
 from exporter.analyzer import BATHTUB_GRID  # noqa: E402  (the h grid of kvhit_bathtub_revenue_per_second)
+from fitters.caching import THRASH_KV_USAGE  # noqa: E402  (the thrash verdict's KV usage, KvhitCacheThrash)
 
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Label selectors: a model's series on the selected pods (kvhit and vLLM alike), kvhit's health series
@@ -194,20 +195,25 @@ def model_dashboard() -> Dashboard:
 
     # --- economics -------------------------------------------------------------------------------
     d = d.with_row(Row("Economics: hit ratio and the bathtub (MODEL.md §4)").id(ids()))
+    valley = f"kvhit_valley_bottom_hit_ratio{{{SEL}}} and kvhit_valley_active{{{SEL}}}"
     hit = (ts(ids, "Token hit ratio and the valley band ($pod)", "percentunit",
               "Token-level prefix-cache hit ratio h over kvhit's publish window (this pod) and over 5 min from "
-              "vLLM's counters (the model, all pods). The band is the pod's valley in the form the valley alert "
-              "follows, from its bottom h* to h_even where R(h) climbs back to R(0); 1 when the valley has no "
-              "exit. One panel per selected pod.")
+              "vLLM's counters (the model, all pods). The band is where more hits earn less, in the form the valley "
+              "alert follows: from h = 0 to the valley bottom h*, where R'(h) < 0 (KvhitValley fires while h sits "
+              "in it and the 95 % interval of R'(h) is below 0). Past h* R(h) climbs again and reaches R(0) at "
+              "h_even (dashed; 1 when the valley has no exit): h in (0, h_even) earns less than no caching. One "
+              "panel per selected pod.")
            .min(0).max(1)
            .with_target(q("A", f'kvhit_hit_ratio{{source="all", {SEL}}}', "h {{pod}}"))
-           .with_target(q("B", f"kvhit_valley_bottom_hit_ratio{{{SEL}}} and kvhit_valley_active{{{SEL}}}",
-                          "valley bottom h*"))
+           .with_target(q("B", valley, "valley bottom h*"))
+           .with_target(q("E", f"({valley}) * 0", "h = 0"))
            .with_target(q("C", f"(kvhit_valley_breakeven_hit_ratio{{{SEL}}} or (kvhit_valley_exit{{{SEL}}} == 0) * 0 + 1)"
                                f" and kvhit_valley_active{{{SEL}}}", "break-even h_even"))
            .with_target(q("D", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}",
-                          "h of {{model_name}}, vLLM counters (5m)")))
-    d = d.with_panel(per_pod(band(hit, "break-even h_even", "valley bottom h*", "red")))
+                          "h of {{model_name}}, vLLM counters (5m)"))
+           .override_by_name("break-even h_even", [prop("color", {"mode": "fixed", "fixedColor": "orange"}),
+                                                   prop("custom.lineStyle", {"fill": "dash", "dash": [4, 4]})]))
+    d = d.with_panel(per_pod(band(hit, "valley bottom h*", "h = 0", "red")))
 
     d = d.with_panel(per_pod(
         barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point ($pod)")
@@ -286,9 +292,10 @@ def model_dashboard() -> Dashboard:
         .with_target(q("B", f"sum by (pod) (vllm:num_requests_running{{{SEL}}})", "running {{pod}}")))
     d = d.with_panel(
         ts(ids, "KV cache usage", "percentunit",
-           "vLLM's KV-cache usage per pod (max over engines); above 95 % with a jittering hit ratio is thrash.")
+           f"vLLM's KV-cache usage per pod (max over engines); at {THRASH_KV_USAGE:.0%} or above with a jittering "
+           "hit ratio the cache thrashes (KvhitCacheThrash).")
         .min(0).max(1).thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.LINE))
-        .thresholds(thresholds((None, "green"), (0.95, "red")))
+        .thresholds(thresholds((None, "green"), (THRASH_KV_USAGE, "red")))
         .with_target(q("A", f"max by (pod) (vllm:kv_cache_usage_perc{{{SEL}}})", "KV usage {{pod}}")))
     # --- seed 003 ----------------------------------------------------------------------------------
     d = d.with_row(Row("SLO cost, caching economics and sizing (MODEL.md §5, §3.3, §3.6)").id(ids()))
@@ -388,8 +395,9 @@ def model_dashboard() -> Dashboard:
     d = d.with_panel(
         table_panel(ids, "Chip-time coefficients", "s",
                     "Robust NNLS on busy steps (MODEL.md §7), seconds per unit of each term, with standard errors.")
-        .with_target(q("A", f"kvhit_chip_time_coefficient_seconds{{{SEL}}}", instant=True))
-        .with_target(q("B", f"kvhit_chip_time_coefficient_stderr_seconds{{{SEL}}}", instant=True))
+        # max without (): the same labels less __name__, which Grafana's merge would join rows on
+        .with_target(q("A", f"max without () (kvhit_chip_time_coefficient_seconds{{{SEL}}})", instant=True))
+        .with_target(q("B", f"max without () (kvhit_chip_time_coefficient_stderr_seconds{{{SEL}}})", instant=True))
         .with_transformation(DataTransformerConfig(id_val="merge", options={}))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "job": True, "target": True},
@@ -540,8 +548,9 @@ def fleet_dashboard() -> Dashboard:
         .with_transformation(DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "__name__": True}, "renameByName": {"Value": "pods"}})))
     d = d.with_panel(
-        table_panel(ids, "Pods in the valley", "none", "The pods whose kvhit reports the valley now.", w=24, h=6)
-        .with_target(q("A", f"kvhit_valley_active{{{SEL}}} == 1", instant=True))
+        table_panel(ids, "Pods in the valley", "none", "The pods whose kvhit reports the valley now (a fleet-mode "
+                    "kvhit's own verdict, scope=\"fleet\", is no pod's).", w=24, h=6)
+        .with_target(q("A", f'kvhit_valley_active{{scope!="fleet", {SEL}}} == 1', instant=True))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "Value": True, "__name__": True}})))
     d = d.with_row(Row("Alerts").id(ids()))

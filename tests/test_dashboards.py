@@ -213,3 +213,51 @@ def test_band_series_cannot_collide_across_pods():
                     assert not loose, (f"{uid} / {p['title']} / {t['refId']}: series differing in {sorted(loose)} "
                                        f"all show as {name!r}: fillBelowTo may pair another pod's series")
     assert bands, "no fillBelowTo band on any dashboard"
+
+
+def _panel(uid: str, title: str) -> dict:
+    found = [p for p in panels(dashboards()[uid]) if p.get("title") == title]
+    assert len(found) == 1, (uid, title)
+    return found[0]
+
+
+def test_the_kv_usage_line_is_where_the_thrash_verdict_starts():
+    # the panel drew 95 % while KvhitCacheThrash and the runbook use ≥ 90 % (deploy review)
+    from fitters.caching import THRASH_KV_USAGE
+    assert THRASH_KV_USAGE == 0.90  # README "KvhitCacheThrash": KV usage ≥ 90 %
+    steps = _panel("kvhit-model", "KV cache usage")["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps if s["color"] == "red"] == [THRASH_KV_USAGE]
+
+
+def test_the_valley_band_is_where_more_hits_earn_less():
+    # MODEL.md §4: R'(h) < 0 for h < h*, and KvhitValley fires there; the band was [h*, h_even],
+    # where R climbs again (deploy review)
+    p = _panel("kvhit-model", "Token hit ratio and the valley band ($pod)")
+    fills = {o["matcher"]["options"]: prop["value"] for o in p["fieldConfig"]["overrides"]
+             for prop in o["properties"] if prop["id"] == "custom.fillBelowTo"}
+    assert fills == {"valley bottom h*": "h = 0"}
+    exprs = {t["legendFormat"]: t["expr"] for t in p["targets"]}
+    assert exprs["h = 0"] == f"({exprs['valley bottom h*']}) * 0"
+
+
+def test_tables_merging_two_metrics_drop_the_metric_name():
+    # Grafana's merge joins rows only on equal columns: __name__ differs between two metrics, so
+    # each term showed as two half-empty rows (deploy review)
+    merged = 0
+    for uid, d in dashboards().items():
+        for p in panels(d):
+            # the merges meant to join rows: every target selects the same series labels (the engine
+            # table merges two label sets on purpose, as rows of their own)
+            same = len({frozenset(re.findall(r"\{[^}]*\}", t["expr"])) for t in p.get("targets", [])}) == 1
+            if same and any(t.get("id") == "merge" for t in p.get("transformations", [])):
+                merged += 1
+                for t in p["targets"]:
+                    # an aggregation at the top drops __name__
+                    assert re.match(r"\s*(max|min|sum|avg|count)\s+(by|without)\s*\(", t["expr"]), (uid, p["title"], t["expr"])
+    assert merged
+
+
+def test_the_fleet_dashboard_counts_no_fleet_mode_verdict_as_a_pod():
+    # a fleet-mode kvhit (scope="fleet") in the valley showed as one more pod in the valley
+    raw = [e for uid, _, _, e in dashboard_targets() if uid == "kvhit-fleet" and re.search(r"(?<![:\w])kvhit_valley", e)]
+    assert raw and all('scope!="fleet"' in e for e in raw), raw
