@@ -141,7 +141,7 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
             x = math.nan
         if not math.isfinite(x):
             raise ValueError(f"{name} must be a finite number, got {str(v)[:40]!r}")
-        out.append(x)
+        out.append(x + 0.0)  # -0 → 0: "hit_ratio": -0.0 in the answer
     h, n_in, n_out = out
     for name, x in (("isl", n_in), ("osl", n_out)):
         if not 1 <= x <= MAX_TOKENS:

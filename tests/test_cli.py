@@ -755,6 +755,11 @@ def test_predict_with_coefficients_out_of_any_real_range_exits_1_naming_the_file
     assert "chip time of inf s per request" in err, err
 
 
+def test_predict_at_minus_zero_answers_at_zero(tmp_path, capsys):
+    code, out, err = _predict(tmp_path, capsys, DOC, "--hit-ratio", "-0")
+    assert code == 0 and '"hit_ratio": 0.0,' in out and "-0.0" not in out, (out, err)
+
+
 def test_predict_at_the_highest_hit_ratio_one_computed_token(tmp_path, capsys):
     code, out, err = _predict(tmp_path, capsys, DOC, "--hit-ratio", str(1 - 1 / 2048))
     assert code == 0, err
