@@ -348,8 +348,9 @@ class Analyzer:
         if note := cfg.model.dtype_note(snap.cache_config.get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
         if engines > 1:
+            where = "summed over the fleet's pods" if model in snap.engine_counts else "in one exposition"
             warnings["data_parallel"] = (
-                f"{engines} data-parallel engines in one exposition: the chip-time fit sees their summed work per "
+                f"{engines} data-parallel engines {where}: the chip-time fit sees their summed work per "
                 f"wall-clock second, so its coefficients and the service TTFT predicted from them describe the "
                 f"{engines} engines as one machine (one request's prefill takes about {engines}x that; the "
                 f"load-aware TTFT is fitted to the observed one); per-GPU TPM counts tp x pp x {engines} GPUs")
@@ -607,9 +608,10 @@ def _tpot_histogram(d: Delta):
 
 
 def _engine_count(snap: Snapshot, model: str) -> int:
-    """Data-parallel engines of ``model`` in one exposition (vLLM's ``engine`` label, SGLang's
-    ``dp_rank``); 1 for signals built by hand."""
-    return max(1, len(snap.models[model].engines))
+    """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
+    engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``); 1 for
+    signals built by hand."""
+    return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
 
 
 def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:

@@ -45,7 +45,7 @@ SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scra
 # error would hide that error from rate() and increase(). http_<code> series appear when met.
 SCRAPE_ERROR_REASONS = ("refused", "no_answer", "timeout", "redirect", "too_large", "encoding", "incomplete",
                         "parse", "out_of_order", "internal", "error")
-FLEET_ERROR_REASONS = ("query_error", "partial_response", "bad_response", "credentials")  # fleet mode only
+FLEET_ERROR_REASONS = ("query_error", "partial_response", "bad_response", "credentials", "catching_up")  # fleet mode only
 SCRAPE_ERRORS = _m("kvhit_scrape_errors_total", "Failed scrapes of the target by reason "
                    f"({', '.join(SCRAPE_ERROR_REASONS)}, http_<code>; fleet mode also {', '.join(FLEET_ERROR_REASONS)}) "
                    "[scrapes].", ("target", "reason"), "counter")
@@ -69,8 +69,8 @@ UNKNOWN_INFO = _m("kvhit_unknown_info", "A signal kvhit cannot know for this mod
 WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values published for the publish window (value "
                   "1): warning=counter_reset (engine restarted inside it), hit_unit_blocks (vLLM 0.7-0.8 block-level "
                   "hit ratio), preemptions (hits inflated before vLLM 0.11.1), short_prompts (h = 0 because prompts "
-                  "are not longer than one KV block), data_parallel (several engines in one exposition fitted as one "
-                  "machine), kv_cache_dtype (vLLM's KV cache dtype unknown to kvhit or not the configured "
+                  "are not longer than one KV block), data_parallel (several engines in one exposition, or a fleet's, "
+                  "fitted as one machine), kv_cache_dtype (vLLM's KV cache dtype unknown to kvhit or not the configured "
                   "model.dtype_bytes), load_aware_off (the load-aware TTFT misses the window's observed one by more "
                   "than 25 %); reason explains.", MODEL + ("warning", "reason"))
 

@@ -217,6 +217,9 @@ class Snapshot:
             SteadyClock); the engine stamps ``_created`` on the wall clock (exporter/window.py).
         name_prefix: the engine's metric-name prefix as the exposition writes it: "vllm:", or for
             SGLang "sglang:" (its server) or "sglang_" (its model gateway).
+        engine_counts: model_name → data-parallel engines its signals sum, when the source told
+            it (fleet mode: pods × engines, exporter/sources.py PrometheusSource); {}: the
+            exposition's own ``engine`` labels tell.
     """
 
     timestamp: float
@@ -228,6 +231,7 @@ class Snapshot:
     since: tuple[int, ...] = ()
     clock_offset: float = 0.0
     name_prefix: str = "vllm:"
+    engine_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def supported(self) -> bool:

@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import replace
 from types import MappingProxyType
-from typing import Callable
+from typing import Callable, Mapping
 
 from exporter.analyzer import Analysis, Analyzer
 from exporter.collector import Health
@@ -99,9 +99,10 @@ class Runner:
     # --- input -----------------------------------------------------------------------------
 
     def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None,
-                    clock_offset: float = 0.0) -> bool:
+                    clock_offset: float = 0.0, engine_counts: Mapping[str, int] | None = None) -> bool:
         """Parse one exposition and feed it to the analyzer. Returns True on success; never raises.
-        ``clock_offset``: ``timestamp`` minus the wall clock then (parse.Snapshot.clock_offset).
+        ``clock_offset``: ``timestamp`` minus the wall clock then (parse.Snapshot.clock_offset);
+        ``engine_counts``: what the source told of the engines summed (parse.Snapshot.engine_counts).
 
         ``bytes`` are decoded as UTF-8 with replacement. A body that is not exposition, a
         timestamp not newer than the last snapshot, or an exception in the analysis counts as an
@@ -111,8 +112,8 @@ class Runner:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
             snap = self.parser.parse(text, timestamp)
-            if clock_offset:
-                snap = replace(snap, clock_offset=clock_offset)
+            if clock_offset or engine_counts:
+                snap = replace(snap, clock_offset=clock_offset, engine_counts=dict(engine_counts or {}))
         except ParseError as exc:
             self.record_failure("parse", str(exc), duration)
             return False
@@ -183,7 +184,7 @@ class Runner:
             return False
         finally:
             self._polled = self.clock()
-        return self.ingest_text(stamp, text, time.monotonic() - start, offset)
+        return self.ingest_text(stamp, text, time.monotonic() - start, offset, getattr(source, "engines", None))
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer
@@ -301,7 +302,7 @@ class Runner:
         succeeded and returned nothing: then the selector, not an exposition, is at fault."""
         if self._health.scope == "fleet" and engine == "unknown" and not models:
             return (f"Prometheus answered but no vLLM series matched the selector {self.config.selector or '{}'} "
-                    "(check --selector, and that Prometheus scrapes the vLLM pods)")
+                    "(every selected pod down, or check --selector, and that Prometheus scrapes the vLLM pods)")
         return reason
 
     def fresh(self, age: float | None) -> bool:

@@ -73,6 +73,16 @@ class _Authorization(AuthBase):
         return r
 
 
+def _error_type(body: bytes) -> str:
+    """`` (Prometheus errorType X)`` of an HTTP API error answer, "" when it has none: the type
+    only, as its ``error`` text may quote label values."""
+    try:
+        kind = json.loads(body).get("errorType")
+    except (ValueError, AttributeError, RecursionError):
+        return ""
+    return f" (Prometheus errorType {kind})" if isinstance(kind, str) and kind.isidentifier() else ""
+
+
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     """Whether a ``kind`` error is somewhere in the chain urllib3 and requests wrap around a
     connection error (socket.gaierror: a host name that did not resolve; ConnectionRefusedError)."""
@@ -174,6 +184,7 @@ class LiveSource:
     timeout: float = 3.0
     max_bytes: int = DEFAULT_MAX_BYTES
     max_redirects: int = 5
+    what: str = "vLLM"  # what serves ``url``, named where a refused connection is explained
     answer_delay: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
@@ -248,7 +259,13 @@ class LiveSource:
             answered = time.monotonic()
             with resp:
                 if resp.status_code != 200:
-                    raise ScrapeError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {where}")
+                    kind = ""
+                    if form is not None:  # Prometheus' API answers a query it refuses with 400/422/503 and a type
+                        try:
+                            kind = _error_type(self._read(resp, deadline))
+                        except ScrapeError:
+                            pass
+                    raise ScrapeError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {where}{kind}")
                 body = self._read(resp, deadline)
         except ScrapeError:
             raise
@@ -276,7 +293,7 @@ class LiveSource:
                 raise ScrapeError("refused", f"cannot resolve the host of {where} (DNS): a typo in the target, or a "
                                              "name this pod cannot resolve") from None
             if _caused_by(exc, ConnectionRefusedError):
-                raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port (vLLM "
+                raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port ({self.what} "
                                              "not started yet or restarting, or a wrong port)", listening=False) from None
             raise ScrapeError("refused", f"cannot reach {where}: {type(exc).__name__}") from None
         except (requests.Timeout, ReadTimeoutError, TimeoutError):
@@ -375,6 +392,7 @@ class Family:
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
+CATCH_UP_WAITS = 3  # answers after a failure refused for a pod not scraped since (PrometheusSource)
 _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
 
 
@@ -393,7 +411,13 @@ class PrometheusSource:
       ``+Inf`` bucket). Consecutive ranges tile time; each increase is added to a running total
       per series, rendered as a cumulative counter, which parse → window turn back into the same
       increases. A pod restart is handled per series by ``increase()``, so the totals never go
-      down. A failed fetch does not move t: the next range covers the gap. Each sum comes with
+      down. A failed fetch does not move t: the next range covers the gap — once Prometheus has a
+      sample of every pod after it: a Prometheus that was down itself has none of the gap until
+      it scrapes again, and a range ending before that would lose the growth across the gap
+      (increase() sees only samples inside its range). So after a failure an answer whose oldest
+      latest counter sample (``min(timestamp(…))``) predates the failed query is refused
+      (``catching_up``) and the range waits, at most CATCH_UP_WAITS answers (a pod gone during the
+      outage keeps its last sample for Prometheus' lookback). Each sum comes with
       the count of pods in it (:func:`_pods`; of ``_count`` for histograms): a sum over fewer
       pods than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
@@ -437,7 +461,8 @@ class PrometheusSource:
     ``http_<status>`` — Prometheus answers a bad query with 400/422 —, ``too_large``, …);
     ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
-    an instant vector of ``[time, "value"]`` samples).
+    an instant vector of ``[time, "value"]`` samples); ``catching_up`` (after a failure, a pod
+    not scraped since: above).
     """
 
     answer_delay = 0.0  # a fleet snapshot is the query's time t, however late the answer (LiveSource's)
@@ -452,11 +477,15 @@ class PrometheusSource:
         self._token_file = bearer_token_file
         self.matchers = tuple(matchers)
         self.interval, self.delay, self.clock = interval, delay, clock
-        self._http = LiveSource(url.rstrip("/") + "/api/v1/query", timeout=timeout, max_bytes=max_bytes)
+        self._http = LiveSource(url.rstrip("/") + "/api/v1/query", timeout=timeout, max_bytes=max_bytes,
+                                what="Prometheus")
         self._where = redact_url(self._http.url)
         self._end: float | None = None  # t of the last successful fetch
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
+        self._failed_at: float | None = None  # t of the first failed fetch since the last success
+        self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
+        self._waits = 0  # answers refused as catching_up since then
 
     def fetch(self) -> tuple[float, str]:
         """One query → (t [unix s], vLLM V1 exposition of the fleet's totals and gauges at t).
@@ -470,17 +499,35 @@ class PrometheusSource:
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval
         try:
-            body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._headers,
-                                   self._bearer())
-        except ScrapeError as exc:
-            if exc.reason == "http_400":  # bad_data: kvhit's own PromQL parses, so the selector's values do not
-                raise ScrapeError(exc.reason, f"{exc} (Prometheus refused the query: check the selector's "
-                                  "values and regular expressions)") from None
+            try:
+                body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._headers,
+                                       self._bearer())
+            except ScrapeError as exc:
+                if exc.reason == "http_400":  # bad_data: kvhit's own PromQL parses, so the selector's values do not
+                    raise ScrapeError(exc.reason, f"{exc} (Prometheus refused the query: check the selector's "
+                                      "values and regular expressions)") from None
+                raise
+            rows = self._caught_up(_vector(body, self._where))
+        except ScrapeError:
+            if self._end is not None and self._failed_at is None:
+                self._failed_at = t
             raise
-        rows = _vector(body, self._where)
-        text = self._render(rows)
-        self._end = t
+        self.engines = {labels.get("model_name", ""): int(value) for labels, value in rows
+                        if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
+        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
+        self._end, self._failed_at, self._waits = t, None, 0
         return t, text
+
+    def _caught_up(self, rows: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
+        """``rows`` less the latest-sample rows (``t:``); raises ScrapeError ``catching_up`` when,
+        after a failed fetch, some pod's latest counter sample predates it (class docstring)."""
+        stamps = [value for labels, value in rows if labels.get(_QUERY_LABEL, "").startswith("t:")]
+        if self._failed_at is not None and stamps and min(stamps) < self._failed_at and self._waits < CATCH_UP_WAITS:
+            self._waits += 1
+            raise ScrapeError("catching_up", f"{self._where}: a pod's latest sample is {self._failed_at - min(stamps):.0f} s "
+                              "older than kvhit's first failed query: Prometheus has not scraped every pod since (it "
+                              "was down itself?); waiting for it, so that the next range covers the gap")
+        return [row for row in rows if not row[0].get(_QUERY_LABEL, "").startswith("t:")]
 
     def _bearer(self) -> str | None:
         if self._token_file is None:
@@ -491,10 +538,20 @@ class PrometheusSource:
             raise ScrapeError("credentials", str(exc)) from None
 
     def promql(self, seconds: float) -> str:
-        """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds)."""
+        """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds), the
+        oldest latest sample of the counters (``t:``, :meth:`_caught_up`) and per model the pods ×
+        ``engine`` labels with counters (``e:``, :attr:`engines`)."""
         r = f"{max(1, round(seconds * 1000))}ms"
-        return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")'
-                           for f in self.families for qid, expr in self._queries(f, r))
+        queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r)]
+        counters = "|".join(f.name for f in self.families if f.kind == "counter")
+        if counters:
+            latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{counters})(_total)?"', *self.matchers)) + "}"
+            # one family per timestamp(): it drops the metric name, and two families' series of a pod collide
+            queries += [(f"t:{f.name}", f"min(timestamp({self._selector(f, '(_total)?')}))")
+                        for f in self.families if f.kind == "counter"]
+            # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
+            queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) ({latest}))"))
+        return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
     def _queries(self, f: Family, r: str) -> list[tuple[str, str]]:
         by = ", ".join(("model_name",) + f.labels)

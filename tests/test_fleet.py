@@ -330,7 +330,79 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     pods = "count by (model_name) (count by (model_name, job, instance) ({}))"
     assert pods.format(f'increase({{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}}[5000ms])') in q0
     assert pods.format(f'increase({{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}}[5000ms])') in q0
-    assert q0.count(" or ") == 9 and q0.count('label_replace(') == 10  # one request: 10 subqueries, 6 families
+    # the oldest latest sample of the counters (a failure is caught up only once every pod has one after it)
+    for name in ("prefix_cache_queries", "prefix_cache_hits"):
+        assert (f'label_replace(min(timestamp({{__name__=~"vllm[:_]{name}(_total)?", {sel}}})), "kvhit_query", '
+                f'"t:{name}", "", "")') in q0
+    # per model, the pods × engine labels its counters come from (the engines its sums add up)
+    assert (f'label_replace(count by (model_name) (count by (model_name, job, instance, engine) ({{__name__=~"vllm[:_]'
+            f'(?:prefix_cache_queries|prefix_cache_hits)(_total)?", {sel}}})), "kvhit_query", "e:", "", "")') in q0
+    assert q0.count(" or ") == 12 and q0.count('label_replace(') == 13  # one request: 13 subqueries, 6 families
+
+
+def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engines(fake):
+    # fleet mode sums by model_name: no engine label is left, so the fleet counted as one engine and
+    # its per-GPU TPM was the whole fleet's (helper review: 1.682M per GPU over two 1-GPU pods)
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "3")])
+    t, text = src.fetch()
+    assert src.engines == {"m": 3} and "e:" not in text and "kvhit_query" not in text
+    sc = simulate.Scenario(schedule=(simulate.Segment("step", 120.0, 0.5),), model_name=MODEL)
+    fleet, pod = (Runner(Config(), "http://prometheus:9090", clock=lambda: sc.start + 120.0, scope="fleet"),
+                  Runner(Config(), "http://prometheus:9090", clock=lambda: sc.start + 120.0))
+    for t, text, _ in simulate.generate(sc):
+        assert fleet.ingest_text(t, text, engine_counts={MODEL: 2}) and pod.ingest_text(t, text)
+    m_fleet, m_pod = fleet.current()[0].models[MODEL], pod.current()[0].models[MODEL]
+    instance = m_fleet.tpm_observed[("delivered", "instance")]
+    assert instance == m_pod.tpm_observed[("delivered", "instance")] > 0
+    assert m_fleet.tpm_observed[("delivered", "gpu")] == instance / 2  # model.gpus 1 per engine, 2 engines
+    assert m_pod.tpm_observed[("delivered", "gpu")] == instance
+    assert m_fleet.warnings["data_parallel"].startswith("2 data-parallel engines summed over the fleet's pods")
+    assert "data_parallel" not in m_pod.warnings
+
+
+def test_after_a_failure_the_range_waits_for_a_sample_of_every_pod_after_it(fake):
+    # Prometheus down itself (helper review): the first answer after it came back was evaluated
+    # before its first scrape, the range moved past the gap, and the growth across it was lost
+    # (fleet TPM 57 % low, published as fresh)
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    fake.answer([_row("c:prefix_cache_queries", "100"), ({"kvhit_query": "t:prefix_cache_queries"}, "999.5")])
+    src.fetch()
+    clock.t = 1005.0
+    fake.answers.append((503, b"{}"))
+    with pytest.raises(ScrapeError):
+        src.fetch()
+    clock.t = 1010.0  # back, but the newest sample of some pod is from before the failed query at 1005
+    fake.answer([_row("c:prefix_cache_queries", "7"), ({"kvhit_query": "t:prefix_cache_queries"}, "1003.0")])
+    with pytest.raises(ScrapeError) as err:
+        src.fetch()
+    assert err.value.reason == "catching_up" and "2 s older than kvhit's first failed query" in str(err.value)
+    clock.t = 1015.0
+    fake.answer([_row("c:prefix_cache_queries", "50"), ({"kvhit_query": "t:prefix_cache_queries"}, "1012.0")])
+    t, text = src.fetch()
+    assert "[15000ms]" in fake.forms[-1]["query"]  # (1000, 1015]: the whole gap in one range
+    # 100 + 50: the refused answer's 7 went into no total
+    assert parse_exposition(text, t).models["m"].counters["queries"] == 150.0
+    # a pod gone during the outage keeps its last sample (lookback): waited for CATCH_UP_WAITS answers, no more
+    from exporter.sources import CATCH_UP_WAITS
+    clock.t = 1020.0
+    fake.answers.append((503, b"{}"))
+    with pytest.raises(ScrapeError):
+        src.fetch()
+    for k in range(CATCH_UP_WAITS + 1):
+        clock.t = 1025.0 + 5 * k
+        fake.answer([_row("c:prefix_cache_queries", "1"), ({"kvhit_query": "t:prefix_cache_queries"}, "1017.0")])
+        if k < CATCH_UP_WAITS:
+            with pytest.raises(ScrapeError, match="catching_up|older than"):
+                src.fetch()
+    t, text = src.fetch()
+    assert t == 1025.0 + 5 * CATCH_UP_WAITS and "[25000ms]" in fake.forms[-1]["query"]
+    # a success without a failure before it never waits, however old the samples
+    clock.t += 5
+    fake.answer([_row("c:prefix_cache_queries", "1"), ({"kvhit_query": "t:prefix_cache_queries"}, "900.0")])
+    src.fetch()
 
 
 def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknown(fake):
@@ -456,7 +528,7 @@ def test_empty_answer_is_no_data_not_zero(fake, caplog):
     analysis, health = runner.current()
     assert health.up and analysis.models == {}
     assert analysis.engine_reason == ('Prometheus answered but no vLLM series matched the selector {namespace="llm"} '
-                                      "(check --selector, and that Prometheus scrapes the vLLM pods)")
+                                      "(every selected pod down, or check --selector, and that Prometheus scrapes the vLLM pods)")
     assert analysis.engine_reason in caplog.text and "no vLLM metrics in the exposition" not in caplog.text  # the log too
     # a pod's sidecar reading the same empty body keeps the exposition's own reason
     pod = Runner(Config(), "http://vllm:8000/metrics", clock=clock)
@@ -514,6 +586,21 @@ def test_prometheus_down_is_refused():
     with pytest.raises(ScrapeError) as err:
         src.fetch()
     assert err.value.reason == "refused"
+    assert "(Prometheus not started yet or restarting, or a wrong port)" in str(err.value)  # it blamed vLLM
+
+
+def test_a_query_prometheus_refuses_names_its_error_type_never_its_text(fake):
+    # a real Prometheus answers a query over --query.max-samples with 422 and errorType execution;
+    # kvhit said only "HTTP 422" (helper review)
+    fake.answers.append((422, b'{"status":"error","errorType":"execution","error":"SECRET too many samples"}'))
+    with pytest.raises(ScrapeError) as err:
+        PrometheusSource(fake.url, FAMILIES).fetch()
+    assert err.value.reason == "http_422" and str(err.value).endswith("(Prometheus errorType execution)")
+    assert "SECRET" not in str(err.value)
+    fake.answers.append((503, b"<html>SECRET</html>"))  # no JSON: the status alone
+    with pytest.raises(ScrapeError) as err:
+        PrometheusSource(fake.url, FAMILIES).fetch()
+    assert str(err.value).endswith("/api/v1/query") and err.value.reason == "http_503"
 
 
 def test_fleet_families_are_the_parsers_and_one_query_reads_them_all():
@@ -542,9 +629,9 @@ def _series(scope: str) -> list:
 
 def test_scope_label_on_every_series_in_fleet_mode_only():
     fleet_mode, pod_mode = _series("fleet"), _series("")
-    fleet_errors = ("query_error", "partial_response", "bad_response", "credentials")
+    fleet_errors = ("query_error", "partial_response", "bad_response", "credentials", "catching_up")
     # the same series, plus fleet mode's own error reasons at 0
-    assert len(fleet_mode) == len(pod_mode) + 4 and len(pod_mode) > 50
+    assert len(fleet_mode) == len(pod_mode) + 5 and len(pod_mode) > 50
     assert {s.labels["reason"] for s in fleet_mode if s.name == "kvhit_scrape_errors_total"} \
         - {s.labels["reason"] for s in pod_mode if s.name == "kvhit_scrape_errors_total"} \
         == set(fleet_errors)
@@ -558,6 +645,7 @@ def test_config_prometheus_selector_and_delay(tmp_path):
     env = {"KVHIT_PROMETHEUS": "http://prom:9090", "KVHIT_SELECTOR": '{namespace="llm"}', "KVHIT_PROMETHEUS_DELAY": "30"}
     cfg = load_config(None, environ=env)
     assert (cfg.prometheus, cfg.selector, cfg.prometheus_delay) == ("http://prom:9090", '{namespace="llm"}', 30.0)
+    assert load_config(None, environ={}, flags={"prometheus": "http://mimir/prometheus/"}).prometheus  # a base with a path
     assert load_config(None, environ=env, flags={"selector": 'pod="x"'}).selector == 'pod="x"'  # flag wins
     assert selector_matchers(' { namespace = "llm" , pod=~"vllm-.*", } ') == ('namespace="llm"', 'pod=~"vllm-.*"')
     assert selector_matchers('{}') == selector_matchers(None) == ()
@@ -570,6 +658,9 @@ def test_config_prometheus_selector_and_delay(tmp_path):
         "regex escape": ({"prometheus": "http://p", "selector": r'{pod=~"vllm-\d+"}'}, "selector"),
         "not http": ({"prometheus": "prom:9090"}, "prometheus"),
         "negative delay": ({"prometheus": "http://p", "prometheus_delay": -1}, "prometheus_delay"),
+        # kvhit adds /api/v1/query: this was HTTP 404 from …/api/v1/query/api/v1/query at every poll
+        "API path": ({"prometheus": "http://p:9090/api/v1/query"}, "prometheus"),
+        "a /metrics URL": ({"prometheus": "http://p:9090/metrics"}, "prometheus"),
     }
     for case, (flags, key) in bad.items():
         with pytest.raises(ConfigError, match=f"^config key {key}: "):
