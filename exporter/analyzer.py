@@ -37,6 +37,7 @@ from fitters.whatif import LOAD_SHARE_UNKNOWN, STEPS_UNKNOWN, FittedModel, Predi
 CACHING_STATES, FIT_STATUSES, LABEL_REASON = STATES, STATUSES, label_reason
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
+STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
 BATHTUB_GRID = tuple(i / 20 for i in range(20)) + (0.97, 0.99)
@@ -219,11 +220,15 @@ class Analyzer:
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
-        # STATE_TTL_WINDOWS publish windows is forgotten (bounded memory under model churn).
+        # STATE_TTL_WINDOWS publish windows is forgotten, and so are the longest gone past
+        # STATE_CAP_FACTOR × max_series histories (each holds the fitters' preallocated buffers:
+        # names churning every few scrapes grew RSS 0.1 → 1.1 GB within the TTL)
         for model in snap.models:
             self._seen[model] = snap.timestamp
-        for model in list(self._seen):
-            if snap.timestamp - self._seen[model] > STATE_TTL_WINDOWS * self.config.window_seconds:
+        excess = len(self._seen) - STATE_CAP_FACTOR * self.config.max_series
+        gone = sorted((t, model) for model, t in self._seen.items() if model not in snap.models)
+        for k, (t, model) in enumerate(gone):
+            if k < excess or snap.timestamp - t > STATE_TTL_WINDOWS * self.config.window_seconds:
                 self._state.pop(model, None)
                 del self._seen[model]
         return out

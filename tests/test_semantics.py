@@ -412,3 +412,26 @@ def test_lmcache_metrics_without_external_counters_make_loaded_hits_unknown_neve
     # the same body without LMCache: no connector, loaded hits are 0 and h = 0.1
     pub = published(run(V010.format(q=0.0, k=0.0, p=0.0, extra=""), V010.format(q=1000.0, k=100.0, p=0.0, extra="")))
     assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "all"))] == pytest.approx(0.1)
+
+
+def test_fit_histories_of_churning_model_names_are_bounded_by_max_series():
+    # names replaced every 2 scrapes, never more than 3 at once: each new name got its fitters'
+    # preallocated buffers, kept 10 windows after it was gone (RSS 0.1 → 1.1 GB in the churn review)
+    from exporter.analyzer import STATE_CAP_FACTOR
+    runner = Runner(Config(max_series=4), "t", clock=lambda: 0.0)
+    state = runner.analyzer._state
+
+    def body(models, q):
+        return "".join(f'vllm:prefix_cache_queries_total{{model_name="{m}"}} {q}\n'
+                       f'vllm:prefix_cache_hits_total{{model_name="{m}"}} {q / 4}\n' for m in models)
+    most = 0
+    for i in range(60):
+        churn = [f"lora-{i // 2}-{k}" for k in range(2)]
+        assert runner.ingest_text(1000.0 + 5 * i, body(["base", *churn], 40.0 * (i + 1)))
+        most = max(most, len(state))
+    assert most == STATE_CAP_FACTOR * 4 == 8 and "base" in state
+    # a model absent from one scrape keeps its history while the cap allows (a cut body)
+    keep = state["base"]
+    assert runner.ingest_text(1300.0, body(["other"], 10.0))
+    assert runner.ingest_text(1305.0, body(["base", "other"], 40.0 * 62))
+    assert state["base"] is keep
