@@ -392,7 +392,6 @@ class Family:
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
-CATCH_UP_WAITS = 3  # answers after a failure refused for a pod not scraped since (PrometheusSource)
 _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
 
 
@@ -401,23 +400,27 @@ class PrometheusSource:
     selector picks, summed per ``model_name``, from the Prometheus HTTP API (Thanos and Mimir serve
     the same API).
 
-    Each :meth:`fetch` is one instant query (POST ``/api/v1/query``) evaluated at t = now −
-    ``delay``: one subquery per family, tagged with a ``kvhit_query`` label and joined by ``or``,
-    so every family is read at the same t in one request. With r = t − (the previous fetch's t),
-    or ``interval`` at the first fetch:
+    Each :meth:`fetch` is one instant query (POST ``/api/v1/query``) evaluated at t (the pods'
+    oldest latest sample, at most now − ``delay``: below), after the small query that finds it:
+    one subquery per family, tagged with a ``kvhit_query`` label and joined by ``or``, so every
+    family is read at the same t in one request. With r = t − (the previous fetch's t) + 1 ms, or
+    ``interval`` at the first fetch:
 
     * counters: ``sum by (model_name[, label]) (increase(vllm:<name>{selector}[r]))``;
       histograms: the same of ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the
       ``+Inf`` bucket). Consecutive ranges tile time; each increase is added to a running total
       per series, rendered as a cumulative counter, which parse → window turn back into the same
       increases. A pod restart is handled per series by ``increase()``, so the totals never go
-      down. A failed fetch does not move t: the next range covers the gap — once Prometheus has a
-      sample of every pod after it: a Prometheus that was down itself has none of the gap until
-      it scrapes again, and a range ending before that would lose the growth across the gap
-      (increase() sees only samples inside its range). So after a failure an answer whose oldest
-      latest counter sample (``min(timestamp(…))``) predates the failed query is refused
-      (``catching_up``) and the range waits, at most CATCH_UP_WAITS answers (a pod gone during the
-      outage keeps its last sample for Prometheus' lookback). Each sum comes with
+      down. A range ends where every pod's samples end: t is the oldest of the pods' latest
+      counter samples (a first, small query, :meth:`_latest`; at most now − ``delay``), so that
+      increase(), which sees only the samples inside its range, never ends a range past a pod's
+      data — a Prometheus that was down or restarted has no sample of the gap until it scrapes
+      again, and a range ending before that lost the growth across the gap. With no sample of
+      some pod since the last range ended, the fetch fails ``catching_up`` and the range waits
+      (a pod gone while Prometheus was down keeps its last sample for Prometheus' 5-min
+      lookback). A failed fetch does not move t: the next range covers the gap. Each range
+      starts 1 ms before the last one ended, so the sample that ended it begins this one also
+      where ranges are left-open (Prometheus 3). Each sum comes with
       the count of pods in it (:func:`_pods`; of ``_count`` for histograms): a sum over fewer
       pods than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
@@ -461,11 +464,13 @@ class PrometheusSource:
     ``http_<status>`` — Prometheus answers a bad query with 400/422 —, ``too_large``, …);
     ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
-    an instant vector of ``[time, "value"]`` samples); ``catching_up`` (after a failure, a pod
-    not scraped since: above).
+    an instant vector of ``[time, "value"]`` samples); ``catching_up`` (no sample of some pod since
+    the last range: above).
     """
 
-    answer_delay = 0.0  # a fleet snapshot is the query's time t, however late the answer (LiveSource's)
+    # a fleet snapshot is the query's time t, however late the answer: t − (now − delay) ≤ 0, the
+    # last range's end behind the clock (LiveSource's answer_delay; the runner adds it to its stamp)
+    answer_delay = 0.0
 
     def __init__(self, url: str, families: Sequence[Family], matchers: Sequence[str] = (), interval: float = 5.0,
                  delay: float = 0.0, timeout: float = 3.0, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -483,9 +488,7 @@ class PrometheusSource:
         self._end: float | None = None  # t of the last successful fetch
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
-        self._failed_at: float | None = None  # t of the first failed fetch since the last success
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
-        self._waits = 0  # answers refused as catching_up since then
 
     def fetch(self) -> tuple[float, str]:
         """One query → (t [unix s], vLLM V1 exposition of the fleet's totals and gauges at t).
@@ -495,39 +498,43 @@ class PrometheusSource:
         """
         # Never past the wall clock: after it stepped back, a steady clock ahead of it would ask
         # Prometheus about the future (empty ranges) until kvhit restarts.
-        t = min(self.clock(), time.time()) - self.delay
+        now = min(self.clock(), time.time()) - self.delay
+        latest = self._latest(now)
+        if latest is not None and self._end is not None and latest <= self._end:
+            raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
+                              f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
+                              "down or restarted?), or the pod is gone; the next range will cover the wait")
+        t = now if latest is None else min(now, latest)
         # A clock that stepped back restarts the ranges instead of querying an empty one.
-        start = self._end if self._end is not None and self._end < t else t - self.interval
-        try:
-            try:
-                body = self._http.read({"query": self.promql(t - start), "time": f"{t:.3f}"}, self._headers,
-                                       self._bearer())
-            except ScrapeError as exc:
-                if exc.reason == "http_400":  # bad_data: kvhit's own PromQL parses, so the selector's values do not
-                    raise ScrapeError(exc.reason, f"{exc} (Prometheus refused the query: check the selector's "
-                                      "values and regular expressions)") from None
-                raise
-            rows = self._caught_up(_vector(body, self._where))
-        except ScrapeError:
-            if self._end is not None and self._failed_at is None:
-                self._failed_at = t
-            raise
+        start = self._end - 0.001 if self._end is not None and self._end < t else t - self.interval
+        rows = _vector(self._query(self.promql(t - start), t), self._where)
         self.engines = {labels.get("model_name", ""): int(value) for labels, value in rows
                         if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
         text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
-        self._end, self._failed_at, self._waits = t, None, 0
+        self._end, self.answer_delay = t, t - now
         return t, text
 
-    def _caught_up(self, rows: list[tuple[dict[str, str], float]]) -> list[tuple[dict[str, str], float]]:
-        """``rows`` less the latest-sample rows (``t:``); raises ScrapeError ``catching_up`` when,
-        after a failed fetch, some pod's latest counter sample predates it (class docstring)."""
-        stamps = [value for labels, value in rows if labels.get(_QUERY_LABEL, "").startswith("t:")]
-        if self._failed_at is not None and stamps and min(stamps) < self._failed_at and self._waits < CATCH_UP_WAITS:
-            self._waits += 1
-            raise ScrapeError("catching_up", f"{self._where}: a pod's latest sample is {self._failed_at - min(stamps):.0f} s "
-                              "older than kvhit's first failed query: Prometheus has not scraped every pod since (it "
-                              "was down itself?); waiting for it, so that the next range covers the gap")
-        return [row for row in rows if not row[0].get(_QUERY_LABEL, "").startswith("t:")]
+    def _latest(self, t: float) -> float | None:
+        """The oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
+        (one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
+        series of one pod would collide)."""
+        counters = [f for f in self.families if f.kind == "counter"]
+        if not counters:
+            return None
+        query = " or ".join(f'label_replace(min(timestamp({self._selector(f, "(_total)?")})), "{_QUERY_LABEL}", '
+                            f'"{f.name}", "", "")' for f in counters)
+        stamps = [value for _, value in _vector(self._query(query, t), self._where) if math.isfinite(value)]
+        return min(stamps) if stamps else None
+
+    def _query(self, query: str, t: float) -> bytes:
+        """The answer's body of one instant query at ``t``; ScrapeError as :class:`LiveSource`."""
+        try:
+            return self._http.read({"query": query, "time": f"{t:.3f}"}, self._headers, self._bearer())
+        except ScrapeError as exc:
+            if exc.reason == "http_400":  # bad_data: kvhit's own PromQL parses, so the selector's values do not
+                raise ScrapeError(exc.reason, f"{exc} (Prometheus refused the query: check the selector's "
+                                  "values and regular expressions)") from None
+            raise
 
     def _bearer(self) -> str | None:
         if self._token_file is None:
@@ -538,17 +545,13 @@ class PrometheusSource:
             raise ScrapeError("credentials", str(exc)) from None
 
     def promql(self, seconds: float) -> str:
-        """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds), the
-        oldest latest sample of the counters (``t:``, :meth:`_caught_up`) and per model the pods ×
-        ``engine`` labels with counters (``e:``, :attr:`engines`)."""
+        """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds), and per
+        model the pods × ``engine`` labels with counters (``e:``, :attr:`engines`)."""
         r = f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r)]
         counters = "|".join(f.name for f in self.families if f.kind == "counter")
         if counters:
             latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{counters})(_total)?"', *self.matchers)) + "}"
-            # one family per timestamp(): it drops the metric name, and two families' series of a pod collide
-            queries += [(f"t:{f.name}", f"min(timestamp({self._selector(f, '(_total)?')}))")
-                        for f in self.families if f.kind == "counter"]
             # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) ({latest}))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)

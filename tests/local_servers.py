@@ -134,20 +134,27 @@ def prometheus_query(base_url: str, expr: str, at: float | None = None) -> list[
 class FakePrometheus:
     """``POST /api/v1/query`` answered with the next queued (status, body), an empty instant
     vector when none is queued; ``forms`` and ``headers`` record every request's form fields and
-    HTTP headers."""
+    HTTP headers. The latest-sample query fleet mode sends before each range query (it has
+    ``timestamp(``) is answered from ``latest`` instead (an empty vector when none is queued: no
+    sample time known) and recorded in ``latest_forms``."""
 
     def __init__(self) -> None:
         self.answers: list[tuple[int, bytes]] = []
         self.forms: list[dict[str, str]] = []
         self.headers: list[dict[str, str]] = []
+        self.latest: list[tuple[int, bytes]] = []
+        self.latest_forms: list[dict[str, str]] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server API)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                fake.forms.append({k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()})
+                form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()}
+                queue, forms = (fake.latest, fake.latest_forms) if "timestamp(" in form.get("query", "") else \
+                    (fake.answers, fake.forms)
+                forms.append(form)
                 fake.headers.append(dict(self.headers))
-                status, answer = fake.answers.pop(0) if fake.answers else (200, fake.vector([]))
+                status, answer = queue.pop(0) if queue else (200, fake.vector([]))
                 reply(self, status, answer, content_type="application/json")
 
             def log_message(self, *a):

@@ -314,10 +314,11 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
         src.fetch()
     clock.t = 1010.5
     src.fetch()
-    # The first range is the interval; then each range starts where the last successful one ended.
+    # The first range is the interval; then each range starts 1 ms before the last successful one
+    # ended (the sample that ended it begins the next also where ranges are left-open, Prometheus 3).
     assert [f["time"] for f in fake.forms] == ["1000.000", "1003.250", "1006.000", "1010.500"]
     q0, q1, q3 = fake.forms[0]["query"], fake.forms[1]["query"], fake.forms[3]["query"]
-    assert "[5000ms]" in q0 and "[3250ms]" in q1 and "[7250ms]" in q3
+    assert "[5000ms]" in q0 and "[3251ms]" in q1 and "[7251ms]" in q3
     sel = 'namespace="llm", pod=~"vllm-.*"'
     assert (f'sum by (model_name) (increase({{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}[5000ms]))'
             in q0)
@@ -330,14 +331,15 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     pods = "count by (model_name) (count by (model_name, job, instance) ({}))"
     assert pods.format(f'increase({{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}}[5000ms])') in q0
     assert pods.format(f'increase({{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}}[5000ms])') in q0
-    # the oldest latest sample of the counters (a failure is caught up only once every pod has one after it)
+    # each range query after the query of the pods' latest samples, with the selector too
     for name in ("prefix_cache_queries", "prefix_cache_hits"):
         assert (f'label_replace(min(timestamp({{__name__=~"vllm[:_]{name}(_total)?", {sel}}})), "kvhit_query", '
-                f'"t:{name}", "", "")') in q0
+                f'"{name}", "", "")') in fake.latest_forms[0]["query"]
+    assert len(fake.latest_forms) == 4  # the failed fetch's range query too
     # per model, the pods × engine labels its counters come from (the engines its sums add up)
     assert (f'label_replace(count by (model_name) (count by (model_name, job, instance, engine) ({{__name__=~"vllm[:_]'
             f'(?:prefix_cache_queries|prefix_cache_hits)(_total)?", {sel}}})), "kvhit_query", "e:", "", "")') in q0
-    assert q0.count(" or ") == 12 and q0.count('label_replace(') == 13  # one request: 13 subqueries, 6 families
+    assert q0.count(" or ") == 10 and q0.count('label_replace(') == 11  # one request: 11 subqueries, 6 families
 
 
 def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engines(fake):
@@ -362,47 +364,49 @@ def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engine
     assert "data_parallel" not in m_pod.warnings
 
 
-def test_after_a_failure_the_range_waits_for_a_sample_of_every_pod_after_it(fake):
-    # Prometheus down itself (helper review): the first answer after it came back was evaluated
-    # before its first scrape, the range moved past the gap, and the growth across it was lost
-    # (fleet TPM 57 % low, published as fresh)
+def _latest(fake, *stamps: float) -> None:
+    """Queue the latest-sample answer: one family's oldest latest sample per stamp."""
+    fake.latest.append((200, fake.vector([({"kvhit_query": f"f{i}"}, str(x)) for i, x in enumerate(stamps)])))
+
+
+def test_a_range_ends_where_every_pod_s_samples_end(fake):
+    # Prometheus down or restarted (helper reviews): a range that ended at "now", before its first
+    # scrape after it, moved past the gap, and increase() (samples inside its range only) lost the
+    # growth across it: fleet TPM 57 % low, published as fresh; also with prometheus_delay, and with
+    # a restart between two polls (no failed poll at all)
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
-    fake.answer([_row("c:prefix_cache_queries", "100"), ({"kvhit_query": "t:prefix_cache_queries"}, "999.5")])
-    src.fetch()
-    clock.t = 1005.0
-    fake.answers.append((503, b"{}"))
-    with pytest.raises(ScrapeError):
-        src.fetch()
-    clock.t = 1010.0  # back, but the newest sample of some pod is from before the failed query at 1005
-    fake.answer([_row("c:prefix_cache_queries", "7"), ({"kvhit_query": "t:prefix_cache_queries"}, "1003.0")])
+    _latest(fake, 999.5, 998.0)  # two families: the oldest of the pods' latest samples is 998
+    fake.answer([_row("c:prefix_cache_queries", "100")])
+    t, _ = src.fetch()
+    assert t == 998.0 and fake.forms[-1]["time"] == "998.000" and "[5000ms]" in fake.forms[-1]["query"]
+    assert src.answer_delay == -2.0  # the runner stamps the snapshot where its data ends, as the range
+    # one query per family: timestamp() drops the metric name, two families' series of a pod collide
+    q = fake.latest_forms[-1]["query"]
+    assert q.count("min(timestamp(") == 2 and 'timestamp({__name__=~"vllm[:_]prefix_cache_hits(_total)?"})' in q
+    assert fake.latest_forms[-1]["time"] == "1000.000"
+    clock.t = 1005.0  # Prometheus restarted: no new sample of a pod since 998
+    _latest(fake, 998.0, 999.0)
     with pytest.raises(ScrapeError) as err:
         src.fetch()
-    assert err.value.reason == "catching_up" and "2 s older than kvhit's first failed query" in str(err.value)
-    clock.t = 1015.0
-    fake.answer([_row("c:prefix_cache_queries", "50"), ({"kvhit_query": "t:prefix_cache_queries"}, "1012.0")])
+    assert err.value.reason == "catching_up" and "its latest is 7 s old" in str(err.value)
+    assert len(fake.forms) == 1  # no range query: the range waits
+    clock.t = 1010.0
+    _latest(fake, 1008.0, 1009.0)  # scraped again
+    fake.answer([_row("c:prefix_cache_queries", "50")])
     t, text = src.fetch()
-    assert "[15000ms]" in fake.forms[-1]["query"]  # (1000, 1015]: the whole gap in one range
-    # 100 + 50: the refused answer's 7 went into no total
+    # (998 - 1 ms, 1008]: the sample that ended the last range begins this one, the gap between
+    assert t == 1008.0 and "[10001ms]" in fake.forms[-1]["query"]
     assert parse_exposition(text, t).models["m"].counters["queries"] == 150.0
-    # a pod gone during the outage keeps its last sample (lookback): waited for CATCH_UP_WAITS answers, no more
-    from exporter.sources import CATCH_UP_WAITS
-    clock.t = 1020.0
-    fake.answers.append((503, b"{}"))
-    with pytest.raises(ScrapeError):
-        src.fetch()
-    for k in range(CATCH_UP_WAITS + 1):
-        clock.t = 1025.0 + 5 * k
-        fake.answer([_row("c:prefix_cache_queries", "1"), ({"kvhit_query": "t:prefix_cache_queries"}, "1017.0")])
-        if k < CATCH_UP_WAITS:
-            with pytest.raises(ScrapeError, match="catching_up|older than"):
-                src.fetch()
-    t, text = src.fetch()
-    assert t == 1025.0 + 5 * CATCH_UP_WAITS and "[25000ms]" in fake.forms[-1]["query"]
-    # a success without a failure before it never waits, however old the samples
-    clock.t += 5
-    fake.answer([_row("c:prefix_cache_queries", "1"), ({"kvhit_query": "t:prefix_cache_queries"}, "900.0")])
+    # prometheus_delay: no later than now - delay, however new the samples
+    delayed = PrometheusSource(fake.url, FAMILIES, interval=5.0, delay=30.0, clock=clock)
+    _latest(fake, 1009.0)
+    delayed.fetch()
+    assert fake.latest_forms[-1]["time"] == fake.forms[-1]["time"] == "980.000" and delayed.answer_delay == 0.0
+    # no counter series at all: now (the answer has nothing to analyse)
+    clock.t = 1015.0
     src.fetch()
+    assert fake.forms[-1]["time"] == "1015.000"
 
 
 def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknown(fake):
@@ -568,7 +572,7 @@ def test_each_failure_has_its_reason_and_moves_no_range(fake, status, body, reas
     assert "SECRET" not in str(err.value)  # Prometheus' error text may quote label values
     clock.t = 103.0
     src.fetch()
-    assert "[8000ms]" in fake.forms[-1]["query"]  # the failed fetch moved nothing: (95, 103]
+    assert "[8001ms]" in fake.forms[-1]["query"]  # the failed fetch moved nothing: (95 - 1 ms, 103]
 
 
 def test_a_refused_query_points_at_the_selector(fake):
@@ -677,8 +681,9 @@ def test_tenant_header_and_a_rotated_bearer_token_reach_every_query(fake, tmp_pa
     token.write_text("second-token")  # Kubernetes rotated the projected token
     clock.t = 3005.0
     src.fetch()
+    # each fetch: the latest-sample query, then the range query
     assert [(h["X-Scope-OrgID"], h["Authorization"]) for h in fake.headers] == \
-        [("team-a", "Bearer first-token"), ("team-a", "Bearer second-token")]
+        [("team-a", "Bearer first-token")] * 2 + [("team-a", "Bearer second-token")] * 2
     # A token that cannot be read: no query is sent (nothing unauthenticated), the range stays.
     for content in (None, "  \n", "x" * (64 * 1024 + 1)):
         token.unlink(missing_ok=True)
@@ -692,7 +697,7 @@ def test_tenant_header_and_a_rotated_bearer_token_reach_every_query(fake, tmp_pa
     token.write_text("third-token")
     clock.t = 3025.0
     src.fetch()
-    assert fake.headers[-1]["Authorization"] == "Bearer third-token" and "[20000ms]" in fake.forms[-1]["query"]
+    assert fake.headers[-1]["Authorization"] == "Bearer third-token" and "[20001ms]" in fake.forms[-1]["query"]
     # Basic auth from the URL's user:password: requests sends it.
     basic = PrometheusSource(fake.url.replace("://", "://kvhit:s3cret@"), FAMILIES, clock=clock)
     basic.fetch()
@@ -811,7 +816,7 @@ def test_a_wall_clock_step_moves_neither_the_ranges_nor_the_stamps(fake, monkeyp
     wall[0] += 600.0 + 60.0  # the system clock jumps 10 min forward during the next interval
     mono[0] += 60.0
     assert runner.poll(source)
-    assert "[60000ms]" in fake.forms[-1]["query"]  # the 60 s kvhit's own clock saw, not 660 s
+    assert "[60001ms]" in fake.forms[-1]["query"]  # the 60 s kvhit's own clock saw, not 660 s
     assert float(fake.forms[-1]["time"]) - float(fake.forms[0]["time"]) == pytest.approx(60.0)
     # stepped back 20 min: the steady clock is now ahead of Prometheus' and would ask about the
     # future (empty ranges) for good; the query is at the wall clock, over one interval
