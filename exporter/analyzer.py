@@ -353,9 +353,10 @@ class Analyzer:
         if note := cfg.model.dtype_note(snap.cache_config.get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
         if engines > 1:
-            where = "summed over the fleet's pods" if model in snap.engine_counts else "in one exposition"
+            what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
+                    else "data-parallel engines in one exposition")
             warnings["data_parallel"] = (
-                f"{engines} data-parallel engines {where}: the chip-time fit sees their summed work per "
+                f"{engines} {what}: the chip-time fit sees their summed work per "
                 f"wall-clock second, so its coefficients and the service TTFT predicted from them describe the "
                 f"{engines} engines as one machine (one request's prefill takes about {engines}x that; the "
                 f"load-aware TTFT is fitted to the observed one); per-GPU TPM counts tp x pp x {engines} GPUs")

@@ -79,7 +79,7 @@ class HitRollup:
                kv_usage: float | None = None) -> None:
         """Add one step [t0, t1]: Δqueried and Δhits tokens (None = unknown, not added),
         prefill / decode = (Δsum [s], Δcount) of the request time histograms, KV usage [0–1]
-        at the step's end."""
+        at the step's end (outside [0, 1]: left out)."""
         minute = int(math.floor(t1 / self.bucket_seconds))
         if self._buf and minute < self._buf[-1].minute:
             return  # out of order: the rollup only moves forward
@@ -94,7 +94,8 @@ class HitRollup:
             m.prefill_count += prefill[1]
             m.decode_sum += decode[0]
             m.decode_count += decode[1]
-        if kv_usage is not None and math.isfinite(kv_usage):
+        # a fraction: outside [0, 1] (a percent scale, an engine bug; NaN) is no usage, never a thrash verdict
+        if kv_usage is not None and 0.0 <= kv_usage <= 1.0:
             m.kv_usage_max = kv_usage if m.kv_usage_max is None else max(m.kv_usage_max, kv_usage)
         self._t = t1
         while self._buf and self._buf[0].minute <= minute - self.minutes:

@@ -84,3 +84,13 @@ def test_rollup_is_bounded_and_becomes_final_after_24h():
     v = verdict(day)
     # h = 0.1 < 0.25 over 24 h: caching does not pay, and the verdict is final
     assert (v.state, v.provisional) == ("not_paying", False)
+
+
+def test_a_kv_usage_outside_0_1_is_no_usage_never_a_thrash_verdict():
+    # a fake Prometheus gave kv_cache_usage_perc 7 and the verdict took kv_usage_max 7.0 (fleet review)
+    r = HitRollup()
+    for i, kv in enumerate((7.0, 93.0, -0.5, float("nan"), float("inf"))):
+        r.update(60.0 * i, 60.0 * i + 60.0, 1000.0, 950.0 if i % 2 else 800.0, kv_usage=kv)
+    assert r.kv_usage_max() is None
+    r.update(300.0, 360.0, 1000.0, 900.0, kv_usage=0.5)
+    assert r.kv_usage_max() == 0.5

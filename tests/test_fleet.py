@@ -360,7 +360,7 @@ def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engine
     assert instance == m_pod.tpm_observed[("delivered", "instance")] > 0
     assert m_fleet.tpm_observed[("delivered", "gpu")] == instance / 2  # model.gpus 1 per engine, 2 engines
     assert m_pod.tpm_observed[("delivered", "gpu")] == instance
-    assert m_fleet.warnings["data_parallel"].startswith("2 data-parallel engines summed over the fleet's pods")
+    assert m_fleet.warnings["data_parallel"].startswith("2 engines (pods x data-parallel engines) summed over the fleet's pods")
     assert "data_parallel" not in m_pod.warnings
 
 
