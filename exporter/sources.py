@@ -418,7 +418,10 @@ class PrometheusSource:
       again, and a range ending before that lost the growth across the gap. With no sample of
       some pod since the last range ended, the fetch fails ``catching_up`` and the range waits
       (a pod gone while Prometheus was down keeps its last sample for Prometheus' 5-min
-      lookback). A failed fetch does not move t: the next range covers the gap. Each range
+      lookback). A pod with one sample in the range (scraped once since: Prometheus restarted
+      between its samples, or behind) would be left out of every sum alike, so with fewer pods
+      summed than have series at t the fetch fails ``catching_up`` too, and the range grows
+      (:meth:`_whole`). A failed fetch does not move t: the next range covers the gap. Each range
       starts 1 ms before the last one ended, so the sample that ended it begins this one also
       where ranges are left-open (Prometheus 3). Each sum comes with
       the count of pods in it (:func:`_pods`; of ``_count`` for histograms): a sum over fewer
@@ -508,11 +511,34 @@ class PrometheusSource:
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end - 0.001 if self._end is not None and self._end < t else t - self.interval
         rows = _vector(self._query(self.promql(t - start), t), self._where)
+        if self._end is not None:  # a first range is a baseline: the window reads differences
+            self._whole(rows, t)
         self.engines = {labels.get("model_name", ""): int(value) for labels, value in rows
                         if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
-        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
+        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")])
         self._end, self.answer_delay = t, t - now
         return t, text
+
+    def _whole(self, rows: list[tuple[dict[str, str], float]], t: float) -> None:
+        """Raises ScrapeError ``catching_up`` when some model has a pod (``p:``: series at ``t``)
+        with two samples in the range in none of its counter and histogram families (``n:``; the
+        created-at-first-use ones aside): a pod scraped once since the last range (its data before
+        and after Prometheus restarted, or a range shorter than a scrape interval) would be left
+        out of every sum alike, which :meth:`_coverage` cannot tell; the range waits and grows."""
+        pods = {labels.get("model_name", ""): value for labels, value in rows if labels.get(_QUERY_LABEL) == "p:"}
+        summed: dict[str, float] = {}
+        for f in self.families:
+            if f.kind in ("counter", "histogram") and not f.lazy:
+                for labels, value in rows:
+                    if labels.get(_QUERY_LABEL) == f"n:{f.name}":
+                        model = labels.get("model_name", "")
+                        summed[model] = max(summed.get(model, 0.0), value)
+        short = sorted((model, summed.get(model, 0.0), n) for model, n in pods.items() if summed.get(model, 0.0) < n)
+        if short:
+            model, got, n = short[0]
+            raise ScrapeError("catching_up", f"{self._where}: {got:.0f} of the {n:.0f} pods of model {model!r} have two "
+                              f"samples in the {t - self._end:.0f}-s range (one scraped once since: Prometheus "
+                              "restarted or behind); the range waits for the next scrape")
 
     def _latest(self, t: float) -> float | None:
         """The oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
@@ -546,7 +572,8 @@ class PrometheusSource:
 
     def promql(self, seconds: float) -> str:
         """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds), and per
-        model the pods × ``engine`` labels with counters (``e:``, :attr:`engines`)."""
+        model the pods × ``engine`` labels with counters (``e:``, :attr:`engines`) and the pods
+        with counters (``p:``, :meth:`_whole`)."""
         r = f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r)]
         counters = "|".join(f.name for f in self.families if f.kind == "counter")
@@ -554,6 +581,8 @@ class PrometheusSource:
             latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{counters})(_total)?"', *self.matchers)) + "}"
             # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) ({latest}))"))
+            # the pods with counters at t: each must have two samples in the range (_whole)
+            queries.append(("p:", _pods(latest)))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
     def _queries(self, f: Family, r: str) -> list[tuple[str, str]]:
