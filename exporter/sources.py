@@ -403,29 +403,25 @@ class PrometheusSource:
     Each :meth:`fetch` is one instant query (POST ``/api/v1/query``) evaluated at t (the pods'
     oldest latest sample, at most now − ``delay``: below), after the small query that finds it:
     one subquery per family, tagged with a ``kvhit_query`` label and joined by ``or``, so every
-    family is read at the same t in one request. With r = t − (the previous fetch's t) + 1 ms, or
+    family is read at the same t in one request. With d = t − (the previous fetch's t), or
     ``interval`` at the first fetch:
 
-    * counters: ``sum by (model_name[, label]) (increase(vllm:<name>{selector}[r]))``;
-      histograms: the same of ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the
-      ``+Inf`` bucket). Consecutive ranges tile time; each increase is added to a running total
-      per series, rendered as a cumulative counter, which parse → window turn back into the same
-      increases. A pod restart is handled per series by ``increase()``, so the totals never go
-      down. A range ends where every pod's samples end: t is the oldest of the pods' latest
-      counter samples (a first, small query, :meth:`_latest`; at most now − ``delay``), so that
-      increase(), which sees only the samples inside its range, never ends a range past a pod's
-      data — a Prometheus that was down or restarted has no sample of the gap until it scrapes
-      again, and a range ending before that lost the growth across the gap. With no sample of
-      some pod since the last range ended, the fetch fails ``catching_up`` and the range waits
-      (a pod gone while Prometheus was down keeps its last sample for Prometheus' 5-min
-      lookback). A pod with one sample in the range (scraped once since: Prometheus restarted
-      between its samples, or behind) would be left out of every sum alike, so with fewer pods
-      summed than have series at t the fetch fails ``catching_up`` too, and the range grows
-      (:meth:`_whole`). A failed fetch does not move t: the next range covers the gap. Each range
-      starts 1 ms before the last one ended, so the sample that ended it begins this one also
-      where ranges are left-open (Prometheus 3). Each sum comes with
-      the count of pods in it (:func:`_pods`; of ``_count`` for histograms): a sum over fewer
-      pods than the model's best-covered family is left out (:meth:`_coverage`).
+    * counters: ``sum by (model_name[, label]) (growth)`` where a series' growth is the
+      difference of its last samples at or before t and t − d (``x - x offset d``), or after a
+      restart (a difference below 0) its value since (:func:`_growth`); histograms: the same of
+      ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the ``+Inf`` bucket). Anchored on
+      samples, consecutive fetches tile every pod's samples exactly, nothing extrapolated: a
+      Prometheus restart between two of a pod's samples (the growth across it, which
+      ``increase()`` over ranges lost: it sees only the samples inside its range) is in the next
+      difference. Each growth is added to a running total per series, rendered as a cumulative
+      counter, which parse → window turn back into the same growths; the totals never go down.
+      t is the oldest of the pods' latest counter samples (:meth:`_latest`), so the snapshot is
+      stamped where the data ends; with no sample of some pod since the last fetch's t, the fetch
+      fails ``catching_up`` (Prometheus has not scraped since it came back; a pod gone while
+      Prometheus was down keeps its last sample for its 5-min lookback). A failed fetch does not
+      move t: the next difference covers the gap. A new pod adds nothing until its second fetch.
+      Each sum comes with the count of pods in it (:func:`_pods`; of ``_count`` for histograms):
+      a sum over fewer pods than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
       API-server process: one value, never a sum), then combined over pods as MODEL.md §2
       combines data-parallel engines (``Family.agg``, parse's aggregation): summed for requests
@@ -439,13 +435,11 @@ class PrometheusSource:
     A sample that is no value (NaN, ±Inf, beyond MAX_VALUE) or, for a counter or bucket, no
     increase (below 0) is rendered as it came and never added to a total (a total would keep it
     forever): parse counts and drops it (``non_finite``, ``out_of_range``, ``negative``) as in a
-    pod's body, and the series is unknown for that fetch. A family Prometheus has no series for this fetch (never exported, or no pod with
-    two samples in the range) is absent from the text — unknown, never 0. Each ``increase()`` extrapolates
-    the samples inside its range to the range's edges (Prometheus semantics): a total is exact
-    for a steadily growing counter, otherwise off by the change of rate within the ≤ 1 scrape
-    interval it extrapolates over. ``interval`` must be at least twice Prometheus's scrape
-    interval of vLLM: a pod with fewer than two samples in a range is left out of that range's
-    sum. HELP texts are not carried (vLLM 0.7–0.8's ``gpu_prefix_cache_*``, whose unit only the
+    pod's body, and the series is unknown for that fetch. A family Prometheus has no series for
+    this fetch (never exported, or no pod with a sample at both ends) is absent from the text —
+    unknown, never 0. A step's growth is its pods' growth between their samples, which lag t by
+    up to one scrape interval: ``interval`` should be at least twice Prometheus's scrape interval
+    of vLLM, so that a step's time is mostly the samples'. HELP texts are not carried (vLLM 0.7–0.8's ``gpu_prefix_cache_*``, whose unit only the
     HELP text tells, then read as unit unknown).
 
     Args:
@@ -509,36 +503,13 @@ class PrometheusSource:
                               "down or restarted?), or the pod is gone; the next range will cover the wait")
         t = now if latest is None else min(now, latest)
         # A clock that stepped back restarts the ranges instead of querying an empty one.
-        start = self._end - 0.001 if self._end is not None and self._end < t else t - self.interval
-        rows = _vector(self._query(self.promql(t - start), t), self._where)
-        if self._end is not None:  # a first range is a baseline: the window reads differences
-            self._whole(rows, t)
+        start = self._end if self._end is not None and self._end < t else t - self.interval
+        rows = _vector(self._query(self.promql(None if self._end is None else t - start), t), self._where)
         self.engines = {labels.get("model_name", ""): int(value) for labels, value in rows
                         if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
-        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")])
+        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
         self._end, self.answer_delay = t, t - now
         return t, text
-
-    def _whole(self, rows: list[tuple[dict[str, str], float]], t: float) -> None:
-        """Raises ScrapeError ``catching_up`` when some model has a pod (``p:``: series at ``t``)
-        with two samples in the range in none of its counter and histogram families (``n:``; the
-        created-at-first-use ones aside): a pod scraped once since the last range (its data before
-        and after Prometheus restarted, or a range shorter than a scrape interval) would be left
-        out of every sum alike, which :meth:`_coverage` cannot tell; the range waits and grows."""
-        pods = {labels.get("model_name", ""): value for labels, value in rows if labels.get(_QUERY_LABEL) == "p:"}
-        summed: dict[str, float] = {}
-        for f in self.families:
-            if f.kind in ("counter", "histogram") and not f.lazy:
-                for labels, value in rows:
-                    if labels.get(_QUERY_LABEL) == f"n:{f.name}":
-                        model = labels.get("model_name", "")
-                        summed[model] = max(summed.get(model, 0.0), value)
-        short = sorted((model, summed.get(model, 0.0), n) for model, n in pods.items() if summed.get(model, 0.0) < n)
-        if short:
-            model, got, n = short[0]
-            raise ScrapeError("catching_up", f"{self._where}: {got:.0f} of the {n:.0f} pods of model {model!r} have two "
-                              f"samples in the {t - self._end:.0f}-s range (one scraped once since: Prometheus "
-                              "restarted or behind); the range waits for the next scrape")
 
     def _latest(self, t: float) -> float | None:
         """The oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
@@ -570,30 +541,29 @@ class PrometheusSource:
         except ValueError as exc:
             raise ScrapeError("credentials", str(exc)) from None
 
-    def promql(self, seconds: float) -> str:
-        """The combined query for ranges of ``seconds`` [s] (rounded to whole milliseconds), and per
-        model the pods × ``engine`` labels with counters (``e:``, :attr:`engines`) and the pods
-        with counters (``p:``, :meth:`_whole`)."""
-        r = f"{max(1, round(seconds * 1000))}ms"
+    def promql(self, seconds: float | None) -> str:
+        """The combined query for growths over ``seconds`` [s] (rounded to whole milliseconds; None:
+        the first fetch's baseline, 0 for every series — only differences are read, and a growth
+        needs history the selected pods may not have yet), and per model the pods × ``engine``
+        labels with counters (``e:``, :attr:`engines`)."""
+        r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r)]
         counters = "|".join(f.name for f in self.families if f.kind == "counter")
         if counters:
             latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{counters})(_total)?"', *self.matchers)) + "}"
             # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) ({latest}))"))
-            # the pods with counters at t: each must have two samples in the range (_whole)
-            queries.append(("p:", _pods(latest)))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
-    def _queries(self, f: Family, r: str) -> list[tuple[str, str]]:
+    def _queries(self, f: Family, r: str | None) -> list[tuple[str, str]]:
         by = ", ".join(("model_name",) + f.labels)
         if f.kind == "counter":
-            increase = f"increase({self._selector(f, '(_total)?')}[{r}])"
-            return [(f"c:{f.name}", f"sum by ({by}) ({increase})"), (f"n:{f.name}", _pods(increase))]
+            growth = _growth(self._selector(f, '(_total)?'), r)
+            return [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth))]
         if f.kind == "histogram":
-            return [(f"b:{f.name}", f"sum by (model_name, le) (increase({self._selector(f, '_bucket')}[{r}]))"),
-                    (f"s:{f.name}", f"sum by (model_name) (increase({self._selector(f, '_sum')}[{r}]))"),
-                    (f"n:{f.name}", _pods(f"increase({self._selector(f, '_count')}[{r}])"))]
+            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r)})"),
+                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r)})"),
+                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r)))]
         if f.kind == "gauge":
             return [(f"g:{f.name}", f"{f.agg} by ({by}) (max without (pid) ({self._selector(f, '')}))")]
         return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
@@ -625,9 +595,9 @@ class PrometheusSource:
 
     def _coverage(self, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> set[tuple[str, str]]:
         """(family, model) pairs summed over fewer pods than the model's best-covered counter or
-        histogram family (:attr:`Family.lazy` ones aside) this fetch (``n:`` rows: pods with two
-        samples in the range): pods without the family (another vLLM version, a name it does not
-        export) or with too few samples. Such a sum is not the fleet's (hits from some pods over
+        histogram family (:attr:`Family.lazy` ones aside) this fetch (``n:`` rows: pods with a
+        growth, i.e. a sample at both ends): pods without the family (another vLLM version, a name
+        it does not export) or without its sample at one end. Such a sum is not the fleet's (hits from some pods over
         queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
         total; a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
@@ -639,7 +609,7 @@ class PrometheusSource:
         if partial != self._partial:
             for name, model in sorted(partial - self._partial):
                 log.warning("fleet mode: %s of model %r comes from %d of %d pods this range (pods of another vLLM "
-                            "version or without it, or with fewer than two samples): left out, unknown",
+                            "version or without it, or new since the last poll): left out, unknown",
                             name, model, counts[(name, model)], most[model])
             if self._partial and not partial:
                 log.info("fleet mode: every family comes from every pod again")
@@ -707,6 +677,19 @@ class PrometheusSource:
             if model in sums and not math.isfinite(sums[model]):
                 fam.add_sample(f"vllm:{f.name}_sum", {"model_name": model}, sums[model])
         return [fam] if fam.samples else []
+
+
+def _growth(selector: str, offset: str | None) -> str:
+    """PromQL: per series, a counter's growth between its last sample at or before t − ``offset``
+    and its last at or before t: the difference, or after a restart (a difference below 0) its
+    value since. Anchored on samples, not on a range's edges: consecutive fetches tile the samples
+    exactly, however far apart they are (a Prometheus restart between two of a pod's samples), and
+    nothing is extrapolated. A series without a sample at t − offset (a new pod) adds nothing.
+    ``offset`` None: 0 for every series (a baseline)."""
+    if offset is None:
+        return f"(0 * {selector})"
+    diff = f"({selector} - {selector} offset {offset})"
+    return f"({diff} >= 0 or ({selector} and {diff} < 0))"
 
 
 def _pods(expr: str) -> str:

@@ -314,23 +314,26 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
         src.fetch()
     clock.t = 1010.5
     src.fetch()
-    # The first range is the interval; then each range starts 1 ms before the last successful one
-    # ended (the sample that ended it begins the next also where ranges are left-open, Prometheus 3).
+    # The first fetch is a baseline (0 per series: only differences are read); then each growth is
+    # over the time since the last successful fetch: x - x offset d, the samples tiled exactly.
     assert [f["time"] for f in fake.forms] == ["1000.000", "1003.250", "1006.000", "1010.500"]
     q0, q1, q3 = fake.forms[0]["query"], fake.forms[1]["query"], fake.forms[3]["query"]
-    assert "[5000ms]" in q0 and "[3251ms]" in q1 and "[7251ms]" in q3
+    assert "offset" not in q0 and "offset 3250ms" in q1 and "offset 7250ms" in q3
     sel = 'namespace="llm", pod=~"vllm-.*"'
-    assert (f'sum by (model_name) (increase({{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}[5000ms]))'
-            in q0)
-    assert f'sum by (model_name, le) (increase({{__name__=~"vllm[:_]request_prompt_tokens_bucket", {sel}}}[5000ms]))' in q0
-    assert f'sum by (model_name) (increase({{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}[5000ms]))' in q0
+    assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}))' in q0
+    x = f'{{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}'
+    # a restart (a difference below 0): the value since; a series without a sample at t - d: nothing
+    assert f"sum by (model_name) ((({x} - {x} offset 3250ms) >= 0 or ({x} and ({x} - {x} offset 3250ms) < 0)))" in q1
+    b = f'{{__name__=~"vllm[:_]request_prompt_tokens_bucket", {sel}}}'
+    assert f"sum by (model_name, le) ((({b} - {b} offset 3250ms) >= 0" in q1
+    assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}))' in q0
     assert f'sum by (model_name) (max without (pid) ({{__name__=~"vllm[:_]num_requests_running", {sel}}}))' in q0
     assert f'max by (model_name) (max without (pid) ({{__name__=~"vllm[:_]kv_cache_usage_perc", {sel}}}))' in q0
     assert f'count by (block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
     # how many series each counter and histogram sum covers (_coverage)
     pods = "count by (model_name) (count by (model_name, job, instance) ({}))"
-    assert pods.format(f'increase({{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}}[5000ms])') in q0
-    assert pods.format(f'increase({{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}}[5000ms])') in q0
+    assert pods.format(f'(0 * {{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}})') in q0
+    assert pods.format(f'(0 * {{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}})') in q0
     # each range query after the query of the pods' latest samples, with the selector too
     for name in ("prefix_cache_queries", "prefix_cache_hits"):
         assert (f'label_replace(min(timestamp({{__name__=~"vllm[:_]{name}(_total)?", {sel}}})), "kvhit_query", '
@@ -339,7 +342,7 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # per model, the pods × engine labels its counters come from (the engines its sums add up)
     assert (f'label_replace(count by (model_name) (count by (model_name, job, instance, engine) ({{__name__=~"vllm[:_]'
             f'(?:prefix_cache_queries|prefix_cache_hits)(_total)?", {sel}}})), "kvhit_query", "e:", "", "")') in q0
-    assert q0.count(" or ") == 11 and q0.count('label_replace(') == 12  # one request: 12 subqueries, 6 families
+    assert q0.count(" or ") == 10 and q0.count('label_replace(') == 11  # one request: 11 subqueries, 6 families
 
 
 def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engines(fake):
@@ -379,7 +382,7 @@ def test_a_range_ends_where_every_pod_s_samples_end(fake):
     _latest(fake, 999.5, 998.0)  # two families: the oldest of the pods' latest samples is 998
     fake.answer([_row("c:prefix_cache_queries", "100")])
     t, _ = src.fetch()
-    assert t == 998.0 and fake.forms[-1]["time"] == "998.000" and "[5000ms]" in fake.forms[-1]["query"]
+    assert t == 998.0 and fake.forms[-1]["time"] == "998.000" and "offset" not in fake.forms[-1]["query"]
     assert src.answer_delay == -2.0  # the runner stamps the snapshot where its data ends, as the range
     # one query per family: timestamp() drops the metric name, two families' series of a pod collide
     q = fake.latest_forms[-1]["query"]
@@ -395,36 +398,18 @@ def test_a_range_ends_where_every_pod_s_samples_end(fake):
     _latest(fake, 1008.0, 1009.0)  # scraped again
     fake.answer([_row("c:prefix_cache_queries", "50")])
     t, text = src.fetch()
-    # (998 - 1 ms, 1008]: the sample that ended the last range begins this one, the gap between
-    assert t == 1008.0 and "[10001ms]" in fake.forms[-1]["query"]
+    # each pod's last sample at 1008 minus its last at 998: the growth across the gap, whatever the pods' phases
+    assert t == 1008.0 and "offset 10000ms" in fake.forms[-1]["query"]
     assert parse_exposition(text, t).models["m"].counters["queries"] == 150.0
-    # a pod scraped once since (helper review: its pre-kill sample and the next after t, after a
-    # restart at the right phase): left out of every family's sum alike, the fleet TPM read 20-30 %
-    # low as fresh; with fewer pods summed than have series at t, the range waits and grows
-    clock.t = 1015.0
-    _latest(fake, 1013.0)
-    fake.answer([_row("c:prefix_cache_queries", "9"), _row("n:prefix_cache_queries", "1"),
-                 _row("n:request_prompt_tokens", "1"), _row("p:", "2")])
-    with pytest.raises(ScrapeError) as err:
-        src.fetch()
-    assert err.value.reason == "catching_up" and "1 of the 2 pods of model 'm' have two samples" in str(err.value)
-    clock.t = 1020.0
-    _latest(fake, 1018.0)
-    # a pod of another vLLM version without one family is _coverage's (that family left out), not a wait
-    fake.answer([_row("c:prefix_cache_queries", "30"), _row("n:prefix_cache_queries", "1"),
-                 _row("n:request_prompt_tokens", "2"), _row("p:", "2")])
-    t, text = src.fetch()
-    assert t == 1018.0 and "[10001ms]" in fake.forms[-1]["query"]  # (1008 - 1 ms, 1018]: the refused range too
-    assert "m" not in parse_exposition(text, t).models  # its one counter from 1 of 2 pods: left out, unknown
     # prometheus_delay: no later than now - delay, however new the samples
     delayed = PrometheusSource(fake.url, FAMILIES, interval=5.0, delay=30.0, clock=clock)
     _latest(fake, 1009.0)
     delayed.fetch()
-    assert fake.latest_forms[-1]["time"] == fake.forms[-1]["time"] == "990.000" and delayed.answer_delay == 0.0
+    assert fake.latest_forms[-1]["time"] == fake.forms[-1]["time"] == "980.000" and delayed.answer_delay == 0.0
     # no counter series at all: now (the answer has nothing to analyse)
-    clock.t = 1025.0
+    clock.t = 1015.0
     src.fetch()
-    assert fake.forms[-1]["time"] == "1025.000"
+    assert fake.forms[-1]["time"] == "1015.000"
 
 
 def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknown(fake):
@@ -590,7 +575,7 @@ def test_each_failure_has_its_reason_and_moves_no_range(fake, status, body, reas
     assert "SECRET" not in str(err.value)  # Prometheus' error text may quote label values
     clock.t = 103.0
     src.fetch()
-    assert "[8001ms]" in fake.forms[-1]["query"]  # the failed fetch moved nothing: (95 - 1 ms, 103]
+    assert "offset 8000ms" in fake.forms[-1]["query"]  # the failed fetch moved nothing: 103 - 95
 
 
 def test_a_refused_query_points_at_the_selector(fake):
@@ -715,7 +700,7 @@ def test_tenant_header_and_a_rotated_bearer_token_reach_every_query(fake, tmp_pa
     token.write_text("third-token")
     clock.t = 3025.0
     src.fetch()
-    assert fake.headers[-1]["Authorization"] == "Bearer third-token" and "[20001ms]" in fake.forms[-1]["query"]
+    assert fake.headers[-1]["Authorization"] == "Bearer third-token" and "offset 20000ms" in fake.forms[-1]["query"]
     # Basic auth from the URL's user:password: requests sends it.
     basic = PrometheusSource(fake.url.replace("://", "://kvhit:s3cret@"), FAMILIES, clock=clock)
     basic.fetch()
@@ -834,7 +819,7 @@ def test_a_wall_clock_step_moves_neither_the_ranges_nor_the_stamps(fake, monkeyp
     wall[0] += 600.0 + 60.0  # the system clock jumps 10 min forward during the next interval
     mono[0] += 60.0
     assert runner.poll(source)
-    assert "[60001ms]" in fake.forms[-1]["query"]  # the 60 s kvhit's own clock saw, not 660 s
+    assert "offset 60000ms" in fake.forms[-1]["query"]  # the 60 s kvhit's own clock saw, not 660 s
     assert float(fake.forms[-1]["time"]) - float(fake.forms[0]["time"]) == pytest.approx(60.0)
     # stepped back 20 min: the steady clock is now ahead of Prometheus' and would ask about the
     # future (empty ranges) for good; the query is at the wall clock, over one interval
@@ -842,7 +827,7 @@ def test_a_wall_clock_step_moves_neither_the_ranges_nor_the_stamps(fake, monkeyp
     mono[0] += 60.0
     fake.answer([_row("c:prefix_cache_queries", "1000")])
     assert runner.poll(source)
-    assert float(fake.forms[-1]["time"]) == pytest.approx(wall[0]) and "[60000ms]" in fake.forms[-1]["query"]
+    assert float(fake.forms[-1]["time"]) == pytest.approx(wall[0]) and "offset 60000ms" in fake.forms[-1]["query"]
 
 
 def test_fleet_totals_near_the_value_cap_start_again_together(fake):
