@@ -168,9 +168,10 @@ class Runner:
 
     def poll(self, source: LiveSource | PrometheusSource) -> bool:
         """One live scrape (or fleet query) stamped with :attr:`clock` when its answer began
-        (``source.answer_delay`` after the request); errors are counted by reason."""
+        (``source.answer_delay`` after the request; fleet mode: where its data ends, before the
+        request, while the scrape's health is dated at the request); errors are counted by reason."""
         start = time.monotonic()  # before the stamp: the duration covers all the scrape took after it
-        stamp = self.clock()
+        stamp = asked = self.clock()
         # the engine stamps _created on the wall clock, which may have stepped since kvhit started
         offset = self.clock.offset() if isinstance(self.clock, SteadyClock) else 0.0
         try:
@@ -184,7 +185,11 @@ class Runner:
             return False
         finally:
             self._polled = self.clock()
-        return self.ingest_text(stamp, text, time.monotonic() - start, offset, getattr(source, "engines", None))
+        ok = self.ingest_text(stamp, text, time.monotonic() - start, offset, getattr(source, "engines", None))
+        if ok and stamp < asked:  # data older than the query (fleet mode) is no stale scrape: it is the latest
+            with self._lock:
+                self._health = replace(self._health, last_success=asked)
+        return ok
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer

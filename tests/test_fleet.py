@@ -849,3 +849,24 @@ def test_fleet_totals_near_the_value_cap_start_again_together(fake):
     step = runner.analyzer.windows._models["m"].steps[-1]
     assert step.counters == {"queries": 1000.0, "hits": 250.0} and step.resets == 1
     assert not any(runner.current()[1].quirks.values())  # nothing dropped on the way
+
+
+def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch):
+    # the snapshot is stamped where its data ends (the pods' oldest latest sample, up to one scrape
+    # interval behind the query): kvhit_stale then flapped to 1 before every poll with 5-s scrapes
+    # and a 10-s poll (third verification); the scrape itself is dated at the query
+    from exporter import runner as runner_module
+    from exporter.cli import pipeline
+    wall, mono = [5000.0], [100.0]
+    monkeypatch.setattr(runner_module.time, "time", lambda: wall[0])
+    monkeypatch.setattr(runner_module.time, "monotonic", lambda: mono[0])
+    runner, source = pipeline(Config(prometheus=fake.url, interval=10.0, timeout=3.0))
+    for k in range(3):
+        _latest(fake, wall[0] - 8.0)  # the laggiest pod's latest sample is 8 s old
+        fake.answer([_row("c:prefix_cache_queries", str(1000 * (k + 1)))])
+        assert runner.poll(source)
+        assert runner.analyzer.windows.last.timestamp == pytest.approx(wall[0] - 8.0)  # the data's time
+        wall[0] += 9.9
+        mono[0] += 9.9
+        health = runner.current()[1]  # just before the next poll: 9.9 s after the query, 17.9 s of the data
+        assert health.age == pytest.approx(9.9) and not health.stale
