@@ -392,6 +392,7 @@ class Family:
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
+LOOKBACK = "5m"  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
 
 
@@ -684,12 +685,15 @@ def _growth(selector: str, offset: str | None) -> str:
     and its last at or before t: the difference, or after a restart (a difference below 0) its
     value since. Anchored on samples, not on a range's edges: consecutive fetches tile the samples
     exactly, however far apart they are (a Prometheus restart between two of a pod's samples), and
-    nothing is extrapolated. A series without a sample at t − offset (a new pod) adds nothing.
-    ``offset`` None: 0 for every series (a baseline)."""
+    nothing is extrapolated. Each end is the last real sample within LOOKBACK (``last_over_time``:
+    a range skips the staleness marker a pod restart's missed scrape leaves, which would hide the
+    pod at one end, and its growth with it). A series without a sample at t − offset within
+    LOOKBACK (a new pod) adds nothing. ``offset`` None: 0 for every series (a baseline)."""
     if offset is None:
         return f"(0 * {selector})"
-    diff = f"({selector} - {selector} offset {offset})"
-    return f"({diff} >= 0 or ({selector} and {diff} < 0))"
+    now, then = f"last_over_time({selector}[{LOOKBACK}])", f"last_over_time({selector}[{LOOKBACK}] offset {offset})"
+    diff = f"({now} - {then})"
+    return f"({diff} >= 0 or ({now} and {diff} < 0))"
 
 
 def _pods(expr: str) -> str:
