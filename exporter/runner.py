@@ -99,10 +99,13 @@ class Runner:
     # --- input -----------------------------------------------------------------------------
 
     def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None,
-                    clock_offset: float = 0.0, engine_counts: Mapping[str, int] | None = None) -> bool:
+                    clock_offset: float = 0.0, engine_counts: Mapping[str, int] | None = None,
+                    asked: float | None = None) -> bool:
         """Parse one exposition and feed it to the analyzer. Returns True on success; never raises.
         ``clock_offset``: ``timestamp`` minus the wall clock then (parse.Snapshot.clock_offset);
-        ``engine_counts``: what the source told of the engines summed (parse.Snapshot.engine_counts).
+        ``engine_counts``: what the source told of the engines summed (parse.Snapshot.engine_counts);
+        ``asked``: when the scrape was asked for, its health's last success when later than
+        ``timestamp`` (fleet mode dates data where it ends, before the query: no stale scrape).
 
         ``bytes`` are decoded as UTF-8 with replacement. A body that is not exposition, a
         timestamp not newer than the last snapshot, or an exception in the analysis counts as an
@@ -137,7 +140,8 @@ class Runner:
                 self.analyzer.fit_step()
                 failed, self._failures, self._backoff, self._costless = self._failures, 0, 0, False
                 self._last_reason = ""
-                self._health = replace(self._health, up=True, duration=duration, last_success=timestamp)
+                self._health = replace(self._health, up=True, duration=duration,
+                                       last_success=timestamp if asked is None else max(timestamp, asked))
         except Exception as exc:
             log.debug("analysis of a snapshot failed", exc_info=True)
             # the type only: an exception's text may quote a label value from the scraped body
@@ -185,11 +189,7 @@ class Runner:
             return False
         finally:
             self._polled = self.clock()
-        ok = self.ingest_text(stamp, text, time.monotonic() - start, offset, getattr(source, "engines", None))
-        if ok and stamp < asked:  # data older than the query (fleet mode) is no stale scrape: it is the latest
-            with self._lock:
-                self._health = replace(self._health, last_success=asked)
-        return ok
+        return self.ingest_text(stamp, text, time.monotonic() - start, offset, getattr(source, "engines", None), asked)
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer

@@ -683,7 +683,8 @@ class PrometheusSource:
 def _growth(selector: str, offset: str | None) -> str:
     """PromQL: per series, a counter's growth between its last sample at or before t − ``offset``
     and its last at or before t: the difference, or after a restart (a difference below 0) its
-    value since. Anchored on samples, not on a range's edges: consecutive fetches tile the samples
+    value since plus its growth up to its last sample before the restart in the tile (a restart
+    shorter than a poll: the tile's highest sample). Anchored on samples, not on a range's edges: consecutive fetches tile the samples
     exactly, however far apart they are (a Prometheus restart between two of a pod's samples), and
     nothing is extrapolated. Each end is the last real sample within LOOKBACK (``last_over_time``:
     a range skips the staleness marker a pod restart's missed scrape leaves, which would hide the
@@ -693,7 +694,10 @@ def _growth(selector: str, offset: str | None) -> str:
         return f"(0 * {selector})"
     now, then = f"last_over_time({selector}[{LOOKBACK}])", f"last_over_time({selector}[{LOOKBACK}] offset {offset})"
     diff = f"({now} - {then})"
-    return f"({diff} >= 0 or ({now} and {diff} < 0))"
+    # a restart inside the tile: the growth up to the last sample before it (the tile's highest,
+    # when any came before it), plus the value since
+    restarted = f"(clamp_min(max_over_time({selector}[{offset}]) - {then}, 0) + {now})"
+    return f"({diff} >= 0 or ({restarted} and {diff} < 0))"
 
 
 def _pods(expr: str) -> str:

@@ -325,8 +325,10 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # pod restart's missed scrape, which hid the restarted pod: fleet TPM 4-11 % low, fourth verification)
     x = f'{{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}'
     now, then = f"last_over_time({x}[5m])", f"last_over_time({x}[5m] offset 3250ms)"
-    # a restart (a difference below 0): the value since; a series without a sample at t - d: nothing
-    assert f"sum by (model_name) ((({now} - {then}) >= 0 or ({now} and ({now} - {then}) < 0)))" in q1
+    # a restart (a difference below 0): the growth up to it in the tile (its highest sample) and the
+    # value since; a series without a sample at t - d: nothing
+    restarted = f"(clamp_min(max_over_time({x}[3250ms]) - {then}, 0) + {now})"
+    assert f"sum by (model_name) ((({now} - {then}) >= 0 or ({restarted} and ({now} - {then}) < 0)))" in q1
     b = f'{{__name__=~"vllm[:_]request_prompt_tokens_bucket", {sel}}}'
     assert f"sum by (model_name, le) (((last_over_time({b}[5m]) - last_over_time({b}[5m] offset 3250ms)) >= 0" in q1
     assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}))' in q0
@@ -875,12 +877,15 @@ def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch):
         assert health.age == pytest.approx(9.9) and not health.stale
 
 
-def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_marker(tmp_path):
+@pytest.mark.parametrize("poll_while_down", [True, False])
+def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_marker(tmp_path, poll_while_down):
     # A pod restart makes Prometheus miss a scrape, which writes a staleness marker: an instant
     # selector then hid the pod at one end of its growth, and its growth was dropped, in every
     # family alike (fourth verification: fleet TPM 4-11 % low for a window, up=1/stale=0). Each
-    # end is the last real sample within 5 min. By hand: the growth of the pod's own samples,
-    # up to its last before the restart, plus its value since.
+    # end is the last real sample within 5 min. A restart shorter than a poll, its last sample
+    # before and first after in one tile, lost the growth up to the restart (fifth verification:
+    # 1-4 % low for a window). By hand: the growth of the pod's own samples, up to its last
+    # before the restart, plus its value since.
     state = {"t0": time.time(), "down": False}
 
     class Pod(BaseHTTPRequestHandler):
@@ -920,9 +925,11 @@ def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_mark
         poll()  # the baseline
         time.sleep(2.5)
         poll()
+        time.sleep(1.5)
         state["down"] = True  # the pod restarts: scrapes fail, Prometheus marks its series stale
         time.sleep(2.5)
-        poll()  # the pod's newest sample is the staleness marker
+        if poll_while_down:
+            poll()  # the pod's newest sample is the staleness marker
         state["down"], state["t0"] = False, time.time()  # back, its counters from 0
         time.sleep(3.5)
         poll()
