@@ -566,10 +566,10 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API with a "
                               f"host (percent-encode / ? # @ in a user:password), got {redact_url(cfg.prometheus)!r}")
         path = urlsplit(cfg.prometheus).path.rstrip("/")
-        if "/api/v1" in path or path.endswith("/metrics"):  # kvhit adds /api/v1/query to the base
+        extra = path[path.find("/api/v1"):] if "/api/v1" in path else "/metrics" if path.endswith("/metrics") else ""
+        if extra:  # kvhit adds /api/v1/query to the base
             raise ConfigError(f"config key prometheus: the base URL of the Prometheus API (e.g. http://prometheus:9090, "
-                              f"Mimir's …/prometheus), without {path[path.find('/api/v1'):] if '/api/v1' in path else '/metrics'}"
-                              f", got {redact_url(cfg.prometheus)!r}")
+                              f"Mimir's …/prometheus), without {extra}, got {redact_url(cfg.prometheus)!r}")
         if cfg.target is not None:
             raise ConfigError("config key prometheus: fleet mode reads Prometheus instead of a target: "
                               "set target or prometheus, not both")

@@ -408,8 +408,8 @@ class PrometheusSource:
     ``interval`` at the first fetch:
 
     * counters: ``sum by (model_name[, label]) (growth)`` where a series' growth is the
-      difference of its last samples at or before t and t − d (``x - x offset d``), or after a
-      restart (a difference below 0) its value since (:func:`_growth`); histograms: the same of
+      difference of its last samples at or before t and t − d, or across a restart (a
+      difference below 0) its growth before the restart plus its value since (:func:`_growth`); histograms: the same of
       ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the ``+Inf`` bucket). Anchored on
       samples, consecutive fetches tile every pod's samples exactly, nothing extrapolated: a
       Prometheus restart between two of a pod's samples (the growth across it, which
@@ -487,6 +487,7 @@ class PrometheusSource:
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
+        self._counters = tuple(f for f in self.families if f.kind == "counter")  # _latest's and e:'s families
 
     def fetch(self) -> tuple[float, str]:
         """One query → (t [unix s], vLLM V1 exposition of the fleet's totals and gauges at t).
@@ -516,11 +517,10 @@ class PrometheusSource:
         """The oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
         (one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
         series of one pod would collide)."""
-        counters = [f for f in self.families if f.kind == "counter"]
-        if not counters:
+        if not self._counters:
             return None
         query = " or ".join(f'label_replace(min(timestamp({self._selector(f, "(_total)?")})), "{_QUERY_LABEL}", '
-                            f'"{f.name}", "", "")' for f in counters)
+                            f'"{f.name}", "", "")' for f in self._counters)
         stamps = [value for _, value in _vector(self._query(query, t), self._where) if math.isfinite(value)]
         return min(stamps) if stamps else None
 
@@ -549,9 +549,9 @@ class PrometheusSource:
         labels with counters (``e:``, :attr:`engines`)."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r)]
-        counters = "|".join(f.name for f in self.families if f.kind == "counter")
-        if counters:
-            latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{counters})(_total)?"', *self.matchers)) + "}"
+        if self._counters:
+            names = "|".join(f.name for f in self._counters)
+            latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{names})(_total)?"', *self.matchers)) + "}"
             # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) ({latest}))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
