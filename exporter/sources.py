@@ -392,7 +392,8 @@ class Family:
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
-LOOKBACK = "5m"  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
+LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
+LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
 _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
 
 
@@ -420,7 +421,11 @@ class PrometheusSource:
       stamped where the data ends; with no sample of some pod since the last fetch's t, the fetch
       fails ``catching_up`` (Prometheus has not scraped since it came back; a pod gone while
       Prometheus was down keeps its last sample for its 5-min lookback). A failed fetch does not
-      move t: the next difference covers the gap. A new pod adds nothing until its second fetch.
+      move t: the next difference covers the gap. A pod new since the last fetch adds its whole
+      value (a counter starts from 0) when its ``_created`` is after both the first fetch and the
+      last fetch's t − 5 min (then none of its samples was counted, and none of its growth came
+      before kvhit's baseline); without ``_created`` (Prometheus' created-timestamp-zero-ingestion
+      drops it) it adds nothing until its second fetch.
       Each sum comes with the count of pods in it (:func:`_pods`; of ``_count`` for histograms):
       a sum over fewer pods than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
@@ -484,6 +489,7 @@ class PrometheusSource:
                                 what="Prometheus")
         self._where = redact_url(self._http.url)
         self._end: float | None = None  # t of the last successful fetch
+        self._baseline: float | None = None  # t of the first successful fetch
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
@@ -506,11 +512,18 @@ class PrometheusSource:
         t = now if latest is None else min(now, latest)
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval
-        rows = _vector(self._query(self.promql(None if self._end is None else t - start), t), self._where)
+        if self._baseline is None:
+            query = self.promql(None)
+        else:
+            # a series created after both the baseline and start − LOOKBACK, without a sample at start, had
+            # none at or before start (it would be within LOOKBACK): none of its value was counted
+            query = self.promql(t - start, max(self._baseline, start - LOOKBACK_SECONDS))
+        rows = _vector(self._query(query, t), self._where)
         self.engines = {labels.get("model_name", ""): int(value) for labels, value in rows
                         if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
         text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
         self._end, self.answer_delay = t, t - now
+        self._baseline = t if self._baseline is None else self._baseline
         return t, text
 
     def _latest(self, t: float) -> float | None:
@@ -542,13 +555,15 @@ class PrometheusSource:
         except ValueError as exc:
             raise ScrapeError("credentials", str(exc)) from None
 
-    def promql(self, seconds: float | None) -> str:
+    def promql(self, seconds: float | None, born_after: float | None = None) -> str:
         """The combined query for growths over ``seconds`` [s] (rounded to whole milliseconds; None:
         the first fetch's baseline, 0 for every series — only differences are read, and a growth
-        needs history the selected pods may not have yet), and per model the pods × ``engine``
-        labels with counters (``e:``, :attr:`engines`)."""
+        needs history the selected pods may not have yet), a series without a sample at the
+        growth's start counted whole when its ``_created`` is after ``born_after`` [unix s]
+        (:func:`_growth`), and per model the pods × ``engine`` labels with counters (``e:``,
+        :attr:`engines`)."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
-        queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r)]
+        queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
         if self._counters:
             names = "|".join(f.name for f in self._counters)
             latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{names})(_total)?"', *self.matchers)) + "}"
@@ -556,15 +571,16 @@ class PrometheusSource:
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) ({latest}))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
-    def _queries(self, f: Family, r: str | None) -> list[tuple[str, str]]:
+    def _queries(self, f: Family, r: str | None, born_after: float | None) -> list[tuple[str, str]]:
         by = ", ".join(("model_name",) + f.labels)
+        born = None if born_after is None else (self._selector(f, "_created"), born_after)
         if f.kind == "counter":
-            growth = _growth(self._selector(f, '(_total)?'), r)
+            growth = _growth(self._selector(f, '(_total)?'), r, born)
             return [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth))]
         if f.kind == "histogram":
-            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r)})"),
-                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r)})"),
-                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r)))]
+            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born)})"),
+                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born)})"),
+                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born)))]
         if f.kind == "gauge":
             return [(f"g:{f.name}", f"{f.agg} by ({by}) (max without (pid) ({self._selector(f, '')}))")]
         return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
@@ -680,7 +696,7 @@ class PrometheusSource:
         return [fam] if fam.samples else []
 
 
-def _growth(selector: str, offset: str | None) -> str:
+def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = None) -> str:
     """PromQL: per series, a counter's growth between its last sample at or before t − ``offset``
     and its last at or before t: the difference, or after a restart (a difference below 0) its
     value since plus its growth up to its last sample before the restart in the tile (a restart
@@ -688,8 +704,12 @@ def _growth(selector: str, offset: str | None) -> str:
     exactly, however far apart they are (a Prometheus restart between two of a pod's samples), and
     nothing is extrapolated. Each end is the last real sample within LOOKBACK (``last_over_time``:
     a range skips the staleness marker a pod restart's missed scrape leaves, which would hide the
-    pod at one end, and its growth with it). A series without a sample at t − offset within
-    LOOKBACK (a new pod) adds nothing. ``offset`` None: 0 for every series (a baseline)."""
+    pod at one end, and its growth with it). ``offset`` None: 0 for every series (a baseline).
+
+    A series without a sample at t − offset within LOOKBACK (a new pod) adds its whole value at t
+    when ``born`` = (its ``_created`` selector, a time [unix s]) and its ``_created`` is after that
+    time (the caller's guarantee that none of its value was counted: a counter starts from 0 at
+    its ``_created``); else (no ``_created`` exported, or older) nothing."""
     if offset is None:
         return f"(0 * {selector})"
     now, then = f"last_over_time({selector}[{LOOKBACK}])", f"last_over_time({selector}[{LOOKBACK}] offset {offset})"
@@ -697,7 +717,12 @@ def _growth(selector: str, offset: str | None) -> str:
     # a restart inside the tile: the growth up to the last sample before it (the tile's highest,
     # when any came before it), plus the value since
     restarted = f"(clamp_min(max_over_time({selector}[{offset}]) - {then}, 0) + {now})"
-    return f"({diff} >= 0 or ({restarted} and {diff} < 0))"
+    grown = f"({diff} >= 0 or ({restarted} and {diff} < 0))"
+    if born is None:
+        return grown
+    # a histogram's one _created per label set has no le
+    new = f"(({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))"
+    return f"({grown} or {new})"
 
 
 def _pods(expr: str) -> str:

@@ -326,11 +326,16 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     x = f'{{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}'
     now, then = f"last_over_time({x}[5m])", f"last_over_time({x}[5m] offset 3250ms)"
     # a restart (a difference below 0): the growth up to it in the tile (its highest sample) and the
-    # value since; a series without a sample at t - d: nothing
+    # value since; a series without a sample at t - d: its whole value when its _created is after the
+    # baseline (1000) and t - d - 5 min (then it had no sample before t - d either), else nothing
     restarted = f"(clamp_min(max_over_time({x}[3250ms]) - {then}, 0) + {now})"
-    assert f"sum by (model_name) ((({now} - {then}) >= 0 or ({restarted} and ({now} - {then}) < 0)))" in q1
+    born = (f'last_over_time({{__name__=~"vllm[:_]prefix_cache_queries_created", {sel}}}[5m]) > 1000.000')
+    assert (f"sum by (model_name) (((({now} - {then}) >= 0 or ({restarted} and ({now} - {then}) < 0)) or "
+            f"(({now} unless {then}) and ignoring(le) ({born}))))") in q1
+    assert "offset 7250ms)) and ignoring(le) (last_over_time(" in q3 and "[5m]) > 1000.000)" in q3
     b = f'{{__name__=~"vllm[:_]request_prompt_tokens_bucket", {sel}}}'
-    assert f"sum by (model_name, le) (((last_over_time({b}[5m]) - last_over_time({b}[5m] offset 3250ms)) >= 0" in q1
+    assert f"sum by (model_name, le) ((((last_over_time({b}[5m]) - last_over_time({b}[5m] offset 3250ms)) >= 0" in q1
+    assert f'ignoring(le) (last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
     assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}))' in q0
     assert f'sum by (model_name) (max without (pid) ({{__name__=~"vllm[:_]num_requests_running", {sel}}}))' in q0
     assert f'max by (model_name) (max without (pid) ({{__name__=~"vllm[:_]kv_cache_usage_perc", {sel}}}))' in q0
@@ -946,3 +951,88 @@ def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_mark
         procs.stop()
         pod.shutdown()
         pod.server_close()
+
+
+def test_a_pod_new_since_the_last_poll_adds_its_whole_value_and_an_older_one_only_its_growth(tmp_path):
+    # Before: a series without a sample at the growth's start (a new pod: scale-up, rollout) added
+    # nothing until its second poll, and its value up to then (its traffic since it started) was lost.
+    # A counter starts from 0 at its _created: a pod created after kvhit's baseline, whose samples
+    # all came after the last poll, grew by its whole value. One created before the baseline but
+    # first scraped after it (pod c) adds only its growth from its first poll on: its value at its
+    # first sample is partly from before kvhit watched. By hand from each pod's raw samples.
+    t0 = time.time()
+    state = {"a": t0, "b": None, "c": None}  # pod → when it answers from (None: 503)
+    rate = {"a": 100.0, "b": 1000.0, "c": 10.0}  # queried tokens/s since its _created
+    created = {"a": t0, "c": t0}
+
+    def pod(name: str):
+        class Pod(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server API)
+                if state[name] is None:
+                    reply(self, 503, b"starting\n")
+                    return
+                q = round(rate[name] * (time.time() - created[name]))
+                born = created[name]
+                reply(self, 200, (f'vllm:prefix_cache_queries_total{{model_name="m"}} {q}\n'
+                                  f'vllm:prefix_cache_queries_created{{model_name="m"}} {born}\n'
+                                  f'vllm:prefix_cache_hits_total{{model_name="m"}} {q // 2}\n'
+                                  f'vllm:prefix_cache_hits_created{{model_name="m"}} {born}\n').encode())
+
+            def log_message(self, *a):
+                pass
+        return serve(Pod)
+
+    pods, procs = {name: pod(name) for name in state}, Processes(tmp_path)
+    try:
+        port = free_port()
+        prom = f"http://127.0.0.1:{port}"
+        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
+            {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"],
+                                                     "labels": {"pod": name}} for name, s in pods.items()]}]}, port)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
+                 30, "three samples of pod a")
+        src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter")),
+                               interval=2.0)
+        polls = []
+
+        def poll():
+            for _ in range(5):  # a starved Prometheus may not have scraped since the last poll
+                try:
+                    t, text = src.fetch()
+                    break
+                except ScrapeError as exc:
+                    assert exc.reason == "catching_up", exc
+                    time.sleep(1.0)
+            polls.append((t, parse_exposition(text, t).models["m"].counters))
+
+        poll()  # the baseline
+        state["c"] = time.time()  # c was created before it, first scraped after it
+        time.sleep(2.5)
+        poll()
+        time.sleep(0.5)
+        state["b"] = created["b"] = time.time()  # b starts after the baseline: its counters from 0
+        time.sleep(3.0)
+        poll()
+        time.sleep(2.5)
+        poll()
+        raw = {s["metric"]["pod"]: [(float(t), float(v)) for t, v in s["values"]]
+               for s in prometheus_query(prom, "vllm:prefix_cache_queries_total[60s]", polls[-1][0])}
+
+        def at(name: str, t: float) -> float | None:  # the pod's last sample at or before t
+            return max(((ts, v) for ts, v in raw[name] if ts <= t), default=(None, None))[1]
+
+        start, end = polls[0][0], polls[-1][0]
+        first_seen = next(t for t, _ in polls if at("c", t) is not None)  # c's first poll: no growth yet
+        by_hand = ((at("a", end) - at("a", start)) + at("b", end) + (at("c", end) - at("c", first_seen)))
+        assert at("b", start) is None and at("b", end) > 1000.0 and first_seen > start
+        got = polls[-1][1]["queries"] - polls[0][1]["queries"]
+        assert got == pytest.approx(by_hand, abs=1e-6), (polls, raw)
+        # every family alike: the hit ratio's numerator and denominator cover the same pods
+        assert polls[-1][1]["hits"] - polls[0][1]["hits"] == pytest.approx(
+            sum(v // 2 for v in (at("a", end), at("b", end), at("c", end)))
+            - at("a", start) // 2 - at("c", first_seen) // 2, abs=1e-6)
+    finally:
+        procs.stop()
+        for s in pods.values():
+            s.shutdown()
+            s.server_close()
