@@ -394,6 +394,9 @@ class Family:
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
+# How far a pod's clock (its _created stamps) may be from Prometheus' (its sample times) for a new
+# pod's whole value to be counted only once (PrometheusSource.fetch)
+CREATED_SKEW_SECONDS = 60.0
 _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
 
 
@@ -423,9 +426,11 @@ class PrometheusSource:
       Prometheus was down keeps its last sample for its 5-min lookback). A failed fetch does not
       move t: the next difference covers the gap. A pod new since the last fetch adds its whole
       value (a counter starts from 0) when its ``_created`` is after both the first fetch and the
-      last fetch's t − 5 min (then none of its samples was counted, and none of its growth came
-      before kvhit's baseline); without ``_created`` (Prometheus' created-timestamp-zero-ingestion
-      drops it) it adds nothing until its second fetch.
+      last fetch's t − 5 min + CREATED_SKEW_SECONDS (the pod's clock against Prometheus'; then
+      none of its samples was counted, and none of its growth came before kvhit's baseline), and
+      Prometheus still has samples of the model's pods at the last fetch's t (it did not lose its
+      history: a restart on empty storage, a fresh replica); without ``_created`` (Prometheus'
+      created-timestamp-zero-ingestion drops it) it adds nothing until its second fetch.
       Each sum comes with the count of pods in it (:func:`_pods`; of ``_count`` for histograms):
       a sum over fewer pods than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
@@ -517,7 +522,7 @@ class PrometheusSource:
         else:
             # a series created after both the baseline and start − LOOKBACK, without a sample at start, had
             # none at or before start (it would be within LOOKBACK): none of its value was counted
-            query = self.promql(t - start, max(self._baseline, start - LOOKBACK_SECONDS))
+            query = self.promql(t - start, max(self._baseline, start - LOOKBACK_SECONDS + CREATED_SKEW_SECONDS))
         rows = _vector(self._query(query, t), self._where)
         self.engines = {labels.get("model_name", ""): int(value) for labels, value in rows
                         if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
@@ -707,9 +712,11 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     pod at one end, and its growth with it). ``offset`` None: 0 for every series (a baseline).
 
     A series without a sample at t − offset within LOOKBACK (a new pod) adds its whole value at t
-    when ``born`` = (its ``_created`` selector, a time [unix s]) and its ``_created`` is after that
+    when ``born`` = (its ``_created`` selector, a time [unix s]), its ``_created`` is after that
     time (the caller's guarantee that none of its value was counted: a counter starts from 0 at
-    its ``_created``); else (no ``_created`` exported, or older) nothing."""
+    its ``_created``) and some series of its model has a sample at t − offset (else Prometheus lost
+    its history, and with it the samples that were counted); else (no ``_created`` exported, or
+    older) nothing."""
     if offset is None:
         return f"(0 * {selector})"
     now, then = f"last_over_time({selector}[{LOOKBACK}])", f"last_over_time({selector}[{LOOKBACK}] offset {offset})"
@@ -721,7 +728,8 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     if born is None:
         return grown
     # a histogram's one _created per label set has no le
-    new = f"(({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))"
+    new = (f"((({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f})) "
+           f"and on(model_name) count by (model_name) ({then}))")
     return f"({grown} or {new})"
 
 

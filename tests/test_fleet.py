@@ -329,9 +329,12 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # value since; a series without a sample at t - d: its whole value when its _created is after the
     # baseline (1000) and t - d - 5 min (then it had no sample before t - d either), else nothing
     restarted = f"(clamp_min(max_over_time({x}[3250ms]) - {then}, 0) + {now})"
+    # (less 60 s of clock skew: 1000 - 240 here); and only while Prometheus has the model's samples at
+    # t - d (it did not lose its history, with the samples that were counted)
     born = (f'last_over_time({{__name__=~"vllm[:_]prefix_cache_queries_created", {sel}}}[5m]) > 1000.000')
     assert (f"sum by (model_name) (((({now} - {then}) >= 0 or ({restarted} and ({now} - {then}) < 0)) or "
-            f"(({now} unless {then}) and ignoring(le) ({born}))))") in q1
+            f"((({now} unless {then}) and ignoring(le) ({born})) and on(model_name) count by (model_name) "
+            f"({then}))))") in q1
     assert "offset 7250ms)) and ignoring(le) (last_over_time(" in q3 and "[5m]) > 1000.000)" in q3
     b = f'{{__name__=~"vllm[:_]request_prompt_tokens_bucket", {sel}}}'
     assert f"sum by (model_name, le) ((((last_over_time({b}[5m]) - last_over_time({b}[5m] offset 3250ms)) >= 0" in q1
@@ -353,6 +356,20 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert (f'label_replace(count by (model_name) (count by (model_name, job, instance, engine) ({{__name__=~"vllm[:_]'
             f'(?:prefix_cache_queries|prefix_cache_hits)(_total)?", {sel}}})), "kvhit_query", "e:", "", "")') in q0
     assert q0.count(" or ") == 10 and q0.count('label_replace(') == 11  # one request: 11 subqueries, 6 families
+
+
+def test_a_new_pod_counts_whole_only_when_created_after_the_baseline_and_the_last_poll_less_5_min(fake):
+    # A pod counted before, then unreachable for more than 5 min, has no sample at the growth's start
+    # either: its _created must be after the last poll's t - 5 min (plus 60 s of clock skew), or it
+    # would be counted whole a second time; and after kvhit's baseline (first poll, t = 1000).
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    for t in (1000.0, 1400.0, 1405.0):
+        clock.t = t
+        src.fetch()
+    assert "_created" not in fake.forms[0]["query"]  # the baseline
+    assert "[5m]) > 1000.000)" in fake.forms[1]["query"]  # max(1000, 1000 - 300 + 60)
+    assert "[5m]) > 1160.000)" in fake.forms[2]["query"]  # max(1000, 1400 - 300 + 60)
 
 
 def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engines(fake):
@@ -1033,6 +1050,88 @@ def test_a_pod_new_since_the_last_poll_adds_its_whole_value_and_an_older_one_onl
             - at("a", start) // 2 - at("c", first_seen) // 2, abs=1e-6)
     finally:
         procs.stop()
+        for s in pods.values():
+            s.shutdown()
+            s.server_close()
+
+
+def test_a_prometheus_that_lost_its_history_counts_no_new_pod_twice(tmp_path):
+    # Prometheus restarted on empty storage (emptyDir, a fresh replica): no series has a sample at
+    # the growth's start, so every pod looks new, and a pod created after kvhit's baseline passed
+    # the _created check: its whole value was counted a second time (review: +319582 queried tokens
+    # over 770089). With no sample of the model at the growth's start, no pod is counted whole: that
+    # poll's growth is unknown (as a pod's is across the loss), the next from the new samples. By hand
+    # from the new Prometheus' raw samples.
+    t0 = time.time()
+    created, rate = {"a": t0, "y": None}, {"a": 100.0, "y": 1000.0}
+
+    def pod(name: str):
+        class Pod(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server API)
+                if created[name] is None:
+                    reply(self, 503, b"starting\n")
+                    return
+                q = round(rate[name] * (time.time() - created[name]))
+                reply(self, 200, (f'vllm:prefix_cache_queries_total{{model_name="m"}} {q}\n'
+                                  f'vllm:prefix_cache_queries_created{{model_name="m"}} {created[name]}\n').encode())
+
+            def log_message(self, *a):
+                pass
+        return serve(Pod)
+
+    pods = {name: pod(name) for name in created}
+    (tmp_path / "1").mkdir()
+    (tmp_path / "2").mkdir()
+    first, second = Processes(tmp_path / "1"), Processes(tmp_path / "2")
+    port = free_port()
+    prom = f"http://127.0.0.1:{port}"
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
+        {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"], "labels": {"pod": n}}
+                                                for n, s in pods.items()]}]}
+    try:
+        start_prometheus(first, config, port)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
+                 30, "three samples of pod a")
+        src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0)
+        polls = []
+
+        def poll():
+            for _ in range(10):  # a starved (or restarted) Prometheus may not have scraped since the last poll
+                try:
+                    t, text = src.fetch()
+                    break
+                except ScrapeError as exc:
+                    assert exc.reason == "catching_up", exc
+                    time.sleep(1.0)
+            m = parse_exposition(text, t).models.get("m")
+            polls.append((t, None if m is None else m.counters["queries"]))
+
+        poll()  # the baseline
+        created["y"] = time.time()  # y starts after it: counted whole at its first poll
+        time.sleep(2.5)
+        poll()
+        time.sleep(2.5)
+        poll()
+        first.stop()  # Prometheus restarts on empty storage
+        start_prometheus(second, config, port)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 2")) == 2,
+                 30, "two samples of each pod")
+        poll()
+        time.sleep(2.5)
+        poll()
+        raw = {s["metric"]["pod"]: [(float(t), float(v)) for t, v in s["values"]]
+               for s in prometheus_query(prom, "vllm:prefix_cache_queries_total[60s]", polls[-1][0])}
+
+        def at(name: str, t: float) -> float:  # the pod's last sample at or before t
+            return max((ts, v) for ts, v in raw[name] if ts <= t)[1]
+
+        lost, end = polls[3][0], polls[-1][0]
+        assert polls[3][1] is None or polls[3][1] == polls[2][1], polls  # unknown, or nothing: never y again
+        by_hand = (at("a", end) - at("a", lost)) + (at("y", end) - at("y", lost))
+        assert polls[-1][1] - polls[2][1] == pytest.approx(by_hand, abs=1e-6), (polls, raw)
+    finally:
+        second.stop()
+        first.stop()
         for s in pods.values():
             s.shutdown()
             s.server_close()
