@@ -392,6 +392,7 @@ class Family:
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
+_PREFIX = "vllm[:_]"  # every spelling parse reads (exporter/parse.py), as a regex
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
 # How far a pod's clock (its _created stamps) may be from Prometheus' (its sample times) for a new
@@ -537,8 +538,8 @@ class PrometheusSource:
         series of one pod would collide)."""
         if not self._counters:
             return None
-        query = " or ".join(f'label_replace(min(timestamp({self._selector(f, "(_total)?")})), "{_QUERY_LABEL}", '
-                            f'"{f.name}", "", "")' for f in self._counters)
+        query = " or ".join(f'label_replace(min({_newest(f"timestamp({{}})", self._selector(f, "(_total)?"))}), '
+                            f'"{_QUERY_LABEL}", "{f.name}", "", "")' for f in self._counters)
         stamps = [value for _, value in _vector(self._query(query, t), self._where) if math.isfinite(value)]
         return min(stamps) if stamps else None
 
@@ -592,7 +593,7 @@ class PrometheusSource:
 
     def _selector(self, f: Family, suffix: str) -> str:
         # vllm: or vllm_ prefix, counters with or without _total: every spelling parse reads
-        matchers = [f'__name__=~"vllm[:_]{f.name}{suffix}"', *self.matchers]
+        matchers = [f'__name__=~"{_PREFIX}{f.name}{suffix}"', *self.matchers]
         if f.match is not None:
             matchers.append(f'{f.match[0]}="{f.match[1]}"')
         return "{" + ", ".join(matchers) + "}"
@@ -719,11 +720,14 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     older) nothing."""
     if offset is None:
         return f"(0 * {selector})"
-    now, then = f"last_over_time({selector}[{LOOKBACK}])", f"last_over_time({selector}[{LOOKBACK}] offset {offset})"
+    # One series per label set: within the lookback a series can have two spellings (_newest), and
+    # the arithmetic below refuses duplicates
+    now = f"max without (__name__) (last_over_time({selector}[{LOOKBACK}]))"
+    then = f"max without (__name__) (last_over_time({selector}[{LOOKBACK}] offset {offset}))"
     diff = f"({now} - {then})"
     # a restart inside the tile: the growth up to the last sample before it (the tile's highest,
     # when any came before it), plus the value since
-    restarted = f"(clamp_min(max_over_time({selector}[{offset}]) - {then}, 0) + {now})"
+    restarted = f"(clamp_min({_newest(f'max_over_time({{}}[{offset}])', selector)} - {then}, 0) + {now})"
     grown = f"({diff} >= 0 or ({restarted} and {diff} < 0))"
     if born is None:
         return grown
@@ -731,6 +735,18 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     new = (f"((({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f})) "
            f"and on(model_name) count by (model_name) ({then}))")
     return f"({grown} or {new})"
+
+
+def _newest(fn: str, selector: str) -> str:
+    """PromQL: ``fn`` (a function that drops the metric name, ``{}`` for its selector) of each
+    spelling of ``selector``'s names (vllm: and vllm_) apart, the max per label set: one spelling
+    after a Prometheus upgrade changed the OpenMetrics escaping it negotiates (prometheus_client
+    writes vllm_ for Prometheus 2, vllm: for 3), the other's samples still within the range or
+    the lookback, would be two series of one label set, which Prometheus refuses (HTTP 422; a
+    growth's range spanning the change, which a failed poll never moves past, for ever). Of one
+    counter's (or sample time's) two, the max is the newer."""
+    a, b = (fn.format(selector.replace(_PREFIX, p, 1)) for p in ("vllm:", "vllm_"))
+    return f"(({a} >= {b}) or {b} or {a})"
 
 
 def _pods(expr: str) -> str:
