@@ -350,7 +350,7 @@ class LiveSource:
                 raise ScrapeError("too_large", f"body over {self.max_bytes} bytes from {where}")
             if decoder is None:
                 out += chunk
-            else:
+            while decoder is not None:
                 try:
                     out += decoder.decompress(chunk, self.max_bytes + 1 - len(out))
                 except zlib.error:
@@ -358,6 +358,13 @@ class LiveSource:
                 if decoder.unconsumed_tail:
                     raise ScrapeError("too_large", f"body over {self.max_bytes} bytes after {encoding} "
                                                    f"decoding from {where}")
+                if not (decoder.eof and decoder.unused_data):
+                    break
+                if encoding == "deflate":
+                    raise ScrapeError("encoding", f"data after the end of the deflate body from {where}")
+                # a gzip body may be several members (RFC 1952 §2.2), read on as Prometheus' reader
+                # does (the first alone lost every family after it); data that is no member is corrupt
+                chunk, decoder = decoder.unused_data, zlib.decompressobj(31)
             if len(out) > self.max_bytes:
                 raise ScrapeError("too_large", f"body over {self.max_bytes} bytes from {where}")
         if decoder is not None:

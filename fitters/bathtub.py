@@ -26,8 +26,8 @@ from fitters.model import (
     revenue_slope_linear,
     valley_bottom_linear,
 )
+from fitters.result import Z95
 
-Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 LINEAR_H_MAX = 0.99  # right end of the linear form's default grid: R → ∞ as h → 1
 _REL_STEP = 1e-5  # central-difference step, relative to the quantity it perturbs
 

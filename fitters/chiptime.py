@@ -158,6 +158,10 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     xs = x / np.where(x_scale > 0, x_scale, 1.0)
 
     kept, dropped = _identifiable_columns(xs, x_scale)
+    if not kept:  # scipy's nnls aborts the process on a design without columns
+        failed = FitResult.failed(Status.INSUFFICIENT_DATA, "no chip-time term to fit: " + "; ".join(
+            dropped[j] for j in sorted(dropped)), samples=n)
+        return failed, None, np.ones(n)
     if n <= len(kept):
         failed = FitResult.failed(
             Status.INSUFFICIENT_DATA, f"{n} usable busy steps for {len(kept)} terms", samples=n

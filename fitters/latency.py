@@ -50,7 +50,7 @@ from fitters.model import ChipTimeCoefficients, attention_work, load_time, overl
 from fitters.observation import Observation
 from fitters.online import (REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, frozen_wls, shared, soft_l1_weight,
                             solve_normal)
-from fitters.result import Estimate, FitResult, Status
+from fitters.result import Z95, Estimate, FitResult, Status, measured
 
 __all__ = [
     "LatencySample",
@@ -410,7 +410,8 @@ def fit_latency(
         exist; not_identifiable when min(T_load, T_compute) is zero or collinear with the
         chip-time regressors; insufficient_data when fewer than ``min_samples`` steps have
         h_load > 0 (α is then still fitted jointly, as a nuisance, so those steps inform c0/c1);
-        else ok. Whenever α is not_identifiable, (c0, c1) are fitted on the h_load = 0 steps
+        not_identifiable when α's 95 % interval covers all of [0, 1] (T_load within the noise of
+        the prefill time: fitted, its value meaningless); else ok. Whenever α is not_identifiable, (c0, c1) are fitted on the h_load = 0 steps
         only (their load term is 0).
 
     Raises:
@@ -553,7 +554,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
     ia = idx["alpha"]
     mask = arrays["h_load"] > 0
     alpha_est = Estimate(float(sol.values[ia]), _stderr(cov, ia))
-    status, reason = alpha_weak or (Status.OK, "")
+    status, reason = alpha_weak or _alpha_identified(alpha_est)
     overlap = FitResult(
         status=status,
         reason=reason,
@@ -564,6 +565,18 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
         extra={"samples_total": float(n_fit)},
     )
     return (load_aware, overlap), fitted
+
+
+def _alpha_identified(alpha: Estimate) -> tuple[Status, str]:
+    """(ok, "") when α's 95 % interval leaves out some of [0, 1] (MODEL.md §6); else
+    not_identifiable: the data allow every overlap, e.g. the loaded steps' T_load is within the
+    noise of their prefill time (a stderr of 10.9 was published as ok)."""
+    half = Z95 * alpha.stderr
+    if alpha.value - half > 0.0 or alpha.value + half < 1.0:  # a nan stderr compares False
+        return Status.OK, ""
+    return Status.NOT_IDENTIFIABLE, ("α's 95 % interval covers all of [0, 1]: the loaded steps' load time T_load is "
+                                     "within the noise of their prefill time" + measured(
+                                         f"α = {alpha.value:.3f} ± {half:.3g}"))
 
 
 def _arrays(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw: float | None) -> dict[str, np.ndarray]:

@@ -21,6 +21,7 @@ class Status(str, Enum):
 
 
 STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
+Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 # What follows this in a reason are the values measured this scrape: the JSON API shows the whole
 # reason, a Prometheus label (kvhit_unknown_info, kvhit_warning_info) the part before it
 # (:func:`label_reason`), so the series stays one while the values move.

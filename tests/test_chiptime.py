@@ -451,3 +451,20 @@ def test_the_first_exact_step_with_enough_rows_to_reject_outliers_refits():
     assert online.extra["outliers"] == batch.extra["outliers"] >= 3
     for name in CHIP_TIME_TERMS:
         assert online.value(name) == pytest.approx(batch.value(name), rel=1e-6, abs=1e-12), name
+
+
+def test_steps_whose_regressors_are_all_zero_in_floating_point_are_insufficient_data_not_an_abort():
+    # Counters scaled by 1e-300 (a broken exporter): every regressor's RMS underflows to 0, no term
+    # is kept, and scipy's nnls on a design without columns aborted the whole process (SIGABRT:
+    # "double free detected", the sidecar gone without a log line). Finite values ≥ 0: usable
+    # rows, but no term can be fitted.
+    steps = [dataclasses.replace(o, **{f: getattr(o, f) * 1e-300 for f in (
+        "steps", "miss_tokens", "attention_work", "generation_tokens", "decode_context_tokens")})
+        for o in make_steps(np.random.default_rng(7), 30)]
+    assert all(design_row(o) is not None for o in steps)
+    res = fit_chip_time(steps)
+    assert res.status is Status.INSUFFICIENT_DATA and res.reason.startswith("no chip-time term to fit")
+    fitter = ChipTimeFitter()
+    for o in steps:
+        fitter.update(o)
+    assert fitter.result().status is Status.INSUFFICIENT_DATA

@@ -106,6 +106,15 @@ class Target:
     def mode_redirect(self, h) -> None:
         self.send(h, 302, b"", {"Location": "/real-metrics"})
 
+    def mode_gzip_members(self, h) -> None:  # one gzip body of three members (RFC 1952 §2.2)
+        body = self.body()
+        cuts = (0, 1000, len(body) // 2, len(body))
+        self.send(h, 200, b"".join(gzip.compress(body[a:b]) for a, b in zip(cuts, cuts[1:])),
+                  {"Content-Encoding": "gzip"})
+
+    def mode_gzip_junk(self, h) -> None:  # a gzip member, then bytes that are none
+        self.send(h, 200, gzip.compress(self.body()) + b"junk after it", {"Content-Encoding": "gzip"})
+
     def mode_redirect_drip(self, h) -> None:  # a 302 whose body trickles in: requests read it whole
         # before following, with its per-read timeout only
         body = b"moved" * 40
@@ -238,6 +247,18 @@ def test_healthy_target_plain_gzip_and_redirect(target):
     _, redirected = src.fetch()
     assert redirected == target.snapshots[2]  # the 302 was followed to /real-metrics
     assert target.served == ["ok", "gzip", "redirect"]
+
+
+def test_a_gzip_body_of_several_members_is_read_whole_and_junk_after_one_is_corrupt(target):
+    # Only the first member was decoded (1275 of 23219 bytes in a review), with up=1 and no error:
+    # every family after it silently gone. Prometheus reads every member, and fails junk after one.
+    src = LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP)
+    target.mode = "gzip_members"
+    assert src.fetch()[1] == target.snapshots[0]
+    target.mode = "gzip_junk"
+    with pytest.raises(ScrapeError) as info:
+        src.fetch()
+    assert info.value.reason == "encoding"
 
 
 @pytest.mark.parametrize("mode", ["redirect_br", "redirect_bad_gzip"])
