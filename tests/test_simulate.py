@@ -105,7 +105,7 @@ def test_deterministic_and_seeded():
 def test_calibrated_truth_has_the_requested_miss_slope():
     for a in (0.2, 0.5, 0.8):
         tr = calibrate_truth(Truth(), a)
-        sc = Scenario(truth=tr, schedule=tuple(Segment("step", 5.0, 0.95 * i / 40) for i in range(41)), noise=0.0,
+        sc = Scenario(truth=tr, schedule=tuple(Segment("step", 5.0, 0.95 * i / 200) for i in range(201)), noise=0.0,
                       running=(10.0, 10.0))
         steps = [s for _, _, s in generate(sc) if s is not None]
         assert true_miss_slope(steps)[1] == pytest.approx(a, abs=1e-6)
@@ -130,7 +130,7 @@ def test_no_valley_preset_has_no_chip_time_valley_at_the_default_prices():
     coef = ChipTimeCoefficients(tr.t_step, tr.k_ffn, tr.k_attn, tr.k_dec, tr.k_ctx)
     b = bathtub_chip_time(coef, None, tr.t_fixed(10.0), tr.isl, tr.osl, 0.3, p.p_miss, p.p_hit, p.p_out)
     assert b.h_star is None and b.slope_now > 0 and b.revenue_now > b.revenue_zero
-    sc = Scenario(truth=tr, schedule=tuple(Segment("step", 5.0, 0.95 * i / 40) for i in range(41)), noise=0.0,
+    sc = Scenario(truth=tr, schedule=tuple(Segment("step", 5.0, 0.95 * i / 200) for i in range(201)), noise=0.0,
                   running=(10.0, 10.0))
     assert true_miss_slope([s for _, _, s in generate(sc) if s is not None])[1] == pytest.approx(0.08, abs=1e-6)
 
@@ -192,18 +192,21 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     # --speed 1e6: the 420-s sweep is served in well under a second
     assert main(["simulate", "--listen", "127.0.0.1:0", "--miss-slope", "0.5", "--speed", "1e6"]) == 0
     out = capsys.readouterr().out
-    # The least-squares line through TPS_miss(h) = (1 − h)·ISL / t_chip(h) at h = 0.99·i/40,
-    # i = 0..40 (the sweep's steps 0..0.9 then agentic 0.9..0.99: the h range kvhit fits over),
-    # running 10 (MODEL.md §4), written out here: slope = Sxy/Sxx, TPS0 = intercept.
+    # The least-squares line through TPS_miss(h) = (1 − h)·ISL / t_chip(h) over h in [0, 0.99]
+    # (the sweep's steps 0..0.9 then agentic 0.9..0.99: the h range kvhit fits over), every
+    # stretch of h by its width: the trapezoid rule at h = 0.99·i/200, i = 0..200 (weights ½ at the
+    # ends, 1 inside), running 10 (MODEL.md §4), written out here: slope = Sxy/Sxx, TPS0 = intercept.
     tr = calibrate_truth(Truth(), 0.5, h_max=0.99)
     assert tr.k_ctx == 0  # no decode-context term below
     assert "true miss line over h in [0, 0.99]" in out, out
-    hs = [0.99 * i / 40 for i in range(41)]
+    hs = [0.99 * i / 200 for i in range(201)]
     ys = [(1 - h) * tr.isl / (tr.t_step * (tr.osl / 10 + 1) + tr.k_ffn * (1 - h) * tr.isl
                               + tr.k_attn * ((1 - h) * tr.isl * h * tr.isl + ((1 - h) * tr.isl) ** 2 / 2)
                               + tr.osl * tr.k_dec) for h in hs]
-    mh, my = sum(hs) / 41, sum(ys) / 41
-    slope = sum((h - mh) * (y - my) for h, y in zip(hs, ys)) / sum((h - mh) ** 2 for h in hs)
+    w = [0.5] + [1.0] * 199 + [0.5]
+    mh, my = (sum(wi * v for wi, v in zip(w, vs)) / 200 for vs in (hs, ys))
+    slope = (sum(wi * (h - mh) * (y - my) for wi, h, y in zip(w, hs, ys))
+             / sum(wi * (h - mh) ** 2 for wi, h in zip(w, hs)))
     tps0 = my - slope * mh
     assert f"TPS0={tps0:.1f} tokens/s a={-slope / tps0:.4f}" in out, out
     assert f"a={0.5:.4f}" in out  # the calibrated slope is the one asked for
