@@ -436,9 +436,11 @@ class PrometheusSource:
       value (a counter starts from 0) when its ``_created`` is after both the first fetch and the
       last fetch's t − 5 min + CREATED_SKEW_SECONDS (the pod's clock against Prometheus'; then
       none of its samples was counted, and none of its growth came before kvhit's baseline), and
-      Prometheus still has samples of the model's pods at the last fetch's t (it did not lose its
-      history: a restart on empty storage, a fresh replica); without ``_created`` (Prometheus'
-      created-timestamp-zero-ingestion drops it) it adds nothing until its second fetch.
+      Prometheus still has counter samples of the selected pods within 5 min before the last
+      fetch's t (it did not lose its history: a restart on empty storage, a fresh replica);
+      without ``_created`` (Prometheus' created-timestamp-zero-ingestion drops it) it adds
+      nothing until its second fetch. A series spelled both vllm: and vllm_ is read as vllm:
+      (:func:`_preferred`).
       Each sum comes with the count of pods in it (:func:`_pods`; of ``_count`` for histograms):
       a sum over fewer pods than the model's best-covered family is left out (:meth:`_coverage`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
@@ -517,7 +519,7 @@ class PrometheusSource:
         # Never past the wall clock: after it stepped back, a steady clock ahead of it would ask
         # Prometheus about the future (empty ranges) until kvhit restarts.
         now = min(self.clock(), time.time()) - self.delay
-        latest = self._latest(now)
+        latest, history = self._latest(now)
         if latest is not None and self._end is not None and latest <= self._end:
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
@@ -529,8 +531,10 @@ class PrometheusSource:
             query = self.promql(None)
         else:
             # a series created after both the baseline and start − LOOKBACK, without a sample at start, had
-            # none at or before start (it would be within LOOKBACK): none of its value was counted
-            query = self.promql(t - start, max(self._baseline, start - LOOKBACK_SECONDS + CREATED_SKEW_SECONDS))
+            # none at or before start (it would be within LOOKBACK): none of its value was counted — while
+            # Prometheus still has the samples at start (history), not after it lost them
+            born = max(self._baseline, start - LOOKBACK_SECONDS + CREATED_SKEW_SECONDS) if history else None
+            query = self.promql(t - start, born)
         rows = _vector(self._query(query, t), self._where)
         self.engines = {labels.get("model_name", ""): int(value) for labels, value in rows
                         if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
@@ -539,16 +543,29 @@ class PrometheusSource:
         self._baseline = t if self._baseline is None else self._baseline
         return t, text
 
-    def _latest(self, t: float) -> float | None:
-        """The oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
-        (one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
-        series of one pod would collide)."""
+    def _latest(self, t: float) -> tuple[float | None, bool]:
+        """(the oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
+        — one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
+        series of one pod would collide —; whether Prometheus has a counter sample of the selected
+        pods within LOOKBACK before the last fetch's t: its history, which a restart on empty
+        storage or a fresh replica lost)."""
         if not self._counters:
-            return None
-        query = " or ".join(f'label_replace(min({_newest(f"timestamp({{}})", self._selector(f, "(_total)?"))}), '
-                            f'"{_QUERY_LABEL}", "{f.name}", "", "")' for f in self._counters)
-        stamps = [value for _, value in _vector(self._query(query, t), self._where) if math.isfinite(value)]
-        return min(stamps) if stamps else None
+            return None, False
+        queries = [(f.name, f'min({_preferred("timestamp({})", self._selector(f, "(_total)?"))})')
+                   for f in self._counters]
+        if self._end is not None and self._end < t:
+            queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
+                                        f"offset {max(1, round((t - self._end) * 1000))}ms))"))
+        rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
+                                               for q, e in queries), t), self._where)
+        stamps = [v for labels, v in rows if labels.get(_QUERY_LABEL) != "history:" and math.isfinite(v)]
+        history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
+        return (min(stamps) if stamps else None), history
+
+    def _counters_selector(self) -> str:
+        """Every counter family's series, every spelling, with the selector's matchers."""
+        names = "|".join(f.name for f in self._counters)
+        return "{" + ", ".join((f'__name__=~"{_PREFIX}(?:{names})(_total)?"', *self.matchers)) + "}"
 
     def _query(self, query: str, t: float) -> bytes:
         """The answer's body of one instant query at ``t``; ScrapeError as :class:`LiveSource`."""
@@ -578,10 +595,9 @@ class PrometheusSource:
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
         if self._counters:
-            names = "|".join(f.name for f in self._counters)
-            latest = "{" + ", ".join((f'__name__=~"vllm[:_](?:{names})(_total)?"', *self.matchers)) + "}"
             # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
-            queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) ({latest}))"))
+            queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
+                                  f"({self._counters_selector()}))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
     def _queries(self, f: Family, r: str | None, born_after: float | None) -> list[tuple[str, str]]:
@@ -595,7 +611,7 @@ class PrometheusSource:
                     (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born)})"),
                     (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born)))]
         if f.kind == "gauge":
-            return [(f"g:{f.name}", f"{f.agg} by ({by}) (max without (pid) ({self._selector(f, '')}))")]
+            return [(f"g:{f.name}", f"{f.agg} by ({by}) ({_preferred('max without (pid) ({})', self._selector(f, ''))})")]
         return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
 
     def _selector(self, f: Family, suffix: str) -> str:
@@ -722,38 +738,39 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     A series without a sample at t − offset within LOOKBACK (a new pod) adds its whole value at t
     when ``born`` = (its ``_created`` selector, a time [unix s]), its ``_created`` is after that
     time (the caller's guarantee that none of its value was counted: a counter starts from 0 at
-    its ``_created``) and some series of its model has a sample at t − offset (else Prometheus lost
-    its history, and with it the samples that were counted); else (no ``_created`` exported, or
+    its ``_created``; given only while Prometheus has samples at t − offset, not after it lost
+    them with its storage: :meth:`PrometheusSource._latest`); else (no ``_created`` exported, or
     older) nothing."""
     if offset is None:
         return f"(0 * {selector})"
-    # One series per label set: within the lookback a series can have two spellings (_newest), and
-    # the arithmetic below refuses duplicates
-    now = f"max without (__name__) (last_over_time({selector}[{LOOKBACK}]))"
-    then = f"max without (__name__) (last_over_time({selector}[{LOOKBACK}] offset {offset}))"
+    # One series per label set, of its preferred spelling (_preferred): the arithmetic below refuses
+    # two of one label set
+    now = _preferred(f"last_over_time({{}}[{LOOKBACK}])", selector)
+    then = _preferred(f"last_over_time({{}}[{LOOKBACK}] offset {offset})", selector)
     diff = f"({now} - {then})"
-    # a restart inside the tile: the growth up to the last sample before it (the tile's highest,
-    # when any came before it), plus the value since
-    restarted = f"(clamp_min({_newest(f'max_over_time({{}}[{offset}])', selector)} - {then}, 0) + {now})"
-    grown = f"({diff} >= 0 or ({restarted} and {diff} < 0))"
+    # a restart inside the tile (a difference below 0; a series has it wherever it has a difference):
+    # the growth up to the last sample before it (the tile's highest, when any came before it), plus
+    # the value since
+    restarted = f"(clamp_min({_preferred(f'max_over_time({{}}[{offset}])', selector)} - {then}, 0) + {now})"
+    grown = f"(({diff} >= 0) or {restarted})"
     if born is None:
         return grown
     # a histogram's one _created per label set has no le
-    new = (f"((({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f})) "
-           f"and on(model_name) count by (model_name) ({then}))")
+    new = f"(({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))"
     return f"({grown} or {new})"
 
 
-def _newest(fn: str, selector: str) -> str:
-    """PromQL: ``fn`` (a function that drops the metric name, ``{}`` for its selector) of each
-    spelling of ``selector``'s names (vllm: and vllm_) apart, the max per label set: one spelling
-    after a Prometheus upgrade changed the OpenMetrics escaping it negotiates (prometheus_client
-    writes vllm_ for Prometheus 2, vllm: for 3), the other's samples still within the range or
-    the lookback, would be two series of one label set, which Prometheus refuses (HTTP 422; a
-    growth's range spanning the change, which a failed poll never moves past, for ever). Of one
-    counter's (or sample time's) two, the max is the newer."""
+def _preferred(fn: str, selector: str) -> str:
+    """PromQL: ``fn`` (``{}`` for its selector) of ``selector``'s vllm: spelling, or of its vllm_
+    spelling for the label sets without the former. prometheus_client writes vllm_ for
+    Prometheus 2 and vllm: for 3 (the OpenMetrics escaping they negotiate), so an upgrade leaves
+    both within the lookback (no staleness marker across the restart): two series of one label
+    set, which arithmetic and name-dropping functions refuse (HTTP 422 at every poll, for ever
+    once a growth's range spanned the change); and neither the larger value (a restart since
+    the change: the old spelling's stale value counted again) nor a sum is the pod's. vllm: is
+    the spelling an upgrade moves to."""
     a, b = (fn.format(selector.replace(_PREFIX, p, 1)) for p in ("vllm:", "vllm_"))
-    return f"(({a} >= {b}) or {b} or {a})"
+    return f"({a} or {b})"
 
 
 def _pods(expr: str) -> str:
