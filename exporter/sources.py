@@ -504,7 +504,8 @@ class PrometheusSource:
                                 what="Prometheus")
         self._where = redact_url(self._http.url)
         self._end: float | None = None  # t of the last successful fetch
-        self._baseline: float | None = None  # t of the first successful fetch
+        self._baseline: float | None = None  # t of the first successful fetch, or of the last that found
+        # Prometheus' history lost (no pod created before it is counted whole)
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
@@ -540,7 +541,9 @@ class PrometheusSource:
                         if labels.get(_QUERY_LABEL) == "e:" and value >= 1}
         text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
         self._end, self.answer_delay = t, t - now
-        self._baseline = t if self._baseline is None else self._baseline
+        if self._baseline is None or not history:
+            # after a loss a pod counted before may be scraped again only later, and look new then
+            self._baseline = t
         return t, text
 
     def _latest(self, t: float) -> tuple[float | None, bool]:
@@ -551,7 +554,8 @@ class PrometheusSource:
         storage or a fresh replica lost)."""
         if not self._counters:
             return None, False
-        queries = [(f.name, f'min({_preferred("timestamp({})", self._selector(f, "(_total)?"))})')
+        # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
+        queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
         if self._end is not None and self._end < t:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
@@ -771,6 +775,13 @@ def _preferred(fn: str, selector: str) -> str:
     the spelling an upgrade moves to."""
     a, b = (fn.format(selector.replace(_PREFIX, p, 1)) for p in ("vllm:", "vllm_"))
     return f"({a} or {b})"
+
+
+def _newest(fn: str, selector: str) -> str:
+    """PromQL: ``fn`` (``{}`` for its selector; a sample time) of each spelling of ``selector``
+    (:func:`_preferred`), the larger per label set: the newer sample."""
+    a, b = (fn.format(selector.replace(_PREFIX, p, 1)) for p in ("vllm:", "vllm_"))
+    return f"(({a} >= {b}) or {b} or {a})"
 
 
 def _pods(expr: str) -> str:

@@ -358,9 +358,10 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # each range query after the query of the pods' latest samples, with the selector too; from the
     # second on, whether Prometheus has counter samples within 5 min before the last fetch's t
     counters = f'{{__name__=~"vllm[:_](?:prefix_cache_queries|prefix_cache_hits)(_total)?", {sel}}}'
-    for name in ("prefix_cache_queries", "prefix_cache_hits"):
-        assert (f'label_replace(min({pref("timestamp({})", f"{name}(_total)?")}), "kvhit_query", "{name}", "", "")'
-                in fake.latest_forms[0]["query"])
+    for name in ("prefix_cache_queries", "prefix_cache_hits"):  # a pod's newest sample of either spelling
+        ts = {p: f'timestamp({{__name__=~"{p}{name}(_total)?", {sel}}})' for p in ("vllm:", "vllm_")}
+        assert (f'label_replace(min((({ts["vllm:"]} >= {ts["vllm_"]}) or {ts["vllm_"]} or {ts["vllm:"]})), '
+                f'"kvhit_query", "{name}", "", "")') in fake.latest_forms[0]["query"]
     assert "history:" not in fake.latest_forms[0]["query"]
     assert (f'label_replace(count(last_over_time({counters}[5m] offset 3250ms)), "kvhit_query", "history:", "", "")'
             in fake.latest_forms[1]["query"])
@@ -432,7 +433,7 @@ def test_a_range_ends_where_every_pod_s_samples_end(fake):
     assert src.answer_delay == -2.0  # the runner stamps the snapshot where its data ends, as the range
     # one query per family: timestamp() drops the metric name, two families' series of a pod collide
     q = fake.latest_forms[-1]["query"]
-    assert q.count("label_replace(min((timestamp(") == 2 and 'timestamp({__name__=~"vllm_prefix_cache_hits(_total)?"})' in q
+    assert q.count("label_replace(min(((timestamp(") == 2 and 'timestamp({__name__=~"vllm_prefix_cache_hits(_total)?"})' in q
     assert fake.latest_forms[-1]["time"] == "1000.000"
     clock.t = 1005.0  # Prometheus restarted: no new sample of a pod since 998
     _latest(fake, 998.0, 999.0)
@@ -1081,12 +1082,14 @@ def test_a_prometheus_that_lost_its_history_counts_no_new_pod_twice(tmp_path):
     # the _created check: its whole value was counted a second time (review: +319582 queried tokens
     # over 770089). With no sample of the model at the growth's start, no pod is counted whole: that
     # poll's growth is unknown (as a pod's is across the loss), the next from the new samples. By hand
-    # from the new Prometheus' raw samples.
+    # from the new Prometheus' raw samples. And a pod the new Prometheus scrapes only after that
+    # poll (y, 503 until then) is no new pod either: counted from its second poll on (review: its
+    # value before the loss counted twice, 18783 for at most 14602 by hand).
     t0 = time.time()
-    created, rate = {"a": t0, "y": None}, {"a": 100.0, "y": 1000.0}
+    created, rate, up = {"a": t0, "y": None}, {"a": 100.0, "y": 1000.0}, {"a": True, "y": True}
 
     def body(name: str):
-        return lambda: None if created[name] is None else _counters(
+        return lambda: None if created[name] is None or not up[name] else _counters(
             "vllm:prefix_cache_queries", round(rate[name] * (time.time() - created[name])), created[name])
 
     pods = {name: _pod(body(name)) for name in created}
@@ -1106,16 +1109,22 @@ def test_a_prometheus_that_lost_its_history_counts_no_new_pod_twice(tmp_path):
         time.sleep(2.5)
         poll()
         first.stop()  # Prometheus restarts on empty storage
+        up["y"] = False
         start_prometheus(second, config, int(prom.rsplit(":", 1)[1]))
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 2")) == 2,
-                 30, "two samples of each pod")
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 2")) == 1,
+                 30, "two samples of pod a")
+        poll()
+        up["y"] = True
+        time.sleep(2.5)
         poll()
         time.sleep(2.5)
         poll()
         at, lost, end = _raw_at(prom, "vllm:prefix_cache_queries_total", polls[-1][0]), polls[3][0], polls[-1][0]
         before, after = polls[2][1]["queries"], polls[-1][1]["queries"]
         assert polls[3][1] is None or polls[3][1]["queries"] == before, polls  # unknown, or nothing: never y again
-        by_hand = (at("a", end) - at("a", lost)) + (at("y", end) - at("y", lost))
+        seen = polls[4][0]  # y's first poll in the new Prometheus: a baseline for it
+        assert at("y", lost) is None and at("y", seen) is not None
+        by_hand = (at("a", end) - at("a", lost)) + (at("y", end) - at("y", seen))
         assert after - before == pytest.approx(by_hand, abs=1e-6), polls
     finally:
         _stop(pods.values(), second, first)
@@ -1253,5 +1262,36 @@ def test_a_gauge_read_across_a_prometheus_upgrade_is_the_pod_s_current_value(tmp
         src_text = src.fetch()[1]
         running = parse_exposition(src_text, time.time()).models["m"].gauges["running"]
         assert running == 3.0
+    finally:
+        _stop([pod], procs)
+
+
+def test_a_spelling_change_back_to_vllm__across_a_restart_stalls_no_poll(tmp_path, monkeypatch):
+    # A rollback from Prometheus 3 to 2 (vllm: back to vllm_): the stale vllm: series, without a
+    # staleness marker across the restart, held the pods' latest sample time back for Prometheus' 5
+    # min, every poll catching_up (review: 32 polls in a row). The newest sample of either spelling
+    # is a pod's latest; its growth, of the vllm: spelling while that is within the lookback (20 s
+    # here), comes whole once it is not. By hand from the raw samples of both spellings.
+    monkeypatch.setattr(sources, "LOOKBACK", "20s")
+    monkeypatch.setattr(sources, "LOOKBACK_SECONDS", 20)
+    t0, spelling = time.time(), ["vllm:prefix_cache_queries"]
+    pod, procs = _pod(lambda: _counters(spelling[0], round(100.0 * (time.time() - t0)), t0)), Processes(tmp_path)
+    try:
+        prom, config = _prometheus(procs, {"a": pod})
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
+                 30, "three samples")
+        polls = []
+        poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 8)
+        poll()  # the baseline
+        procs.stop()
+        procs.procs.clear()
+        spelling[0] = "vllm_prefix_cache_queries"
+        start_prometheus(procs, config, int(prom.rsplit(":", 1)[1]))  # the same storage
+        for _ in range(12):  # past the 20-s lookback
+            time.sleep(2.5)
+            poll()
+        at = _raw_at(prom, "vllm[:_]prefix_cache_queries_total", polls[-1][0])
+        assert polls[-1][1]["queries"] - polls[0][1]["queries"] == pytest.approx(
+            at("a", polls[-1][0]) - at("a", polls[0][0]), abs=1e-6), polls
     finally:
         _stop([pod], procs)
