@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -1130,6 +1131,29 @@ def test_a_prometheus_that_lost_its_history_counts_no_new_pod_twice(tmp_path):
         _stop(pods.values(), second, first)
 
 
+@contextlib.contextmanager
+def _spelled_pod(tmp_path, first: str):
+    """A pod whose queries counter (100/s) is spelled ``first`` until its ``spelling[0]`` changes,
+    scraped by a Prometheus: (spelling, polls, poll, prom, restart) with ``restart()`` restarting
+    Prometheus on the same storage (an upgrade or rollback)."""
+    t0, spelling = time.time(), [first]
+    pod, procs = _pod(lambda: _counters(spelling[0], round(100.0 * (time.time() - t0)), t0)), Processes(tmp_path)
+    try:
+        prom, config = _prometheus(procs, {"a": pod})
+        wait_for(lambda: len(prometheus_query(prom, f"count_over_time({first}_total[10s]) >= 3")) == 1,
+                 30, "three samples")
+
+        def restart() -> None:
+            procs.stop()
+            procs.procs.clear()
+            start_prometheus(procs, config, int(prom.rsplit(":", 1)[1]))
+        polls = []
+        poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 10)
+        yield spelling, polls, poll, prom, restart
+    finally:
+        _stop([pod], procs)
+
+
 @pytest.mark.parametrize("upgrade", [False, True])
 def test_a_counter_whose_name_changes_spelling_is_one_series(tmp_path, upgrade):
     # A Prometheus upgrade changes the OpenMetrics escaping it negotiates with prometheus_client
@@ -1138,23 +1162,13 @@ def test_a_counter_whose_name_changes_spelling_is_one_series(tmp_path, upgrade):
     # marker), and Prometheus refused the duplicates: HTTP 422 at every poll, for ever once the
     # growth's range spanned the change (a failed poll never moves past it; review). The same
     # process's counter: its growth by hand across both spellings.
-    t0, spelling = time.time(), ["vllm_prefix_cache_queries"]
-    pod, procs = _pod(lambda: _counters(spelling[0], round(100.0 * (time.time() - t0)), t0)), Processes(tmp_path)
-    try:
-        prom, config = _prometheus(procs, {"a": pod})
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm_prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples")
-        polls = []
-        poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 10)
+    with _spelled_pod(tmp_path, "vllm_prefix_cache_queries") as (spelling, polls, poll, prom, restart):
         poll()  # the baseline
         time.sleep(2.5)
         poll()
-        if upgrade:
-            procs.stop()
-            procs.procs.clear()
         spelling[0] = "vllm:prefix_cache_queries"
         if upgrade:  # the same storage
-            start_prometheus(procs, config, int(prom.rsplit(":", 1)[1]))
+            restart()
         time.sleep(2.5)
         poll()
         time.sleep(2.5)
@@ -1163,8 +1177,6 @@ def test_a_counter_whose_name_changes_spelling_is_one_series(tmp_path, upgrade):
         assert [m is not None for _, m in polls] == [True] * 4
         for (t0_, m0), (t1, m1) in zip(polls, polls[1:]):
             assert m1["queries"] - m0["queries"] == pytest.approx(at("a", t1) - at("a", t0_), abs=1e-6), polls
-    finally:
-        _stop([pod], procs)
 
 
 def test_a_restart_after_a_spelling_change_counts_the_old_spelling_once(tmp_path, monkeypatch):
@@ -1274,24 +1286,13 @@ def test_a_spelling_change_back_to_vllm__across_a_restart_stalls_no_poll(tmp_pat
     # here), comes whole once it is not. By hand from the raw samples of both spellings.
     monkeypatch.setattr(sources, "LOOKBACK", "20s")
     monkeypatch.setattr(sources, "LOOKBACK_SECONDS", 20)
-    t0, spelling = time.time(), ["vllm:prefix_cache_queries"]
-    pod, procs = _pod(lambda: _counters(spelling[0], round(100.0 * (time.time() - t0)), t0)), Processes(tmp_path)
-    try:
-        prom, config = _prometheus(procs, {"a": pod})
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples")
-        polls = []
-        poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 8)
+    with _spelled_pod(tmp_path, "vllm:prefix_cache_queries") as (spelling, polls, poll, prom, restart):
         poll()  # the baseline
-        procs.stop()
-        procs.procs.clear()
         spelling[0] = "vllm_prefix_cache_queries"
-        start_prometheus(procs, config, int(prom.rsplit(":", 1)[1]))  # the same storage
-        for _ in range(12):  # past the 20-s lookback
+        restart()
+        for _ in range(12):  # past the 20-s lookback, each poll within its 10 tries
             time.sleep(2.5)
             poll()
         at = _raw_at(prom, "vllm[:_]prefix_cache_queries_total", polls[-1][0])
         assert polls[-1][1]["queries"] - polls[0][1]["queries"] == pytest.approx(
             at("a", polls[-1][0]) - at("a", polls[0][0]), abs=1e-6), polls
-    finally:
-        _stop([pod], procs)
