@@ -421,8 +421,9 @@ class PrometheusSource:
 
     * counters: ``sum by (model_name[, label]) (growth)`` where a series' growth is the
       difference of its last samples at or before t and t − d, or across a restart (a
-      difference below 0) its growth before the restart plus its value since (:func:`_growth`); histograms: the same of
-      ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the ``+Inf`` bucket). Anchored on
+      difference below 0) its growth before the restart plus its value since (:func:`_growth`);
+      histograms: the same of ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the
+      ``+Inf`` bucket). Anchored on
       samples, consecutive fetches tile every pod's samples exactly, nothing extrapolated: a
       Prometheus restart between two of a pod's samples (the growth across it, which
       ``increase()`` over ranges lost: it sees only the samples inside its range) is in the next
@@ -460,8 +461,9 @@ class PrometheusSource:
     this fetch (never exported, or no pod with a sample at both ends) is absent from the text —
     unknown, never 0. A step's growth is its pods' growth between their samples, which lag t by
     up to one scrape interval: ``interval`` should be at least twice Prometheus's scrape interval
-    of vLLM, so that a step's time is mostly the samples'. HELP texts are not carried (vLLM 0.7–0.8's ``gpu_prefix_cache_*``, whose unit only the
-    HELP text tells, then read as unit unknown).
+    of vLLM, so that a step's time is mostly the samples'. HELP texts are not carried (vLLM
+    0.7–0.8's ``gpu_prefix_cache_*``, whose unit only the HELP text tells, then read as unit
+    unknown).
 
     Args:
         url: base URL of the Prometheus API (``http://prometheus:9090``; Mimir: ``…/prometheus``).
@@ -615,7 +617,8 @@ class PrometheusSource:
                     (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born)})"),
                     (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born)))]
         if f.kind == "gauge":
-            return [(f"g:{f.name}", f"{f.agg} by ({by}) ({_preferred('max without (pid) ({})', self._selector(f, ''))})")]
+            gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
+            return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]
         return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
 
     def _selector(self, f: Family, suffix: str) -> str:
@@ -733,9 +736,9 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     """PromQL: per series, a counter's growth between its last sample at or before t − ``offset``
     and its last at or before t: the difference, or after a restart (a difference below 0) its
     value since plus its growth up to its last sample before the restart in the tile (a restart
-    shorter than a poll: the tile's highest sample). Anchored on samples, not on a range's edges: consecutive fetches tile the samples
-    exactly, however far apart they are (a Prometheus restart between two of a pod's samples), and
-    nothing is extrapolated. Each end is the last real sample within LOOKBACK (``last_over_time``:
+    shorter than a poll: the tile's highest sample). Anchored on samples, not on a range's edges:
+    consecutive fetches tile the samples exactly, however far apart they are (a Prometheus
+    restart between two of a pod's samples), and nothing is extrapolated. Each end is the last real sample within LOOKBACK (``last_over_time``:
     a range skips the staleness marker a pod restart's missed scrape leaves, which would hide the
     pod at one end, and its growth with it). ``offset`` None: 0 for every series (a baseline).
 
@@ -773,15 +776,20 @@ def _preferred(fn: str, selector: str) -> str:
     once a growth's range spanned the change); and neither the larger value (a restart since
     the change: the old spelling's stale value counted again) nor a sum is the pod's. vllm: is
     the spelling an upgrade moves to."""
-    a, b = (fn.format(selector.replace(_PREFIX, p, 1)) for p in ("vllm:", "vllm_"))
+    a, b = _spellings(fn, selector)
     return f"({a} or {b})"
 
 
 def _newest(fn: str, selector: str) -> str:
     """PromQL: ``fn`` (``{}`` for its selector; a sample time) of each spelling of ``selector``
     (:func:`_preferred`), the larger per label set: the newer sample."""
-    a, b = (fn.format(selector.replace(_PREFIX, p, 1)) for p in ("vllm:", "vllm_"))
+    a, b = _spellings(fn, selector)
     return f"(({a} >= {b}) or {b} or {a})"
+
+
+def _spellings(fn: str, selector: str) -> tuple[str, str]:
+    """``fn`` (``{}`` for its selector) of ``selector`` (built with _PREFIX) read as vllm: and as vllm_."""
+    return fn.format(selector.replace(_PREFIX, "vllm:", 1)), fn.format(selector.replace(_PREFIX, "vllm_", 1))
 
 
 def _pods(expr: str) -> str:

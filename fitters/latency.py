@@ -411,8 +411,8 @@ def fit_latency(
         chip-time regressors; insufficient_data when fewer than ``min_samples`` steps have
         h_load > 0 (α is then still fitted jointly, as a nuisance, so those steps inform c0/c1);
         not_identifiable when α's 95 % interval covers all of [0, 1] (T_load within the noise of
-        the prefill time: fitted, its value meaningless); else ok. Whenever α is not_identifiable, (c0, c1) are fitted on the h_load = 0 steps
-        only (their load term is 0).
+        the prefill time: fitted, its value meaningless); else ok. Whenever α is not_identifiable,
+        (c0, c1) are fitted on the h_load = 0 steps only (their load term is 0).
 
     Raises:
         ValueError: negative or non-finite chip-time coefficients, or a given S_kv / B_load
