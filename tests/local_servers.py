@@ -67,18 +67,23 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+def wait_for(cond, timeout: float, what, proc: subprocess.Popen | None = None) -> None:
     """Poll ``cond()`` every 0.5 s; fail with ``what`` (and the tail of ``proc``'s log when it
-    exited or on timeout)."""
+    exited or on timeout). ``what`` is a string or a function returning one, called at the
+    failure, so that it can say what the state was then rather than when the wait began."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():
             return
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: process exited {proc.returncode}: {proc.log_path.read_text()[-3000:]}")
+            raise AssertionError(f"{_text(what)}: process exited {proc.returncode}: {proc.log_path.read_text()[-3000:]}")
         time.sleep(0.5)
     log = f"\n{proc.log_path.read_text()[-3000:]}" if proc is not None else ""
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{log}")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {_text(what)}{log}")
+
+
+def _text(what) -> str:
+    return what() if callable(what) else what
 
 
 class Processes:

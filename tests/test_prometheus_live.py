@@ -45,7 +45,7 @@ from promql_selectors import selectors
 SHORT_FOR = "3s"
 SHORT_OFFSET = "1s"
 MODEL = "tiny"  # model_name of the bundled trace
-DEADLINE = 120.0  # seconds for everything expected to fire
+DEADLINE = 180.0  # seconds for everything expected to fire (a few seconds on a quiet machine)
 # What each scenario must show (independently of kvhit's output: from the configs below and the
 # trace's design — the valley replay ends at h ≈ 0.008 with a = 0.94 > ρ = 0.1; the flat one has ρ = 1;
 # the fake vLLM plays h = 0 then 0.3, below seed 003's 25 %).
@@ -287,6 +287,41 @@ class Stack:
         return {(a["labels"]["alertname"], a["labels"].get("namespace", "")) for a in self.alerts()
                 if a["state"] == "firing"}
 
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"{self.url('prometheus')}{path}", timeout=10) as r:
+            return json.load(r)["data"]
+
+    def diagnosis(self) -> str:
+        """What is missing from EXPECT_FIRING and why it may be: the expected alerts' states, the rules
+        that are not healthy or did not match, the targets that are down, Prometheus' clock against
+        ours, and the tail of Prometheus' log (for a failure on a machine where it cannot be rerun)."""
+        alerts = self.alerts()
+        missing = sorted(EXPECT_FIRING - self.firing())
+        lines = [f"alerts {missing} to fire", "their states now:"]
+        lines += [f"  {a['labels']['alertname']} {a['labels'].get('namespace', '')} {a['state']} since {a['activeAt']}"
+                  for a in alerts if (a["labels"]["alertname"], a["labels"].get("namespace", "")) in missing]
+        for g in self.get("/api/v1/rules")["groups"]:
+            lines.append(f"group {g['name']}: last evaluation {g.get('lastEvaluation')} took {g.get('evaluationTime')} s")
+            lines += [f"  {r['name']}: {r['health']} {r.get('lastError', '')}" for r in g["rules"]
+                      if r["health"] != "ok" or any(r["name"] == a for a, _ in missing)]
+        lines += [f"target {t['labels'].get('job')} {t['labels'].get('namespace')} {t['scrapeUrl']}: {t['health']} "
+                  f"{t.get('lastError', '')} (last scrape {t.get('lastScrape')})"
+                  for t in self.get("/api/v1/targets")["activeTargets"] if t["health"] != "up"]
+        inputs = self.query('{__name__=~"kvhit_up|kvhit_engine_info|kvhit_valley_active|kvhit_last_success_timestamp_seconds'
+                            '|namespace_model_name:vllm_prefix_cache_hit_ratio:rate24h"}'
+                            ' or kvhit_predicted_ttft_seconds{kind="load_aware", hit_ratio="current"}')
+        lines += ["their inputs now:"] + sorted(f"  {r['metric']} {r['value'][1]}" for r in inputs)
+        # A starved machine shows here: failed or slow scrapes (a failure marks the target's series
+        # stale, which resets its alerts' `for:`).
+        health = self.query('label_replace(count_over_time(up[3m]) - sum_over_time(up[3m]), "what", "failed scrapes", "", "")'
+                            ' or label_replace(max_over_time(scrape_duration_seconds[3m]), "what", "slowest scrape", "", "")')
+        lines += ["over the last 3 min:"] + sorted(
+            f"  {r['metric']['what']} {r['metric']['job']} {r['metric']['namespace']}: {float(r['value'][1]):.3g}"
+            for r in health)
+        lines.append(f"Prometheus time() {_value(self.query('vector(time())')):.1f}, the test's {time.time():.1f}")
+        log = next(p for p in self.procs.procs if p.log_path.name == "prometheus.log").log_path.read_text()
+        return "\n".join(lines) + f"\nprometheus.log:\n{log[-3000:]}"
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
@@ -294,8 +329,7 @@ def stack(tmp_path_factory):
     try:
         s.start()
         # Everything expected fires (with `for:` 3 s and 1-s evaluations this takes a few seconds).
-        wait_for(lambda: EXPECT_FIRING <= s.firing(), DEADLINE,
-                 f"alerts {sorted(EXPECT_FIRING)} to fire (firing now: {sorted(s.firing())})")
+        wait_for(lambda: EXPECT_FIRING <= s.firing(), DEADLINE, s.diagnosis)
         # Alertmanager delivers them (group_wait 1 s).
         wait_for(lambda: {a for a, _ in EXPECT_FIRING} <= {al["labels"]["alertname"] for _, b in s.received
                                                           for al in b["alerts"]},
