@@ -70,14 +70,18 @@ def http_ok(url: str) -> bool:
 def wait_for(cond, timeout: float, what, proc: subprocess.Popen | None = None) -> None:
     """Poll ``cond()`` every 0.5 s; fail with ``what`` (and the tail of ``proc``'s log when it
     exited or on timeout). ``what`` is a string or a function returning one, called at the
-    failure, so that it can say what the state was then rather than when the wait began."""
+    failure, so that it can say what the state was then rather than when the wait began.
+    ``cond()`` is asked once more at the deadline: this process may have been paused (a starved
+    machine) past it while the awaited state came."""
     end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    while True:
         if cond():
             return
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"{_text(what)}: process exited {proc.returncode}: {proc.log_path.read_text()[-3000:]}")
-        time.sleep(0.5)
+        if time.monotonic() >= end:
+            break
+        time.sleep(min(0.5, max(0.0, end - time.monotonic())))
     log = f"\n{proc.log_path.read_text()[-3000:]}" if proc is not None else ""
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {_text(what)}{log}")
 
