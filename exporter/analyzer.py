@@ -429,7 +429,12 @@ class Analyzer:
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
         factor = None
         if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
-            factor = contention(fitted.c0, fitted.c1, fitted.running)
+            # c is prefill latency over the prefill's chip time: unknown where that chip time is
+            problem = fitted.unidentified_prefill(h_now, isl)
+            if problem:
+                unknown.setdefault("contention_factor", problem)
+            else:
+                factor = contention(fitted.c0, fitted.c1, fitted.running)
         return replace(out, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})

@@ -10,7 +10,8 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
         "observed_ttft_seconds": s,
         "tpm_observed": {"delivered_instance": tokens/min, ...},
         "fits": {"chip_time"|"miss_slope"|"overlap"|"load_aware": {"status", "reason", "samples", "r2",
-                 "params": {"name": {"value" (null unless that parameter's status is ok), "stderr", "status",
+                 "params": {"name": {"value" (null unless that parameter's status is ok; a fit that is not ok
+                 passes its status and reason to each parameter), "stderr", "status",
                  "reason"}}, "extra": {...}}},
         "miss_slope_derived": {"tps0": {...}, "a": {...}},
         "fit": FittedModel fields (or null) — what ``kvhit predict`` loads,
@@ -63,9 +64,11 @@ def _clean(x):
 def fit_to_dict(r: FitResult) -> dict:
     return _clean({
         "status": r.status.value, "reason": r.reason, "samples": r.samples, "r2": r.r2,
-        # a parameter that is not ok has no value (a dropped term's 0 is a placeholder, not a fit)
-        "params": {k: {"value": e.value if e.ok else None, "stderr": e.stderr, "status": e.status.value,
-                       "reason": e.reason} for k, e in r.params.items()},
+        # a parameter that is not ok has no value (a dropped term's 0 is a placeholder, not a fit),
+        # nor has one of a fit that is not ok: it takes the fit's status (FitResult.value)
+        "params": {k: {"value": e.value if e.ok and r.ok else None, "stderr": e.stderr,
+                       "status": (e.status if r.ok or not e.ok else r.status).value,
+                       "reason": e.reason if r.ok or not e.ok else r.reason} for k, e in r.params.items()},
         "extra": r.extra,
     })
 
