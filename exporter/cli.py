@@ -10,7 +10,6 @@ import gc
 import json
 import logging
 import os
-import signal
 import ssl
 import sys
 import threading
@@ -26,7 +25,7 @@ from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, layered_string,
-                             load_config, load_web_config, redact_url, selector_matchers)
+                             load_config, load_web_config, redact_url, selector_matchers, stop_event)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
@@ -93,15 +92,6 @@ def _run_config(args: argparse.Namespace) -> tuple[Config, WebConfig]:
     return cfg, load_web_config(cfg.web_config)  # checked by load_config: nothing starts on a bad file
 
 
-def _stop_event() -> threading.Event:
-    """An event set by SIGTERM, SIGINT or SIGHUP (a closed terminal: kvhit has nothing to reload,
-    and ending without a log line left no trace)."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
-
-
 def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     """``--on-config-error=serve``: a sidecar whose configuration was refused keeps running, so its
     pod stays Ready (every container must be) and vLLM in its Service, and says so through
@@ -124,7 +114,7 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
         server, _ = serve_app(config_error_app(), Config.listen, None if isinstance(why, ssl.SSLError) else web)
     log.error("configuration refused: %s; kvhit analyses nothing and serves kvhit_config_last_load_successful 0 "
               "on %s until restarted with a valid one", exc, listen or Config.listen)
-    _stop_event().wait()
+    stop_event().wait()
     server.shutdown()
     return 2
 
@@ -150,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.window_seconds < cfg.interval:  # allowed, but the window is then never what was asked
         log.warning("window_seconds %ss < interval %ss: every publish window spans one scrape interval, often with "
                     "no request finished in it", cfg.window_seconds, cfg.interval)
-    stop = _stop_event()
+    stop = stop_event()
     # Everything alive now (modules, config, server) lives as long as the process: moved out of
     # the collector's reach, a full collection only walks the analysis state (benchmarks/performance.py).
     gc.freeze()
@@ -331,8 +321,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for m in analysis.models.values():
         print(describe_model(m))
     if args.loop:
+        stop = stop_event()  # before the line that invites Ctrl-C
         print(f"\nserving the final analysis on http://{cfg.listen}/metrics until interrupted", flush=True)
-        threading.Event().wait()
+        stop.wait()
     for server in servers:
         server.shutdown()
     return 0
@@ -501,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"kvhit: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before a command's end (a replay, a report): no traceback
+        print("kvhit: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -76,8 +76,10 @@ import json
 import math
 import os
 import re
+import signal
 import ssl
 import stat
+import threading
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
@@ -499,6 +501,15 @@ def listening(bind: Callable[[], T], where: str) -> T:
         return bind()
     except OSError as exc:
         raise OSError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+
+
+def stop_event() -> threading.Event:
+    """An event set by SIGTERM, SIGINT or SIGHUP, for a command that serves until stopped (a
+    closed terminal: kvhit has nothing to reload, and ending without a log line left no trace)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def _host(url: str) -> str | None:

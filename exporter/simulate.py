@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
-from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening
+from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening, stop_event
 from fitters.model import attention_work, decode_context_per_token, kv_bytes_per_token
 
 # Bucket edges as vLLM 0.32 exports them (tests/data/samples/25_*).
@@ -587,7 +587,11 @@ def cmd_simulate(args) -> int:
               + ("" if args.speed == 1 else " (fitted times are in wall seconds: at --speed "
                  f"{args.speed:g} they come out {args.speed:g}x too small)"), flush=True)
 
-    serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready)
-    print(f"kvhit simulate: the {args.scenario} schedule ended after {sc.duration:.0f} simulated s; stopped "
-          "(--loop repeats it)", flush=True)
+    stop = stop_event()  # Ctrl-C or SIGTERM: a clean stop, as kvhit run's
+    serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready, stop=stop)
+    if stop.is_set():
+        print("kvhit simulate: stopped (signal received)", flush=True)
+    else:
+        print(f"kvhit simulate: the {args.scenario} schedule ended after {sc.duration:.0f} simulated s; stopped "
+              "(--loop repeats it)", flush=True)
     return 0

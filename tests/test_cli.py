@@ -1188,3 +1188,31 @@ def test_predict_refuses_a_decode_split_the_fit_could_not_identify(tmp_path, cap
     else:
         assert code == 1 and "has 32 decode tokens where that relation gives 18.29" in err, err
         assert "its chip time could be off by up to 0.0171 s of its 0.0849 s (20%)" in err, err
+
+
+@pytest.mark.parametrize("argv, ready, code, said", [
+    (["demo", "--speed", "1000", "--loop"], "serving the final analysis", 0, ""),  # its documented end
+    (["demo", "--speed", "1"], "kvhit demo: replaying", 130, "kvhit: interrupted"),  # a replay cut short
+    (["simulate", "--loop", "--listen", "127.0.0.1:0"], "analyse it with", 0, "kvhit simulate: stopped (signal received)"),
+])
+def test_ctrl_c_ends_demo_and_simulate_without_a_traceback(argv, ready, code, said):
+    # A newcomer's first commands printed a KeyboardInterrupt traceback (exit -2) on Ctrl-C, which
+    # `kvhit demo --loop` itself tells them to press; kvhit run stops cleanly on it.
+    if argv[0] == "demo":
+        argv = [*argv, "--listen", f"127.0.0.1:{free_port()}"]
+    proc = subprocess.Popen([*KVHIT, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=clean_env())
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        seen = []
+        while ready not in (line := proc.stdout.readline()):
+            assert line, f"ended before {ready!r}: {''.join(seen)[-2000:]}"
+            seen.append(line)
+        proc.send_signal(signal.SIGINT)
+        out = "".join(seen) + line + proc.communicate(timeout=60)[0]
+    finally:
+        watchdog.cancel()
+        proc.kill()
+    assert proc.returncode == code, out[-2000:]
+    assert "Traceback" not in out and said in out, out[-2000:]
