@@ -279,9 +279,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"\nfinal fit ({analysis.engine}):")
     for m in analysis.models.values():
         print(describe_model(m))
-    if not analysis.models:
-        print(f"  no model analysed: {analysis.engine_reason or 'fewer than two snapshots of one model'}")
     _write_outputs(args, result)
+    if not analysis.models:  # not a vLLM recording, or one scrape of it: exit 1, outputs written
+        raise ValueError(f"{args.path}: no model analysed: "
+                         f"{analysis.engine_reason or 'fewer than two snapshots of one model'}")
     return 0
 
 

@@ -264,3 +264,19 @@ def test_a_gap_threshold_below_the_recording_s_interval_is_refused_not_every_ste
     assert main(["replay", str(tmp_path), "--config", str(tmp_path / "kvhit.yaml"), "--quiet"]) == 2
     assert ("config key gap_seconds: 10 s is not above the recording's scrape interval (15 s, its median step): "
             "every step would be a gap") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body, why", [
+    ("hello world\n", "no vLLM metrics in the exposition"),  # parses as text exposition, holds no vLLM
+    ("kvhit_up 1\n", "no vLLM metrics in the exposition"),
+])
+def test_a_trace_with_no_vllm_model_is_exit_1_with_its_outputs_written(tmp_path, capsys, body, why):
+    # It replayed with exit 0 and kvhit_up 1 in --metrics-out: README's exit 1 is for a trace that
+    # "is not what it should be"
+    from exporter.cli import main
+    for i in range(3):
+        (tmp_path / f"{1796000000000 + 5000 * i}.prom").write_text(body)
+    out = tmp_path / "out.prom"
+    assert main(["replay", str(tmp_path), "--quiet", "--metrics-out", str(out)]) == 1
+    assert f"kvhit: {tmp_path}: no model analysed: {why}" in capsys.readouterr().err
+    assert "kvhit_up" in out.read_text()  # what was analysed is still written
