@@ -29,7 +29,7 @@ from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, 
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
-from exporter.report import load_source, render
+from exporter.report import is_analysis, load_source, render
 from exporter.runner import Runner
 from exporter.server import config_error_app, serve, serve_app
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
@@ -387,6 +387,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """HTML page with PNG plots from a trace, a saved analysis or a running kvhit (exporter/report.py)."""
+    if is_analysis(args.source):
+        # what is shown was analysed already, with its own configuration: a file given here would change nothing
+        for flag, value in (("--config", args.config), ("--window-seconds", args.window_seconds)):
+            if value is not None:
+                raise ConfigError(f"{flag}: applies to a trace (replayed with it); {args.source} is an analysis "
+                                  "made with its own configuration")
     cfg = _config(args, window_seconds=args.window_seconds)
     _check_output(args.out, "--out", directory=True)
     data = load_source(args.source, cfg)

@@ -65,6 +65,17 @@ class ReportData:
 # --- sources --------------------------------------------------------------------------------
 
 
+def is_url(source: str) -> bool:
+    """A running kvhit's address (its analysis is fetched), not a path."""
+    return re.match(r"https?://", source) is not None
+
+
+def is_analysis(source: str) -> bool:
+    """A source whose analysis is already made (a kvhit URL or a saved ``.json``), not a trace to
+    replay with a configuration."""
+    return is_url(source) or Path(source).suffix == ".json"
+
+
 def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportData:
     """Trace path, analysis JSON or kvhit URL → :class:`ReportData`.
 
@@ -72,7 +83,7 @@ def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportDat
         ConfigError: a vLLM /metrics URL (not a kvhit address).
         ReportError: unreachable URL, not an analysis document, unreadable trace.
     """
-    if re.match(r"https?://", source):
+    if is_url(source):
         return ReportData(source, _fetch(source, timeout))
     path = Path(source)
     if path.suffix == ".json":

@@ -105,7 +105,7 @@ def test_report_from_a_running_kvhit_url(cfg, replayed, tmp_path):
     assert "needs per-step observations" in page
 
 
-def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path):
+def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, capsys):
     doc = analysis_to_dict(*replayed.runner.current())
     saved = tmp_path / "analysis.json"
     saved.write_text(json.dumps(doc))
@@ -125,6 +125,15 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path):
     with pytest.raises(ConfigError, match="PATH\\|URL"):
         load_source("http://127.0.0.1:8000/metrics", cfg)
     assert main(["report", "http://127.0.0.1:8000/metrics"]) == 2
+    # a config or window for an analysis already made would change nothing: refused (it was ignored
+    # with exit 0, the page still saying the SLOs the file set were not configured)
+    (tmp_path / "slo.yaml").write_text("slo:\n  ttft_seconds: 1.0\n  tpot_seconds: 0.05\n")
+    for flags, named in ((["--config", str(tmp_path / "slo.yaml")], "--config"), (["--window-seconds", "30"],
+                                                                                     "--window-seconds")):
+        assert main(["report", str(saved), "--out", str(tmp_path / "cfg"), *flags]) == 2
+        assert main(["report", "http://127.0.0.1:9/", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count(f"kvhit: {named}: applies to a trace (replayed with it)") == 2, err
     # not an analysis document → exit 1
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
