@@ -42,7 +42,8 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
-from exporter.config import MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening, stop_event
+from exporter.config import (MAX_INTERVAL, MIN_INTERVAL, Config, ConfigError, bounded, listen_address, listening,
+                             stop_event)
 from fitters.model import attention_work, decode_context_per_token, kv_bytes_per_token
 
 # Bucket edges as vLLM 0.32 exports them (tests/data/samples/25_*).
@@ -166,8 +167,13 @@ class Scenario:
 
     @property
     def h_max(self) -> float:
-        """The highest scheduled h: kvhit fits its miss line over [0, h_max] (:func:`true_line`)."""
+        """The highest scheduled h: kvhit fits its miss line over [h_min, h_max] (:func:`true_line`)."""
         return max(max(s.h0, s.h0 if s.h1 is None else s.h1) for s in self.schedule)
+
+    @property
+    def h_min(self) -> float:
+        """The lowest scheduled h (MODEL.md §4: a is the slope over the h range traffic spans)."""
+        return min(min(s.h0, s.h0 if s.h1 is None else s.h1) for s in self.schedule)
 
     def hit_ratio(self, t: float, rng: random.Random | None = None) -> float:
         """Scheduled h at ``t`` seconds after start."""
@@ -402,24 +408,24 @@ def true_miss_slope(steps: list[StepTruth]) -> tuple[float, float]:
     return tps0, -slope / tps0
 
 
-def true_line(truth: Truth, h_max: float = 0.95, running: float = 10.0) -> tuple[float, float]:
+def true_line(truth: Truth, h_max: float = 0.95, running: float = 10.0, h_min: float = 0.0) -> tuple[float, float]:
     """(TPS0 [tokens/s], a [1]) of the least-squares line through the truth's noise-free
-    TPS_miss(h) over [0, ``h_max``] (:func:`true_miss_slope` at 201 evenly spaced h: the trapezoid
-    rule within 1e-4 of the integral where TPS_miss falls steeply near h = 1) at concurrency
-    ``running``: the true a of MODEL.md §4 the accuracy benchmark scores kvhit against."""
-    grid = [h_max * i / 200 for i in range(201)]
+    TPS_miss(h) over [``h_min``, ``h_max``] (:func:`true_miss_slope` at 201 evenly spaced h: the
+    trapezoid rule within 1e-4 of the integral where TPS_miss falls steeply near h = 1) at
+    concurrency ``running``: the true a of MODEL.md §4 the accuracy benchmark scores kvhit against."""
+    grid = [h_min + (h_max - h_min) * i / 200 for i in range(201)]
     return true_miss_slope([StepTruth(0, 0, h, 0, running, 0, truth.miss_tps(h, running), 0, False) for h in grid])
 
 
-def calibrate_truth(base: Truth, a: float, h_max: float = 0.95, running: float = 10.0) -> Truth:
-    """The ``base`` truth with k_dec chosen so that its :func:`true_line` has slope ``a``
-    (bisection: a grows with the hit-independent time per request).
+def calibrate_truth(base: Truth, a: float, h_max: float = 0.95, running: float = 10.0, h_min: float = 0.0) -> Truth:
+    """The ``base`` truth with k_dec chosen so that its :func:`true_line` over [``h_min``,
+    ``h_max``] has slope ``a`` (bisection: a grows with the hit-independent time per request).
 
     Raises:
         ValueError: ``a`` is not reachable with k_dec in [0, 1] s/token."""
 
     def slope_of(k_dec: float) -> float:
-        return true_line(replace(base, k_dec=k_dec), h_max, running)[1]
+        return true_line(replace(base, k_dec=k_dec), h_max, running, h_min)[1]
 
     lo, hi = 0.0, 1.0
     if not slope_of(lo) <= a <= slope_of(hi):
@@ -551,12 +557,15 @@ def add_arguments(p) -> None:
 def kvhit_run_command(truth: Truth, url: str, interval: float) -> str:
     """The ``kvhit run`` command line that analyses the simulator at ``url`` with its truth's S_kv
     and B_load (so α can be fitted) at its scrape interval; the geometry is :data:`SIM_GEOMETRY`
-    when the truth keeps its default S_kv, else left out (α then needs it configured)."""
+    when the truth keeps its default S_kv, else left out (α then needs it configured). An interval
+    below kvhit's default timeout comes with a timeout of the interval (kvhit warns of a timeout
+    longer than the interval)."""
     env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()} \
         if truth.kv_bytes_per_token == Truth.kv_bytes_per_token else {}
     env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = f"{truth.load_bandwidth:g}"
+    timeout = ["--timeout", f"{interval:g}"] if interval < Config.timeout else []
     return " ".join([*(f"{k}={v}" for k, v in env.items()), "kvhit run", "--target", url,
-                     "--interval", f"{interval:g}", "--listen", "127.0.0.1:9471"])
+                     "--interval", f"{interval:g}", *timeout, "--listen", "127.0.0.1:9471"])
 
 
 def cmd_simulate(args) -> int:
@@ -570,16 +579,16 @@ def cmd_simulate(args) -> int:
         truth = replace(truth, alpha=args.alpha)
     if args.miss_slope is not None:
         try:
-            truth = calibrate_truth(truth, args.miss_slope, sc.h_max)
+            truth = calibrate_truth(truth, args.miss_slope, sc.h_max, h_min=sc.h_min)
         except ValueError as exc:
             raise ConfigError(f"--miss-slope: {exc}") from None
     sc = replace(sc, truth=truth, interval=args.interval)
 
-    tps0, a = true_line(truth, sc.h_max)
+    tps0, a = true_line(truth, sc.h_max, h_min=sc.h_min)
 
     def ready(p: int) -> None:
         print(f"kvhit simulate: {args.scenario} on http://{host}:{p}/metrics "
-              f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [0, {sc.h_max:g}] at "
+              f"({sc.duration:.0f} simulated s, x{args.speed:g}); true miss line over h in [{sc.h_min:g}, {sc.h_max:g}] at "
               f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
         # kvhit scrapes once per served step: every interval / speed wall seconds (at least MIN_INTERVAL)
         every = min(max(sc.interval / args.speed, MIN_INTERVAL), MAX_INTERVAL)

@@ -214,7 +214,8 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     line = next(x for x in out.splitlines() if "analyse it with: " in x).split("analyse it with: ", 1)[1]
     env = dict(w.split("=", 1) for w in line.split() if w.startswith("KVHIT_"))
     # one scrape per served step: 5 s / 1e6 wall seconds, at kvhit's shortest interval 0.1 s
-    assert "kvhit run --target http://127.0.0.1:" in line and "--interval 0.1 " in line
+    assert "kvhit run --target http://127.0.0.1:" in line and "--interval 0.1 --timeout 0.1 " in line  # no
+    # warning of a timeout over the interval from the command as printed
     assert "1e+06x too small" in out  # --speed 1e6: the wall-second warning
     from exporter.config import load_config
     cfg = load_config(None, environ=env)
@@ -485,3 +486,24 @@ def test_no_contention_factor_while_the_prefill_chip_time_is_not_identified():
             assert m.contention >= sc.truth.c0, m.contention
             published += 1
     assert withheld >= 10 and published >= 30
+
+
+def test_the_diurnal_banner_states_the_true_line_over_the_h_range_it_plays(capsys):
+    # diurnal plays h in [0.2, 0.95] only: its banner gave the line over [0, 0.95] (a = 0.778),
+    # which kvhit never sees, where kvhit rightly published 0.833 (MODEL.md §4: over the h range
+    # traffic spans). Written out: the trapezoid rule at 201 h on [0.2, 0.95], running 10.
+    from exporter.cli import main
+    assert main(["simulate", "--scenario", "diurnal", "--listen", "127.0.0.1:0", "--speed", "1e6"]) == 0
+    out = capsys.readouterr().out
+    tr = preset("diurnal").truth
+    assert tr.k_ctx == 0  # no decode-context term below
+    hs = [0.2 + 0.75 * i / 200 for i in range(201)]
+    ys = [(1 - h) * tr.isl / (tr.t_step * (tr.osl / 10 + 1) + tr.k_ffn * (1 - h) * tr.isl
+                              + tr.k_attn * ((1 - h) * tr.isl * h * tr.isl + ((1 - h) * tr.isl) ** 2 / 2)
+                              + tr.osl * tr.k_dec) for h in hs]
+    w = [0.5] + [1.0] * 199 + [0.5]
+    mh, my = (sum(wi * v for wi, v in zip(w, vs)) / 200 for vs in (hs, ys))
+    slope = (sum(wi * (h - mh) * (y - my) for wi, h, y in zip(w, hs, ys))
+             / sum(wi * (h - mh) ** 2 for wi, h in zip(w, hs)))
+    assert "true miss line over h in [0.2, 0.95]" in out, out
+    assert f"a={-slope / (my - slope * mh):.4f}" in out, out
