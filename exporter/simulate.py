@@ -330,7 +330,9 @@ class Engine:
             noise = max(0.2, 1.0 + rng.gauss(0.0, sc.noise))
             prefill = tr.prefill_latency(h, running) * noise
             queue = tr.queue_seconds * max(0.2, 1.0 + rng.gauss(0.0, sc.noise))
-            decode = tr.osl * (tr.c0 + tr.c1 * running) * tr.t_step
+            # OSL engine steps of the batch, each its share of the chip time: the steps of a busy
+            # second carry exactly that second (decode ≥ the request's own decode chip time)
+            decode = tr.osl * t_chip / tr.steps_per_request(running)
             hs["request_prefill_time_seconds"].observe(prefill, done)
             hs["request_queue_time_seconds"].observe(queue, done)
             hs["time_to_first_token_seconds"].observe(queue + prefill, done)

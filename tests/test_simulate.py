@@ -62,6 +62,13 @@ def test_latency_histograms_follow_the_unified_ttft():
     assert n > 0 and s / n == pytest.approx(expected, rel=1e-9)
     ttft = (_counter(b, "time_to_first_token_seconds_sum") - _counter(a, "time_to_first_token_seconds_sum")) / n
     assert ttft == pytest.approx(expected + tr.queue_seconds, rel=1e-9)
+    # decode: OSL steps of the batch, each t_chip / (OSL/running + 1), the per-request share of a
+    # step (MODEL.md §7: T_fixed = T_step·steps per request); it read OSL·c·T_step = 0.019 s, less
+    # than the request's own decode chip time OSL·k_dec = 0.128 s (a prefill share of 0.95)
+    assert tr.k_ctx == 0
+    t_chip = tr.t_step * (tr.osl / 10 + 1) + t_comp + tr.osl * tr.k_dec
+    decode = (_counter(b, "request_decode_time_seconds_sum") - _counter(a, "request_decode_time_seconds_sum")) / n
+    assert decode == pytest.approx(tr.osl * t_chip / (tr.osl / 10 + 1), rel=1e-9) and decode > tr.osl * tr.k_dec
 
 
 def test_expositions_parse_as_vllm_v1_with_every_signal_and_restarts_change_created():
