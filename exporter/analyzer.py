@@ -498,6 +498,10 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
         if q is not None:
             unknown.setdefault("hit_ratio", "no prefix-cache queries in the publish window (no data, not 0 %)")
         return out
+    if "external_hits" in w.partial:
+        unknown.setdefault("hit_ratio_loaded", "external_prefix_cache_hits missing at a scrape inside the publish window "
+                                               "(dropped as NaN or negative, or cut from a body): the loaded hits and h "
+                                               "over all sources are unknown until that scrape leaves the window")
     for key, h in (("device", wobs.hit_ratio_device), ("loaded", wobs.hit_ratio_loaded), ("all", wobs.hit_ratio)):
         if h is not None:
             out[key] = h

@@ -96,8 +96,8 @@ def _hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None,
     k = None if k is None else k * scale
     if "external_hits" in delta.counters:
         e = delta.counters["external_hits"]
-    else:
-        e = None if "hit_ratio_loaded" in unknown else 0.0
+    else:  # 0 only where the engine exports no such counter, never where one went missing
+        e = None if "hit_ratio_loaded" in unknown or "external_hits" in delta.partial else 0.0
     return q, k, e
 
 

@@ -1108,6 +1108,10 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
         offload = offload_configured(cache_config)
         if "external_hits" in incomplete:
             reasons["hit_ratio_loaded"] = "external_prefix_cache_hits missing for some data-parallel engines"
+        elif "external_queries" in counters:  # a KV connector's lookups are counted, its hits are not readable
+            reasons["hit_ratio_loaded"] = ("external_prefix_cache_queries without a usable external_prefix_cache_hits "
+                                           "(absent, or dropped as NaN, negative or duplicated: see "
+                                           "kvhit_input_quirks_total): the connector's hits are unknown")
         elif offload is None:
             reasons["hit_ratio_loaded"] = ("no external_prefix_cache_* counters (vLLM < 0.11.1) and no "
                                            "cache_config_info to rule out a KV connector")

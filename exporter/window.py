@@ -121,6 +121,9 @@ class Delta:
         running_seconds: ∫ num_requests_running dt over the interval [request·s], the trapezoid
             of each step's two scrapes summed (its mean is the interval's time-averaged
             concurrency, not the two ends'); None when a scrape inside lacks the gauge.
+        partial: counters present at some scrape inside the interval but not at every one (a
+            family dropped as NaN or cut from one body): absent from ``counters``, unknown over
+            the interval — not a family the engine never exports.
     """
 
     t0: float
@@ -134,6 +137,7 @@ class Delta:
     steps: int = 1
     glitches: int = 0
     running_seconds: float | None = None
+    partial: frozenset[str] = frozenset()
 
     @property
     def dt(self) -> float:
@@ -196,7 +200,7 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
              for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
     return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int("restart" in kinds),
-                 running_seconds=running)
+                 running_seconds=running, partial=frozenset(prev.counters.keys() ^ cur.counters.keys()))
 
 
 def _engine_increase(prev: ModelSignals, cur: ModelSignals, wall_t0: float
@@ -266,7 +270,9 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
                  glitches=sum(d.glitches for d in deltas),
-                 running_seconds=None if None in running else math.fsum(running))
+                 running_seconds=None if None in running else math.fsum(running),
+                 # a counter's presence changes only across a step, which lists it
+                 partial=frozenset().union(*(d.partial for d in deltas)))
 
 
 @dataclass

@@ -514,3 +514,34 @@ def test_the_diurnal_banner_states_the_true_line_over_the_h_range_it_plays(capsy
              / sum(wi * (h - mh) ** 2 for wi, h in zip(w, hs)))
     assert "true miss line over h in [0.2, 0.95]" in out, out
     assert f"a={-slope / (my - slope * mh):.4f}" in out, out
+
+
+@pytest.mark.parametrize("nan_at, why", [
+    (range(10**6), "external_prefix_cache_queries without a usable external_prefix_cache_hits"),  # every scrape
+    (range(30, 31), "external_prefix_cache_hits missing at a scrape inside the publish window"),  # one, then back
+])
+def test_loaded_hits_read_as_nan_are_unknown_not_0(nan_at, why):
+    # A KV connector (--kv-transfer-config, kv_offloading_size "None") whose
+    # external_prefix_cache_hits reads NaN: the loaded hits and h over all sources are unknown with
+    # why, never 0 (an adversarial review saw h_loaded 0 and h 0.30 for a true 0.6, with no reason)
+    import re as re_
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep")  # h = 0.5 at steps 24-35, half of it loaded
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for i, (t, text, truth) in enumerate(generate(sc)):
+        text = text.replace('kv_offloading_size="64"', 'kv_offloading_size="None"')
+        if i in nan_at:
+            text = re_.sub(r"^(vllm:external_prefix_cache_hits_total\{[^}]*\}) \S+$", r"\1 NaN", text, flags=re_.M)
+        clock.t = t
+        runner.ingest_text(t, text)
+        if i == 33:
+            break
+    assert truth.h_load > 0  # loaded hits were there
+    m = runner.current()[0].models[sc.model_name]
+    assert "loaded" not in m.hit_ratio and "all" not in m.hit_ratio
+    assert 0 < m.hit_ratio["device"] < truth.h  # the device hits are still read
+    assert m.unknown["hit_ratio_loaded"].startswith(why), m.unknown

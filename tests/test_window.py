@@ -471,6 +471,26 @@ def test_loaded_hits_unknown_when_parser_gave_a_reason():
     assert o.hit_tokens_loaded == 0.0 and o.miss_tokens == 1600.0  # 4000 − 2400 − 0
 
 
+def test_loaded_hits_that_went_missing_at_a_scrape_are_unknown_not_0():
+    # external_prefix_cache_hits dropped (NaN) at one scrape of an engine that had it: the steps on
+    # either side of that scrape, and every window holding them, have no loaded hits — unknown,
+    # never the 0 of an engine without a KV connector (an adversarial review saw h_loaded 0 and
+    # h 0.30 published for a true 0.6, physical TPM 254k -> 418k)
+    had = sig(counters={"queries": 1000.0, "hits": 300.0, "external_hits": 300.0})
+    lost = sig(counters={"queries": 2000.0, "hits": 600.0})
+    back = sig(counters={"queries": 3000.0, "hits": 900.0, "external_hits": 900.0})
+    d1, d2 = step_delta(had, lost, 100.0, 105.0), step_delta(lost, back, 105.0, 110.0)
+    assert d1.partial == d2.partial == frozenset({"external_hits"})
+    w = add_deltas([d1, d2])
+    assert "external_hits" not in w.counters and w.partial == frozenset({"external_hits"})
+    o = observe(w, Context())
+    assert o.hit_tokens_loaded is None and o.hit_ratio is None and o.miss_tokens is None
+    assert o.hit_ratio_device == pytest.approx(600 / 2000)
+    # an engine that never had the counter: no connector, loaded hits 0 (MODEL.md §2)
+    never = add_deltas([step_delta(lost, sig(counters={"queries": 3000.0, "hits": 900.0}), 105.0, 110.0)])
+    assert never.partial == frozenset() and observe(never, Context()).hit_tokens_loaded == 0.0
+
+
 def test_miss_from_local_compute_when_hits_unknown():
     d = _busy_delta(counters={"prompt_local_compute": 700.0, "generation_tokens": 100.0})
     o = observe(d, Context(unknown={"hit_ratio": "no prefix_cache_queries/hits counters"}))
