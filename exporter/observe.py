@@ -46,8 +46,20 @@ OSL_HISTOGRAM = "request_generation_tokens"
 
 
 def request_isl(delta: Delta, ctx: Context) -> float | None:
-    """ISL [tokens]: the mean prompt length of the requests finished in the delta, else ``ctx.isl``."""
-    return histogram_mean(delta, ISL_HISTOGRAM) or ctx.isl
+    """ISL [tokens]: the mean prompt length of the requests finished in the delta, else ``ctx.isl``
+    (:func:`_mean_or_recent`)."""
+    return _mean_or_recent(delta, ISL_HISTOGRAM, ctx.isl)
+
+
+def _mean_or_recent(delta: Delta, hist: str, recent: float | None) -> float | None:
+    """The mean of histogram ``hist`` over the delta; ``recent`` (the latest known mean) when no
+    request finished in it; None when the histogram is missing or inconsistent there (dropped as
+    NaN, cut from a body): a length kvhit can no longer read is unknown, not the last one it read,
+    however old."""
+    h = delta.histograms.get(hist)
+    if h is None:
+        return None
+    return h.mean if h.count > 0 else recent
 
 
 def histogram_mean(delta: Delta, hist: str) -> float | None:
@@ -104,12 +116,13 @@ def _hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None,
 def observe(delta: Delta, ctx: Context) -> Observation:
     """Build the :class:`Observation` of one step (or window) delta (MODEL.md §7).
 
-    ISL/OSL are the means of requests finished in the delta, else ``ctx.isl``/``ctx.osl``.
+    ISL/OSL are the means of requests finished in the delta, else ``ctx.isl``/``ctx.osl`` when
+    none finished (unknown when their histogram is missing: :func:`_mean_or_recent`).
     Raises nothing: unknown inputs become None fields.
     """
     q, k, e = hit_tokens(delta, ctx)
     isl = request_isl(delta, ctx)
-    osl = histogram_mean(delta, OSL_HISTOGRAM) or ctx.osl
+    osl = _mean_or_recent(delta, OSL_HISTOGRAM, ctx.osl)
     g = delta.counters.get("generation_tokens")  # None = unknown, never 0
     steps_h = delta.histograms.get("iteration_tokens")
     steps = steps_h.count if steps_h is not None else 0.0

@@ -545,3 +545,27 @@ def test_loaded_hits_read_as_nan_are_unknown_not_0(nan_at, why):
     assert "loaded" not in m.hit_ratio and "all" not in m.hit_ratio
     assert 0 < m.hit_ratio["device"] < truth.h  # the device hits are still read
     assert m.unknown["hit_ratio_loaded"].startswith(why), m.unknown
+
+
+def test_no_current_prediction_at_an_isl_that_can_no_longer_be_read():
+    # request_prompt_tokens dropped from the body (or its _sum NaN): the window's ISL is unknown,
+    # and so is every prediction at the window's traffic; an adversarial review saw the ISL read
+    # minutes earlier kept for good (service TTFT 0.135 s published for a true 0.54 s at the new ISL)
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep")
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for i, (t, text, truth) in enumerate(generate(sc)):
+        if i >= 70:
+            text = "\n".join(x for x in text.splitlines() if "request_prompt_tokens" not in x) + "\n"
+        clock.t = t
+        runner.ingest_text(t, text)
+        m = runner.current()[0].models.get(sc.model_name)
+        if i == 69:
+            assert m.isl == pytest.approx(sc.truth.isl) and "current" in m.predictions  # known before
+        if i == 70 + 60 / sc.interval:  # one publish window later
+            break
+    assert m.isl is None and "current" not in m.predictions and "predicted_current" in m.unknown
