@@ -18,7 +18,8 @@ linear                     otherwise: throughput gain ≈ h × prefill share
 Choices where MODEL.md is silent: the 24-hour history is a per-minute rollup (bounded); until
 24 hours are covered the verdict is *provisional* (label ``provisional="true"``) but still
 given on the history there is. "Recent" is the last 15 minutes. Thrash needs the KV usage
-gauge: without it thrash is not asserted. ``diminishing_returns`` is the seed's > 85 % zone when
+gauge: without it, while recent h and its jitter meet the rule, the verdict is unknown (the first
+rule can be neither matched nor passed). ``diminishing_returns`` is the seed's > 85 % zone when
 no other state applies (the issue's list has four states; h = 0.95 with a small prefill share
 is not "linear").
 """
@@ -174,9 +175,12 @@ class CachingVerdict:
 def decide(h_history: float | None, share_history: float | None, h_recent: float | None,
            jitter: float | None, kv_usage_max: float | None) -> tuple[str | None, str]:
     """(state, reason) by the rules in the module docstring. Pure."""
-    if (h_recent is not None and jitter is not None and kv_usage_max is not None
-            and h_recent > THRASH_H and jitter >= THRASH_JITTER and kv_usage_max >= THRASH_KV_USAGE):
-        return "thrash_risk", ""
+    if h_recent is not None and jitter is not None and h_recent > THRASH_H and jitter >= THRASH_JITTER:
+        if kv_usage_max is None:  # the first rule can neither fire nor be ruled out
+            return None, ("recent h > 0.85 jitters, but the KV cache usage is unknown (no usable "
+                          "kv_cache_usage_perc): thrash can neither be asserted nor ruled out")
+        if kv_usage_max >= THRASH_KV_USAGE:
+            return "thrash_risk", ""
     if h_history is None:
         return None, "no prefix-cache queries in the history (token hit ratio unknown)"
     if h_history < NOT_PAYING_H:

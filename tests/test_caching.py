@@ -18,7 +18,8 @@ from fitters.caching import HitRollup, decide, speedup, verdict
         (0.90, 0.5, 0.90, 0.00, 0.5, "dedicated_pool_worth_it"),  # > 0.85 but a pool pays
         (0.90, 0.5, 0.90, 0.06, 0.95, "thrash_risk"),  # jitter 0.06 ≥ 0.05 with KV 0.95 ≥ 0.90
         (0.90, 0.5, 0.90, 0.06, 0.50, "dedicated_pool_worth_it"),  # jitter but KV not near full
-        (0.90, 0.5, 0.90, 0.06, None, "dedicated_pool_worth_it"),  # KV usage unknown: no thrash
+        (0.90, 0.5, 0.90, 0.00, None, "dedicated_pool_worth_it"),  # KV usage unknown, no jitter: no thrash
+        (0.90, 0.5, 0.80, 0.06, None, "dedicated_pool_worth_it"),  # KV usage unknown, recent h ≤ 0.85
         (0.25, 0.5, 0.25, 0.00, 0.5, "linear"),  # 0.25 is not < 0.25
     ],
 )
@@ -32,6 +33,11 @@ def test_decide_unknowns_say_why():
     state, reason = decide(0.7, None, 0.7, None, None)  # a pool decision needs the prefill share
     assert state is None and "prefill share" in reason
     assert decide(0.1, None, 0.1, None, None) == ("not_paying", "")  # not_paying needs no share
+    # recent h > 0.85 jittering with the KV usage unknown: thrash, the first rule, is undecided, so
+    # no later rule may answer (an adversarial review saw dedicated_pool_worth_it published where
+    # the same traffic with KV usage 0.95 reads thrash_risk)
+    state, reason = decide(0.9, 0.5, 0.9, 0.06, None)
+    assert state is None and "KV cache usage is unknown" in reason
 
 
 def test_speedup_by_hand():
