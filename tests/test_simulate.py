@@ -194,19 +194,13 @@ def test_a_scraper_that_gave_up_prints_no_traceback(capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_kvhit_simulate_prints_its_true_line(capsys):
-    from exporter.cli import main
-    # --speed 1e6: the 420-s sweep is served in well under a second
-    assert main(["simulate", "--listen", "127.0.0.1:0", "--miss-slope", "0.5", "--speed", "1e6"]) == 0
-    out = capsys.readouterr().out
-    # The least-squares line through TPS_miss(h) = (1 − h)·ISL / t_chip(h) over h in [0, 0.99]
-    # (the sweep's steps 0..0.9 then agentic 0.9..0.99: the h range kvhit fits over), every
-    # stretch of h by its width: the trapezoid rule at h = 0.99·i/200, i = 0..200 (weights ½ at the
-    # ends, 1 inside), running 10 (MODEL.md §4), written out here: slope = Sxy/Sxx, TPS0 = intercept.
-    tr = calibrate_truth(Truth(), 0.5, h_max=0.99)
+def _line_by_hand(tr: Truth, lo: float, hi: float) -> tuple[float, float]:
+    """(TPS0, slope) of the least-squares line through TPS_miss(h) = (1 − h)·ISL / t_chip(h) over
+    h in [lo, hi], every stretch of h by its width: the trapezoid rule at h = lo + (hi − lo)·i/200,
+    i = 0..200 (weights ½ at the ends, 1 inside), running 10 (MODEL.md §4), written out here:
+    slope = Sxy/Sxx, TPS0 = the intercept."""
     assert tr.k_ctx == 0  # no decode-context term below
-    assert "true miss line over h in [0, 0.99]" in out, out
-    hs = [0.99 * i / 200 for i in range(201)]
+    hs = [lo + (hi - lo) * i / 200 for i in range(201)]
     ys = [(1 - h) * tr.isl / (tr.t_step * (tr.osl / 10 + 1) + tr.k_ffn * (1 - h) * tr.isl
                               + tr.k_attn * ((1 - h) * tr.isl * h * tr.isl + ((1 - h) * tr.isl) ** 2 / 2)
                               + tr.osl * tr.k_dec) for h in hs]
@@ -214,7 +208,19 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     mh, my = (sum(wi * v for wi, v in zip(w, vs)) / 200 for vs in (hs, ys))
     slope = (sum(wi * (h - mh) * (y - my) for wi, h, y in zip(w, hs, ys))
              / sum(wi * (h - mh) ** 2 for wi, h in zip(w, hs)))
-    tps0 = my - slope * mh
+    return my - slope * mh, slope
+
+
+def test_kvhit_simulate_prints_its_true_line(capsys):
+    from exporter.cli import main
+    # --speed 1e6: the 420-s sweep is served in well under a second
+    assert main(["simulate", "--listen", "127.0.0.1:0", "--miss-slope", "0.5", "--speed", "1e6"]) == 0
+    out = capsys.readouterr().out
+    # The line over h in [0, 0.99] (the sweep's steps 0..0.9 then agentic 0.9..0.99: the h range
+    # kvhit fits over)
+    tr = calibrate_truth(Truth(), 0.5, h_max=0.99)
+    assert "true miss line over h in [0, 0.99]" in out, out
+    tps0, slope = _line_by_hand(tr, 0.0, 0.99)
     assert f"TPS0={tps0:.1f} tokens/s a={-slope / tps0:.4f}" in out, out
     assert f"a={0.5:.4f}" in out  # the calibrated slope is the one asked for
     # the command it prints configures kvhit with the truth's S_kv and B_load (α identifiable)
@@ -502,18 +508,9 @@ def test_the_diurnal_banner_states_the_true_line_over_the_h_range_it_plays(capsy
     from exporter.cli import main
     assert main(["simulate", "--scenario", "diurnal", "--listen", "127.0.0.1:0", "--speed", "1e6"]) == 0
     out = capsys.readouterr().out
-    tr = preset("diurnal").truth
-    assert tr.k_ctx == 0  # no decode-context term below
-    hs = [0.2 + 0.75 * i / 200 for i in range(201)]
-    ys = [(1 - h) * tr.isl / (tr.t_step * (tr.osl / 10 + 1) + tr.k_ffn * (1 - h) * tr.isl
-                              + tr.k_attn * ((1 - h) * tr.isl * h * tr.isl + ((1 - h) * tr.isl) ** 2 / 2)
-                              + tr.osl * tr.k_dec) for h in hs]
-    w = [0.5] + [1.0] * 199 + [0.5]
-    mh, my = (sum(wi * v for wi, v in zip(w, vs)) / 200 for vs in (hs, ys))
-    slope = (sum(wi * (h - mh) * (y - my) for wi, h, y in zip(w, hs, ys))
-             / sum(wi * (h - mh) ** 2 for wi, h in zip(w, hs)))
+    tps0, slope = _line_by_hand(preset("diurnal").truth, 0.2, 0.95)
     assert "true miss line over h in [0.2, 0.95]" in out, out
-    assert f"a={-slope / (my - slope * mh):.4f}" in out, out
+    assert f"a={-slope / tps0:.4f}" in out, out
 
 
 @pytest.mark.parametrize("nan_at, why", [
