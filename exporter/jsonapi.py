@@ -42,7 +42,7 @@ from dataclasses import MISSING, asdict, fields
 from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
 from exporter.config import bounded, number
-from fitters.result import FitResult
+from fitters.result import Estimate, FitResult
 from fitters.whatif import NULLABLE, FittedModel
 
 SCHEMA_VERSION = 1
@@ -64,13 +64,17 @@ def _clean(x):
 def fit_to_dict(r: FitResult) -> dict:
     return _clean({
         "status": r.status.value, "reason": r.reason, "samples": r.samples, "r2": r.r2,
-        # a parameter that is not ok has no value (a dropped term's 0 is a placeholder, not a fit),
-        # nor has one of a fit that is not ok: it takes the fit's status (FitResult.value)
-        "params": {k: {"value": e.value if e.ok and r.ok else None, "stderr": e.stderr,
-                       "status": (e.status if r.ok or not e.ok else r.status).value,
-                       "reason": e.reason if r.ok or not e.ok else r.reason} for k, e in r.params.items()},
+        "params": {k: _param_to_dict(r, e) for k, e in r.params.items()},
         "extra": r.extra,
     })
+
+
+def _param_to_dict(r: FitResult, e: Estimate) -> dict:
+    # a parameter that is not ok has no value (a dropped term's 0 is a placeholder, not a fit),
+    # nor has one of a fit that is not ok: it takes the fit's status (FitResult.value)
+    says = e if r.ok or not e.ok else r
+    return {"value": e.value if e.ok and r.ok else None, "stderr": e.stderr, "status": says.status.value,
+            "reason": says.reason}
 
 
 def model_to_dict(m: ModelAnalysis) -> dict:

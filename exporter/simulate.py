@@ -138,6 +138,11 @@ class Segment:
     h1: float | None = None
     period: float = 86400.0
 
+    @property
+    def h_end(self) -> float:
+        """h1, or h0 for a segment that has none (a step)."""
+        return self.h0 if self.h1 is None else self.h1
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -168,18 +173,18 @@ class Scenario:
     @property
     def h_max(self) -> float:
         """The highest scheduled h: kvhit fits its miss line over [h_min, h_max] (:func:`true_line`)."""
-        return max(max(s.h0, s.h0 if s.h1 is None else s.h1) for s in self.schedule)
+        return max(max(s.h0, s.h_end) for s in self.schedule)
 
     @property
     def h_min(self) -> float:
         """The lowest scheduled h (MODEL.md §4: a is the slope over the h range traffic spans)."""
-        return min(min(s.h0, s.h0 if s.h1 is None else s.h1) for s in self.schedule)
+        return min(min(s.h0, s.h_end) for s in self.schedule)
 
     def hit_ratio(self, t: float, rng: random.Random | None = None) -> float:
         """Scheduled h at ``t`` seconds after start."""
         for seg in self.schedule:
             if t < seg.duration or seg is self.schedule[-1]:
-                h1 = seg.h0 if seg.h1 is None else seg.h1
+                h1 = seg.h_end
                 u = min(1.0, max(0.0, t / seg.duration)) if seg.duration > 0 else 1.0
                 if seg.kind == "step":
                     return seg.h0
