@@ -167,6 +167,9 @@ class _ModelState:
     isl: float | None = None
     osl: float | None = None
     load_share: float | None = None  # h_load/h of the latest step with queries that told it
+    # The latest step, fitted only at the next one: a scrape that read high (a glitch) shows only
+    # when the one after it is skipped and the step after that is still down (exporter/window.py)
+    pending: tuple[Delta, Observation, int] | None = None
 
 
 class Analyzer:
@@ -213,10 +216,11 @@ class Analyzer:
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None
             if share is not None:
                 st.load_share = share
-            st.chip.update(obs)
-            st.slope.update(obs)
-            st.latency.update(obs)
-            _update_seed3(st, delta, obs, _engine_count(snap, model))
+            if delta.glitches:
+                st.pending = None  # the scrape before the skipped one read high: its step is not fitted
+            elif st.pending is not None:
+                _fit_step_rows(st, *st.pending)
+            st.pending = (delta, obs, _engine_count(snap, model))
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
@@ -627,6 +631,14 @@ def _engine_count(snap: Snapshot, model: str) -> int:
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``); 1 for
     signals built by hand."""
     return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
+
+
+def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
+    """Feed one step to every fitter of the model (one scrape after it was taken: ``pending``)."""
+    st.chip.update(obs)
+    st.slope.update(obs)
+    st.latency.update(obs)
+    _update_seed3(st, d, obs, engines)
 
 
 def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:

@@ -55,8 +55,10 @@ CONFIG = {"slo": {"ttft_seconds": 1.5, "tpot_seconds": 0.05}, "instance_hour_pri
 
 def _analysis(config=CONFIG, tpot: str = "request_time_per_output_token_seconds"):
     a = Analyzer(load_config(None, environ={}, flags=config))
-    a.ingest(parse_exposition(scrape(0, tpot), 1000.0))
-    a.ingest(parse_exposition(scrape(1, tpot), 1010.0))
+    # two equal steps: the window's deltas are twice one step's (every ratio and rate the same), and
+    # the fits and the 24 h rollup have the first (a step is fitted at the next scrape)
+    for k in range(3):
+        a.ingest(parse_exposition(scrape(k, tpot), 1000.0 + 10 * k))
     return a.analysis()
 
 
@@ -183,8 +185,8 @@ def test_max_num_seqs_levels_are_per_engine_with_data_parallel_engines():
                  if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info")]
         return body + "\n".join(other) + "\n"
     a = Analyzer(load_config(None, environ={}, flags=CONFIG))
-    a.ingest(parse_exposition(two(0), 1000.0))
-    a.ingest(parse_exposition(two(1), 1010.0))
+    for k in range(3):  # the first step is fitted at the third scrape
+        a.ingest(parse_exposition(two(k), 1000.0 + 10 * k))
     m = a.analysis().models["m"]
     assert m.fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]
 

@@ -405,22 +405,33 @@ def test_one_absurd_counter_value_is_dropped_not_an_hour_down():
     assert analysis.models[model].hit_ratio == clean.current()[0].models[model].hit_ratio
 
 
-def test_a_scrape_that_read_high_leaves_the_fits_as_they_were():
-    # prefix_cache_queries_total × 1.1 at one scrape of the valley scenario, right again at the
-    # next: an adversarial review saw the direct miss slope go 0.81 → 1.39 (ok) for as long as the
-    # step stayed buffered, and the next scrape (the counter back down, _created unchanged) taken
-    # for a restart. Now the spike step is an outlier of the miss-slope fit; the scrape after it
-    # is skipped, and the next step (still below the spike) has no increases.
+@pytest.mark.parametrize("factor", [1.1, 2.0])
+def test_a_scrape_that_read_high_leaves_the_fits_as_they_were(factor):
+    # prefix_cache_queries_total × factor at one scrape of the valley scenario, right again at the
+    # next. An adversarial review saw the direct miss slope go 0.81 → 1.39 (× 1.1, ok) and the
+    # next scrape (the counter back down, _created unchanged) taken for a restart; a later one saw
+    # × 2 leave k_ffn at 0 (true 1e-4) and the load-aware fit not identifiable for the rest of the
+    # run: the spike step's leverage beat the robust loss. Now the scrape after the spike is
+    # skipped, the next step (still below the spike) has no increases, and since a step reaches
+    # the fitters only at the next one, the spike step never does: every fit is the glitch-free
+    # run's, within a fraction of its own standard error (two 5-s steps fewer).
     model = preset("valley").model_name
-    spike = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 1.1!r}", text)  # noqa: E731
+    spike = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * factor!r}", text)  # noqa: E731
     for i, runner, clean in _beside_a_clean_run("valley", 100, spike):
         if i == 101:
             assert runner.analyzer.windows.skipped == 1
         if i == 102:
             assert runner.analyzer.windows.window(model).glitches == 1
-    got, want = (r.current()[0].models[model].fits["miss_slope"] for r in (runner, clean))
-    assert got.ok and got.value("a") == pytest.approx(want.value("a"), abs=0.005)
-    assert got.extra["outliers"] >= 1 and got.extra["anomalies"] == want.extra["anomalies"]
+    _assert_fits_as_clean(runner, clean, model)
+
+
+def _assert_fits_as_clean(runner, clean, model: str) -> None:
+    got, want = (r.current()[0].models[model] for r in (runner, clean))
+    for fit, names in (("chip_time", ("t_step", "k_ffn", "k_attn")), ("miss_slope", ("a",)), ("load_aware", ("c0",))):
+        assert got.fits[fit].ok
+        for name in names:
+            off = abs(got.fits[fit].value(name) - want.fits[fit].value(name))
+            assert off <= 0.5 * want.fits[fit].params[name].stderr, (fit, name, off)
 
 
 def test_a_scrape_that_read_low_costs_nothing():
@@ -435,13 +446,8 @@ def test_a_scrape_that_read_low_costs_nothing():
         if i == 112:  # the first publish window without scrape 100 at its base: Δhits/Δqueries as served
             h, h_clean = (r.current()[0].models[model].hit_ratio for r in (runner, clean))
             assert h == pytest.approx(h_clean, rel=1e-9)  # the same increases, summed over other steps
-    got, want = (r.current()[0].models[model] for r in (runner, clean))
     assert runner.analyzer.windows.skipped == 1
-    for fit, names in (("chip_time", ("t_step", "k_ffn", "k_attn")), ("miss_slope", ("a",)), ("load_aware", ("c0",))):
-        assert got.fits[fit].ok
-        for name in names:
-            off = abs(got.fits[fit].value(name) - want.fits[fit].value(name))
-            assert off <= 0.5 * want.fits[fit].params[name].stderr, (fit, name, off)
+    _assert_fits_as_clean(runner, clean, model)
 
 
 def test_a_load_aware_ttft_off_the_observed_one_is_flagged():
