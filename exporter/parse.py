@@ -845,7 +845,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         unit = hit_unit.get(model, "")
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
         unknown = _unknown_reasons(era, since, counters, v0_no_data, unit, acc.incomplete.get(model, set()),
-                                   b.cache_config, "lmcache" in b.families)
+                                   b.cache_config, "lmcache" in b.families,
+                                   bool(b.declared & {"external_prefix_cache_hits", "external_prefix_cache_queries"}))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
                  "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
         if len(per_engine) == 1:  # one engine: the model's maps are that engine's (evaluated once)
@@ -1082,10 +1083,13 @@ PREFIX_CACHING_OFF = ('prefix caching is off (cache_config_info enable_prefix_ca
 
 def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, object], v0_no_data: bool,
                      hit_unit: str, incomplete: set[str], cache_config: Mapping[str, str],
-                     connector: bool) -> dict[str, str]:
+                     connector: bool, external_exposed: bool) -> dict[str, str]:
     """Signal → why it is unknown, for one model. ``connector``: a KV connector's own metrics
     (``lmcache:``) are in the exposition, which cache_config_info never shows (MODEL.md §2: h_load
-    is 0 only when no connector or offloading is in use)."""
+    is 0 only when no connector or offloading is in use). ``external_exposed``: an
+    ``external_prefix_cache_*`` family is in the exposition (a HELP/TYPE line or a sample, usable
+    or not): vLLM ≥ 0.11.1 exports both at 0 without a connector, so hits that cannot be read
+    from it are unknown, never 0."""
     reasons: dict[str, str] = {}
     if era == "vllm_v0":
         reasons["hit_ratio"] = ("vLLM V0 exports only gpu_prefix_cache_hit_rate, a lifetime block-level "
@@ -1108,10 +1112,10 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
         offload = offload_configured(cache_config)
         if "external_hits" in incomplete:
             reasons["hit_ratio_loaded"] = "external_prefix_cache_hits missing for some data-parallel engines"
-        elif "external_queries" in counters:  # a KV connector's lookups are counted, its hits are not readable
-            reasons["hit_ratio_loaded"] = ("external_prefix_cache_queries without a usable external_prefix_cache_hits "
+        elif external_exposed:  # the engine counts a connector's hits, unreadable here
+            reasons["hit_ratio_loaded"] = ("external_prefix_cache_* exposed without a usable external_prefix_cache_hits "
                                            "(absent, or dropped as NaN, negative or duplicated: see "
-                                           "kvhit_input_quirks_total): the connector's hits are unknown")
+                                           "kvhit_input_quirks_total): the loaded hits are unknown")
         elif offload is None:
             reasons["hit_ratio_loaded"] = ("no external_prefix_cache_* counters (vLLM < 0.11.1) and no "
                                            "cache_config_info to rule out a KV connector")
