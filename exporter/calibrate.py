@@ -66,6 +66,9 @@ DEFAULT_HIT_RATIOS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.97)
 DEFAULT_TOKEN_RANGE = (1000, 8000)
 # A phase's measured hit ratio further than this from its design is reported as suspect.
 HIT_TOLERANCE = 0.03
+# A phase with fewer busy steps is reported as resting on too little (its left-out error is one or
+# two steps' noise).
+MIN_BUSY_STEPS = 3
 
 
 class CalibrationError(ValueError):
@@ -488,6 +491,11 @@ def print_report(report: dict, out: TextIO | None = None) -> None:
     if bad:
         w(f"WARNING: measured hit ratio off the design by more than {HIT_TOLERANCE} (or unknown) in {', '.join(bad)}: "
           "is prefix caching on, the block size right, the KV cache large enough?\n")
+    few = [f"{p['name']} ({p.get('busy_steps', 0)})" for p in report["phases"] if p.get("busy_steps", 0) < MIN_BUSY_STEPS]
+    if few:
+        w(f"WARNING: fewer than {MIN_BUSY_STEPS} busy steps (both scrapes with requests running, MODEL.md §7) in "
+          f"{', '.join(few)}: the phase's chip time rests on too little; scrape more often (--interval) or "
+          "run longer phases (--phase-seconds)\n")
 
 
 def _pct(x: float | None) -> str:

@@ -3,6 +3,7 @@ fake OpenAI-compatible server whose prefix cache follows vLLM's rules (whole blo
 block hashes, never the last prompt token)."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import tarfile
@@ -14,7 +15,7 @@ from importlib import resources
 import pytest
 
 from exporter.calibrate import (PhasePlan, PromptFactory, expected_hit_ratio, max_hit_tokens, plan_phases,
-                                progress_line, shared_prefix_tokens)
+                                print_report, progress_line, shared_prefix_tokens)
 from exporter.cli import main
 from exporter.config import load_config
 from exporter.replay import replay
@@ -209,6 +210,13 @@ def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
     assert [s.name for s in result.phases["fake"]] == ["P0_hit0", "P1_hit0.5", "P2_hit0.9"]
     assert [s.hit_ratio for s in result.phases["fake"]] == pytest.approx([0.0, 0.48, 0.88])
     assert math.isfinite(report["requests"]["completed"]) and report["requests"]["failed"] == 0
+    # a phase with under 3 busy steps is named in a warning (its chip time rests on one or two steps)
+    for row, busy in zip(report["phases"], (3, 2, 0)):
+        row["busy_steps"] = busy
+    text = io.StringIO()
+    print_report(report, text)
+    warning = [line for line in text.getvalue().splitlines() if line.startswith("WARNING: fewer than 3 busy")]
+    assert len(warning) == 1 and "P1_hit0.5 (2), P2_hit0.9 (0)" in warning[0] and "P0" not in warning[0], warning
 
 
 @pytest.mark.parametrize("argv, needle", [
