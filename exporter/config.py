@@ -505,10 +505,12 @@ def listening(bind: Callable[[], T], where: str) -> T:
 
 def stop_event() -> threading.Event:
     """An event set by SIGTERM, SIGINT or SIGHUP, for a command that serves until stopped (a
-    closed terminal: kvhit has nothing to reload, and ending without a log line left no trace)."""
+    closed terminal: kvhit has nothing to reload, and ending without a log line left no trace).
+    A signal this process was started ignoring (``nohup`` ignores SIGHUP) stays ignored."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, lambda *_: stop.set())
     return stop
 
 

@@ -168,3 +168,21 @@ def test_a_number_argument_refuses_underscores():
         with pytest.raises(argparse.ArgumentTypeError, match="expected a number"):
             bounded(0.0, 1e9)(text)
     assert bounded(0.0, 1e9)("1000") == 1000.0
+
+
+def test_stop_event_keeps_a_signal_the_process_was_started_ignoring():
+    # `nohup kvhit run …` ignores SIGHUP so a closed terminal does not stop it: kvhit's own
+    # handler used to replace that, and a closed terminal stopped kvhit after all
+    import signal
+
+    from exporter.config import stop_event
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        stop = stop_event()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # still stops on SIGTERM
+        assert stop.is_set()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
