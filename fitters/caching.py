@@ -17,9 +17,10 @@ linear                     otherwise: throughput gain ≈ h × prefill share
 
 Choices where MODEL.md is silent: the 24-hour history is a per-minute rollup (bounded); until
 24 hours are covered the verdict is *provisional* (label ``provisional="true"``) but still
-given on the history there is. "Recent" is the last 15 minutes. Thrash needs the KV usage
-gauge: without it, while recent h and its jitter meet the rule, the verdict is unknown (the first
-rule can be neither matched nor passed). ``diminishing_returns`` is the seed's > 85 % zone when
+given on the history there is. "Recent" is the last 15 minutes. The first rule is decided in
+three values: while none of its terms is known to fail but one is unknown — the jitter (fewer
+than 3 recent minutes with queries), the KV usage gauge (never read, or missing at some step, so
+its max is a lower bound) — the verdict is unknown, never a later rule's. ``diminishing_returns`` is the seed's > 85 % zone when
 no other state applies (the issue's list has four states; h = 0.95 with a small prefill share
 is not "linear").
 """
@@ -54,6 +55,7 @@ class _Minute:
     decode_sum: float = 0.0
     decode_count: float = 0.0
     kv_usage_max: float | None = None
+    kv_usage_missing: bool = False  # a step ending in this minute had no usable KV usage
 
 
 class HitRollup:
@@ -98,6 +100,8 @@ class HitRollup:
         # a fraction: outside [0, 1] (a percent scale, an engine bug; NaN) is no usage, never a thrash verdict
         if kv_usage is not None and 0.0 <= kv_usage <= 1.0:
             m.kv_usage_max = kv_usage if m.kv_usage_max is None else max(m.kv_usage_max, kv_usage)
+        else:
+            m.kv_usage_missing = True
         self._t = t1
         while self._buf and self._buf[0].minute <= minute - self.minutes:
             self._buf.popleft()
@@ -149,6 +153,10 @@ class HitRollup:
         vals = [m.kv_usage_max for m in self._recent(minutes) if m.kv_usage_max is not None]
         return max(vals) if vals else None
 
+    def kv_usage_partial(self, minutes: int = RECENT_MINUTES) -> bool:
+        """True when a step of the last ``minutes`` had no usable KV usage (its max is a lower bound)."""
+        return any(m.kv_usage_missing for m in self._recent(minutes))
+
 
 @dataclass(frozen=True)
 class CachingVerdict:
@@ -172,15 +180,37 @@ class CachingVerdict:
     kv_usage_max: float | None
 
 
+def _thrash(h_recent: float | None, jitter: float | None, kv_usage_max: float | None,
+            kv_usage_partial: bool) -> tuple[bool | None, str]:
+    """The first rule in three values: False when one of its terms is known to fail (no recent
+    query is no thrash), True when all hold, else None with the unknown terms named."""
+    if h_recent is None or h_recent <= THRASH_H:
+        return False, ""
+    jitters = None if jitter is None else jitter >= THRASH_JITTER
+    full = kv_usage_max is not None and kv_usage_max >= THRASH_KV_USAGE
+    near_full = True if full else (None if kv_usage_max is None or kv_usage_partial else False)
+    if jitters is False or near_full is False:
+        return False, ""
+    if jitters and near_full:
+        return True, ""
+    unknown = [what for what, term in (
+        (f"the per-minute h jitter (fewer than {JITTER_MIN_MINUTES} recent minutes with queries)", jitters),
+        ("the KV cache usage (no usable kv_cache_usage_perc" + (" at some steps)" if kv_usage_max is not None
+                                                                 else ")"), near_full)) if term is None]
+    return None, f"recent h > 0.85, but {' and '.join(unknown)} unknown: thrash can neither be asserted nor ruled out"
+
+
 def decide(h_history: float | None, share_history: float | None, h_recent: float | None,
-           jitter: float | None, kv_usage_max: float | None) -> tuple[str | None, str]:
-    """(state, reason) by the rules in the module docstring. Pure."""
-    if h_recent is not None and jitter is not None and h_recent > THRASH_H and jitter >= THRASH_JITTER:
-        if kv_usage_max is None:  # the first rule can neither fire nor be ruled out
-            return None, ("recent h > 0.85 jitters, but the KV cache usage is unknown (no usable "
-                          "kv_cache_usage_perc): thrash can neither be asserted nor ruled out")
-        if kv_usage_max >= THRASH_KV_USAGE:
-            return "thrash_risk", ""
+           jitter: float | None, kv_usage_max: float | None, kv_usage_partial: bool = False) -> tuple[str | None, str]:
+    """(state, reason) by the rules in the module docstring. Pure. The first rule undecided (a
+    term unknown: the jitter with fewer than JITTER_MIN_MINUTES minutes of queries, the KV usage
+    never read or, ``kv_usage_partial``, missing at some step so its max is a lower bound) leaves
+    the verdict unknown: no later rule may answer."""
+    thrash, why = _thrash(h_recent, jitter, kv_usage_max, kv_usage_partial)
+    if thrash is None:
+        return None, why
+    if thrash:
+        return "thrash_risk", ""
     if h_history is None:
         return None, "no prefix-cache queries in the history (token hit ratio unknown)"
     if h_history < NOT_PAYING_H:
@@ -200,7 +230,7 @@ def verdict(rollup: HitRollup) -> CachingVerdict:
     """The current :class:`CachingVerdict` from a rollup (MODEL.md §5)."""
     h_hist, share = rollup.hit_ratio(), rollup.prefill_share()
     h_recent, jit, kv = rollup.hit_ratio(RECENT_MINUTES), rollup.jitter(), rollup.kv_usage_max()
-    state, reason = decide(h_hist, share, h_recent, jit, kv)
+    state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial())
     return CachingVerdict(state, reason, rollup.provisional(), rollup.span_seconds(), h_hist, share,
                           h_recent, jit, kv)
 

@@ -37,7 +37,33 @@ def test_decide_unknowns_say_why():
     # no later rule may answer (an adversarial review saw dedicated_pool_worth_it published where
     # the same traffic with KV usage 0.95 reads thrash_risk)
     state, reason = decide(0.9, 0.5, 0.9, 0.06, None)
-    assert state is None and "KV cache usage is unknown" in reason
+    assert state is None and "KV cache usage (no usable kv_cache_usage_perc) unknown" in reason
+
+
+@pytest.mark.parametrize("jitter, kv, partial, state, unknown", [
+    # a re-verification saw thrash ruled out (dedicated_pool_worth_it) on a jitter that could not
+    # be computed yet, and on a KV usage max taken over the steps that had one
+    (None, 0.95, False, None, ["jitter"]),  # KV near full, jitter unknown: undecided
+    (None, None, False, None, ["jitter", "KV cache usage"]),
+    (None, 0.50, False, "dedicated_pool_worth_it", []),  # KV known below 0.90 at every step: ruled out
+    (0.06, 0.50, True, None, ["KV cache usage (no usable kv_cache_usage_perc at some steps)"]),  # a lower bound
+    (0.06, 0.95, True, "thrash_risk", []),  # a lower bound already ≥ 0.90
+    (0.00, 0.50, True, "dedicated_pool_worth_it", []),  # no jitter: ruled out whatever the KV usage
+])
+def test_thrash_is_undecided_while_a_term_is_unknown(jitter, kv, partial, state, unknown):
+    got, reason = decide(0.9, 0.5, 0.9, jitter, kv, partial)
+    assert got == state and all(u in reason for u in unknown) and (reason == "") == (not unknown), reason
+
+
+def test_rollup_knows_when_the_kv_usage_was_missing_at_a_step():
+    r = HitRollup()
+    for i, kv in enumerate((0.5, None, 0.6, 1.7)):  # None: no gauge; 1.7: a percent scale, no usage
+        r.update(60.0 * i, 60.0 * (i + 1), 1000.0, 900.0, kv_usage=kv)
+        # max over the known values; partial from the first step without one on
+        assert r.kv_usage_max() == (0.5 if i < 2 else 0.6) and r.kv_usage_partial() == (i >= 1)
+    r2 = HitRollup()
+    r2.update(0.0, 60.0, 1000.0, 900.0, kv_usage=0.5)
+    assert not r2.kv_usage_partial()
 
 
 def test_speedup_by_hand():
