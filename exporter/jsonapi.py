@@ -71,9 +71,11 @@ def fit_to_dict(r: FitResult) -> dict:
 
 def _param_to_dict(r: FitResult, e: Estimate) -> dict:
     # a parameter that is not ok has no value (a dropped term's 0 is a placeholder, not a fit),
-    # nor has one of a fit that is not ok: it takes the fit's status (FitResult.value)
+    # nor has one of a fit that is not ok: it takes the fit's status (FitResult.value); nor its
+    # stderr, whose value can be recomputed from it
     says = e if r.ok or not e.ok else r
-    return {"value": e.value if e.ok and r.ok else None, "stderr": e.stderr, "status": says.status.value,
+    ok = e.ok and r.ok
+    return {"value": e.value if ok else None, "stderr": e.stderr if ok else None, "status": says.status.value,
             "reason": says.reason}
 
 

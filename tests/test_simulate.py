@@ -304,7 +304,8 @@ def test_no_alpha_while_the_chip_time_fit_cannot_see_attention():
             elif "alpha" in ov.params:  # fitted, not ok: /api/v1/analysis withholds it too (a newcomer
                 # read α 0.76 with status ok there)
                 alpha = analysis_to_dict(*runner.current())["models"][sc.model_name]["fits"]["overlap"]["params"]["alpha"]
-                assert (alpha["value"], alpha["status"], alpha["reason"]) == (None, ov.status.value, ov.reason)
+                assert (alpha["value"], alpha["stderr"], alpha["status"], alpha["reason"]) == (
+                    None, None, ov.status.value, ov.reason)
                 withheld += 1
     ov = runner.current()[0].models[sc.model_name].fits["overlap"]
     assert ov.ok and abs(ov.value("alpha") - sc.truth.alpha) <= 0.05
