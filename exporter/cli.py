@@ -304,6 +304,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if i % args.print_every == 0 or i == len(trace.snapshots) - 1:
             for m in result_runner[0].current()[0].models.values():
                 print(_demo_line(t - t0, m), flush=True)
+                why = m.unknown.get("predicted_ttft_current") or m.unknown.get("predicted_current") or ""
+                why = why.split(";")[0]  # the reason without the measured numbers: once per reason
+                cur = m.predictions.get("current")
+                if why and why not in told and (cur is None or cur.ttft_load_aware is None):
+                    told.add(why)
+                    print(f"        TTFT pred=-: {why}", flush=True)
+
+    told: set[str] = set()
 
     result_runner: list[Runner] = []
 

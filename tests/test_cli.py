@@ -652,6 +652,10 @@ def test_demo_serves_while_replaying():
     lines = [ln for ln in stdout.splitlines() if ln.startswith("t=")]
     assert len(lines) >= 3 and len(set(ln.split(" h=")[1] for ln in lines)) >= 3  # evolving
     assert "final fit:" in stdout and "fit chip_time  ok" in stdout
+    # a withheld TTFT says why, under the first line that shows it (a newcomer saw "pred=-" alone)
+    out = stdout.splitlines()
+    first = next(i for i, ln in enumerate(out) if "TTFT pred=- " in ln)
+    assert out[first + 1].strip().startswith("TTFT pred=-: not identifiable: the chip-time fit could not tell")
 
 
 def test_replay_of_a_trace_with_two_files_for_one_millisecond_exits_1_naming_both(tmp_path, capsys):
