@@ -167,8 +167,9 @@ class _ModelState:
     isl: float | None = None
     osl: float | None = None
     load_share: float | None = None  # h_load/h of the latest step with queries that told it
-    # The latest step, fitted only at the next one: a scrape that read high (a glitch) shows only
-    # when the one after it is skipped and the step after that is still down (exporter/window.py)
+    # The latest step, fitted only once the next one confirms it (_confirms): a scrape that read
+    # high (a glitch) shows only when the one after it is skipped and the step after that is
+    # still down (exporter/window.py)
     pending: tuple[Delta, Observation, int] | None = None
 
 
@@ -192,6 +193,7 @@ class Analyzer:
         self._fits: dict[str, tuple[ModelFits, tuple[float, str] | None]] = {}
         self._last: Snapshot | None = None
         self.last_observations: dict[str, Observation] = {}  # the latest ingest's steps
+        self.last_dropped: dict[str, Observation] = {}  # steps the latest ingest kept from the fits
 
     def ingest(self, snap: Snapshot, unobserved: bool = False) -> dict[str, Observation]:
         """Add one snapshot. Returns model → the step's Observation (also kept in
@@ -202,6 +204,7 @@ class Analyzer:
             ValueError: the snapshot is not newer than the previous one (nothing changes).
         """
         self.last_observations: dict[str, Observation] = {}
+        self.last_dropped: dict[str, Observation] = {}
         deltas = self.windows.push(snap)
         self._last = snap
         self._cache = None
@@ -216,10 +219,11 @@ class Analyzer:
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None
             if share is not None:
                 st.load_share = share
-            if delta.glitches:
-                st.pending = None  # the scrape before the skipped one read high: its step is not fitted
-            elif st.pending is not None:
-                _fit_step_rows(st, *st.pending)
+            if st.pending is not None:
+                if _confirms(delta, st.pending[0]):
+                    _fit_step_rows(st, *st.pending)
+                else:
+                    self.last_dropped[model] = st.pending[1]
             st.pending = (delta, obs, _engine_count(snap, model))
             out[model] = obs
         self.last_observations = out
@@ -631,6 +635,16 @@ def _engine_count(snap: Snapshot, model: str) -> int:
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``); 1 for
     signals built by hand."""
     return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
+
+
+def _confirms(d: Delta, pending: Delta) -> bool:
+    """Whether step ``d`` vouches for the step before it: it starts at that step's end scrape
+    (none lost in between: a gap, a body without the model), compares every counter and histogram
+    that step increased, and none of them went back (a glitch: that scrape read high), restarted
+    or came from another process. Otherwise the step before is not fitted (a good step lost now
+    and then costs nothing; a high read fitted bends every fit for hours)."""
+    return (d.t0 == pending.t1 and not (d.glitches or d.foreign or d.resets)
+            and pending.counters.keys() <= d.counters.keys() and pending.histograms.keys() <= d.histograms.keys())
 
 
 def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:

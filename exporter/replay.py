@@ -6,6 +6,8 @@ inside the phase, busy steps and busy (chip) time, and the chip-time model refit
 phase's steps left out predicting the phase's total busy time (MODEL.md §7); likewise the
 phase's mean TTFT predicted by the load-aware layer (MODEL.md §7: observed queue time +
 c(running)·P_chip(h) + visible load) with the chip-time and latency fits made without it.
+The summaries take the steps the online fits took: a step the next one did not confirm (a
+scrape that read high: exporter/analyzer.py ``_confirms``) is left out of them too.
 """
 from __future__ import annotations
 
@@ -62,7 +64,9 @@ class PhaseSummary:
 @dataclass
 class ReplayResult:
     runner: Runner
-    steps: list[tuple[str, Observation]] = field(default_factory=list)
+    steps: list[tuple[str, Observation]] = field(default_factory=list)  # every step, in order
+    # ids of the steps the online fits left out (Analyzer.last_dropped: a scrape that read high)
+    unfitted: set[int] = field(default_factory=set)
     phases: dict[str, list[PhaseSummary]] = field(default_factory=dict)  # model → summaries
 
 
@@ -111,6 +115,7 @@ def replay(trace: Trace, config: Config, target: str,
         runner.ingest_text(t, text)
         obs = runner.analyzer.last_observations
         result.steps.extend(obs.items())
+        result.unfitted.update(id(o) for o in runner.analyzer.last_dropped.values())
         if on_step is not None:
             on_step(i, t, obs)
     health = runner.current()[1]
@@ -119,7 +124,8 @@ def replay(trace: Trace, config: Config, target: str,
         raise ValueError(f"{target}: none of the {len(trace.snapshots)} scrapes could be read ({reasons})")
     if trace.phases:
         for model in sorted({m for m, _ in result.steps}):
-            steps = [o for m, o in result.steps if m == model]
+            # the phase summaries' refits and sums take the steps the online fits took
+            steps = [o for m, o in result.steps if m == model and id(o) not in result.unfitted]
             result.phases[model] = summarise_phases(steps, trace.phases)
     return result
 

@@ -372,9 +372,10 @@ def test_a_step_across_failed_scrapes_is_no_busy_time():
 _QUERIES = re.compile(r"^(vllm:prefix_cache_queries_total\{[^}]*\}) (\S+)$", re.M)
 
 
-def _beside_a_clean_run(name: str, at: int, edit):
+def _beside_a_clean_run(name: str, at: int, edit, after=None, lost: range = range(0)):
     """(i, runner, clean) after each scrape i of scenario ``name``: ``runner`` read scrape ``at``
-    through ``edit`` (the text → the text served instead), ``clean`` every scrape as served."""
+    through ``edit`` (the text → the text served instead) and scrape ``at + 1`` through ``after``
+    when given, and never saw the scrapes in ``lost``; ``clean`` every scrape as served."""
     from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
@@ -382,10 +383,12 @@ def _beside_a_clean_run(name: str, at: int, edit):
     sc = preset(name)
     clock = TraceClock()
     runner, clean = (Runner(Config(interval=sc.interval), "sim", clock=clock) for _ in range(2))
+    edits = {at: edit, at + 1: after or (lambda text: text)}
     for i, (t, text, _) in enumerate(generate(sc)):
         clock.t = t
         assert clean.ingest_text(t, text)
-        assert runner.ingest_text(t, edit(text) if i == at else text), i
+        if i not in lost:
+            assert runner.ingest_text(t, edits.get(i, lambda x: x)(text)), i
         yield i, runner, clean
 
 
@@ -406,6 +409,10 @@ def test_one_absurd_counter_value_is_dropped_not_an_hour_down():
     assert analysis.models[model].hit_ratio == clean.current()[0].models[model].hit_ratio
 
 
+def _without_model(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if 'model_name="' not in line)
+
+
 @pytest.mark.parametrize("factor", [1.1, 2.0])
 def test_a_scrape_that_read_high_leaves_the_fits_as_they_were(factor):
     # prefix_cache_queries_total × factor at one scrape of the valley scenario, right again at the
@@ -423,6 +430,23 @@ def test_a_scrape_that_read_high_leaves_the_fits_as_they_were(factor):
             assert runner.analyzer.windows.skipped == 1
         if i == 102:
             assert runner.analyzer.windows.window(model).glitches == 1
+    _assert_fits_as_clean(runner, clean, model)
+
+
+@pytest.mark.parametrize("after, lost", [
+    (None, range(101, 127)),  # a gap: the scrapes of 135 s lost (gap_seconds 120)
+    (_without_model, range(0)),  # a body without the model
+    (lambda text: _QUERIES.sub(r"\1 NaN", text), range(0)),  # the spiked counter unreadable
+])
+def test_a_scrape_that_read_high_and_nothing_after_it_to_tell_is_not_fitted(after, lost):
+    # The step after the spike could not tell that it read high (no step from it, or one without
+    # that counter): the review of the fix above saw the spike step fitted then, k_ffn 0 published
+    # ok for the rest of the run. A step is fitted only when the next one starts at its end and
+    # compares everything it increased (exporter/analyzer.py _confirms).
+    model = preset("valley").model_name
+    spike = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 2!r}", text)  # noqa: E731
+    for _, runner, clean in _beside_a_clean_run("valley", 100, spike, after, lost):
+        pass
     _assert_fits_as_clean(runner, clean, model)
 
 
