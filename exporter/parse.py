@@ -1115,7 +1115,8 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
         elif external_exposed:  # the engine counts a connector's hits, unreadable here
             reasons["hit_ratio_loaded"] = ("external_prefix_cache_* exposed without a usable external_prefix_cache_hits "
                                            "(absent, or dropped as NaN, negative or duplicated: see "
-                                           "kvhit_input_quirks_total): the loaded hits are unknown")
+                                           "kvhit_input_quirks_total; fleet mode: not from every pod): the "
+                                           "loaded hits are unknown")
         elif offload is None:
             reasons["hit_ratio_loaded"] = ("no external_prefix_cache_* counters (vLLM < 0.11.1) and no "
                                            "cache_config_info to rule out a KV connector")

@@ -686,7 +686,9 @@ class PrometheusSource:
             fam = CounterMetricFamily(name, _FLEET_HELP, labels=names)
             for labels, value in rows:
                 fam.add_metric([labels.get(k, "") for k in names], self._add(f"c:{f.name}", labels, value))
-            return [fam] if rows else []
+            # a family left out (_coverage) is still declared: parse tells "exported, unusable"
+            # (unknown) from "not exported" (e.g. no KV connector's hits: 0)
+            return [fam] if rows or any(name == f.name for name, _ in self._partial) else []
         if f.kind == "histogram":
             return self._histogram(f, by_query)
         if f.kind == "gauge":

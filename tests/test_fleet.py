@@ -523,6 +523,23 @@ def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, capl
     assert "request_prompt_tokens" not in s2.models["m"].histograms
 
 
+def test_loaded_hits_from_fewer_pods_than_the_model_has_are_unknown_not_0(fake):
+    # Two pods of model m, one a vLLM with external_prefix_cache_* (a KV connector's 400 hits),
+    # one without. The partial family was left out, and with it every trace of the family: parse
+    # read "no connector", h_loaded 0 and h 0.3 published without a reason (a review). The family
+    # left out is still declared, so the loaded hits are unknown with why; the device hits stay.
+    fams = {f.name: f for f in fleet_families()}
+    src = PrometheusSource(fake.url, (*FAMILIES, fams["external_prefix_cache_hits"]), interval=5.0,
+                           clock=Clock(6000.0))
+    fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "300"),
+                 _row("c:external_prefix_cache_hits", "400"), _row("n:prefix_cache_queries", "2"),
+                 _row("n:prefix_cache_hits", "2"), _row("n:external_prefix_cache_hits", "1"),
+                 ({"kvhit_query": "i:cache_config_info", "block_size": "16", "num_gpu_blocks": "100"}, "2")])
+    m = parse_exposition(src.fetch()[1], 6000.0).models["m"]
+    assert dict(m.counters) == {"queries": 1000.0, "hits": 300.0}
+    assert "not from every pod" in m.unknown["hit_ratio_loaded"], m.unknown
+
+
 def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(fake):
     # vLLM 0.32 creates kv_offload_load_* at an engine's first KV load: a pod that has not loaded
     # has none, and its share is 0, not missing. B_load = Δbytes/Δseconds of the pod that loaded.
