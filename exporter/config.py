@@ -506,10 +506,11 @@ def listening(bind: Callable[[], T], where: str) -> T:
 def stop_event() -> threading.Event:
     """An event set by SIGTERM, SIGINT or SIGHUP, for a command that serves until stopped (a
     closed terminal: kvhit has nothing to reload, and ending without a log line left no trace).
-    A signal this process was started ignoring (``nohup`` ignores SIGHUP) stays ignored."""
+    SIGHUP or SIGINT this process was started ignoring stays ignored (``nohup`` ignores SIGHUP, a
+    shell's background job SIGINT); SIGTERM always stops it, as the README promises."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        if signal.getsignal(sig) is not signal.SIG_IGN:
+        if sig == signal.SIGTERM or signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, lambda *_: stop.set())
     return stop
 

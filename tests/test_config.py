@@ -178,10 +178,11 @@ def test_stop_event_keeps_a_signal_the_process_was_started_ignoring():
     from exporter.config import stop_event
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        for sig in saved:  # SIGTERM too: a review's `trap '' TERM; exec kvhit …` then needed SIGKILL
+            signal.signal(sig, signal.SIG_IGN)
         stop = stop_event()
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # still stops on SIGTERM
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # SIGTERM always stops it
         assert stop.is_set()
     finally:
         for sig, handler in saved.items():
