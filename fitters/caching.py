@@ -20,9 +20,9 @@ Choices where MODEL.md is silent: the 24-hour history is a per-minute rollup (bo
 given on the history there is. "Recent" is the last 15 minutes. The first rule is decided in
 three values: while none of its terms is known to fail but one is unknown — the jitter (fewer
 than 3 recent minutes with queries), the KV usage gauge (never read, or missing at some step, so
-its max is a lower bound) — the verdict is unknown, never a later rule's. ``diminishing_returns`` is the seed's > 85 % zone when
-no other state applies (the issue's list has four states; h = 0.95 with a small prefill share
-is not "linear").
+its max is a lower bound) — the verdict is unknown, never a later rule's.
+``diminishing_returns`` is the seed's > 85 % zone when no other state applies (the issue's list
+has four states; h = 0.95 with a small prefill share is not "linear").
 """
 from __future__ import annotations
 
