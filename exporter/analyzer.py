@@ -16,7 +16,7 @@ from exporter.engines import missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               kv_capacity_tokens, observe, request_isl, window_notes)
 from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
-from exporter.window import Delta, Windows
+from exporter.window import Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter, observed_regressors
@@ -644,7 +644,15 @@ def _confirms(d: Delta, pending: Delta) -> bool:
     or came from another process. Otherwise the step before is not fitted (a good step lost now
     and then costs nothing; a high read fitted bends every fit for hours)."""
     return (d.t0 == pending.t1 and not (d.glitches or d.foreign or d.resets)
-            and pending.counters.keys() <= d.counters.keys() and pending.histograms.keys() <= d.histograms.keys())
+            and pending.counters.keys() <= d.counters.keys()
+            and all(n in d.histograms and not _went_back(h, d.histograms[n]) for n, h in pending.histograms.items()))
+
+
+def _went_back(before: HistogramDelta, after: HistogramDelta) -> bool:
+    """Whether a histogram's ``_sum`` or a bucket went down at the step ``after`` (exporter/window.py
+    makes that step's Δsum NaN, drops its buckets) while the step ``before`` had them: ``_count``
+    alone tells no glitch of the sum or the buckets."""
+    return (math.isfinite(before.sum) and not math.isfinite(after.sum)) or (bool(before.counts) and not after.counts)
 
 
 def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:

@@ -450,6 +450,25 @@ def test_a_scrape_that_read_high_and_nothing_after_it_to_tell_is_not_fitted(afte
     _assert_fits_as_clean(runner, clean, model)
 
 
+def test_a_histogram_sum_that_read_high_is_not_fitted():
+    # request_prompt_tokens_sum alone read high at scrape 100 (count and buckets right), the step's
+    # mean ISL 2048 → 4900, still inside its (2000, 5000] bucket so no bucket check catches it;
+    # right again at 101, where Δsum goes back (NaN). A review saw the step vouched for (only
+    # counters and _count were compared) and k_attn 2.1 standard errors off, ok, to the end.
+    model = preset("valley").model_name
+    part = lambda name, text: float(re.search(rf"^vllm:request_prompt_tokens_{name}{{[^}}]*}} (\S+)$", text,  # noqa: E731
+                                              re.M).group(1))
+    (_, t99, _), (_, t100, _) = [x for i, x in enumerate(generate(preset("valley"))) if i in (99, 100)]
+    n = part("count", t100) - part("count", t99)
+    bump = n * 4900.0 - (part("sum", t100) - part("sum", t99))
+    assert n > 0 and 2000 < (part("sum", t100) - part("sum", t99)) / n < 5000  # the clean step's mean, same bucket
+    high = lambda text: re.sub(r"^(vllm:request_prompt_tokens_sum\{[^}]*\}) (\S+)$",  # noqa: E731
+                               lambda m: f"{m.group(1)} {float(m.group(2)) + bump!r}", text, flags=re.M)
+    for _, runner, clean in _beside_a_clean_run("valley", 100, high):
+        pass
+    _assert_fits_as_clean(runner, clean, model)
+
+
 def _assert_fits_as_clean(runner, clean, model: str) -> None:
     got, want = (r.current()[0].models[model] for r in (runner, clean))
     for fit, names in (("chip_time", ("t_step", "k_ffn", "k_attn")), ("miss_slope", ("a",)), ("load_aware", ("c0",))):
