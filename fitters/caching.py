@@ -18,9 +18,10 @@ linear                     otherwise: throughput gain ≈ h × prefill share
 Choices where MODEL.md is silent: the 24-hour history is a per-minute rollup (bounded); until
 24 hours are covered the verdict is *provisional* (label ``provisional="true"``) but still
 given on the history there is. "Recent" is the last 15 minutes. The first rule is decided in
-three values: while none of its terms is known to fail but one is unknown — the jitter (fewer
-than 3 recent minutes with queries), the KV usage gauge (never read, or missing at some step, so
-its max is a lower bound) — the verdict is unknown, never a later rule's.
+three values: while none of its terms is known to fail but one is unknown — the recent h (hits
+unknown at some recent step with queries), the jitter (fewer than 3 recent minutes with
+queries), the KV usage gauge (never read, or missing at some step, so its max is a lower bound)
+— the verdict is unknown, never a later rule's.
 ``diminishing_returns`` is the seed's > 85 % zone when no other state applies (the issue's list
 has four states; h = 0.95 with a small prefill share is not "linear").
 """
@@ -56,6 +57,7 @@ class _Minute:
     decode_count: float = 0.0
     kv_usage_max: float | None = None
     kv_usage_missing: bool = False  # a step ending in this minute had no usable KV usage
+    hits_missing: bool = False  # a step ending in this minute had queries (or unknown ones) but unknown hits
 
 
 class HitRollup:
@@ -92,6 +94,8 @@ class HitRollup:
         if queried is not None and hits is not None and queried >= 0 and hits >= 0:
             m.queries += queried
             m.hits += hits
+        elif queried is None or queried > 0:
+            m.hits_missing = True
         if prefill is not None and decode is not None and all(map(math.isfinite, (*prefill, *decode))):
             m.prefill_sum += prefill[0]
             m.prefill_count += prefill[1]
@@ -157,6 +161,11 @@ class HitRollup:
         """True when a step of the last ``minutes`` had no usable KV usage (its max is a lower bound)."""
         return any(m.kv_usage_missing for m in self._recent(minutes))
 
+    def hits_partial(self, minutes: int = RECENT_MINUTES) -> bool:
+        """True when a step of the last ``minutes`` had queries whose hits are unknown (left out of
+        :meth:`hit_ratio` and :meth:`jitter`, so theirs are of the other steps only)."""
+        return any(m.hits_missing for m in self._recent(minutes))
+
 
 @dataclass(frozen=True)
 class CachingVerdict:
@@ -181,32 +190,35 @@ class CachingVerdict:
 
 
 def _thrash(h_recent: float | None, jitter: float | None, kv_usage_max: float | None,
-            kv_usage_partial: bool) -> tuple[bool | None, str]:
+            kv_usage_partial: bool, hits_partial: bool = False) -> tuple[bool | None, str]:
     """The first rule in three values: False when one of its terms is known to fail (no recent
     query is no thrash), True when all hold, else None with the unknown terms named."""
-    if h_recent is None or h_recent <= THRASH_H:
-        return False, ""
+    recent_high = None if hits_partial else h_recent is not None and h_recent > THRASH_H
     jitters = None if jitter is None else jitter >= THRASH_JITTER
     full = kv_usage_max is not None and kv_usage_max >= THRASH_KV_USAGE
     near_full = True if full else (None if kv_usage_max is None or kv_usage_partial else False)
-    if jitters is False or near_full is False:
+    if False in (recent_high, jitters, near_full):
         return False, ""
-    if jitters and near_full:
+    if recent_high and jitters and near_full:
         return True, ""
     unknown = [what for what, term in (
+        ("the recent hit ratio (hits unknown at some recent steps)", recent_high),
         (f"the per-minute h jitter (fewer than {JITTER_MIN_MINUTES} recent minutes with queries)", jitters),
         ("the KV cache usage (no usable kv_cache_usage_perc" + (" at some steps)" if kv_usage_max is not None
                                                                  else ")"), near_full)) if term is None]
-    return None, f"recent h > 0.85, but {' and '.join(unknown)} unknown: thrash can neither be asserted nor ruled out"
+    high = "" if recent_high is None else "recent h > 0.85, but "
+    return None, f"{high}{' and '.join(unknown)} unknown: thrash can neither be asserted nor ruled out"
 
 
 def decide(h_history: float | None, share_history: float | None, h_recent: float | None,
-           jitter: float | None, kv_usage_max: float | None, kv_usage_partial: bool = False) -> tuple[str | None, str]:
+           jitter: float | None, kv_usage_max: float | None, kv_usage_partial: bool = False,
+           hits_partial: bool = False) -> tuple[str | None, str]:
     """(state, reason) by the rules in the module docstring. Pure. The first rule undecided (a
-    term unknown: the jitter with fewer than JITTER_MIN_MINUTES minutes of queries, the KV usage
-    never read or, ``kv_usage_partial``, missing at some step so its max is a lower bound) leaves
-    the verdict unknown: no later rule may answer."""
-    thrash, why = _thrash(h_recent, jitter, kv_usage_max, kv_usage_partial)
+    term unknown: the recent h with hits unknown at some recent step, ``hits_partial``; the
+    jitter with fewer than JITTER_MIN_MINUTES minutes of queries; the KV usage never read or,
+    ``kv_usage_partial``, missing at some step so its max is a lower bound) leaves the verdict
+    unknown: no later rule may answer."""
+    thrash, why = _thrash(h_recent, jitter, kv_usage_max, kv_usage_partial, hits_partial)
     if thrash is None:
         return None, why
     if thrash:
@@ -230,7 +242,7 @@ def verdict(rollup: HitRollup) -> CachingVerdict:
     """The current :class:`CachingVerdict` from a rollup (MODEL.md §5)."""
     h_hist, share = rollup.hit_ratio(), rollup.prefill_share()
     h_recent, jit, kv = rollup.hit_ratio(RECENT_MINUTES), rollup.jitter(), rollup.kv_usage_max()
-    state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial())
+    state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial(), rollup.hits_partial())
     return CachingVerdict(state, reason, rollup.provisional(), rollup.span_seconds(), h_hist, share,
                           h_recent, jit, kv)
 

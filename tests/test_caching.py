@@ -55,6 +55,29 @@ def test_thrash_is_undecided_while_a_term_is_unknown(jitter, kv, partial, state,
     assert got == state and all(u in reason for u in unknown) and (reason == "") == (not unknown), reason
 
 
+def test_thrash_is_undecided_while_recent_hits_are_unknown():
+    # a review: thrashing traffic (h 0.97/0.80 by minute, KV 0.996), then the loaded-hits counter
+    # NaN: steps with queries added nothing to the rollup, read as "no recent query", and
+    # diminishing_returns was published (KvhitCacheThrash could not fire)
+    state, reason = decide(0.9, 0.5, None, None, 0.996, hits_partial=True)
+    assert state is None and "the recent hit ratio (hits unknown at some recent steps)" in reason, reason
+    state, reason = decide(0.9, 0.5, 0.82, 0.06, 0.996, hits_partial=True)  # h of the known minutes only
+    assert state is None and "recent hit ratio" in reason
+    # a term known to fail still rules thrash out: KV usage known below 0.90 at every step
+    assert decide(0.9, 0.5, None, None, 0.5, hits_partial=True) == ("dedicated_pool_worth_it", "")
+
+
+def test_rollup_knows_when_hits_were_unknown_at_a_step_with_queries():
+    r = HitRollup()
+    r.update(0.0, 60.0, 0.0, None, kv_usage=0.5)  # idle: no query, nothing unknown
+    assert not r.hits_partial()
+    r.update(60.0, 120.0, 1000.0, None, kv_usage=0.5)  # queries, hits unknown
+    assert r.hits_partial() and r.hit_ratio() is None
+    r2 = HitRollup()
+    r2.update(0.0, 60.0, None, None, kv_usage=0.5)  # queries unknown too
+    assert r2.hits_partial()
+
+
 def test_rollup_knows_when_the_kv_usage_was_missing_at_a_step():
     r = HitRollup()
     for i, kv in enumerate((0.5, None, 0.6, 1.7)):  # None: no gauge; 1.7: a percent scale, no usage
