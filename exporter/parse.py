@@ -339,6 +339,8 @@ class _Builder:
         self.series: dict[tuple[str, str, str], dict[tuple, float]] = {}
         self.docs: dict[str, str] = {}
         self.declared: set[str] = set()  # vLLM family names seen (with or without samples)
+        self.sampled: set[str] = set()  # … of them, those with a sample line (a version's proof: _since)
+        self.model_samples: set[tuple[str, str]] = set()  # (exposed base, model) of every sample read, usable or not
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
         self.cache_config: dict[str, str] = {}
@@ -360,6 +362,7 @@ class _Builder:
         self.declared.update((name, _counter_base(name), _hist_base(name), base))
 
     def add(self, kind: str, base: str, part: str, labels: Mapping[str, str], value: float) -> None:
+        self.model_samples.add((base, labels.get("model_name", "")))
         if not math.isfinite(value):
             self.quirk("non_finite")  # NaN/±Inf samples carry no usable count
             return
@@ -662,8 +665,10 @@ def _sample(b: _Builder, line: str) -> bool:
         if engine == "vllm":
             b.samples += 1
             b.declared.update(declared)
+            b.sampled.update(declared)
             if "engine label" not in b.declared and _ENGINE_LABEL.search(line, end):
                 b.declared.add("engine label")
+                b.sampled.add("engine label")
         return end < len(line)
     m = _SAMPLE.match(line)
     if m is None:
@@ -691,8 +696,10 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
         return True
     b.samples += 1
     b.declared.update(declared)
+    b.sampled.update(declared)
     if "engine" in labels:
         b.declared.add("engine label")
+        b.sampled.add("engine label")
     if created:
         b.add("created", name[: -len("_created")], "", labels, value)
         return True
@@ -845,8 +852,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         unit = hit_unit.get(model, "")
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
         unknown = _unknown_reasons(era, since, counters, v0_no_data, unit, acc.incomplete.get(model, set()),
-                                   b.cache_config, "lmcache" in b.families,
-                                   bool(b.declared & {"external_prefix_cache_hits", "external_prefix_cache_queries"}))
+                                   b.cache_config, "lmcache" in b.families, _external_exposed(b, model, len(acc.model)))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
                  "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
         if len(per_engine) == 1:  # one engine: the model's maps are that engine's (evaluated once)
@@ -890,6 +896,17 @@ def _hit_unit(b: _Builder, exposed: str) -> str:
     return "unknown"  # gpu_prefix_cache_* without HELP: 0.7–0.8 counted blocks, 0.9+ tokens
 
 
+_EXTERNAL = ("external_prefix_cache_hits", "external_prefix_cache_queries")
+
+
+def _external_exposed(b: _Builder, model: str, models: int) -> bool:
+    """Whether ``model``'s engine exports external_prefix_cache_*: a sample of it for the model,
+    usable or not, or — one model in the exposition — the family declared without samples (fleet
+    mode's family left out: not every pod has it)."""
+    return (any((f, model) in b.model_samples for f in _EXTERNAL)
+            or (models == 1 and any(f in b.declared for f in _EXTERNAL)))
+
+
 def _era(b: _Builder) -> str:
     running_help = b.docs.get("num_requests_running", "")
     if any(m in b.declared for m in _V0_MARKERS) or "on GPU" in running_help:
@@ -900,7 +917,8 @@ def _era(b: _Builder) -> str:
 
 
 def _since(b: _Builder) -> tuple[int, ...]:
-    proven = [v for name, v in _SINCE.items() if name in b.declared]
+    # sample lines only: fleet mode declares a family it left out (some pods lack it) without any
+    proven = [v for name, v in _SINCE.items() if name in b.sampled]
     return max(proven) if proven else ()
 
 

@@ -540,6 +540,29 @@ def test_loaded_hits_from_fewer_pods_than_the_model_has_are_unknown_not_0(fake):
     assert "not from every pod" in m.unknown["hit_ratio_loaded"], m.unknown
 
 
+def test_a_family_left_out_for_one_model_says_nothing_of_another_nor_of_the_vllm_version(fake):
+    # Model A mid-upgrade (1 of 2 pods exports external_prefix_cache_*), model B on an older vLLM
+    # without it, no offloading. A review of the fix above: B's loaded hits unknown too (its h and
+    # miss tokens with them) where MODEL.md §2 has them 0, and the declared family "proved" vLLM
+    # >= 0.11.1 (excluding preempted hits) for the whole fleet. The evidence is now per model (a
+    # sample for it), the version proven by sample lines only.
+    fams = {f.name: f for f in fleet_families()}
+    info = Family("cache_config_info", "info", ("block_size", "num_gpu_blocks", "kv_offloading_size"))
+    src = PrometheusSource(fake.url, (*FAMILIES[:2], fams["external_prefix_cache_queries"], info), interval=5.0,
+                           clock=Clock(6000.0))
+    fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "300"),
+                 _row("c:external_prefix_cache_queries", "700"), _row("n:prefix_cache_queries", "2"),
+                 _row("n:prefix_cache_hits", "2"), _row("n:external_prefix_cache_queries", "1"),
+                 *[({**labels, "model_name": "B"}, v) for labels, v in (
+                     _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"),
+                     _row("n:prefix_cache_queries", "2"), _row("n:prefix_cache_hits", "2"))],
+                 ({"kvhit_query": "i:cache_config_info", "block_size": "16", "num_gpu_blocks": "100",
+                   "kv_offloading_size": "None"}, "4")])
+    snap = parse_exposition(src.fetch()[1], 6000.0)
+    assert "hit_ratio_loaded" not in snap.models["B"].unknown, snap.models["B"].unknown
+    assert snap.since < (0, 11, 1) and not snap.excludes_preempted
+
+
 def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(fake):
     # vLLM 0.32 creates kv_offload_load_* at an engine's first KV load: a pod that has not loaded
     # has none, and its share is 0, not missing. B_load = Δbytes/Δseconds of the pod that loaded.
