@@ -381,6 +381,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
     problem = fitted.unidentified(h, isl, osl)
     if problem:
+        if "engine steps" in problem and fitted.steps_per_request is not None:
+            # a request's engine steps are the saved window's unless given: other traffic may take others
+            problem += (f"; its engine steps per request are the saved window's {fitted.steps_per_request:.4g}"
+                        + ("" if args.steps_per_request is not None else ": --steps-per-request sets them"))
         raise ValueError(f"--fit {args.fit}: {problem}")
     try:
         p = fitted.predict(h, isl, osl)

@@ -102,7 +102,7 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
         if bounds:
             off = min(bounds) * gap / predicted if predicted > 0 else math.inf
             size = (f"its chip time could be off by up to {min(bounds) * gap:.3g} s of its {predicted:.3g} s "
-                    f"({off:.0%})")
+                    f"({off:.1%})")
         else:
             off = gap / max(abs(z[term]), abs(carried), math.ulp(0.0))
             size = f"{off:.0%} apart, and the fit has no bound on what that costs"

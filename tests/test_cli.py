@@ -561,7 +561,10 @@ def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
     _, off = _decode_context_off(f, 0.5, 2048.0, 32.0, f["steps_per_request"])
     assert off > 0.05
     done = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32")
-    assert done.returncode == 1 and "decode context" in done.stderr and f" s ({off:.0%}))" in done.stderr, done.stderr
+    assert done.returncode == 1 and "decode context" in done.stderr and f" s ({off:.1%}))" in done.stderr, done.stderr
+    # the steps per request are part of the request asked about: the message says they were the window's
+    assert f"engine steps per request are the saved window's {f['steps_per_request']:.4g}: --steps-per-request" \
+        in done.stderr, done.stderr
 
 
 def test_readme_s_predict_example_runs_on_the_bundled_trace_and_its_refused_one_is_refused(replayed):
@@ -1191,7 +1194,8 @@ def test_predict_refuses_a_decode_split_the_fit_could_not_identify(tmp_path, cap
         assert code == 0 and json.loads(out)["prediction"]["hit_ratio"] == h, err
     else:
         assert code == 1 and "has 32 decode tokens where that relation gives 18.29" in err, err
-        assert "its chip time could be off by up to 0.0171 s of its 0.0849 s (20%)" in err, err
+        # 1.25e-3·13.70624 = 0.017133 s of 0.0848675 s: 20.19 %
+        assert "its chip time could be off by up to 0.0171 s of its 0.0849 s (20.2%)" in err, err
 
 
 @pytest.mark.parametrize("argv, ready, code, said", [

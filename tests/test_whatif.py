@@ -91,9 +91,9 @@ def test_a_what_if_at_the_calibrated_traffic_stands_however_loose_the_partner_bo
     assert fit.unidentified(0.9, 2048.0, 64.0) is None
     assert fit.predict(0.9, 2048.0, 64.0).t_chip == pytest.approx(0.0848675328, rel=1e-12)
     # OSL 1024 at ISL 2048: C = 1024·2560 = 2,621,440, carried = 2,129,817.6 + 1.1461 = 2,129,818.7,
-    # gap 491,621: off by up to gap/carried = 23 % of the predicted time: refused
+    # gap 491,621: off by up to gap/carried = 23.08 % of the predicted time: refused
     why = fit.unidentified(0.9, 2048.0, 1024.0)
-    assert why is not None and "(23%)" in why
+    assert why is not None and "(23.1%)" in why
 
 
 def test_a_prefill_stands_when_the_carried_time_is_bounded_small():
