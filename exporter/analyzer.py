@@ -170,7 +170,24 @@ class _ModelState:
     # The latest step, fitted only once the next one confirms it (_confirms): a scrape that read
     # high (a glitch) shows only when the one after it is skipped and the step after that is
     # still down (exporter/window.py)
-    pending: tuple[Delta, Observation, int] | None = None
+    pending: _Pending | None = None
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A step waiting for the next one to vouch for it (:func:`_confirms`).
+
+    went_back: a histogram's ``_sum`` or a bucket went down at this step (:func:`_went_back`):
+        the scrape before it read high, or its own read low. doubtful: the step before this one
+        went back, so this one may start at a scrape that read low (window.py skips a scrape only
+        for counters and ``_count``): its increases are not trusted either.
+    """
+
+    delta: Delta
+    obs: Observation
+    engines: int
+    went_back: bool
+    doubtful: bool
 
 
 class Analyzer:
@@ -219,12 +236,15 @@ class Analyzer:
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None
             if share is not None:
                 st.load_share = share
-            if st.pending is not None:
-                if _confirms(delta, st.pending[0]):
-                    _fit_step_rows(st, *st.pending)
+            p = st.pending
+            went_back = p is not None and any(_went_back(h, delta.histograms[n]) for n, h in p.delta.histograms.items()
+                                              if n in delta.histograms)
+            if p is not None:
+                if not p.doubtful and _confirms(delta, p.delta):
+                    _fit_step_rows(st, p.delta, p.obs, p.engines)
                 else:
-                    self.last_dropped[model] = st.pending[1]
-            st.pending = (delta, obs, _engine_count(snap, model))
+                    self.last_dropped[model] = p.obs
+            st.pending = _Pending(delta, obs, _engine_count(snap, model), went_back, p is not None and p.went_back)
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
@@ -649,10 +669,11 @@ def _confirms(d: Delta, pending: Delta) -> bool:
 
 
 def _went_back(before: HistogramDelta, after: HistogramDelta) -> bool:
-    """Whether a histogram's ``_sum`` or a bucket went down at the step ``after`` (exporter/window.py
-    makes that step's Δsum NaN, drops its buckets) while the step ``before`` had them: ``_count``
-    alone tells no glitch of the sum or the buckets."""
-    return (math.isfinite(before.sum) and not math.isfinite(after.sum)) or (bool(before.counts) and not after.counts)
+    """Whether a histogram's ``_sum`` or a bucket went down (or a bucket went missing) at the step
+    ``after`` while the step ``before`` had them (exporter/window.py makes that step's Δsum NaN,
+    drops its buckets or keeps only the edges both scrapes share): ``_count`` alone tells no
+    glitch of the sum or the buckets."""
+    return (math.isfinite(before.sum) and not math.isfinite(after.sum)) or not set(before.edges) <= set(after.edges)
 
 
 def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:

@@ -450,23 +450,49 @@ def test_a_scrape_that_read_high_and_nothing_after_it_to_tell_is_not_fitted(afte
     _assert_fits_as_clean(runner, clean, model)
 
 
-def test_a_histogram_sum_that_read_high_is_not_fitted():
-    # request_prompt_tokens_sum alone read high at scrape 100 (count and buckets right), the step's
-    # mean ISL 2048 → 4900, still inside its (2000, 5000] bucket so no bucket check catches it;
-    # right again at 101, where Δsum goes back (NaN). A review saw the step vouched for (only
-    # counters and _count were compared) and k_attn 2.1 standard errors off, ok, to the end.
+_PROMPT = re.compile(r"^(vllm:request_prompt_tokens_(sum|count|bucket)\{[^}]*?(?:le=\"([^\"]+)\")?\}) (\S+)$", re.M)
+
+
+def _prompt_tokens(text: str, part: str) -> float:
+    return next(float(m.group(4)) for m in _PROMPT.finditer(text) if m.group(2) == part)
+
+
+@pytest.mark.parametrize("at_scrape", [100, 99])
+def test_a_histogram_sum_that_read_off_is_not_fitted(at_scrape):
+    # request_prompt_tokens_sum alone read off at one scrape (count and buckets right): high at 100
+    # (the step 99→100's mean ISL 2048 → 4900), or low at 99 so that the step 99→100 reads 4900;
+    # 4900 is inside the (2000, 5000] bucket, so no bucket check catches it. Reviews saw either
+    # step vouched for (only counters and _count were compared; window.py skips a scrape only for
+    # those) and k_attn, k_ffn 2.1–2.5 standard errors off, ok, to the end of the run. A step whose
+    # Δsum goes back at the next one is not fitted, nor the one after a step whose Δsum went back.
     model = preset("valley").model_name
-    part = lambda name, text: float(re.search(rf"^vllm:request_prompt_tokens_{name}{{[^}}]*}} (\S+)$", text,  # noqa: E731
-                                              re.M).group(1))
     (_, t99, _), (_, t100, _) = [x for i, x in enumerate(generate(preset("valley"))) if i in (99, 100)]
-    n = part("count", t100) - part("count", t99)
-    bump = n * 4900.0 - (part("sum", t100) - part("sum", t99))
-    assert n > 0 and 2000 < (part("sum", t100) - part("sum", t99)) / n < 5000  # the clean step's mean, same bucket
-    high = lambda text: re.sub(r"^(vllm:request_prompt_tokens_sum\{[^}]*\}) (\S+)$",  # noqa: E731
-                               lambda m: f"{m.group(1)} {float(m.group(2)) + bump!r}", text, flags=re.M)
-    for _, runner, clean in _beside_a_clean_run("valley", 100, high):
+    n = _prompt_tokens(t100, "count") - _prompt_tokens(t99, "count")
+    step_sum = _prompt_tokens(t100, "sum") - _prompt_tokens(t99, "sum")
+    assert n > 0 and 2000 < step_sum / n < 5000  # the clean step's mean, same bucket as 4900
+    shift = (n * 4900.0 - step_sum) * (1 if at_scrape == 100 else -1)
+    off = lambda text: _PROMPT.sub(lambda m: f"{m.group(1)} {float(m.group(4)) + shift!r}" if m.group(2) == "sum"  # noqa: E731
+                                   else m.group(0), text)
+    for _, runner, clean in _beside_a_clean_run("valley", at_scrape, off):
         pass
     _assert_fits_as_clean(runner, clean, model)
+
+
+def test_a_bucket_that_read_high_then_went_missing_is_not_fitted():
+    # request_prompt_tokens_bucket{le="2000.0"} + 5 at scrape 100, NaN at 101: the step from 100
+    # kept only the edges both scrapes share, so the bucket that read high was never compared
+    # again and the step 99→100 was vouched for (a review: the same on the real trace's TPOT
+    # buckets, fed to the TPOT-vs-concurrency fit). A bucket that goes missing is now a step that
+    # went back, as one that goes down is.
+    model = preset("valley").model_name
+
+    def bucket(value):
+        return lambda text: _PROMPT.sub(lambda m: f"{m.group(1)} {value(float(m.group(4)))!r}"
+                                        if m.group(3) == "2000.0" else m.group(0), text)
+    for i, runner, _ in _beside_a_clean_run("valley", 100, bucket(lambda v: v + 5), bucket(lambda v: math.nan)):
+        if i == 101:
+            assert model in runner.analyzer.last_dropped  # the step 99→100, at the step that could not vouch
+            break
 
 
 def _assert_fits_as_clean(runner, clean, model: str) -> None:
