@@ -381,10 +381,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
     problem = fitted.unidentified(h, isl, osl)
     if problem:
-        if "engine steps" in problem and fitted.steps_per_request is not None:
+        if "engine steps" in problem:
             # a request's engine steps are the saved window's unless given: other traffic may take others
-            problem += (f"; its engine steps per request are the saved window's {fitted.steps_per_request:.4g}"
-                        + ("" if args.steps_per_request is not None else ": --steps-per-request sets them"))
+            if args.steps_per_request is not None:
+                problem += f"; its engine steps per request are the {args.steps_per_request:.4g} given"
+            else:
+                problem += (f"; its engine steps per request are the saved window's {fitted.steps_per_request:.4g}"
+                            if fitted.steps_per_request is not None else "") + ": --steps-per-request sets them"
         raise ValueError(f"--fit {args.fit}: {problem}")
     try:
         p = fitted.predict(h, isl, osl)

@@ -193,8 +193,9 @@ def _thrash(h_recent: float | None, jitter: float | None, kv_usage_max: float | 
             kv_usage_partial: bool, hits_partial: bool = False) -> tuple[bool | None, str]:
     """The first rule in three values: False when one of its terms is known to fail (no recent
     query is no thrash), True when all hold, else None with the unknown terms named."""
+    # with hits unknown at some recent step, h and its jitter are of the other steps only
     recent_high = None if hits_partial else h_recent is not None and h_recent > THRASH_H
-    jitters = None if jitter is None else jitter >= THRASH_JITTER
+    jitters = None if jitter is None or hits_partial else jitter >= THRASH_JITTER
     full = kv_usage_max is not None and kv_usage_max >= THRASH_KV_USAGE
     near_full = True if full else (None if kv_usage_max is None or kv_usage_partial else False)
     if False in (recent_high, jitters, near_full):
@@ -203,7 +204,8 @@ def _thrash(h_recent: float | None, jitter: float | None, kv_usage_max: float | 
         return True, ""
     unknown = [what for what, term in (
         ("the recent hit ratio (hits unknown at some recent steps)", recent_high),
-        (f"the per-minute h jitter (fewer than {JITTER_MIN_MINUTES} recent minutes with queries)", jitters),
+        (f"the per-minute h jitter (fewer than {JITTER_MIN_MINUTES} recent minutes with queries, or hits unknown "
+         "at some)", jitters),
         ("the KV cache usage (no usable kv_cache_usage_perc" + (" at some steps)" if kv_usage_max is not None
                                                                  else ")"), near_full)) if term is None]
     high = "" if recent_high is None else "recent h > 0.85, but "

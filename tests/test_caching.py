@@ -63,6 +63,10 @@ def test_thrash_is_undecided_while_recent_hits_are_unknown():
     assert state is None and "the recent hit ratio (hits unknown at some recent steps)" in reason, reason
     state, reason = decide(0.9, 0.5, 0.82, 0.06, 0.996, hits_partial=True)  # h of the known minutes only
     assert state is None and "recent hit ratio" in reason
+    # nor is a low jitter of the known minutes a term known to fail (a re-verification: loaded hits
+    # NaN only in the 0.80 minutes left jitter 0.049 of the 0.97 ones, and diminishing_returns)
+    state, reason = decide(0.9, 0.05, 0.9, 0.02, 0.99, hits_partial=True)
+    assert state is None and "jitter" in reason and "recent hit ratio" in reason, reason
     # a term known to fail still rules thrash out: KV usage known below 0.90 at every step
     assert decide(0.9, 0.5, None, None, 0.5, hits_partial=True) == ("dedicated_pool_worth_it", "")
 

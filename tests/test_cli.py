@@ -565,6 +565,9 @@ def test_predict_refuses_an_isl_the_fit_s_decode_split_cannot_follow(replayed):
     # the steps per request are part of the request asked about: the message says they were the window's
     assert f"engine steps per request are the saved window's {f['steps_per_request']:.4g}: --steps-per-request" \
         in done.stderr, done.stderr
+    given = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--isl", "2048", "--osl", "32",
+                    "--steps-per-request", "1000")  # far off the relation: refused, naming the steps given
+    assert given.returncode == 1 and "engine steps per request are the 1000 given" in given.stderr, given.stderr
 
 
 def test_readme_s_predict_example_runs_on_the_bundled_trace_and_its_refused_one_is_refused(replayed):
