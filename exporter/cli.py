@@ -304,12 +304,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if i % args.print_every == 0 or i == len(trace.snapshots) - 1:
             for m in result_runner[0].current()[0].models.values():
                 print(_demo_line(t - t0, m), flush=True)
-                why = m.unknown.get("predicted_ttft_current") or m.unknown.get("predicted_current") or ""
-                why = why.split(";")[0]  # the reason without the measured numbers: once per reason
-                cur = m.predictions.get("current")
-                if why and why not in told and (cur is None or cur.ttft_load_aware is None):
-                    told.add(why)
-                    print(f"        TTFT pred=-: {why}", flush=True)
+                for field_, why in _demo_withheld(m):
+                    why = why.split(";")[0]  # the reason without the measured numbers: once per reason
+                    if why not in told:
+                        told.add(why)
+                        print(f"        {field_}=-: {why}", flush=True)
 
     told: set[str] = set()
 
@@ -336,6 +335,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for server in servers:
         server.shutdown()
     return 0
+
+
+def _demo_withheld(m: ModelAnalysis) -> list[tuple[str, str]]:
+    """(field, why) of each value :func:`_demo_line` shows as "-" for a reason the analysis gives."""
+    out = []
+    cur, slope = m.predictions.get("current"), m.fits["miss_slope"]
+    if cur is None or cur.ttft_load_aware is None:
+        out.append(("TTFT pred", m.unknown.get("predicted_ttft_current") or m.unknown.get("predicted_current") or ""))
+    if slope.value("a") is None:
+        out.append(("a_direct", slope.reason))
+    if not m.valley_form:
+        out.append(("valley", m.unknown.get("bathtub_chip_time") or ("" if slope.ok else slope.reason)))
+    return [(f, why) for f, why in out if why]
 
 
 def _demo_line(t: float, m: ModelAnalysis) -> str:
