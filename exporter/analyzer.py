@@ -240,7 +240,7 @@ class Analyzer:
             went_back = p is not None and any(_went_back(h, delta.histograms[n]) for n, h in p.delta.histograms.items()
                                               if n in delta.histograms)
             if p is not None:
-                if not p.doubtful and _confirms(delta, p.delta):
+                if not (p.doubtful or went_back) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p.delta, p.obs, p.engines)
                 else:
                     self.last_dropped[model] = p.obs
@@ -658,14 +658,14 @@ def _engine_count(snap: Snapshot, model: str) -> int:
 
 
 def _confirms(d: Delta, pending: Delta) -> bool:
-    """Whether step ``d`` vouches for the step before it: it starts at that step's end scrape
-    (none lost in between: a gap, a body without the model), compares every counter and histogram
-    that step increased, and none of them went back (a glitch: that scrape read high), restarted
-    or came from another process. Otherwise the step before is not fitted (a good step lost now
-    and then costs nothing; a high read fitted bends every fit for hours)."""
+    """Whether step ``d`` vouches for the step before it, its histograms' sums and buckets aside
+    (:func:`_went_back`, checked by the caller): it starts at that step's end scrape (none lost in
+    between: a gap, a body without the model), compares every counter and histogram that step
+    increased, and none of them went back (a glitch: that scrape read high), restarted or came
+    from another process. Otherwise the step before is not fitted (a good step lost now and then
+    costs nothing; a high read fitted bends every fit for hours)."""
     return (d.t0 == pending.t1 and not (d.glitches or d.foreign or d.resets)
-            and pending.counters.keys() <= d.counters.keys()
-            and all(n in d.histograms and not _went_back(h, d.histograms[n]) for n, h in pending.histograms.items()))
+            and pending.counters.keys() <= d.counters.keys() and pending.histograms.keys() <= d.histograms.keys())
 
 
 def _went_back(before: HistogramDelta, after: HistogramDelta) -> bool:

@@ -354,6 +354,15 @@ class _Builder:
         self.ambiguous: set[tuple] = set()  # (slot, series key) given twice: dropped at assembly
         self.recipe: Snapshot | None = None  # the models as leaves, once assembled
 
+    def sample_line(self, declared: tuple[str, ...], engine_label: bool) -> None:
+        """Count a vLLM sample line: its family names are declared and, by a sample, sampled."""
+        self.samples += 1
+        self.declared.update(declared)
+        self.sampled.update(declared)
+        if engine_label:
+            self.declared.add("engine label")
+            self.sampled.add("engine label")
+
     def quirk(self, kind: str, n: int = 1) -> None:
         self.quirks[kind] = self.quirks.get(kind, 0) + n
 
@@ -663,12 +672,7 @@ def _sample(b: _Builder, line: str) -> bool:
         if engine:
             b.families.setdefault(engine, set()).add(family)
         if engine == "vllm":
-            b.samples += 1
-            b.declared.update(declared)
-            b.sampled.update(declared)
-            if "engine label" not in b.declared and _ENGINE_LABEL.search(line, end):
-                b.declared.add("engine label")
-                b.sampled.add("engine label")
+            b.sample_line(declared, "engine label" not in b.declared and bool(_ENGINE_LABEL.search(line, end)))
         return end < len(line)
     m = _SAMPLE.match(line)
     if m is None:
@@ -694,12 +698,7 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
         return True
     if engine != "vllm":
         return True
-    b.samples += 1
-    b.declared.update(declared)
-    b.sampled.update(declared)
-    if "engine" in labels:
-        b.declared.add("engine label")
-        b.sampled.add("engine label")
+    b.sample_line(declared, "engine" in labels)
     if created:
         b.add("created", name[: -len("_created")], "", labels, value)
         return True
@@ -1104,10 +1103,9 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
                      connector: bool, external_exposed: bool) -> dict[str, str]:
     """Signal → why it is unknown, for one model. ``connector``: a KV connector's own metrics
     (``lmcache:``) are in the exposition, which cache_config_info never shows (MODEL.md §2: h_load
-    is 0 only when no connector or offloading is in use). ``external_exposed``: an
-    ``external_prefix_cache_*`` family is in the exposition (a HELP/TYPE line or a sample, usable
-    or not): vLLM ≥ 0.11.1 exports both at 0 without a connector, so hits that cannot be read
-    from it are unknown, never 0."""
+    is 0 only when no connector or offloading is in use). ``external_exposed``: the model's
+    engine exports ``external_prefix_cache_*`` (:func:`_external_exposed`): vLLM ≥ 0.11.1 exports
+    both at 0 without a connector, so hits that cannot be read from it are unknown, never 0."""
     reasons: dict[str, str] = {}
     if era == "vllm_v0":
         reasons["hit_ratio"] = ("vLLM V0 exports only gpu_prefix_cache_hit_rate, a lifetime block-level "
