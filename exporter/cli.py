@@ -101,17 +101,20 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     secret; its liveness probe and PodMonitor speak HTTPS), the default address when the listen
     address is what was refused. Returns 2 when stopped."""
     listen, path = (layered_string(key, args.config, getattr(args, key)) for key in ("listen", "web_config"))
+    # kvhit_build_info's target as a valid configuration would label it: the vLLM URL, in fleet mode Prometheus's
+    target = redact_url(layered_string("target", args.config, args.target)
+                        or layered_string("prometheus", args.config, args.prometheus) or "")
     try:
         web = load_web_config(path)
     except ConfigError as why:
         log.error("the web config cannot be loaded either (%s): serving plain HTTP without auth", why)
         web = None
     try:
-        server, _ = serve_app(config_error_app(), listen or Config.listen, web)
+        server, _ = serve_app(config_error_app(target), listen or Config.listen, web)
     except (ConfigError, OSError) as why:  # ssl.SSLError too: then no TLS either
         log.error("cannot serve on %s (%s): serving on the default %s", listen, why, Config.listen)
         listen = None
-        server, _ = serve_app(config_error_app(), Config.listen, None if isinstance(why, ssl.SSLError) else web)
+        server, _ = serve_app(config_error_app(target), Config.listen, None if isinstance(why, ssl.SSLError) else web)
     log.error("configuration refused: %s; kvhit analyses nothing and serves kvhit_config_last_load_successful 0 "
               "on %s until restarted with a valid one", exc, listen or Config.listen)
     stop_event().wait()

@@ -73,14 +73,18 @@ class _Families:
 
 class ConfigErrorCollector(Collector):
     """What ``kvhit run --on-config-error=serve`` publishes after its configuration was refused
-    (exporter/server.py ``config_error_app``): the version and kvhit_config_last_load_successful 0."""
+    (exporter/server.py ``config_error_app``): the version, with the ``target`` label the flags,
+    environment or file give (redacted; "" when none does), and kvhit_config_last_load_successful 0."""
+
+    def __init__(self, target: str = "") -> None:
+        self.target = target
 
     def describe(self) -> list:
         return []
 
     def collect(self) -> Iterator[Metric]:
         f = _Families({})
-        f.add(N.BUILD_INFO, {"target": "", "version": __version__}, 1.0)
+        f.add(N.BUILD_INFO, {"target": self.target, "version": __version__}, 1.0)
         f.add(N.CONFIG_LOADED, {}, 0.0)
         yield from f
 

@@ -246,13 +246,14 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
     return _json(start_response, "200 OK", {"model_name": name, "prediction": asdict(pred)})
 
 
-def config_error_app() -> Callable:
+def config_error_app(target: str = "") -> Callable:
     """The WSGI application of ``kvhit run --on-config-error=serve`` after its configuration was
     refused: /metrics has kvhit_build_info and kvhit_config_last_load_successful 0, /healthz 200
     (restarting cannot fix a configuration), every other path 503. What was refused stays in the
-    log: a configuration may hold secrets, and /readyz answers without authentication."""
+    log: a configuration may hold secrets, and /readyz answers without authentication.
+    ``target``: kvhit_build_info's ``target`` label, redacted by the caller."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ConfigErrorCollector())
+    registry.register(ConfigErrorCollector(target))
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:

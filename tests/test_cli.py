@@ -358,7 +358,9 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
     # manifests run kvhit with --on-config-error=serve.
     (tmp_path / "rho.yaml").write_text("prices:\n  hit_price_ratio: 1.5\n")
     port = free_port()
-    proc = subprocess.Popen([*KVHIT, "run", *TARGET_ARGS, "--config", str(tmp_path / "rho.yaml"),
+    # the target a valid configuration would label, its credentials redacted as anywhere
+    proc = subprocess.Popen([*KVHIT, "run", "--target", "http://u:secret@127.0.0.1:9/metrics",
+                             "--config", str(tmp_path / "rho.yaml"),
                              "--listen", f"127.0.0.1:{port}", "--on-config-error=serve"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
@@ -368,6 +370,7 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
         samples = {s.name: s for fam in text_string_to_metric_families(body) for s in fam.samples}
         assert samples["kvhit_config_last_load_successful"].value == 0.0
         assert samples["kvhit_build_info"].value == 1.0
+        assert samples["kvhit_build_info"].labels["target"] == "http://<redacted>@127.0.0.1:9/metrics"
         assert not any(name.startswith("kvhit_up") for name in samples)  # nothing is scraped
         assert http_get(base + "/healthz")[0] == 200  # a restart cannot fix the file: no liveness failure
         status, body = http_get(base + "/readyz")
