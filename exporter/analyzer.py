@@ -404,7 +404,11 @@ class Analyzer:
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
-        out = replace(out, fitted=fitted)
+        if fits["load_aware"].ok and (problem := _load_aware_unidentified(fitted, st.latency.extreme_points())):
+            fits = {**fits, "load_aware": FitResult.failed(Status.NOT_IDENTIFIABLE, problem, fits["load_aware"].samples)}
+            fitted = replace(fitted, c0=None, c1=None)
+            unknown.setdefault("contention_factor", problem)
+        out = replace(out, fits=fits, fitted=fitted)
         if steps_per_request is None:
             unknown.setdefault("fixed_time", STEPS_UNKNOWN)
         # the fit stands without the window's traffic (a what-if gives its own); what is predicted
@@ -622,6 +626,19 @@ def _prefill_covariance(chip: FitResult) -> tuple[tuple[float, ...], ...] | None
     """The chip-time fit's covariance of (t_step, k_ffn, k_attn), 3×3, or None when it has none."""
     cov = chip.covariance
     return None if cov is None else tuple(tuple(cov[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
+
+
+def _load_aware_unidentified(fitted: FittedModel, points: tuple[tuple[float, float], ...]) -> str | None:
+    """Why c0 and c1 cannot stand, or None: c = prefill latency / the prefill's chip time, and the
+    chip-time fit leaves that chip time unidentified at some edge of the traffic the fit is on
+    (``points``: (h, ISL), :meth:`~fitters.latency.LatencyFitter.extreme_points`;
+    :meth:`~fitters.whatif.FittedModel.unidentified_prefill`). c then takes up the error: on the
+    simulator's sweep c0 0.65 ± 0.05 and c1 0.028 ± 0.003 for a true 1.0 and 0.05 while its first
+    phase (h = 0) could not tell a prefill's work from decode's (MODEL.md §7)."""
+    for h, isl in points:
+        if problem := fitted.unidentified_prefill(h, isl):
+            return f"c0 and c1 scale the prefill's chip time, which is {problem}"
+    return None
 
 
 def _overlap_identified(overlap: FitResult, chip: FitResult) -> FitResult:

@@ -754,6 +754,16 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         self.capacity = capacity
         self.min_samples = min_samples
 
+    def extreme_points(self) -> tuple[tuple[float, float], ...]:
+        """(h [1], ISL [tokens]) of the stored steps with the lowest and highest h and ISL: the
+        edges of the traffic the fit is on (≤ 4 distinct pairs, () when none is stored)."""
+        x = self.rows.view()
+        if not len(x):
+            return ()
+        h, isl = x[:, 3], x[:, 2]
+        picks = {int(np.argmin(h)), int(np.argmax(h)), int(np.argmin(isl)), int(np.argmax(isl))}
+        return tuple(dict.fromkeys((float(h[i]), float(isl[i])) for i in sorted(picks)))
+
     @property
     def samples(self) -> tuple[LatencySample, ...]:
         """The stored samples, oldest first."""
