@@ -398,7 +398,7 @@ class Analyzer:
         )
         h_now = hit.get("all")
         steps_per_request = _steps_per_request(w)
-        linear = self._linear_bathtub(slope, h_now)
+        linear = self._linear_bathtub(slope, h_now, unknown)
         if coef is None:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # a window without queries says nothing of the loaded share: the latest step's that told it
@@ -471,13 +471,25 @@ class Analyzer:
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 
-    def _linear_bathtub(self, slope: FitResult, h_now: float | None) -> dict[str, BathtubCurve]:
+    def _linear_bathtub(self, slope: FitResult, h_now: float | None, unknown: dict[str, str]) -> dict[str, BathtubCurve]:
+        """The seed's linear bathtub of the direct slope; its h* and h_even only inside the h range
+        the slope was fitted on (a secant says nothing beyond it: on the simulator's sweep a line
+        over h 0-0.25 put h* at 0.62 and h_even at 0.86, 0.83 and 0.97 over 0-0.99), else absent
+        with why in ``unknown``."""
         tps0, a = slope.value("tps0"), slope.value("a")
         if tps0 is None or a is None or h_now is None or h_now >= 1:
             return {}
         p = self.config.prices
-        return {"linear": bathtub_linear(tps0, a, slope.covariance, h_now, p.p_miss, p.hit_price_ratio,
-                                         grid=BATHTUB_GRID)}
+        b = bathtub_linear(tps0, a, slope.covariance, h_now, p.p_miss, p.hit_price_ratio, grid=BATHTUB_GRID)
+        lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
+        beyond = {}
+        for key, signal, h in (("h_star", "valley_bottom_linear", b.h_star),
+                               ("h_even", "valley_breakeven_linear", b.h_even)):
+            if h is not None and not lo <= h <= hi:
+                unknown.setdefault(signal, "beyond the h range the direct miss slope was fitted on: its line says "
+                                           "nothing there" + measured(f"h {h:.3f} outside [{lo:.3f}, {hi:.3f}]"))
+                beyond[key] = None
+        return {"linear": replace(b, **beyond)}
 
     def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float | None, fits: dict[str, FitResult],
                 wobs: Observation, load_share: float | None, kv: float | None,

@@ -152,6 +152,9 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
         f.add(N.CHIP_COEF, {**base, "term": label}, chip.value(term))
         if chip.value(term) is not None:
             f.add(N.CHIP_COEF_STDERR, {**base, "term": label}, chip.params[term].stderr)
+        elif chip.ok and term in chip.params:  # an ok fit's term it cannot tell: kvhit_fit_status does not say why
+            f.add(N.UNKNOWN_INFO, {**base, "signal": f"chip_time_coefficient_{label}",
+                                   "reason": LABEL_REASON(chip.params[term].reason)}, 1.0)
     slope = m.fits["miss_slope"]
     direct = {k: slope.params[k] for k in ("tps0", "a")} if slope.ok else {}
     for method, est in (("direct", direct), ("derived", m.miss_slope_derived)):

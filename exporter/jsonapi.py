@@ -169,6 +169,9 @@ def check_analysis_doc(doc) -> dict:
         if isinstance(doc, dict) and {"parameters", "leave_one_phase_out", "analysis"} <= doc.keys():
             raise ValueError("a kvhit calibrate report, not an analysis document: give the fit.json written beside "
                              "it (kvhit calibrate prints its path)")
+        if isinstance(doc, dict) and {"steps", "phases", "analysis"} <= doc.keys():
+            raise ValueError("a kvhit replay --json report, not an analysis document: write one with kvhit replay "
+                             "--save-fit FILE")
         raise ValueError("not a kvhit analysis document (a JSON object with schema_version 1 and a models object)")
     for name, m in doc["models"].items():
         for k in ("isl", "osl"):

@@ -101,7 +101,8 @@ FIT_R2 = _m("kvhit_fit_r2", "Coefficient of determination of the last fit (chip_
 CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficient (robust NNLS on busy steps): "
                "step = s per engine step, miss_token = s per computed prompt token, attention = s per unit of "
                "M*H+M^2/2, decode_token = s per generated token, decode_context = s per KV token read by decode "
-               "[s per unit of the term].",
+               "[s per unit of the term]; absent for a term the traffic did not vary apart from the others, and for "
+               "a kept one their time rides on (kvhit_unknown_info says which).",
                MODEL + ("term",), section="§7")
 CHIP_COEF_STDERR = _m("kvhit_chip_time_coefficient_stderr_seconds", "Standard error of each chip-time coefficient "
                       "[s per unit of the term, as the coefficient].", MODEL + ("term",), section="§7")
@@ -156,9 +157,11 @@ REVENUE_SLOPE_BOUND = _m("kvhit_revenue_slope_bound", "95 % interval of dR/dh fr
 BATHTUB = _m("kvhit_bathtub_revenue_per_second", "The bathtub curve R(h) sampled at fixed hit ratios (label "
              "hit_ratio) for dashboards [price/s].", MODEL + ("form", "hit_ratio"), section="§4")
 VALLEY_BOTTOM = _m("kvhit_valley_bottom_hit_ratio", "h*, the hit ratio where R(h) is lowest; absent when "
-                   "R'(0) >= 0 (no valley) [ratio].", MODEL + ("form",), section="§4")
+                   "R'(0) >= 0 (no valley), and for form=linear outside the direct slope's h range [ratio].",
+                   MODEL + ("form",), section="§4")
 VALLEY_BREAKEVEN = _m("kvhit_valley_breakeven_hit_ratio", "h_even > h*, where R climbs back to R(0); absent "
-                      "when there is no valley or no exit [ratio].", MODEL + ("form",), section="§4")
+                      "when there is no valley or no exit, and for form=linear outside the direct slope's h range "
+                      "[ratio].", MODEL + ("form",), section="§4")
 VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1, 0 when the valley has no "
                  "exit; absent without a valley.", MODEL + ("form",), section="§4")
 VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper end of its 95 % interval below 0, "

@@ -206,9 +206,9 @@ def plot_bathtub(plt, m: dict) -> bytes | None:
             # valley_active can fire), then climbing back to R(0) at h_even
             right = b["h_even"] if b.get("h_even") is not None else (curve[-1][0] if curve else 1.0)
             ax.axvspan(0.0, b["h_star"], color=color, alpha=0.22,
-                       label=f"valley {form}, falling: more hits earn less (h < h*={b['h_star']:.2f})")
+                       label=f"valley {form}, falling: more hits earn less (h < h*={b['h_star']:.4g})")
             ax.axvspan(b["h_star"], right, color=color, alpha=0.08,
-                       label=f"valley {form}, climbing back to R(0) (" + (f"h_even={b['h_even']:.2f})"
+                       label=f"valley {form}, climbing back to R(0) (" + (f"h_even={b['h_even']:.4g})"
                                                                           if b.get("h_even") is not None else "no exit)"))
         if b.get("h_now") is not None and b.get("revenue_now") is not None:
             ax.plot([b["h_now"]], [b["revenue_now"]], "o", color=color, markersize=9, markeredgecolor="k",

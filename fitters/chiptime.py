@@ -19,15 +19,15 @@ from scipy.optimize import nnls
 from .model import CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients
 from .observation import Observation
 from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, soft_l1_weight, solve_normal
-from .result import Estimate, FitResult, Status
+from .result import Estimate, FitResult, Status, measured
 
 # Keep-order when columns are collinear: the simpler term survives (MODEL.md §6).
 _KEEP_ORDER = ("t_step", "k_ffn", "k_dec", "k_attn", "k_ctx")
 # Why a known pair is collinear, appended to the reason so an operator knows what to vary.
 _HINTS = {
-    ("k_ctx", ("k_dec",)): "ISL and OSL never varied",
-    ("k_attn", ("k_ffn",)): "h and ISL never varied",
-    ("k_dec", ("t_step",)): "decode tokens per engine step never varied",
+    ("k_ctx", ("k_dec",)): "ISL and OSL did not vary enough to tell them apart",
+    ("k_attn", ("k_ffn",)): "h and ISL did not vary enough to tell them apart",
+    ("k_dec", ("t_step",)): "decode tokens per engine step did not vary enough to tell them apart",
 }
 # Uncentred R² of a column regressed on the kept ones above which it is not identifiable.
 COLLINEAR_R2 = 0.999
@@ -252,7 +252,8 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
     for j, name in enumerate(CHIP_TIME_TERMS):
         if j in kept:
             i = kept.index(j)
-            params[name] = Estimate(value=float(beta[i]), stderr=math.sqrt(max(float(cov[i, i]), 0.0)))
+            est = Estimate(value=float(beta[i]), stderr=math.sqrt(max(float(cov[i, i]), 0.0)))
+            params[name] = _carrier(name, est, relations)
         else:
             params[name] = Estimate(value=0.0, status=Status.NOT_IDENTIFIABLE, reason=dropped[j])
 
@@ -279,6 +280,23 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
         covariance=tuple(tuple(float(v) for v in row) for row in full_cov),
         extra=extra,
     )
+
+
+def _carrier(name: str, est: Estimate, relations: dict[str, dict[str, float]]) -> Estimate:
+    """``est`` of kept term ``name``, or not identifiable when a dropped term's relation runs
+    through it: its coefficient is then the combined time of its own regressor and of the ones
+    riding on it (on the sweep's h = 0 phase, "miss_token" 1.74e-4 s = k_ffn + 1024·k_attn +
+    0.0625·k_dec, for a true k_ffn of 1e-4), no longer what its name says; the fit and its
+    predictions along the relation stand (extra "collinear")."""
+    riding = {dropped: rel[name] for dropped, rel in relations.items() if name in rel}
+    if not riding:
+        return est
+    words = CHIP_TIME_REGRESSOR_WORDS
+    return Estimate(est.value, est.stderr, Status.NOT_IDENTIFIABLE,
+                    f"carries the time of {' and '.join(words[d] for d in riding)} too, which its steps did not vary "
+                    f"apart from {words[name]}: their combined time per unit of {words[name]}, not its own"
+                    + measured(f"{est.value:.4g} ± {est.stderr:.2g}; "
+                               + "; ".join(f"{words[d]} ≈ {f:.4g} × {words[name]}" for d, f in riding.items())))
 
 
 def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dict[int, str]
@@ -327,10 +345,10 @@ def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int
                 partners = tuple(CHIP_TIME_TERMS[k] for k, b in zip(kept, big) if b)
                 reason = (
                     f"{CHIP_TIME_REGRESSOR_WORDS[name]} collinear with "
-                    f"{' + '.join(CHIP_TIME_REGRESSOR_WORDS[k] for k in partners)} (R² {r2:.5f})"
+                    f"{' + '.join(CHIP_TIME_REGRESSOR_WORDS[k] for k in partners)}"
                 )
                 hint = _HINTS.get((name, partners))
-                dropped[j] = f"{reason}: {hint}" if hint else reason
+                dropped[j] = (f"{reason}: {hint}" if hint else reason) + measured(f"R² {r2:.5f}")
                 continue
         kept.append(j)
     return sorted(kept), dropped

@@ -737,6 +737,9 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
     # kvhit calibrate's report.json beside the fit.json it also wrote
     ({"schema_version": 1, "parameters": {}, "leave_one_phase_out": {}, "analysis": {}},
      "a kvhit calibrate report, not an analysis document: give the fit.json written beside it"),
+    # kvhit replay --json's report (README "Use it" writes one beside the fit): a newcomer gave it
+    ({"steps": [], "phases": {}, "analysis": {"schema_version": 1, "models": {}}},
+     "a kvhit replay --json report, not an analysis document: write one with kvhit replay --save-fit FILE"),
 ])
 def test_predict_on_a_document_of_the_wrong_shape_exits_1_with_one_line_naming_it(tmp_path, capsys, doc, says):
     # exit 1: what the file holds is wrong, not the command line (that is exit 2, below)

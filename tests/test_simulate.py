@@ -260,11 +260,14 @@ def test_no_derived_slope_while_the_chip_time_fit_cannot_see_attention():
     assert m.fits["miss_slope"].ok  # the direct line has its h span
     assert m.miss_slope_derived == {}
     assert m.unknown["miss_slope_derived"].startswith("not identifiable: the chip-time fit could not tell ")
-    # /api/v1/analysis: the dropped term has no value (its 0 is a placeholder), the kept ones have
+    # /api/v1/analysis: the dropped term has no value (its 0 is a placeholder), nor has the kept one
+    # carrying its time (k_ffn + 1280·k_attn is no per-miss-token coefficient); one carrying none has
     from exporter.jsonapi import analysis_to_dict
     params = analysis_to_dict(*runner.current())["models"][sc.model_name]["fits"]["chip_time"]["params"]
     assert params["k_attn"]["value"] is None and params["k_attn"]["status"] == "not_identifiable"
-    assert params["k_ffn"]["value"] == m.fits["chip_time"].params["k_ffn"].value > 0
+    assert params["k_ffn"]["value"] is None and "carries the time of attention work" in params["k_ffn"]["reason"]
+    clean = [k for k, p in params.items() if p["status"] == "ok"]
+    assert clean and all(params[k]["value"] == m.fits["chip_time"].params[k].value for k in clean)
 
 
 def test_no_alpha_while_the_chip_time_fit_cannot_see_attention():
@@ -678,3 +681,33 @@ def test_no_current_prediction_at_an_isl_that_can_no_longer_be_read():
         if i == 70 + 60 / sc.interval:  # one publish window later
             break
     assert m.isl is None and "current" not in m.predictions and "predicted_current" in m.unknown
+
+
+def test_the_linear_valley_bottom_and_breakeven_stay_inside_the_h_range_of_their_line():
+    # The direct a is a secant over the h it saw. A newcomer saw h* 0.62 and h_even 0.86 published
+    # from a line over h 0-0.25 (0.83 and 0.97 over the whole sweep's 0-0.99).
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep")
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    inside = beyond = 0
+    for t, text, _ in generate(sc):
+        clock.t = t
+        runner.ingest_text(t, text)
+        m = runner.current()[0].models.get(sc.model_name)
+        b = None if m is None else m.bathtubs.get("linear")
+        if b is None:
+            continue
+        slope = m.fits["miss_slope"]
+        lo, hi = slope.extra["h_min"], slope.extra["h_max"]
+        for h, signal in ((b.h_star, "valley_bottom_linear"), (b.h_even, "valley_breakeven_linear")):
+            if h is not None:
+                assert lo <= h <= hi
+                inside += 1
+            elif signal in m.unknown:
+                assert m.unknown[signal].startswith("beyond the h range the direct miss slope was fitted on")
+                beyond += 1
+    assert inside >= 10 and beyond >= 5
