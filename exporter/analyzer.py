@@ -9,6 +9,7 @@ ratio, and both bathtubs. Nothing here formats or serves; nothing downstream com
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
@@ -37,6 +38,16 @@ from fitters.whatif import LOAD_SHARE_UNKNOWN, STEPS_UNKNOWN, FittedModel, Predi
 CACHING_STATES, FIT_STATUSES, LABEL_REASON = STATES, STATUSES, label_reason
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
+# A step whose rate of some counter is SPIKE_FACTOR times both the next
+# step's and the highest rate of the model's recent fitted steps is a glitch, never fitted: a
+# counter that jumped once and stayed up (vLLM's counters cannot; a mixed-up scrape can). Its
+# confirming step (the next) would not tell it: nothing goes back. A review's prefix_cache_queries
+# + 1e7 bent the chip-time fit (miss_token 1.2e-4 → 3e-8 s) and the 24 h rollup (h 0.74 → 0.13, the
+# caching verdict not_paying) for a day. The highest rate decays by half every SPIKE_HALF_LIFE
+# fitted steps (traffic that fell stays comparable), and is a reference after SPIKE_MIN_STEPS.
+SPIKE_FACTOR = 100.0
+SPIKE_HALF_LIFE = 720
+SPIKE_MIN_STEPS = 10
 STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
@@ -171,6 +182,8 @@ class _ModelState:
     # high (a glitch) shows only when the one after it is skipped and the step after that is
     # still down (exporter/window.py)
     pending: _Pending | None = None
+    peak: dict[str, float] = field(default_factory=dict)  # signal → highest rate of fitted steps (decaying)
+    fitted_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -188,6 +201,7 @@ class _Pending:
     engines: int
     went_back: bool
     doubtful: bool
+    rates: dict[str, float]  # _rates(delta)
 
 
 class Analyzer:
@@ -211,6 +225,7 @@ class Analyzer:
         self._last: Snapshot | None = None
         self.last_observations: dict[str, Observation] = {}  # the latest ingest's steps
         self.last_dropped: dict[str, Observation] = {}  # steps the latest ingest kept from the fits
+        self.spikes = 0  # steps kept from the fits as spikes (_spike), counted so far
 
     def ingest(self, snap: Snapshot, unobserved: bool = False) -> dict[str, Observation]:
         """Add one snapshot. Returns model → the step's Observation (also kept in
@@ -239,12 +254,17 @@ class Analyzer:
             p = st.pending
             went_back = p is not None and any(_went_back(h, delta.histograms[n]) for n, h in p.delta.histograms.items()
                                               if n in delta.histograms)
+            rates = _rates(delta)
             if p is not None:
-                if not (p.doubtful or went_back) and _confirms(delta, p.delta):
+                spike = st.fitted_steps >= SPIKE_MIN_STEPS and _spike(p.rates, rates, st.peak)
+                self.spikes += spike
+                if not (p.doubtful or went_back or spike) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p.delta, p.obs, p.engines)
+                    _raise_peak(st, p.rates)
                 else:
                     self.last_dropped[model] = p.obs
-            st.pending = _Pending(delta, obs, _engine_count(snap, model), went_back, p is not None and p.went_back)
+            st.pending = _Pending(delta, obs, _engine_count(snap, model), went_back, p is not None and p.went_back,
+                                  rates)
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
@@ -703,6 +723,31 @@ def _went_back(before: HistogramDelta, after: HistogramDelta) -> bool:
     drops its buckets or keeps only the edges both scrapes share): ``_count`` alone tells no
     glitch of the sum or the buckets."""
     return (math.isfinite(before.sum) and not math.isfinite(after.sum)) or not set(before.edges) <= set(after.edges)
+
+
+def _rates(d: Delta) -> dict[str, float]:
+    """Each counter's increase per second over step ``d`` (histograms aside: one request queued
+    for seconds after many that were not is a real spike of queue_time's sum)."""
+    return {name: v / d.dt for name, v in d.counters.items()} if d.dt > 0 else {}
+
+
+def _spike(pending: Mapping[str, float], after: Mapping[str, float], peak: Mapping[str, float]) -> bool:
+    """Whether a rate of the pending step is SPIKE_FACTOR times both the step after it and the
+    model's recent peak (the module's SPIKE_FACTOR note); a signal never seen rising is no reference."""
+    for name, rate in pending.items():
+        ref = max(after.get(name, 0.0), peak.get(name, 0.0))
+        if ref > 0 and rate > SPIKE_FACTOR * ref:
+            return True
+    return False
+
+
+def _raise_peak(st: _ModelState, rates: Mapping[str, float]) -> None:
+    """Fold a fitted step's rates into the model's decaying peaks."""
+    decay = 0.5 ** (1.0 / SPIKE_HALF_LIFE)
+    peak = st.peak
+    for name, rate in rates.items():
+        peak[name] = max(peak.get(name, 0.0) * decay, rate)
+    st.fitted_steps += 1
 
 
 def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:

@@ -31,21 +31,24 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from exporter.analyzer import Analysis, Analyzer
+from exporter.analyzer import SPIKE_FACTOR, Analysis, Analyzer
 from exporter.collector import Health
 from exporter.config import Config, redact_url
 from exporter.parse import QUIRKS, ParseError, Parser, Snapshot
 from exporter.sources import LiveSource, PrometheusSource, ScrapeError
 
 log = logging.getLogger("kvhit")
-# Logged when a scrape's step was one of these (Windows.unusual_steps): restart, glitch, two processes;
+# Logged when a scrape's step was one of these (Windows.unusual_steps, Analyzer.spikes): restart, glitch,
+# two processes, a spike;
 # each at most once per STEP_NOTE_SECONDS of snapshot time (a load-balanced URL would say it every scrape).
 STEP_NOTE_SECONDS = 600.0
 _STEP_NOTES = ("the engine restarted (a counter went down or its _created moved): the step counts its values since",
                "a counter read lower than at the scrape before while every _created stayed: this scrape is skipped, "
                "the next step is taken from the one before it",
                "the counters now come from another process than at the scrape before (_created moved to before it: "
-               "one target URL reaching several pods?): the step has no increases")
+               "one target URL reaching several pods?): the step has no increases",
+               f"a counter rose over {SPIKE_FACTOR:g}x both the next step's rate and its recent peak (it jumped and "
+               "stayed up): that step is kept from the fits and the 24 h rollup")
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
 DEFAULT_MAX_SERIES = 64
 
@@ -134,7 +137,7 @@ class Runner:
             # one critical section with the health update: a reader sees a successful scrape's analysis
             # with its last_success (a fit_step that raises leaves the snapshot ingested, counted failed)
             with self._lock:
-                seen = self.analyzer.windows.unusual_steps
+                seen = self._unusual_steps()
                 self.analyzer.ingest(snap, unobserved=self._failures > 0)
                 ingested = True
                 self.analyzer.fit_step()
@@ -162,10 +165,14 @@ class Runner:
         self._count_quirks(snap)
         return True
 
+    def _unusual_steps(self) -> tuple[int, ...]:
+        """Unusual steps counted so far, one count per _STEP_NOTES entry."""
+        return (*self.analyzer.windows.unusual_steps, self.analyzer.spikes)
+
     def _note_steps(self, seen: tuple[int, ...], timestamp: float) -> None:
         """Log each kind of unusual step (_STEP_NOTES) counted since ``seen``, each at most once per
         STEP_NOTE_SECONDS of snapshot time."""
-        for before, now, what in zip(seen, self.analyzer.windows.unusual_steps, _STEP_NOTES):
+        for before, now, what in zip(seen, self._unusual_steps(), _STEP_NOTES):
             if now > before and timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS:
                 self._noted[what] = timestamp
                 log.info(what)

@@ -1,6 +1,7 @@
 """The ground-truth simulator (exporter/simulate.py) reproduces its known parameters by hand."""
 from __future__ import annotations
 
+import logging
 import math
 import re
 import threading
@@ -505,6 +506,36 @@ def _assert_fits_as_clean(runner, clean, model: str) -> None:
         for name in names:
             off = abs(got.fits[fit].value(name) - want.fits[fit].value(name))
             assert off <= 0.5 * want.fits[fit].params[name].stderr, (fit, name, off)
+
+
+@pytest.mark.parametrize("jump", [1e7, 1e15])
+def test_a_counter_that_jumped_once_and_stayed_up_is_not_fitted(jump, caplog):
+    # prefix_cache_queries_total + jump from scrape 100 on (an adversarial review's fake target).
+    # Nothing goes back, so the next step vouched for the jump step: the chip-time fit (miss_token
+    # 1.2e-4 → 3e-8 s), the direct slope and the 24 h rollup (h 0.74 → 0.13, caching verdict
+    # not_paying) took it, the rollup for a day. A step whose counter rate is SPIKE_FACTOR times
+    # both the next step's and the model's recent peak is now a spike, never fitted.
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("valley")
+    clock = TraceClock()
+    runner, clean = (Runner(Config(interval=sc.interval), "sim", clock=clock) for _ in range(2))
+    up = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) + jump!r}", text)  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="kvhit"):
+        for i, (t, text, _) in enumerate(generate(sc)):
+            clock.t = t
+            clean.ingest_text(t, text)
+            runner.ingest_text(t, up(text) if i >= 100 else text)
+            if i == 101:  # the step 99→100 reaches the fits only now, and is dropped
+                assert sc.model_name in runner.analyzer.last_dropped and runner.analyzer.spikes == 1
+    assert clean.analyzer.spikes == 0
+    from exporter.runner import _STEP_NOTES
+    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == [_STEP_NOTES[3]]
+    _assert_fits_as_clean(runner, clean, sc.model_name)
+    got, want = (r.current()[0].models[sc.model_name].caching for r in (runner, clean))
+    assert got.state == want.state and abs(got.history_hit_ratio - want.history_hit_ratio) <= 0.01
 
 
 def test_a_scrape_that_read_low_costs_nothing():

@@ -720,7 +720,7 @@ def test_restarts_glitches_and_another_process_are_logged(caplog):
         for i, (q, created) in enumerate(bodies):
             assert runner.ingest_text(1000.0 + 5 * i, EXPO.format(q=q, created=created))
     from exporter.runner import _STEP_NOTES  # restart, glitch, another process: each once, in that order
-    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == list(_STEP_NOTES)
+    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == list(_STEP_NOTES[:3])
     # another process again at the next scrape (a load-balanced URL): not logged again for 10 minutes
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kvhit"):
