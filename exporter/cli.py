@@ -26,7 +26,7 @@ from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_cal
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, layered_string,
                              load_config, load_web_config, redact_url, selector_matchers, stop_event)
-from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
+from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, read_doc, what_if, why_unread
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
 from exporter.report import is_analysis, load_source, render
@@ -374,9 +374,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     (``FittedModel.unidentified``) or a fit that predicts no finite chip time. Exit 2 (the command
     line alone): ISL/OSL/h given out of range (:func:`what_if`)."""
     try:
-        doc = json.loads(Path(args.fit).read_text())
+        doc = read_doc(args.fit)
     except (OSError, ValueError, RecursionError) as exc:
-        raise ValueError(f"--fit {args.fit}: cannot read a JSON analysis ({type(exc).__name__})") from None
+        raise ValueError(f"--fit {args.fit}: cannot read a JSON analysis ({why_unread(exc)})") from None
     try:
         name, fitted, m = load_fit(doc, args.model)
     except ValueError as exc:

@@ -31,7 +31,6 @@ import base64
 import hashlib
 import html
 import io
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from pathlib import Path
 import requests
 
 from exporter.config import Config, ConfigError
-from exporter.jsonapi import analysis_to_dict, check_analysis_doc
+from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread
 from exporter.replay import replay
 from exporter.sources import load_trace
 from fitters.chiptime import design_row, predict_busy_time
@@ -88,9 +87,9 @@ def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportDat
     path = Path(source)
     if path.suffix == ".json":
         try:
-            doc = json.loads(path.read_text())
+            doc = read_doc(source)
         except (OSError, ValueError, RecursionError) as exc:
-            raise ReportError(f"{source}: cannot read a JSON analysis ({type(exc).__name__})") from None
+            raise ReportError(f"{source}: cannot read a JSON analysis ({why_unread(exc)})") from None
         return ReportData(source, _check_doc(doc, source))
     try:
         trace = load_trace(path, config.max_body_bytes)
