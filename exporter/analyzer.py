@@ -45,6 +45,8 @@ STATE_TTL_WINDOWS = 10
 # + 1e7 bent the chip-time fit (miss_token 1.2e-4 → 3e-8 s) and the 24 h rollup (h 0.74 → 0.13, the
 # caching verdict not_paying) for a day. The highest rate decays by half every SPIKE_HALF_LIFE
 # fitted steps (traffic that fell stays comparable), and is a reference after SPIKE_MIN_STEPS.
+SPIKE_IN_WINDOW = ("a counter jumped inside the publish window and stayed up (a spike, kept from the fits): the "
+                   "window's increases are off until that step leaves it")
 SPIKE_FACTOR = 100.0
 SPIKE_HALF_LIFE = 720
 SPIKE_MIN_STEPS = 10
@@ -257,7 +259,9 @@ class Analyzer:
             rates = _rates(delta)
             if p is not None:
                 spike = st.fitted_steps >= SPIKE_MIN_STEPS and _spike(p.rates, rates, st.peak)
-                self.spikes += spike
+                if spike:
+                    self.spikes += 1
+                    self.windows.mark_spike(model, p.delta.t1)
                 if not (p.doubtful or went_back or spike) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p.delta, p.obs, p.engines)
                     _raise_peak(st, p.rates)
@@ -554,6 +558,9 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
                                         "same (a glitched scrape, not a restart): unknown until that step leaves the "
                                         "window")
         return out
+    if w.spikes:
+        unknown.setdefault("hit_ratio", SPIKE_IN_WINDOW)
+        return out
     if "hit_ratio" not in unknown and not {"queries", "hits"} <= set(w.counters):
         unknown["hit_ratio"] = ("prefix_cache_queries/hits missing at a scrape inside the publish window (a cut or "
                                 "bad body): unknown until that scrape leaves the window")
@@ -576,6 +583,9 @@ def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, s
     """Observed TPM over the window (MODEL.md §3.4 basis="observed"); why physical TPM is not
     known goes into ``unknown["tpm_observed_physical"]``."""
     prompt, gen = w.counters.get("prompt_tokens"), w.counters.get("generation_tokens")
+    if w.spikes:
+        unknown.setdefault("tpm_observed", SPIKE_IN_WINDOW)
+        return {}
     if prompt is None or gen is None or w.dt <= 0:
         return {}
     out = {("delivered", "instance"): (prompt + gen) * 60.0 / w.dt}

@@ -39,7 +39,7 @@ import functools
 import math
 import operator
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Collection, Mapping
 
 from exporter.parse import Buckets, Histogram, ModelSignals, Snapshot
@@ -124,6 +124,8 @@ class Delta:
         partial: counters present at some scrape inside the interval but not at every one (a
             family dropped as NaN or cut from one body): absent from ``counters``, unknown over
             the interval — not a family the engine never exports.
+        spikes: number of steps inside the interval in which a counter jumped and stayed up
+            (marked by the analyzer one step later: :meth:`Windows.mark_spike`).
     """
 
     t0: float
@@ -138,6 +140,7 @@ class Delta:
     glitches: int = 0
     running_seconds: float | None = None
     partial: frozenset[str] = frozenset()
+    spikes: int = 0
 
     @property
     def dt(self) -> float:
@@ -269,7 +272,7 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     running = [d.running_seconds for d in deltas]
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
-                 glitches=sum(d.glitches for d in deltas),
+                 glitches=sum(d.glitches for d in deltas), spikes=sum(d.spikes for d in deltas),
                  running_seconds=None if None in running else math.fsum(running),
                  # a counter's presence changes only across a step, which lists it
                  partial=frozenset().union(*(d.partial for d in deltas)))
@@ -365,6 +368,15 @@ class Windows:
             if model not in snap.models:
                 del self._models[model]  # the model disappeared: its window is over
         return out
+
+    def mark_spike(self, model: str, t1: float) -> None:
+        """Mark ``model``'s step ending at ``t1`` as a spike (:attr:`Delta.spikes`) while it is
+        in the publish window: the windows over it then say their counters are off."""
+        w = self._models.get(model)
+        steps = [] if w is None else w.steps
+        for i, d in enumerate(steps):
+            if d.t1 == t1:
+                steps[i] = replace(d, spikes=1)
 
     def window(self, model: str, counters: Collection[str] | None = None,
                histograms: Collection[str] | None = None) -> Delta | None:

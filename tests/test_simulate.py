@@ -515,6 +515,7 @@ def test_a_counter_that_jumped_once_and_stayed_up_is_not_fitted(jump, caplog):
     # 1.2e-4 → 3e-8 s), the direct slope and the 24 h rollup (h 0.74 → 0.13, caching verdict
     # not_paying) took it, the rollup for a day. A step whose counter rate is SPIKE_FACTOR times
     # both the next step's and the model's recent peak is now a spike, never fitted.
+    from exporter.analyzer import SPIKE_IN_WINDOW
     from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
@@ -530,6 +531,15 @@ def test_a_counter_that_jumped_once_and_stayed_up_is_not_fitted(jump, caplog):
             runner.ingest_text(t, up(text) if i >= 100 else text)
             if i == 101:  # the step 99→100 reaches the fits only now, and is dropped
                 assert sc.model_name in runner.analyzer.last_dropped and runner.analyzer.spikes == 1
+            if i < 101:
+                continue
+            m, m_clean = (r.current()[0].models[sc.model_name] for r in (runner, clean))
+            if i <= 111:  # the publish window (12 steps of 5 s) holds the step 99→100: off, so unknown
+                assert "all" not in m.hit_ratio and not m.tpm_observed
+                assert m.unknown["hit_ratio"] == m.unknown["tpm_observed"] == SPIKE_IN_WINDOW
+            elif i == 113:  # that step has left it: the window's increases are the clean run's
+                assert m.hit_ratio == pytest.approx(m_clean.hit_ratio, rel=1e-6)  # (+ jump) - (+ jump): rounding
+                assert m.tpm_observed == pytest.approx(m_clean.tpm_observed, rel=1e-6)
     assert clean.analyzer.spikes == 0
     from exporter.runner import _STEP_NOTES
     assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == [_STEP_NOTES[3]]
