@@ -594,23 +594,30 @@ def test_a_load_aware_ttft_off_the_observed_one_is_flagged():
     assert _load_aware_note(replace(pred, ttft_load_aware=0.35), 0.40) == {}
 
 
+def _analyses(name: str, seed: int = 0, **config):
+    """The model's analysis (None before one exists) after each scrape of preset ``name`` (seed
+    ``seed``), fed to a Runner on simulated time with Config(interval, **config)."""
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset(name, seed=seed)
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval, **config), "sim", clock=clock)
+    for t, text, _ in generate(sc):
+        clock.t = t
+        runner.ingest_text(t, text)
+        yield runner.current()[0].models.get(sc.model_name)
+
+
 def test_no_contention_factor_while_the_prefill_chip_time_is_not_identified():
     # c = prefill latency over the prefill's unloaded chip time: while the chip-time fit cannot
     # tell a prefill's chip time (decode riding on miss tokens, the TTFTs withheld for it), c is
     # unknown with the same reason. A newcomer saw 0.95 published there on the sweep (true
     # c = c0 + c1·running ≈ 1.5; below 1 a prefill would finish faster than its own chip time).
-    from exporter.config import Config
-    from exporter.replay import TraceClock
-    from exporter.runner import Runner
-
     sc = preset("sweep")
-    clock = TraceClock()
-    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
     withheld = published = 0
-    for t, text, truth in generate(sc):
-        clock.t = t
-        runner.ingest_text(t, text)
-        m = runner.current()[0].models.get(sc.model_name)
+    for m in _analyses("sweep"):
         why = None if m is None else m.unknown.get("predicted_ttft_current")
         if why is not None and "a prefill" in why:
             assert m.contention is None and "a prefill" in m.unknown["contention_factor"]
@@ -627,24 +634,17 @@ def test_c0_and_c1_are_published_only_where_they_hold(name, seed):
     # the traffic the load-aware fit is on, c takes up the error. Published there before: c0 0.65
     # ± 0.05 and c1 0.028 ± 0.003 on the sweep's first phase (h = 0: a prefill's work and decode's
     # ride together), 14 and 9 standard errors off the simulator's truth (1.0, 0.05).
-    from exporter.config import Config, Geometry
-    from exporter.replay import TraceClock
-    from exporter.runner import Runner
+    from exporter.config import Geometry
     from exporter.simulate import SIM_GEOMETRY
 
     sc = preset(name, seed=seed)
-    clock = TraceClock()
-    runner = Runner(Config(interval=sc.interval, model=Geometry(**SIM_GEOMETRY),
-                           load_bandwidth_bytes_per_second=sc.truth.load_bandwidth), "sim", clock=clock)
     published = withheld = 0
-    for t, text, _ in generate(sc):
-        clock.t = t
-        runner.ingest_text(t, text)
-        m = runner.current()[0].models.get(sc.model_name)
+    for m in _analyses(name, seed, model=Geometry(**SIM_GEOMETRY),
+                       load_bandwidth_bytes_per_second=sc.truth.load_bandwidth):
         la = None if m is None else m.fits["load_aware"]
         if la is not None and la.ok:
             for k, true in (("c0", sc.truth.c0), ("c1", sc.truth.c1)):
-                assert abs(la.value(k) - true) <= 3 * la.params[k].stderr, (t, k, la.params[k])
+                assert abs(la.value(k) - true) <= 3 * la.params[k].stderr, (k, la.params[k])
             published += 1
         elif la is not None and la.status is Status.NOT_IDENTIFIABLE:
             assert "prefill's chip time" in la.reason and m.fitted.c0 is None and m.contention is None
@@ -727,18 +727,8 @@ def test_no_current_prediction_at_an_isl_that_can_no_longer_be_read():
 def test_the_linear_valley_bottom_and_breakeven_stay_inside_the_h_range_of_their_line():
     # The direct a is a secant over the h it saw. A newcomer saw h* 0.62 and h_even 0.86 published
     # from a line over h 0-0.25 (0.83 and 0.97 over the whole sweep's 0-0.99).
-    from exporter.config import Config
-    from exporter.replay import TraceClock
-    from exporter.runner import Runner
-
-    sc = preset("sweep")
-    clock = TraceClock()
-    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
     inside = beyond = 0
-    for t, text, _ in generate(sc):
-        clock.t = t
-        runner.ingest_text(t, text)
-        m = runner.current()[0].models.get(sc.model_name)
+    for m in _analyses("sweep"):
         b = None if m is None else m.bathtubs.get("linear")
         if b is None:
             continue
