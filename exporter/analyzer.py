@@ -45,11 +45,11 @@ STATE_TTL_WINDOWS = 10
 # + 1e7 bent the chip-time fit (miss_token 1.2e-4 → 3e-8 s) and the 24 h rollup (h 0.74 → 0.13, the
 # caching verdict not_paying) for a day. The highest rate decays by half every SPIKE_HALF_LIFE
 # fitted steps (traffic that fell stays comparable), and is a reference after SPIKE_MIN_STEPS.
-SPIKE_IN_WINDOW = ("a counter jumped inside the publish window and stayed up (a spike, kept from the fits): the "
-                   "window's increases are off until that step leaves it")
 SPIKE_FACTOR = 100.0
 SPIKE_HALF_LIFE = 720
 SPIKE_MIN_STEPS = 10
+SPIKE_IN_WINDOW = ("a counter jumped inside the publish window and stayed up (a spike, kept from the fits): the "
+                   "window's increases are off until that step leaves it")
 STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
