@@ -330,13 +330,38 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+# No configuration, HF config.json or kvhit analysis is this large (an analysis of 64 models is ~2
+# MB); read whole, /dev/zero would fill memory before a parser could refuse it
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+class FileTooLarge(ValueError):
+    """A file over MAX_FILE_BYTES (:func:`read_bounded`)."""
+
+
+def read_bounded(path: str | os.PathLike) -> bytes:
+    """The bytes of the file at ``path``, reading at most MAX_FILE_BYTES + 1 of them.
+
+    Raises:
+        OSError: it cannot be read. FileTooLarge: it holds more than MAX_FILE_BYTES.
+    """
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise FileTooLarge(f"over {MAX_FILE_BYTES} bytes")
+    return data
+
+
 def _read_yaml(path: str, where: str) -> Any:
     """The YAML document in file ``path``; every problem is a ConfigError starting with ``where``:
-    unreadable, not UTF-8, not YAML (its type only: values can be secrets), a key given twice."""
+    unreadable, over MAX_FILE_BYTES, not UTF-8, not YAML (its type only: values can be secrets), a
+    key given twice."""
     try:
-        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe)
+        return yaml.load(read_bounded(path).decode("utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    except FileTooLarge as exc:
+        raise ConfigError(f"{where}: {exc}: not a configuration") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: not UTF-8 text") from None
     except _DuplicateKey as exc:
@@ -422,7 +447,9 @@ def _with_hf_config(g: Geometry) -> Geometry:
         return g
     key = f"config key model.hf_config: {g.hf_config}"
     try:
-        hf = json.loads(Path(g.hf_config).read_text())
+        hf = json.loads(read_bounded(g.hf_config))
+    except FileTooLarge as exc:
+        raise ConfigError(f"{key}: {exc}: not a Hugging Face config.json") from None
     except (OSError, ValueError):
         raise ConfigError(f"config key model.hf_config: cannot read JSON from {g.hf_config}") from None
     if not isinstance(hf, dict):

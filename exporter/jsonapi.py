@@ -41,38 +41,25 @@ from dataclasses import MISSING, asdict, fields
 
 from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
-from exporter.config import bounded, number
+from exporter.config import FileTooLarge, bounded, number, read_bounded
 from fitters.result import Estimate, FitResult
 from fitters.whatif import NULLABLE, FittedModel
 
 SCHEMA_VERSION = 1
-# An analysis of 64 models is ~2 MB: a file past this is none, and read whole (/dev/zero) it would
-# fill memory before json could refuse it
-MAX_DOC_BYTES = 64 * 1024 * 1024
-
-
-class DocTooLarge(ValueError):
-    """A file over MAX_DOC_BYTES (:func:`read_doc`)."""
-
-
 def read_doc(path: str) -> object:
     """The JSON value in the file at ``path``.
 
     Raises:
         OSError: it cannot be read. ValueError: not JSON (json.JSONDecodeError), or
-            :class:`DocTooLarge`. RecursionError: nested too deep.
+            :class:`~exporter.config.FileTooLarge`. RecursionError: nested too deep.
     """
-    with open(path, "rb") as f:
-        data = f.read(MAX_DOC_BYTES + 1)
-    if len(data) > MAX_DOC_BYTES:
-        raise DocTooLarge(f"over {MAX_DOC_BYTES} bytes: no kvhit analysis is that large")
-    return json.loads(data)
+    return json.loads(read_bounded(path))
 
 
 def why_unread(exc: BaseException) -> str:
     """What :func:`read_doc` raised, in a message's words: the exception's type (a JSON error's
-    text quotes the file), or why the file is too large."""
-    return str(exc) if isinstance(exc, DocTooLarge) else type(exc).__name__
+    text quotes the file), or how large the file is."""
+    return f"{exc}: no kvhit analysis is that large" if isinstance(exc, FileTooLarge) else type(exc).__name__
 
 
 def _clean(x):

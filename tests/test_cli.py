@@ -703,17 +703,17 @@ def _predict(tmp_path, capsys, doc, *args: str) -> tuple[int, str, str]:
 
 def test_a_fit_file_too_large_to_be_an_analysis_is_refused_before_it_is_read_whole(tmp_path, capsys):
     # --fit /dev/zero (an adversarial review): read whole, it filled memory (MemoryError traceback
-    # under a ulimit). A file past MAX_DOC_BYTES is refused after reading that much, for predict
+    # under a ulimit). A file past MAX_FILE_BYTES is refused after reading that much, for predict
     # and report alike.
     from exporter.cli import main
-    from exporter.jsonapi import MAX_DOC_BYTES
+    from exporter.config import MAX_FILE_BYTES
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
-        f.truncate(MAX_DOC_BYTES + 1)  # sparse: no disk written
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk written
     assert main(["predict", "--fit", str(big), "--hit-ratio", "0.5"]) == 1
     assert main(["report", str(big), "--out", str(tmp_path / "r")]) == 1
     err = capsys.readouterr().err
-    assert err.count(f"over {MAX_DOC_BYTES} bytes: no kvhit analysis is that large") == 2 and "Traceback" not in err
+    assert err.count(f"over {MAX_FILE_BYTES} bytes: no kvhit analysis is that large") == 2 and "Traceback" not in err
 
 
 @pytest.mark.parametrize("doc, says", [

@@ -187,3 +187,16 @@ def test_stop_event_keeps_a_signal_the_process_was_started_ignoring():
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_a_config_file_or_hf_config_too_large_to_be_one_is_refused_before_it_is_read_whole(tmp_path):
+    # KVHIT_MODEL_HF_CONFIG=/dev/zero (an adversarial review): read whole, it filled memory
+    # (MemoryError traceback under a ulimit); the YAML config file was read the same way
+    from exporter.config import MAX_FILE_BYTES
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk written
+    with pytest.raises(ConfigError, match=f"over {MAX_FILE_BYTES} bytes: not a Hugging Face config.json"):
+        load_config(None, environ={}, flags={"model": {"hf_config": str(big)}})
+    with pytest.raises(ConfigError, match=f"config file {big}: over {MAX_FILE_BYTES} bytes: not a configuration"):
+        load_config(str(big), environ={})
