@@ -38,16 +38,16 @@ from fitters.whatif import LOAD_SHARE_UNKNOWN, STEPS_UNKNOWN, FittedModel, Predi
 CACHING_STATES, FIT_STATUSES, LABEL_REASON = STATES, STATUSES, label_reason
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
-# A step whose rate of some counter is SPIKE_FACTOR times both the next
-# step's and the highest rate of the model's recent fitted steps is a glitch, never fitted: a
-# counter that jumped once and stayed up (vLLM's counters cannot; a mixed-up scrape can). Its
-# confirming step (the next) would not tell it: nothing goes back. A review's prefix_cache_queries
-# + 1e7 bent the chip-time fit (miss_token 1.2e-4 → 3e-8 s) and the 24 h rollup (h 0.74 → 0.13, the
-# caching verdict not_paying) for a day. The highest rate decays by half every SPIKE_HALF_LIFE
-# fitted steps (traffic that fell stays comparable), and is a reference after SPIKE_MIN_STEPS.
+# A step whose rate of some counter is SPIKE_FACTOR times both the next step's and the highest rate
+# of the model's fitted steps is a glitch, never fitted: a counter that jumped once and stayed up
+# (vLLM's counters cannot; a mixed-up scrape can), which the next step cannot tell (nothing goes
+# back). A review's prefix_cache_queries + 1e7 bent the chip-time fit (miss_token 1.2e-4 → 3e-8 s)
+# and the 24 h rollup (h 0.74 → 0.13, caching verdict not_paying) for a day. The peak never decays
+# (a review: decaying through idle hours, every sparse request after them was dropped), and a
+# spike raises it by SPIKE_LEARN at most: traffic whose bursts are 1000x its lull loses a few
+# bursts, then they are its peak; a second jump of the same size is still caught.
 SPIKE_FACTOR = 100.0
-SPIKE_HALF_LIFE = 720
-SPIKE_MIN_STEPS = 10
+SPIKE_LEARN = 2.0
 SPIKE_IN_WINDOW = ("a counter jumped inside the publish window and stayed up (a spike, kept from the fits): the "
                    "window's increases are off until that step leaves it")
 STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
@@ -184,8 +184,7 @@ class _ModelState:
     # high (a glitch) shows only when the one after it is skipped and the step after that is
     # still down (exporter/window.py)
     pending: _Pending | None = None
-    peak: dict[str, float] = field(default_factory=dict)  # signal → highest rate of fitted steps (decaying)
-    fitted_steps: int = 0
+    peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
 
 
 @dataclass(frozen=True)
@@ -258,13 +257,14 @@ class Analyzer:
                                               if n in delta.histograms)
             rates = _rates(delta)
             if p is not None:
-                spike = st.fitted_steps >= SPIKE_MIN_STEPS and _spike(p.rates, rates, st.peak)
-                if spike:
+                learned = _spike(p.rates, rates, st.peak)
+                if learned is not None:
                     self.spikes += 1
                     self.windows.mark_spike(model, p.delta.t1)
-                if not (p.doubtful or went_back or spike) and _confirms(delta, p.delta):
+                    _raise_peak(st.peak, learned)
+                if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p.delta, p.obs, p.engines)
-                    _raise_peak(st, p.rates)
+                    _raise_peak(st.peak, p.rates)
                 else:
                     self.last_dropped[model] = p.obs
             st.pending = _Pending(delta, obs, _engine_count(snap, model), went_back, p is not None and p.went_back,
@@ -513,6 +513,9 @@ class Analyzer:
                 unknown.setdefault(signal, "beyond the h range the direct miss slope was fitted on: its line says "
                                            "nothing there" + measured(f"h {h:.3f} outside [{lo:.3f}, {hi:.3f}]"))
                 beyond[key] = None
+        if "h_even" in beyond:  # whether R climbs back to R(0) is read at h_even (a review saw exit 1 without it)
+            unknown.setdefault("valley_exit_linear", unknown["valley_breakeven_linear"])
+            beyond["exit"] = None
         return {"linear": replace(b, **beyond)}
 
     def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float | None, fits: dict[str, FitResult],
@@ -741,23 +744,24 @@ def _rates(d: Delta) -> dict[str, float]:
     return {name: v / d.dt for name, v in d.counters.items()} if d.dt > 0 else {}
 
 
-def _spike(pending: Mapping[str, float], after: Mapping[str, float], peak: Mapping[str, float]) -> bool:
-    """Whether a rate of the pending step is SPIKE_FACTOR times both the step after it and the
-    model's recent peak (the module's SPIKE_FACTOR note); a signal never seen rising is no reference."""
+def _spike(pending: Mapping[str, float], after: Mapping[str, float],
+           peak: Mapping[str, float]) -> dict[str, float] | None:
+    """None unless a rate of the pending step is SPIKE_FACTOR times its reference, the higher of
+    the step after it and the model's peak (a counter with neither above 0 has none); then the
+    pending step's rates capped at SPIKE_LEARN times their reference, what the peak learns."""
+    learned, spiked = {}, False
     for name, rate in pending.items():
         ref = max(after.get(name, 0.0), peak.get(name, 0.0))
-        if ref > 0 and rate > SPIKE_FACTOR * ref:
-            return True
-    return False
+        spiked = spiked or (ref > 0 and rate > SPIKE_FACTOR * ref)
+        learned[name] = min(rate, SPIKE_LEARN * ref) if ref > 0 else rate
+    return learned if spiked else None
 
 
-def _raise_peak(st: _ModelState, rates: Mapping[str, float]) -> None:
-    """Fold a fitted step's rates into the model's decaying peaks."""
-    decay = 0.5 ** (1.0 / SPIKE_HALF_LIFE)
-    peak = st.peak
+def _raise_peak(peak: dict[str, float], rates: Mapping[str, float]) -> None:
+    """Raise the model's peaks to these rates where they are higher."""
     for name, rate in rates.items():
-        peak[name] = max(peak.get(name, 0.0) * decay, rate)
-    st.fitted_steps += 1
+        if rate > peak.get(name, 0.0):
+            peak[name] = rate
 
 
 def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
