@@ -38,18 +38,24 @@ from fitters.whatif import LOAD_SHARE_UNKNOWN, STEPS_UNKNOWN, FittedModel, Predi
 CACHING_STATES, FIT_STATUSES, LABEL_REASON = STATES, STATUSES, label_reason
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
-# A step whose rate of some counter is SPIKE_FACTOR times both the next step's and the highest rate
-# of the model's fitted steps is a glitch, never fitted: a counter that jumped once and stayed up
-# (vLLM's counters cannot; a mixed-up scrape can), which the next step cannot tell (nothing goes
-# back). A review's prefix_cache_queries + 1e7 bent the chip-time fit (miss_token 1.2e-4 → 3e-8 s)
-# and the 24 h rollup (h 0.74 → 0.13, caching verdict not_paying) for a day. The peak never decays
-# (a review: decaying through idle hours, every sparse request after them was dropped), and a
-# spike raises it by SPIKE_LEARN at most: traffic whose bursts are 1000x its lull loses a few
-# bursts, then they are its peak; a second jump of the same size is still caught.
+# A step whose rate of some volume counter (SPIKE_COUNTERS: tokens queried, prompted, generated;
+# hits are bounded by queries, exporter/observe.py hit_problem) is SPIKE_FACTOR times both the next
+# step's and the highest rate of the model's fitted steps is a glitch, never fitted: a counter
+# that jumped once and stayed up (vLLM's counters cannot; a mixed-up scrape can), which the next
+# step cannot tell (nothing goes back). A review's prefix_cache_queries + 1e7 bent the chip-time
+# fit (miss_token 1.2e-4 → 3e-8 s) and the 24 h rollup (h 0.74 → 0.13, caching verdict not_paying)
+# for a day. The peak never decays (a review: decaying through idle hours, every sparse request
+# after them was dropped), and a spike raises it by SPIKE_LEARN at most: traffic whose bursts are
+# 1000x its lull loses a few bursts, then they are its peak; a second jump of the same size is
+# still caught. A step over SPIKE_FACTOR times the peak is suspect from its own scrape on: the
+# publish windows holding it say why their hit ratio and TPM are unknown until the next scrape
+# tells a jump (then until it leaves them) from traffic.
+SPIKE_COUNTERS = ("queries", "external_queries", "prompt_tokens", "generation_tokens")
 SPIKE_FACTOR = 100.0
 SPIKE_LEARN = 2.0
-SPIKE_IN_WINDOW = ("a counter jumped inside the publish window and stayed up (a spike, kept from the fits): the "
-                   "window's increases are off until that step leaves it")
+SPIKE_IN_WINDOW = ("a token counter rose over 100x its peak in a step inside the publish window: a jump that stays "
+                   "up (kept from the fits) or traffic, which the next scrape tells; unknown until then, and for a "
+                   "jump until that step leaves the window")
 STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
@@ -203,6 +209,7 @@ class _Pending:
     went_back: bool
     doubtful: bool
     rates: dict[str, float]  # _rates(delta)
+    suspect: bool  # over SPIKE_FACTOR times the peak on arrival: marked in its window (Windows.mark_spike)
 
 
 class Analyzer:
@@ -257,18 +264,23 @@ class Analyzer:
                                               if n in delta.histograms)
             rates = _rates(delta)
             if p is not None:
-                learned = _spike(p.rates, rates, st.peak)
+                # told only by a step from the pending one's end (after a gap there is none)
+                learned = _spike(p.rates, rates, st.peak) if delta.t0 == p.delta.t1 else None
                 if learned is not None:
                     self.spikes += 1
-                    self.windows.mark_spike(model, p.delta.t1)
                     _raise_peak(st.peak, learned)
+                if p.suspect or learned is not None:
+                    self.windows.mark_spike(model, p.delta.t1, learned is not None)
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p.delta, p.obs, p.engines)
                     _raise_peak(st.peak, p.rates)
                 else:
                     self.last_dropped[model] = p.obs
+            suspect = _spike(rates, {}, st.peak) is not None
+            if suspect:
+                self.windows.mark_spike(model, delta.t1)
             st.pending = _Pending(delta, obs, _engine_count(snap, model), went_back, p is not None and p.went_back,
-                                  rates)
+                                  rates, suspect)
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
@@ -496,17 +508,17 @@ class Analyzer:
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None, unknown: dict[str, str]) -> dict[str, BathtubCurve]:
-        """The seed's linear bathtub of the direct slope; its h* and h_even only inside the h range
-        the slope was fitted on (a secant says nothing beyond it: on the simulator's sweep a line
-        over h 0-0.25 put h* at 0.62 and h_even at 0.86, 0.83 and 0.97 over 0-0.99), else absent
-        with why in ``unknown``."""
+        """The seed's linear bathtub of the direct slope; its h*, h_even (and exit) and curve
+        points only inside the h range the slope was fitted on (a secant says nothing beyond it: on
+        the simulator's sweep a line over h 0-0.25 put h* at 0.62 and h_even at 0.86, 0.83 and 0.97
+        over 0-0.99), else absent with why in ``unknown``."""
         tps0, a = slope.value("tps0"), slope.value("a")
         if tps0 is None or a is None or h_now is None or h_now >= 1:
             return {}
         p = self.config.prices
         b = bathtub_linear(tps0, a, slope.covariance, h_now, p.p_miss, p.hit_price_ratio, grid=BATHTUB_GRID)
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
-        beyond = {}
+        beyond: dict[str, object] = {"curve": tuple((h, r) for h, r in b.curve if lo <= h <= hi)}
         for key, signal, h in (("h_star", "valley_bottom_linear", b.h_star),
                                ("h_even", "valley_breakeven_linear", b.h_even)):
             if h is not None and not lo <= h <= hi:
@@ -739,9 +751,9 @@ def _went_back(before: HistogramDelta, after: HistogramDelta) -> bool:
 
 
 def _rates(d: Delta) -> dict[str, float]:
-    """Each counter's increase per second over step ``d`` (histograms aside: one request queued
-    for seconds after many that were not is a real spike of queue_time's sum)."""
-    return {name: v / d.dt for name, v in d.counters.items()} if d.dt > 0 else {}
+    """Increase per second over step ``d`` of each SPIKE_COUNTERS counter it has (rare counters
+    such as preemptions burst for real; so does one long queue time in queue_time's sum)."""
+    return {name: d.counters[name] / d.dt for name in SPIKE_COUNTERS if name in d.counters} if d.dt > 0 else {}
 
 
 def _spike(pending: Mapping[str, float], after: Mapping[str, float],

@@ -155,7 +155,8 @@ REVENUE_SLOPE = _m("kvhit_revenue_slope", "dR/dh at the current hit ratio [price
 REVENUE_SLOPE_BOUND = _m("kvhit_revenue_slope_bound", "95 % interval of dR/dh from the fit covariance "
                          "[price/s per unit h].", MODEL + ("form", "bound"), section="§4")
 BATHTUB = _m("kvhit_bathtub_revenue_per_second", "The bathtub curve R(h) sampled at fixed hit ratios (label "
-             "hit_ratio) for dashboards [price/s].", MODEL + ("form", "hit_ratio"), section="§4")
+             "hit_ratio) for dashboards; form=linear only inside the direct slope's h range [price/s].",
+             MODEL + ("form", "hit_ratio"), section="§4")
 VALLEY_BOTTOM = _m("kvhit_valley_bottom_hit_ratio", "h*, the hit ratio where R(h) is lowest; absent when "
                    "R'(0) >= 0 (no valley), and for form=linear outside the direct slope's h range [ratio].",
                    MODEL + ("form",), section="§4")

@@ -124,8 +124,9 @@ class Delta:
         partial: counters present at some scrape inside the interval but not at every one (a
             family dropped as NaN or cut from one body): absent from ``counters``, unknown over
             the interval — not a family the engine never exports.
-        spikes: number of steps inside the interval in which a counter jumped and stayed up
-            (marked by the analyzer one step later: :meth:`Windows.mark_spike`).
+        spikes: number of steps inside the interval in which a token counter rose over 100x its
+            peak (marked by the analyzer: :meth:`Windows.mark_spike`, on arrival, cleared when
+            the next step shows traffic).
     """
 
     t0: float
@@ -369,14 +370,15 @@ class Windows:
                 del self._models[model]  # the model disappeared: its window is over
         return out
 
-    def mark_spike(self, model: str, t1: float) -> None:
-        """Mark ``model``'s step ending at ``t1`` as a spike (:attr:`Delta.spikes`) while it is
-        in the publish window: the windows over it then say their counters are off."""
+    def mark_spike(self, model: str, t1: float, spike: bool = True) -> None:
+        """Mark ``model``'s step ending at ``t1`` as a spike (:attr:`Delta.spikes`), or clear the
+        mark (``spike`` False), while it is in the publish window: the windows over a marked step
+        say their counters are off."""
         w = self._models.get(model)
         steps = [] if w is None else w.steps
         for i, d in enumerate(steps):
             if d.t1 == t1:
-                steps[i] = replace(d, spikes=1)
+                steps[i] = replace(d, spikes=int(spike))
 
     def window(self, model: str, counters: Collection[str] | None = None,
                histograms: Collection[str] | None = None) -> Delta | None:
