@@ -86,6 +86,13 @@ ABSENT_BY_DESIGN = {
     "kvhit_recommended_max_num_seqs": 'kvhit_fit_status{fit="max_num_seqs", status="not_identifiable"} == 1',
 }
 
+# Referenced by a dashboard (with a fallback there) and absent from every exposition of this stack,
+# with the series saying why: the trace's linear h_even (0.970) lies just past the h range its direct
+# line was fitted on (up to 0.969), and its chip_time valley has no exit (kvhit_valley_exit 0).
+ABSENT_HERE = {
+    "kvhit_valley_breakeven_hit_ratio": 'kvhit_unknown_info{signal="valley_breakeven_linear"} == 1',
+}
+
 
 def short_history(expr: str) -> str:
     """An alert expression with the history it requires (``offset d``) cut to SHORT_OFFSET: this
@@ -476,5 +483,8 @@ def test_every_referenced_metric_is_published_live(stack):
             continue
         if metric in ABSENT_BY_DESIGN:
             assert metric in names.BY_NAME
+            continue
+        if metric in ABSENT_HERE:
+            assert metric in names.BY_NAME and metric not in live and stack.query(ABSENT_HERE[metric]), metric
             continue
         assert metric in live | recorded | BUILTIN, f"{metric} (in {sorted(where)[:3]}) is not published"
