@@ -53,9 +53,9 @@ STATE_TTL_WINDOWS = 10
 SPIKE_COUNTERS = ("queries", "external_queries", "prompt_tokens", "generation_tokens")
 SPIKE_FACTOR = 100.0
 SPIKE_LEARN = 2.0
-SPIKE_IN_WINDOW = ("a token counter rose over 100x its peak in a step inside the publish window: a jump that stays "
-                   "up (kept from the fits) or traffic, which the next scrape tells; unknown until then, and for a "
-                   "jump until that step leaves the window")
+SPIKE_IN_WINDOW = (f"a token counter rose over {SPIKE_FACTOR:g}x its peak in a step inside the publish window: a jump "
+                   "that stays up (kept from the fits) or traffic, which the next scrape tells; unknown until then, "
+                   "and for a jump until that step leaves the window")
 STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).

@@ -46,6 +46,8 @@ from fitters.result import Estimate, FitResult
 from fitters.whatif import NULLABLE, FittedModel
 
 SCHEMA_VERSION = 1
+
+
 def read_doc(path: str) -> object:
     """The JSON value in the file at ``path``.
 

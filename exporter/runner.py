@@ -47,7 +47,7 @@ _STEP_NOTES = ("the engine restarted (a counter went down or its _created moved)
                "the next step is taken from the one before it",
                "the counters now come from another process than at the scrape before (_created moved to before it: "
                "one target URL reaching several pods?): the step has no increases",
-               f"a counter rose over {SPIKE_FACTOR:g}x both the next step's rate and its recent peak (it jumped and "
+               f"a token counter rose over {SPIKE_FACTOR:g}x both the next step's rate and its peak (it jumped and "
                "stayed up): that step is kept from the fits and the 24 h rollup")
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
 DEFAULT_MAX_SERIES = 64

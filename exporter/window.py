@@ -124,9 +124,9 @@ class Delta:
         partial: counters present at some scrape inside the interval but not at every one (a
             family dropped as NaN or cut from one body): absent from ``counters``, unknown over
             the interval — not a family the engine never exports.
-        spikes: number of steps inside the interval in which a token counter rose over 100x its
-            peak (marked by the analyzer: :meth:`Windows.mark_spike`, on arrival, cleared when
-            the next step shows traffic).
+        spikes: number of steps inside the interval in which a token counter rose over its peak
+            by exporter/analyzer.py SPIKE_FACTOR (marked by the analyzer: :meth:`Windows.mark_spike`,
+            on arrival, cleared when the next step shows traffic).
     """
 
     t0: float
