@@ -157,10 +157,11 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
     process's series — a target URL reaching several pods), "glitch" (a value went down while
     every ``_created`` both scrapes share stayed put: the same process, so no restart, and its
     lifetime totals are no increase) or "" (plain increases)."""
-    for name, b in cur.created.items():
-        a = prev.created.get(name)
-        if a is not None and b != a:
-            return "restart" if b > t0 - CREATED_SKEW_SECONDS else "foreign"
+    if cur.created != prev.created:  # the usual case, equal maps, compared in C
+        for name, b in cur.created.items():
+            a = prev.created.get(name)
+            if a is not None and b != a:
+                return "restart" if b > t0 - CREATED_SKEW_SECONDS else "foreign"
     down = (any(v < prev.counters[n] for n, v in cur.counters.items() if n in prev.counters)
             or any(h.count < prev.histograms[n].count for n, h in cur.histograms.items() if n in prev.histograms))
     if not down:
@@ -199,10 +200,14 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     if kinds & {"foreign", "glitch"}:  # two processes' counters, or a value that went back: no increase
         return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=int("foreign" in kinds),
                      glitches=int("foreign" not in kinds), running_seconds=running)
-    counters = {n: math.fsum(c[n] for c, _, _ in parts)
-                for n in set(parts[0][0]).intersection(*(c for c, _, _ in parts[1:]))}
-    hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
-             for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
+    if len(parts) == 1:  # one engine: its increases (+ 0.0: as fsum of one value, -0.0 becomes 0.0)
+        counters = {n: v + 0.0 for n, v in parts[0][0].items()}
+        hists = parts[0][1]
+    else:
+        counters = {n: math.fsum(c[n] for c, _, _ in parts)
+                    for n in set(parts[0][0]).intersection(*(c for c, _, _ in parts[1:]))}
+        hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
+                 for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
     return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int("restart" in kinds),
                  running_seconds=running, partial=frozenset(prev.counters.keys() ^ cur.counters.keys()))
 
@@ -361,7 +366,10 @@ class Windows:
                 self._held[model] = (t0, before)
                 self.skipped += 1
                 continue
-            self._models.setdefault(model, ModelWindow(self.window_seconds)).push(d)
+            w = self._models.get(model)
+            if w is None:
+                w = self._models[model] = ModelWindow(self.window_seconds)
+            w.push(d)
             self.restarts += d.resets > 0
             self.foreign += d.foreign > 0
             out[model] = d

@@ -830,13 +830,19 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         the refit's. max_j |Δc_j|/c_j over (t_step, k_ffn, k_attn) bounds it from above (u ≥ 0),
         so the O(n) check runs only when that bound does not settle it."""
         now, then = key[0], state.key[0]
-        if _load_scale(key) == _load_scale(state.key) and then.t_step > 0:
+        same_load = _load_scale(key) == _load_scale(state.key)
+        if same_load and then.t_step > 0:
             bound = 0.0
             for a, b in ((now.t_step, then.t_step), (now.k_ffn, then.k_ffn), (now.k_attn, then.k_attn)):
                 if a != b:
                     bound = max(bound, abs(a - b) / b if b > 0 else math.inf)
             if bound <= COEF_TOL:
                 return False
+        if same_load:  # T_load is the same: only P = (t_step, k_ffn, k_attn)·u moves
+            c = np.array([[then.t_step, now.t_step - then.t_step], [then.k_ffn, now.k_ffn - then.k_ffn],
+                          [then.k_attn, now.k_attn - then.k_attn]])
+            p_then, dp = (_basis_rows(x, key)[0] @ c).T
+            return not bool(((np.abs(dp) <= COEF_TOL * p_then) & (p_then > 0)).all())  # P = 0 counts as moved
         arr_now, arr_then = _arrays(x, *key), _arrays(x, *state.key)
         with np.errstate(divide="ignore", invalid="ignore"):
             moved = (np.abs(arr_now["p"] - arr_then["p"]) + np.abs(arr_now["t_load"] - arr_then["t_load"])) \
