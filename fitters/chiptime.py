@@ -215,6 +215,13 @@ def _reject_floor(min_samples: int, kept: int) -> int:
     return max(REJECT_AFTER * min_samples, kept + 1)
 
 
+def _inliers(resid: np.ndarray, min_samples: int, kept: int) -> np.ndarray | None:
+    """The rows (bool, shape of ``resid``) within OUTLIER_SIGMAS robust σ of the relative
+    residuals ``resid`` that :func:`_publish` counts; None when fewer than :func:`_reject_floor`."""
+    inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
+    return inlier if int(inlier.sum()) >= _reject_floor(min_samples, kept) else None
+
+
 def _rms(x: np.ndarray) -> np.ndarray:
     """Root mean square of each column, shape (5,)."""
     return np.sqrt(np.einsum("ij,ij->j", x, x) / len(x))
@@ -230,11 +237,11 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
     a = x[:, kept] / x_scale[kept]
     aw, yw = a / size[:, None], y / size
     resid = aw @ p - yw
-    inlier = np.abs(resid) <= OUTLIER_SIGMAS * robust_sigma(resid)
-    if int(inlier.sum()) < _reject_floor(min_samples, len(kept)):
+    inlier = _inliers(resid, min_samples, len(kept))
+    if inlier is None:
         # As in the fit: too few inliers to judge outliers at all (near-identical rows make the
         # robust σ ~0 and every row an "outlier"), so every row counts.
-        inlier = np.ones_like(inlier)
+        inlier = np.ones(n, dtype=bool)
     n_in = int(inlier.sum())
     a_in = aw[inlier]
     dof = n_in - len(kept)
@@ -435,12 +442,6 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         if not np.array_equal(xr.any(axis=0), state.nonzero):  # regressors are ≥ 0
             return None
         kept, k = state.kept, len(state.kept)
-        need = _reject_floor(self.min_samples, k)
-        if state.reject == math.inf and need <= len(x) < 2 * need:
-            # the refit had too few inliers to call any row an outlier: each new row may give it
-            # enough (the exact steps kept every new row while the published errors left some
-            # out); past 2·need rows, more than half of them outliers, the schedule's refits do
-            return None
         g = self.sums.g[0]
         square, column = state.gram_index
         sol = solve_normal(g[square], g[column, -1], state.active, np.zeros(k), np.zeros(k), np.full(k, np.inf))
@@ -449,6 +450,13 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         beta = np.zeros(len(CHIP_TIME_TERMS))
         beta[kept] = sol
         xr, y = xr.copy(), x[:, -1].copy()
+        need = _reject_floor(self.min_samples, k)
+        if state.reject == math.inf and need <= len(x) < 2 * need:
+            # the refit had too few inliers to call any row an outlier, and the exact steps keep
+            # every new row: once the published errors would leave some out, refit (past 2·need
+            # rows, more than half of them outliers, the schedule's refits do)
+            if _inliers((xr @ beta - y) / np.maximum(xr @ state.start, state.floor), self.min_samples, k) is not None:
+                return None
 
         def publish() -> FitResult:
             x_scale = _rms(xr)

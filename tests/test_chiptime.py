@@ -459,6 +459,32 @@ def test_the_first_exact_step_with_enough_rows_to_reject_outliers_refits():
         assert online.value(name) == pytest.approx(batch.value(name), rel=1e-6, abs=1e-12), name
 
 
+def test_exact_steps_go_on_while_the_published_errors_could_reject_no_row():
+    # 10 stalls: fewer than REJECT_AFTER·min_samples = 30 inliers until the 40th row, so neither a
+    # refit nor the published errors reject a row before it. Each row from the 30th on refitted all
+    # the same (10 refits in a row here; 8 for each model of the 64-model benchmark). Now the exact
+    # steps go on there, and the 40th row, the first whose published errors reject the stalls,
+    # refits: then the online fit is the batch fit of those 40 rows (test above).
+    obs = make_steps(np.random.default_rng(3), 40, outliers=10)
+    fitter = ChipTimeFitter()
+    for o in obs[:29]:
+        fitter.update(o)
+        fitter.result()
+    refits = fitter.refits
+    for i in range(29, 39):
+        fitter.update(obs[i])
+        online, batch = fitter.result(), fit_chip_time(obs[:i + 1])
+        assert online.extra["outliers"] == batch.extra["outliers"] == 0
+        for name in ("k_ffn", "t_step"):  # frozen weights against a refit's: well within 1σ
+            assert abs(online.value(name) - batch.value(name)) <= batch.params[name].stderr, (i, name)
+    assert fitter.refits == refits
+    fitter.update(obs[39])
+    online, batch = fitter.result(), fit_chip_time(obs)
+    assert fitter.refits == refits + 1 and online.extra["outliers"] == batch.extra["outliers"] == 10
+    for name in CHIP_TIME_TERMS:
+        assert online.value(name) == pytest.approx(batch.value(name), rel=1e-6, abs=1e-12), name
+
+
 def test_steps_whose_regressors_are_all_zero_in_floating_point_are_insufficient_data_not_an_abort():
     # Counters scaled by 1e-300 (a broken exporter): every regressor's RMS underflows to 0, no term
     # is kept, and scipy's nnls on a design without columns aborted the whole process (SIGABRT:
