@@ -137,19 +137,15 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
         # A, B, C are busy seconds per miss token in units of 1/y_scale; s is a pure number.
         starts += (previous.p * np.array([*[y_scale / previous.y_scale] * 3, 1.0]),)
     start = min(starts, key=lambda q: _start_score(q, hf, ys))
-    warm = previous is not None and start is starts[-1]
     rel = _reference_residuals(start, hf, ys)
     sigma = robust_sigma(rel)
     # soft_l1 grows as √|r|: one point hundreds of times above the rest outweighs them all and
-    # the fit slides under them, so the start's outliers above it are left out of the first fit.
-    # The previous reference, fitted on most of these points, flags the dips too: the fit from it
-    # is then usually the last (one least_squares per refit instead of two).
-    flagged = _flagged(rel, sigma, hf)
-    first = ~flagged if warm else ~(flagged & (rel > 0))
+    # the fit slides under them, so the start's outliers above it are left out of the first fit
+    first = ~(_flagged(rel, sigma, hf) & (rel > 0))
     if first.sum() < max(min_samples, 3):
         first[:] = True
     p = _fit_reference(hf[first], ys[first], start, sigma)
-    keep = first.copy() if warm else np.ones(hf.shape, dtype=bool)
+    keep = np.ones(hf.shape, dtype=bool)
     for _ in range(_MAX_ROUNDS):
         rel = _reference_residuals(p, hf, ys)
         sigma = robust_sigma(rel)

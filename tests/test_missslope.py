@@ -88,31 +88,6 @@ def test_recovers_a_and_flags_tail_chunk_dips(a):
     assert res.extra["h_min"] == pytest.approx(h.min()) and res.extra["h_max"] == pytest.approx(h.max())
 
 
-@pytest.mark.parametrize("a", [0.5, 0.8])
-def test_a_refit_from_the_last_reference_fits_once_and_lands_where_one_from_scratch_does(a, monkeypatch):
-    # A refit 16 rows after the last starts from that refit's reference when it is the best start
-    # (here: on a curve the OLS line does not follow). It already knows the dips: they are left out
-    # of its first fit, which is then the last; from scratch the first fit keeps them and a second
-    # follows. Same points left out, so the same line.
-    from fitters import missslope
-    h, tps, is_dip = sweep(np.random.default_rng(30 + int(a * 10)), a)
-    previous = _robust_fit(h[:-16], tps[:-16], 8, 0.1)[3]
-    y = tps / np.median(tps)
-    cold_starts = missslope._starts(h, y)
-    warm_start = previous.p * np.array([*[np.median(tps) / previous.y_scale] * 3, 1.0])
-    assert all(missslope._start_score(warm_start, h, y) < missslope._start_score(q, h, y) for q in cold_starts)
-    calls = []
-    fit_reference = missslope._fit_reference
-    monkeypatch.setattr(missslope, "_fit_reference", lambda *args: calls.append(1) or fit_reference(*args))
-    warm = _robust_fit(h, tps, 8, 0.1, previous)
-    assert len(calls) == 1
-    cold = _robust_fit(h, tps, 8, 0.1)
-    assert len(calls) == 3
-    assert np.array_equal(warm[2], cold[2]) and np.array_equal(warm[1], cold[1]) and (warm[1] >= is_dip).all()
-    assert warm[0].value("a") == pytest.approx(cold[0].value("a"), rel=1e-12)
-    assert warm[0].params["a"].stderr == pytest.approx(cold[0].params["a"].stderr, rel=0.01)
-
-
 def test_dips_would_bend_a_plain_line():
     """Guard that the dips above are strong enough to matter: ordinary LS misses a by > 0.02."""
     rng = np.random.default_rng(25)
