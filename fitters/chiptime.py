@@ -453,8 +453,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         need = _reject_floor(self.min_samples, k)
         if state.reject == math.inf and need <= len(x) < 2 * need:
             # the refit had too few inliers to call any row an outlier, and the exact steps keep
-            # every new row: once the published errors would leave some out, refit (past 2·need
-            # rows, more than half of them outliers, the schedule's refits do)
+            # every new row: once the published errors have enough inliers to judge outliers, refit
+            # (past 2·need rows, more than half of them outliers, the schedule's refits do)
             if _inliers((xr @ beta - y) / np.maximum(xr @ state.start, state.floor), self.min_samples, k) is not None:
                 return None
 
