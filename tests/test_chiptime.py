@@ -446,15 +446,26 @@ def test_the_first_exact_step_with_enough_rows_to_reject_outliers_refits():
     # review). With 3 stalls, the 33rd row is the first with 30 inliers: the online fit is then
     # the batch robust fit of those 33 rows, stalls rejected.
     obs = make_steps(np.random.default_rng(2), 33, outliers=3)
+    fitter = _fed(obs[:32])
+    refits = fitter.refits
+    _refits_to_the_batch_fit(fitter, obs, refits, 3)
+
+
+def _fed(obs: list[Observation]) -> ChipTimeFitter:
+    """A ChipTimeFitter fed ``obs`` one step at a time, its result read after each (as the fit step does)."""
     fitter = ChipTimeFitter()
-    for o in obs[:32]:
+    for o in obs:
         fitter.update(o)
         fitter.result()
-    refits = fitter.refits
-    fitter.update(obs[32])
+    return fitter
+
+
+def _refits_to_the_batch_fit(fitter: ChipTimeFitter, obs: list[Observation], refits: int, outliers: int) -> None:
+    """Feeding the last of ``obs`` refits once more than ``refits``, to the batch fit of all of
+    ``obs`` with ``outliers`` stalls rejected."""
+    fitter.update(obs[-1])
     online, batch = fitter.result(), fit_chip_time(obs)
-    assert fitter.refits == refits + 1
-    assert online.extra["outliers"] == batch.extra["outliers"] >= 3
+    assert fitter.refits == refits + 1 and online.extra["outliers"] == batch.extra["outliers"] == outliers
     for name in CHIP_TIME_TERMS:
         assert online.value(name) == pytest.approx(batch.value(name), rel=1e-6, abs=1e-12), name
 
@@ -466,10 +477,7 @@ def test_exact_steps_go_on_while_the_published_errors_could_reject_no_row():
     # steps go on there, and the 40th row, the first whose published errors reject the stalls,
     # refits: then the online fit is the batch fit of those 40 rows (test above).
     obs = make_steps(np.random.default_rng(3), 40, outliers=10)
-    fitter = ChipTimeFitter()
-    for o in obs[:29]:
-        fitter.update(o)
-        fitter.result()
+    fitter = _fed(obs[:29])
     refits = fitter.refits
     for i in range(29, 39):
         fitter.update(obs[i])
@@ -478,11 +486,7 @@ def test_exact_steps_go_on_while_the_published_errors_could_reject_no_row():
         for name in ("k_ffn", "t_step"):  # frozen weights against a refit's: well within 1σ
             assert abs(online.value(name) - batch.value(name)) <= batch.params[name].stderr, (i, name)
     assert fitter.refits == refits
-    fitter.update(obs[39])
-    online, batch = fitter.result(), fit_chip_time(obs)
-    assert fitter.refits == refits + 1 and online.extra["outliers"] == batch.extra["outliers"] == 10
-    for name in CHIP_TIME_TERMS:
-        assert online.value(name) == pytest.approx(batch.value(name), rel=1e-6, abs=1e-12), name
+    _refits_to_the_batch_fit(fitter, obs, refits, 10)
 
 
 def test_steps_whose_regressors_are_all_zero_in_floating_point_are_insufficient_data_not_an_abort():
