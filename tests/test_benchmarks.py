@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,13 +22,16 @@ KNOWN_PERFORMANCE_MISSES = [
     # step (exact steps of three fitters, a robust refit every 16 rows) adds ~4–6× more: ~8–11×
     # (benchmarks/results/performance-quick.md)
     r"^1 model: cycle is .* the floor",
+    r"^1 model, long run: cycle is .* the floor",
     r"^64 models: cycle is .* the floor",
-    r"^64 models, steady state: cycle is .* the floor",
+    r"^64 models, after warm-up: cycle is .* the floor",
 ]
-# Bars a run may miss beyond the margin or not: in the 64 models' steady state kvhit's cycle is
-# ~4.5× faster than prometheus_client on this machine, under the ≥ 5× bar and ~3 % over the margin's
-# 4.35×, so timer noise decides whether the miss shows. The run lists it when it does.
-MARGINAL_PERFORMANCE_MISSES = [r"^64 models, steady state: cycle only .* faster than prometheus_client"]
+# Bars a run may miss beyond the margin or not, each with the least ratio accepted: after the fits'
+# warm-up the 64-model cycle is ~4.6× faster than prometheus_client on the development machine,
+# under the ≥ 5× bar but over the margin's 4.35×, and CI machines have read such ratios ~15 % lower
+# (prometheus_client relatively faster there), so timer noise decides whether the miss shows. The
+# run lists it when it does; a run under the least ratio is a regression.
+MARGINAL_PERFORMANCE_MISSES = {r"^64 models, after warm-up: cycle only ([\d.]+)× faster than prometheus_client": 3.5}
 
 
 def _run(script: str) -> tuple[int, list[str]]:
@@ -39,8 +43,12 @@ def _run(script: str) -> tuple[int, list[str]]:
     return p.returncode, misses
 
 
-def _check(rc: int, misses: list[str], known: list[str], marginal: list[str] = ()) -> None:
-    unknown = [m for m in misses if not any(re.search(k, m) for k in (*known, *marginal))]
+def _marginal(miss: str, marginal: Mapping[str, float]) -> bool:
+    return any((m := re.search(k, miss)) and float(m.group(1)) >= least for k, least in marginal.items())
+
+
+def _check(rc: int, misses: list[str], known: list[str], marginal: Mapping[str, float] | None = None) -> None:
+    unknown = [m for m in misses if not any(re.search(k, m) for k in known) and not _marginal(m, marginal or {})]
     assert not unknown, f"bars missed beyond the noise margin: {unknown}"
     for k in known:
         assert any(re.search(k, m) for m in misses), f"known miss {k!r} no longer happens: remove it from the list"
