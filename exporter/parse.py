@@ -341,6 +341,7 @@ class _Builder:
         self.declared: set[str] = set()  # vLLM family names seen (with or without samples)
         self.sampled: set[str] = set()  # … of them, those with a sample line (a version's proof: _since)
         self.model_samples: set[tuple[str, str]] = set()  # (exposed base, model) of every sample read, usable or not
+        self.usable: set[str] = set()  # exposed bases read with a usable value
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
         self.cache_config: dict[str, str] = {}
@@ -381,6 +382,7 @@ class _Builder:
         if value < 0 and (kind == "counter" or (kind == "hist" and part != "sum")):
             self.quirk("negative")  # a counter or an observation count is never below zero
             return
+        self.usable.add(base)
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "pid"))
         slot = self.series.setdefault((kind, base, part), {})
         self.values[self.line] = value
@@ -851,7 +853,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         unit = hit_unit.get(model, "")
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
         unknown = _unknown_reasons(era, since, counters, v0_no_data, unit, acc.incomplete.get(model, set()),
-                                   b.cache_config, "lmcache" in b.families, _external_exposed(b, model, len(acc.model)))
+                                   b.cache_config, "lmcache" in b.families, _external_exposed(b, model))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
                  "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
         if len(per_engine) == 1:  # one engine: the model's maps are that engine's (evaluated once)
@@ -898,12 +900,10 @@ def _hit_unit(b: _Builder, exposed: str) -> str:
 _EXTERNAL = ("external_prefix_cache_hits", "external_prefix_cache_queries")
 
 
-def _external_exposed(b: _Builder, model: str, models: int) -> bool:
+def _external_exposed(b: _Builder, model: str) -> bool:
     """Whether ``model``'s engine exports external_prefix_cache_*: a sample of it for the model,
-    usable or not, or — one model in the exposition — the family declared without samples (fleet
-    mode's family left out: not every pod has it)."""
-    return (any((f, model) in b.model_samples for f in _EXTERNAL)
-            or (models == 1 and any(f in b.declared for f in _EXTERNAL)))
+    usable or not (fleet mode renders a sum not from every pod as NaN)."""
+    return any((f, model) in b.model_samples for f in _EXTERNAL)
 
 
 def _era(b: _Builder) -> str:
@@ -916,8 +916,10 @@ def _era(b: _Builder) -> str:
 
 
 def _since(b: _Builder) -> tuple[int, ...]:
-    # sample lines only: fleet mode declares a family it left out (some pods lack it) without any
-    proven = [v for name, v in _SINCE.items() if name in b.sampled]
+    # sample lines only, and of a family kvhit reads only a usable value: fleet mode renders a
+    # family it left out (some pods lack it) as NaN
+    unusable = {base for base, _ in b.model_samples} - b.usable
+    proven = [v for name, v in _SINCE.items() if name in b.sampled and name not in unusable]
     return max(proven) if proven else ()
 
 

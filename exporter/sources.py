@@ -652,7 +652,7 @@ class PrometheusSource:
         growth, i.e. a sample at both ends): pods without the family (another vLLM version, a name
         it does not export) or without its sample at one end. Such a sum is not the fleet's (hits from some pods over
         queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
-        total; a change of the set is logged."""
+        total (a counter: rendered NaN for the model, :meth:`_metrics`); a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
                   for f in self.families if not f.lazy for labels, value in by_query.get(f"n:{f.name}", [])}
         most: dict[str, float] = {}
@@ -686,9 +686,13 @@ class PrometheusSource:
             fam = CounterMetricFamily(name, _FLEET_HELP, labels=names)
             for labels, value in rows:
                 fam.add_metric([labels.get(k, "") for k in names], self._add(f"c:{f.name}", labels, value))
-            # a family left out (_coverage) is still declared: parse tells "exported, unusable"
-            # (unknown) from "not exported" (e.g. no KV connector's hits: 0)
-            return [fam] if rows or any(name == f.name for name, _ in self._partial) else []
+            # a sum left out (_coverage) is rendered NaN for its model: parse drops it (unknown) and
+            # tells "exported, unusable" from "not exported" (external_prefix_cache_*: no KV
+            # connector, 0 loaded hits), per model; a NaN proves no vLLM version (parse._since)
+            partial = sorted(model for name, model in self._partial if name == f.name)
+            for model in partial:
+                fam.add_metric([model, *(f.match[1] if f.match else "" for _ in f.labels)], math.nan)
+            return [fam] if rows or partial else []
         if f.kind == "histogram":
             return self._histogram(f, by_query)
         if f.kind == "gauge":

@@ -545,7 +545,9 @@ def test_a_family_left_out_for_one_model_says_nothing_of_another_nor_of_the_vllm
     # without it, no offloading. A review of the fix above: B's loaded hits unknown too (its h and
     # miss tokens with them) where MODEL.md §2 has them 0, and the declared family "proved" vLLM
     # >= 0.11.1 (excluding preempted hits) for the whole fleet. The evidence is now per model (a
-    # sample for it), the version proven by sample lines only.
+    # sample for it), the version proven by sample lines only. And A's own loaded hits: with the
+    # family only declared, A read "no connector" like B, 0 where its new pod counted 700 queries
+    # (review): A's sum left out is rendered NaN for A, a sample of A that proves no version.
     fams = {f.name: f for f in fleet_families()}
     info = Family("cache_config_info", "info", ("block_size", "num_gpu_blocks", "kv_offloading_size"))
     src = PrometheusSource(fake.url, (*FAMILIES[:2], fams["external_prefix_cache_queries"], info), interval=5.0,
@@ -560,6 +562,8 @@ def test_a_family_left_out_for_one_model_says_nothing_of_another_nor_of_the_vllm
                    "kv_offloading_size": "None"}, "4")])
     snap = parse_exposition(src.fetch()[1], 6000.0)
     assert "hit_ratio_loaded" not in snap.models["B"].unknown, snap.models["B"].unknown
+    assert "not from every pod" in snap.models["m"].unknown["hit_ratio_loaded"], snap.models["m"].unknown
+    assert "external_queries" not in snap.models["m"].counters
     assert snap.since < (0, 11, 1) and not snap.excludes_preempted
 
 
