@@ -373,15 +373,17 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         # above it, or two or more new steps left out at a node the refit left nothing out of, may
         # be where the reference went wrong (_flagged), which only a refit can tell from tail-chunk
         # dips; a dip node the refit saw stays out without another.
+        h, y = x[:, 1].copy(), x[:, 2].copy()
+        dips = np.zeros(len(x), dtype=bool)
         if not keep.all():
-            h = x[:, 1]
-            if _whole_nodes(~keep & ~_dips(h, x[:, 2], ~keep, ref), h).any():
+            dips = _dips(h, y, ~keep, ref)
+            if _whole_nodes(~keep & ~dips, h).any():
                 return None
             old = len(x) - min(self.rows.appended - self._refit_at, len(x))  # rows before: the refit's
             if np.count_nonzero(~keep[old:]) >= 2:
-                node = _node(h)
-                fresh, count = np.unique(node[old:][~keep[old:]], return_counts=True)
-                if np.any((count >= 2) & ~np.isin(fresh, node[:old][~keep[:old]])):
+                node = _node(h)  # in [0, _NODES): update() takes 0 ≤ h ≤ 1 only
+                fresh = np.bincount(node[old:][~keep[old:]], minlength=_NODES)
+                if np.any((fresh >= 2) & (np.bincount(node[:old][~keep[:old]], minlength=_NODES) == 0)):
                     return None
         g = self.sums.g
         nodes = np.flatnonzero(g[:, 0, 0] > 0.5)  # counts are exact integers
@@ -395,9 +397,8 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         sol = solve_normal(m[:2, :2], m[:2, 2], *_LINE_FREE)
         if sol is None or sol[0] <= 0:
             return None  # TPS0 ≤ 0: not identifiable, refit
-        h, y = x[:, 1].copy(), x[:, 2].copy()
         res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
-        return res, _dips(h, y, ~keep, ref)
+        return res, dips
 
 
 class MissSlopeFitter:
