@@ -440,13 +440,23 @@ class Analyzer:
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
         fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
-        if fits["load_aware"].ok and (problem := _load_aware_unidentified(fitted, st.latency.extreme_points())):
-            fits = {**fits, "load_aware": FitResult.failed(Status.NOT_IDENTIFIABLE, problem, fits["load_aware"].samples)}
-            fitted = replace(fitted, c0=None, c1=None)
-            unknown.setdefault("contention_factor", problem)
+        if (fits["load_aware"].ok or fits["overlap"].ok) and (
+                problem := _prefill_unidentified(fitted, st.latency.extreme_points())):
+            if fits["load_aware"].ok:
+                why = f"c0 and c1 scale the prefill's chip time, which is {problem}"
+                fits = {**fits, "load_aware": FitResult.failed(Status.NOT_IDENTIFIABLE, why, fits["load_aware"].samples)}
+                fitted = replace(fitted, c0=None, c1=None)
+                unknown.setdefault("contention_factor", why)
+            if fits["overlap"].ok:
+                why = f"α is fitted against the loaded steps' prefill chip time, which is {problem}"
+                fits = {**fits, "overlap": FitResult.failed(Status.NOT_IDENTIFIABLE, why, fits["overlap"].samples)}
+                fitted = replace(fitted, alpha=None)
         out = replace(out, fits=fits, fitted=fitted)
         if steps_per_request is None:
             unknown.setdefault("fixed_time", STEPS_UNKNOWN)
+        elif not (step := fits["chip_time"].params["t_step"]).ok:  # dropped (0), or carrying another term's time
+            unknown.setdefault("fixed_time", f"T_fixed = T_step x engine steps per request, and T_step is not "
+                                             f"identifiable ({step.reason})")
         # the fit stands without the window's traffic (a what-if gives its own); what is predicted
         # at the window's traffic waits for it, and says so
         idle = [name for name, v in (("h", h_now), ("ISL", isl), ("OSL", osl), ("engine steps per request",
@@ -685,16 +695,18 @@ def _prefill_covariance(chip: FitResult) -> tuple[tuple[float, ...], ...] | None
     return None if cov is None else tuple(tuple(cov[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
 
 
-def _load_aware_unidentified(fitted: FittedModel, points: tuple[tuple[float, float], ...]) -> str | None:
-    """Why c0 and c1 cannot stand, or None: c = prefill latency / the prefill's chip time, and the
-    chip-time fit leaves that chip time unidentified at some edge of the traffic the fit is on
-    (``points``: (h, ISL), :meth:`~fitters.latency.LatencyFitter.extreme_points`;
-    :meth:`~fitters.whatif.FittedModel.unidentified_prefill`). c then takes up the error: on the
-    simulator's sweep c0 0.65 ± 0.05 and c1 0.028 ± 0.003 for a true 1.0 and 0.05 while its first
-    phase (h = 0) could not tell a prefill's work from decode's (MODEL.md §7)."""
+def _prefill_unidentified(fitted: FittedModel, points: tuple[tuple[float, float], ...]) -> str | None:
+    """Why the prefill's chip time is not identified at some edge of the traffic the latency fit is
+    on (``points``: (h, ISL), :meth:`~fitters.latency.LatencyFitter.extreme_points`;
+    :meth:`~fitters.whatif.FittedModel.unidentified_prefill`), or None. The latency fit's c0, c1
+    (c = prefill latency / that chip time) and α (the loaded steps' overlap against it) then take up
+    the error: on the simulator's sweep c0 0.65 ± 0.05 and c1 0.028 ± 0.003 for a true 1.0 and 0.05
+    while its first phase (h = 0) could not tell a prefill's work from decode's (MODEL.md §7); at a
+    constant concurrency, where decode tokens grow exactly with engine steps and t_step carries
+    k_dec, α 0.87 ± 0.015 for a true 0.5 (review)."""
     for h, isl in points:
         if problem := fitted.unidentified_prefill(h, isl):
-            return f"c0 and c1 scale the prefill's chip time, which is {problem}"
+            return problem
     return None
 
 

@@ -408,14 +408,14 @@ def calibrated_parameters(m: ModelAnalysis) -> dict[str, dict]:
         status = chip.status.value if not chip.ok else (e.status.value if e else "unknown")
         out[key] = _est(e.value if e else None, e.stderr if e else None, status,
                         chip.reason or (e.reason if e else ""), unit)
-    if m.fitted is not None and chip.ok and m.fitted.steps_per_request is not None:
+    if m.fitted is not None and chip.ok and "fixed_time" not in m.unknown:
         se = chip.params["t_step"].stderr
         out["t_fixed"] = _est(m.fitted.t_fixed, se * m.fitted.steps_per_request if math.isfinite(se) else None,
                               unit="s", reason=f"t_step x {m.fitted.steps_per_request:.2f} engine steps per "
                                                 f"request (last publish window)")
     else:
         out["t_fixed"] = _est(None, status=chip.status.value if not chip.ok else "unknown",
-                              reason=chip.reason or "no finished requests in the last window", unit="s")
+                              reason=chip.reason or m.unknown.get("fixed_time", "no fit"), unit="s")
     la = m.fits["load_aware"]
     for key, unit in (("c0", "1"), ("c1", "1/request")):
         e = la.params.get(key)

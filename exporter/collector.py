@@ -174,7 +174,7 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
     if overlap.value("alpha") is not None:
         f.add(N.OVERLAP_STDERR, base, overlap.params["alpha"].stderr)
     f.add(N.CONTENTION, base, m.contention)
-    if m.fitted is not None:
+    if m.fitted is not None and "fixed_time" not in m.unknown:
         f.add(N.FIXED_TIME, base, m.fitted.t_fixed)
 
     f.add(N.TARGET_HIT_RATIO, base, target_h)

@@ -602,16 +602,19 @@ def test_predict_at_the_steps_per_request_of_the_traffic_asked_about(replayed):
     assert bad.returncode == 2 and "--steps-per-request: must be in [1, 1e+07], got 0.5" in bad.stderr, bad.stderr
 
 
-def test_replay_publishes_fixed_time_contention_and_both_predicted_ttfts_by_hand(replayed):
+def test_replay_publishes_contention_and_both_predicted_ttfts_by_hand_and_no_t_fixed_carrying_decode(replayed):
     # The exposition of the replay, composed from the fit's coefficients (the fit's output) and the
     # final window's own quantities read from the raw trace, per MODEL.md §3.2 and §7.
     _, out = replayed
     text = out["metrics"].read_text()
     f = json.loads(out["fit"].read_text())["models"][MODEL_NAME]["fit"]
     w = _raw_final_window()
-    # T_fixed = T_step × steps per request
-    assert value(text, "kvhit_fixed_time_seconds", model_name=MODEL_NAME) == \
-        pytest.approx(f["t_step"] * w["steps_per_request"], rel=1e-12)
+    # T_fixed = T_step × steps per request, but on this trace T_step carries decode context's time
+    # (its steps grew in step with the engine steps: the chip-time fit's "collinear"), so the product
+    # is no T_fixed: withheld, with why (at a constant concurrency a review saw it 76x the truth)
+    assert "k_ctx" in f["collinear"] and "t_step" in f["collinear"]["k_ctx"]
+    assert "kvhit_fixed_time_seconds{" not in text
+    assert value(text, "kvhit_unknown_info", model_name=MODEL_NAME, signal="fixed_time") == 1.0
     # contention c = c0 + c1·running at the window's time-averaged running (its step lengths: see above)
     c = f["c0"] + f["c1"] * w["running"]
     assert value(text, "kvhit_contention_factor", model_name=MODEL_NAME) == pytest.approx(c, rel=1e-9)

@@ -319,6 +319,44 @@ def test_no_alpha_while_the_chip_time_fit_cannot_see_attention():
     assert withheld
 
 
+def test_at_a_constant_concurrency_neither_alpha_nor_t_fixed_stands_on_a_t_step_carrying_decode():
+    # A server pinned at max_num_seqs: every step decodes the same 8 requests, so decode tokens grow
+    # exactly with engine steps and the chip-time fit keeps t_step carrying k_dec's time (its extra
+    # "collinear"). α is fitted against the loaded steps' prefill chip time, t_step + compute: a review
+    # saw α 0.873 ± 0.015, status ok, for a true 0.5, and T_fixed = t_step x steps 0.129 s published
+    # for a true 1e-4 x (128/8 + 1) = 0.0017 s. Both are now withheld with why, as c0, c1 were.
+    from exporter.collector import KvhitCollector
+    from exporter.config import Config, Geometry
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.simulate import SIM_GEOMETRY
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    sweep = tuple(Segment("step", 120.0, h) for h in (0.0, 0.3, 0.6, 0.9)) * 2
+    sc = Scenario(truth=Truth(alpha=0.5), schedule=sweep, running=(8.0, 8.0), seed=1)
+    assert sc.truth.t_fixed(8.0) == pytest.approx(1e-4 * (128 / 8 + 1))
+    clock = TraceClock()
+    runner = Runner(Config(window_seconds=60, interval=5, model=Geometry(**SIM_GEOMETRY),
+                           load_bandwidth_bytes_per_second=sc.truth.load_bandwidth), "sim", clock=clock)
+    for t, text, _ in generate(sc):
+        clock.t = t
+        runner.ingest_text(t, text)
+    m = runner.current()[0].models[sc.model_name]
+    chip = m.fits["chip_time"]
+    assert chip.ok and "k_dec" in chip.extra["collinear"] and not chip.params["t_step"].ok
+    assert chip.params["k_ffn"].ok and abs(chip.value("k_ffn") - sc.truth.k_ffn) <= 3 * chip.params["k_ffn"].stderr
+    ov = m.fits["overlap"]
+    assert ov.status is Status.NOT_IDENTIFIABLE and ov.value("alpha") is None
+    assert "prefill chip time" in ov.reason and m.fitted.alpha is None
+    assert m.fits["load_aware"].status is Status.NOT_IDENTIFIABLE
+    assert m.fitted.steps_per_request is not None and "T_step is not identifiable" in m.unknown["fixed_time"]
+    registry = CollectorRegistry()
+    registry.register(KvhitCollector(runner.current))
+    text = generate_latest(registry).decode()
+    assert "kvhit_fixed_time_seconds{" not in text and "kvhit_overlap_ratio{" not in text
+    assert 'signal="fixed_time"' in text
+
+
 def test_the_published_slope_says_which_h_range_it_spans():
     # a is a secant over the h the busy steps covered (MODEL.md §4): midway through the sweep
     # (steps 0 → 0.95, h known per step) the range is [0, the highest h scheduled so far], not [0, 1].
