@@ -41,8 +41,9 @@ prices.miss_per_million                   price of 1M miss (computed) input toke
 prices.hit_price_ratio                    ρ = hit price / miss price, in (0, 1] (0.1)
 prices.output_per_million                 price of 1M output tokens (0: seed 002 prices input only)
 slo.ttft_seconds / slo.tpot_seconds       TTFT / TPOT SLOs, seconds (unset)
-instance_hour_price                       price of one instance-hour, for cost per 1M SLO-passing
-                                          output tokens (unset: cost unknown; MODEL.md §5)
+instance_hour_price                       price of one instance-hour (a pod; fleet mode: x its pods),
+                                          for cost per 1M SLO-passing output tokens (unset: cost
+                                          unknown; MODEL.md §5)
 retry_rate                                share of requests retried, in [0, 1): effective cost =
                                           cost / (1 - retry_rate) (0)
 sizing.batch / sizing.max_len             planned batch B and max length N_max [tokens] for the peak

@@ -220,6 +220,8 @@ class Snapshot:
         engine_counts: model_name → data-parallel engines its signals sum, when the source told
             it (fleet mode: pods × engines, exporter/sources.py PrometheusSource); {}: the
             exposition's own ``engine`` labels tell.
+        instance_counts: model_name → instances (pods) its signals sum, when the source told it
+            (fleet mode); {}: one.
     """
 
     timestamp: float
@@ -232,6 +234,7 @@ class Snapshot:
     clock_offset: float = 0.0
     name_prefix: str = "vllm:"
     engine_counts: Mapping[str, int] = field(default_factory=dict)
+    instance_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def supported(self) -> bool:
