@@ -436,6 +436,8 @@ class Analyzer:
         steps_per_request = _steps_per_request(w)
         linear = self._linear_bathtub(slope, h_now, unknown)
         if coef is None:
+            _predictions_unknown(unknown, cfg, f"needs the chip-time fit, which is {chip.status.value}: {chip.reason}",
+                                 "fixed_time")
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
@@ -464,9 +466,7 @@ class Analyzer:
         if idle:
             why = (f"{', '.join(idle)} of the publish window unknown (no request finished in it, or no prefix-cache "
                    "query): no traffic to predict at; kvhit predict and /api/v1/predict answer for traffic given")
-            for signal in ("predicted_current", "bathtub_chip_time", "miss_slope_derived", "contention_factor") + (
-                    ("predicted_target",) if cfg.target_hit_ratio is not None else ()):
-                unknown.setdefault(signal, why)
+            _predictions_unknown(unknown, cfg, why)
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # Terms the chip-time fit could not tell apart are carried by the kept ones only where a
         # request keeps the relation the data followed: a what-if elsewhere, a chip_time bathtub
@@ -485,6 +485,8 @@ class Analyzer:
                 preds[which] = fitted.predict(h, isl, osl, seen)
                 if "ttft_service" in preds[which].unknown:
                     unknown.setdefault(f"predicted_ttft_{which}", preds[which].unknown["ttft_service"])
+                elif "ttft_load_aware" in preds[which].unknown:
+                    unknown.setdefault(f"predicted_ttft_load_aware_{which}", preds[which].unknown["ttft_load_aware"])
         bathtubs = dict(linear)
         derived = {}
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
@@ -505,6 +507,12 @@ class Analyzer:
                 tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi,
                                                        fixed_steps=steps_per_request)
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
+        else:  # drawn over the direct line's h range, of the latest busy step's ISL bucket
+            unknown.setdefault("miss_slope_derived", "no h range to draw it over: the direct miss slope's busy steps "
+                                                     "in the current ISL bucket are too few or span less than its "
+                                                     "minimum h span"
+                               + (measured(f"h {lo:.3f} to {hi:.3f}") if isinstance(lo, float) and
+                                  isinstance(hi, float) else ""))
         factor = None
         if fitted.c0 is not None and fitted.c1 is not None and fitted.running is not None:
             # c is prefill latency over the prefill's chip time: unknown where that chip time is
@@ -513,6 +521,12 @@ class Analyzer:
                 unknown.setdefault("contention_factor", problem)
             else:
                 factor = contention(fitted.c0, fitted.c1, fitted.running)
+        elif fitted.c0 is not None and fitted.c1 is not None:
+            unknown.setdefault("contention_factor", "no num_requests_running in the publish window to evaluate "
+                                                    "c0 + c1·running at")
+        else:
+            la = fits["load_aware"]
+            unknown.setdefault("contention_factor", f"the load-aware fit (c0, c1) is {la.status.value}: {la.reason}")
         return replace(out, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
@@ -693,6 +707,13 @@ def _prefill_covariance(chip: FitResult) -> tuple[tuple[float, ...], ...] | None
     """The chip-time fit's covariance of (t_step, k_ffn, k_attn), 3×3, or None when it has none."""
     cov = chip.covariance
     return None if cov is None else tuple(tuple(cov[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
+
+
+def _predictions_unknown(unknown: dict[str, str], cfg: Config, why: str, *more: str) -> None:
+    """``why`` for every value predicted from the chip-time fit at the window's traffic (and ``more``)."""
+    for signal in ("predicted_current", "bathtub_chip_time", "miss_slope_derived", "contention_factor", *more) + (
+            ("predicted_target",) if cfg.target_hit_ratio is not None else ()):
+        unknown.setdefault(signal, why)
 
 
 def _prefill_unidentified(fitted: FittedModel, points: tuple[tuple[float, float], ...]) -> str | None:

@@ -357,6 +357,46 @@ def test_at_a_constant_concurrency_neither_alpha_nor_t_fixed_stands_on_a_t_step_
     assert 'signal="fixed_time"' in text
 
 
+def test_a_value_gone_with_num_requests_running_or_the_h_span_says_why():
+    # kvhit_unknown_info names why a value is absent (review: with num_requests_running dropped the
+    # load-aware TTFT and kvhit_contention_factor vanished without a word; the derived slope did at
+    # one h). c = c0 + c1·running and the load-aware TTFT need the window's running (MODEL.md §3.2);
+    # the derived line is drawn over the direct line's h range (§4), which one h does not span.
+    from exporter.config import load_config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.simulate import SIM_GEOMETRY
+
+    sc = preset("sweep")
+    env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()}
+    env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = f"{sc.truth.load_bandwidth:g}"
+    frames = list(generate(sc))
+    clock = TraceClock()
+    runner = Runner(load_config(None, environ=env, flags={"interval": sc.interval}), "sim", clock=clock)
+    for i, (t, text, _) in enumerate(frames):
+        clock.t = t
+        if i >= len(frames) - 20:  # the last 20 scrapes (over the 60 s window) without running
+            text = "\n".join(line for line in text.split("\n") if "num_requests_running" not in line)
+        runner.ingest_text(t, text)
+        if i == len(frames) - 21:
+            m = runner.current()[0].models[sc.model_name]
+            assert m.contention is not None and m.predictions["current"].ttft_load_aware is not None
+    m = runner.current()[0].models[sc.model_name]
+    assert m.fits["load_aware"].ok and m.predictions["current"].ttft_service is not None
+    assert m.contention is None and "num_requests_running" in m.unknown["contention_factor"]
+    assert m.predictions["current"].ttft_load_aware is None
+    assert "running" in m.unknown["predicted_ttft_load_aware_current"]
+
+    one_h = Scenario(schedule=(Segment("step", 600.0, 0.5),))
+    runner = Runner(load_config(None, environ=env, flags={"interval": one_h.interval}), "sim", clock=clock)
+    for t, text, _ in generate(one_h):
+        clock.t = t
+        runner.ingest_text(t, text)
+    m = runner.current()[0].models[one_h.model_name]
+    assert m.fits["chip_time"].ok and m.fits["miss_slope"].status is Status.INSUFFICIENT_VARIATION
+    assert m.miss_slope_derived == {} and "no h range" in m.unknown["miss_slope_derived"]
+
+
 def test_the_published_slope_says_which_h_range_it_spans():
     # a is a secant over the h the busy steps covered (MODEL.md §4): midway through the sweep
     # (steps 0 → 0.95, h known per step) the range is [0, the highest h scheduled so far], not [0, 1].
