@@ -458,7 +458,7 @@ class Analyzer:
             unknown.setdefault("fixed_time", STEPS_UNKNOWN)
         elif not (step := fits["chip_time"].params["t_step"]).ok:  # dropped (0), or carrying another term's time
             unknown.setdefault("fixed_time", f"T_fixed = T_step x engine steps per request, and T_step is not "
-                                             f"identifiable ({step.reason})")
+                                             f"identifiable: {step.reason}")
         # the fit stands without the window's traffic (a what-if gives its own); what is predicted
         # at the window's traffic waits for it, and says so
         idle = [name for name, v in (("h", h_now), ("ISL", isl), ("OSL", osl), ("engine steps per request",

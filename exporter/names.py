@@ -108,7 +108,8 @@ CHIP_COEF_STDERR = _m("kvhit_chip_time_coefficient_stderr_seconds", "Standard er
                       "[s per unit of the term, as the coefficient].", MODEL + ("term",), section="§7")
 FIXED_TIME = _m("kvhit_fixed_time_seconds", "T_fixed of the per-request chip time t_chip (TPM, chip_time bathtub): "
                 "hit-independent chip time per request, T_step x observed engine steps per request in the publish "
-                "window, prefill and decode steps; the service TTFT counts the prefill's one step, T_step [s].",
+                "window, prefill and decode steps; the service TTFT counts the prefill's one step, T_step; absent while T_step "
+                "is not identifiable as its own term (kvhit_unknown_info says why) [s].",
                 section="§7")
 TPS0 = _m("kvhit_miss_tps0_tokens_per_second", "TPS0, miss-token throughput at h=0 of TPS_miss(h)=TPS0*(1-a*h); "
           "method=direct (robust line through busy-step miss tokens per busy second, current ISL bucket) or "

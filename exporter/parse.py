@@ -114,7 +114,7 @@ _V0_MARKERS = ("gpu_prefix_cache_hit_rate", "num_requests_swapped", "cpu_cache_u
                "avg_generation_throughput_toks_per_s", "time_in_queue_requests")
 # Evidence of the V1 engine: the engine label (0.8.3+), V1-only counters, V1's HELP text.
 _V1_MARKERS = ("engine label", "prefix_cache_queries", "gpu_prefix_cache_queries", "external_prefix_cache_queries")
-# Lowest vLLM version proven by a declared family (reference §4, §5); "engine label" = 0.8.3.
+# Lowest vLLM version proven by a family with a sample (reference §4, §5); "engine label" = 0.8.3.
 _SINCE: dict[str, tuple[int, int, int]] = {
     "engine label": (0, 8, 3),
     "prefix_cache_queries": (0, 9, 2),
@@ -211,7 +211,7 @@ class Snapshot:
         models: model_name → :class:`ModelSignals` (empty for unsupported engines).
         cache_config: labels of ``vllm:cache_config_info`` (first engine), {} when absent.
         quirks: quirk (see :data:`QUIRKS`) → how many lines/series it affected in this body.
-        since: lowest vLLM version the declared families prove, () when none does.
+        since: lowest vLLM version the sampled families prove, () when none does.
         clock_offset: ``timestamp`` minus the host's wall clock when it was stamped [s]: 0 until
             the wall clock steps (kvhit's live clock never steps, exporter/runner.py
             SteadyClock); the engine stamps ``_created`` on the wall clock (exporter/window.py).
@@ -919,8 +919,8 @@ def _era(b: _Builder) -> str:
 
 
 def _since(b: _Builder) -> tuple[int, ...]:
-    # sample lines only, and of a family kvhit reads only a usable value: fleet mode renders a
-    # family it left out (some pods lack it) as NaN
+    # a family kvhit reads proves its version by a usable value only (fleet mode renders a family
+    # it left out, some pods lacking it, as NaN); a family it does not read, by any sample line
     unusable = {base for base, _ in b.model_samples} - b.usable
     proven = [v for name, v in _SINCE.items() if name in b.sampled and name not in unusable]
     return max(proven) if proven else ()

@@ -695,7 +695,7 @@ class PrometheusSource:
             # connector, 0 loaded hits), per model; a NaN proves no vLLM version (parse._since)
             partial = sorted(model for name, model in self._partial if name == f.name)
             for model in partial:
-                fam.add_metric([model, *(f.match[1] if f.match else "" for _ in f.labels)], math.nan)
+                fam.add_metric([model, *(f.match[1] if f.match and k == f.match[0] else "" for k in f.labels)], math.nan)
             return [fam] if rows or partial else []
         if f.kind == "histogram":
             return self._histogram(f, by_query)

@@ -455,7 +455,8 @@ def model_dashboard() -> Dashboard:
         .override_by_query("C", [prop("unit", "s"), prop("custom.axisPlacement", "right")]))
     internals = (
         stat_panel(ids, "Model internals", "none",
-                   "T_fixed, the contention factor c(running), S_kv, B_load (measured or configured), the h range a "
+                   "T_fixed (absent while T_step is not its own term: see Engine and unknown signals), the contention "
+                   "factor c(running), S_kv, B_load (measured or configured), the h range a "
                    "is fitted over, the direct miss slope's ISL bucket and its anomalous (tail-chunk) steps, and the "
                    "configured target hit ratio.", w=12, h=8)
         .with_target(q("A", f"kvhit_fixed_time_seconds{{{SEL}}}", "T_fixed {{pod}}"))

@@ -79,8 +79,10 @@ FLAT_CONFIG = {"prices": {"hit_price_ratio": 1.0}, "slo": {"ttft_seconds": 1.0, 
 VARIABLES = {"namespace": ".*", "model_name": ".*", "pod": ".*", "__rate_interval": "1m", "datasource": "prometheus"}
 # kvhit series that are absent by design in this replay, with the series saying why: α needs hits loaded
 # from host memory (the trace has none); the economic max-num-seqs needs TPOT P95 to rise with
-# concurrency over >= 3 levels, which the trace's TPOT does not show beyond noise.
+# concurrency over >= 3 levels, which the trace's TPOT does not show beyond noise; T_fixed needs
+# T_step as its own term, and the trace's T_step carries decode context's time.
 ABSENT_BY_DESIGN = {
+    "kvhit_fixed_time_seconds": 'kvhit_unknown_info{signal="fixed_time"} == 1',
     "kvhit_overlap_ratio": 'kvhit_fit_status{fit="overlap", status="not_identifiable"} == 1',
     "kvhit_overlap_ratio_stderr": 'kvhit_fit_status{fit="overlap", status="not_identifiable"} == 1',
     "kvhit_recommended_max_num_seqs": 'kvhit_fit_status{fit="max_num_seqs", status="not_identifiable"} == 1',
