@@ -891,15 +891,17 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
             gen = w.counters.get("generation_tokens")
             tps = gen / w.dt if gen is not None and w.dt > 0 else None
             # the price of the instances the tokens come from: fleet mode sums pods (a review read a
-            # 4-pod fleet's cost 4x too low)
-            instances = snap.instance_counts.get(model) if cfg.prometheus else 1
+            # 4-pod fleet's cost 4x too low), time-averaged over the window as they scale
+            instances = (w.instance_seconds / w.dt if w.instance_seconds is not None and w.dt > 0 else None) \
+                if cfg.prometheus else 1
             price = None if cfg.instance_hour_price is None or instances is None else cfg.instance_hour_price * instances
             cost = slo_cost(a, b, tps, price, cfg.retry_rate)
             out["slo_cost"] = cost
             for key, why in (cost.reasons or {}).items():
                 signal = "cost_per_million_slo_output_tokens" + ("_upper" if key == "cost_upper" else "_lower")
                 if instances is None and cfg.instance_hour_price is not None:
-                    why = "fleet mode: the pods the model's tokens come from are unknown (no counter series at the poll's time)"
+                    why = ("fleet mode: the pods the model's output tokens come from are unknown for a poll in the "
+                           "publish window")
                 unknown.setdefault(signal, why)
 
     # prefill share, speedup, verdict (§5)

@@ -414,7 +414,9 @@ def calibrated_parameters(m: ModelAnalysis) -> dict[str, dict]:
                               unit="s", reason=f"t_step x {m.fitted.steps_per_request:.2f} engine steps per "
                                                 f"request (last publish window)")
     else:
-        out["t_fixed"] = _est(None, status=chip.status.value if not chip.ok else "unknown",
+        step = chip.params.get("t_step")
+        out["t_fixed"] = _est(None, status=chip.status.value if not chip.ok else step.status.value
+                              if step is not None and not step.ok else "unknown",
                               reason=chip.reason or m.unknown.get("fixed_time", "no fit"), unit="s")
     la = m.fits["load_aware"]
     for key, unit in (("c0", "1"), ("c1", "1/request")):

@@ -345,7 +345,8 @@ def _demo_withheld(m: ModelAnalysis) -> list[tuple[str, str]]:
     out = []
     cur, slope = m.predictions.get("current"), m.fits["miss_slope"]
     if cur is None or cur.ttft_load_aware is None:
-        out.append(("TTFT pred", m.unknown.get("predicted_ttft_current") or m.unknown.get("predicted_current") or ""))
+        out.append(("TTFT pred", next((m.unknown[k] for k in ("predicted_ttft_current", "predicted_ttft_load_aware_current",
+                                                                "predicted_current") if k in m.unknown), "")))
     if slope.value("a") is None:
         out.append(("a_direct", slope.reason))
     if not m.valley_form:

@@ -399,6 +399,7 @@ class Family:
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
+_PRICED_BY = "generation_tokens"  # the family whose pods a fleet's cost prices (PrometheusSource.instances)
 _PREFIX = "vllm[:_]"  # every spelling parse reads (exporter/parse.py), as a regex
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
@@ -511,7 +512,7 @@ class PrometheusSource:
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
-        self.instances: dict[str, int] = {}  # model → pods (Prometheus targets) of the last answer
+        self.instances: dict[str, int] = {}  # model → pods (Prometheus targets) in the last answer's output tokens
         self._counters = tuple(f for f in self.families if f.kind == "counter")  # _latest's and e:'s families
 
     def fetch(self) -> tuple[float, str]:
@@ -540,9 +541,13 @@ class PrometheusSource:
             born = max(self._baseline, start - LOOKBACK_SECONDS + CREATED_SKEW_SECONDS) if history else None
             query = self.promql(t - start, born)
         rows = _vector(self._query(query, t), self._where)
+        # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
+        # output tokens this range's sum holds, not those with a sample at t (a pod new since the
+        # last poll adds its tokens from its second poll on)
         self.engines, self.instances = ({labels.get("model_name", ""): int(value) for labels, value in rows
-                                         if labels.get(_QUERY_LABEL) == qid and value >= 1} for qid in ("e:", "p:"))
-        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")])
+                                         if labels.get(_QUERY_LABEL) == qid and value >= 1}
+                                        for qid in ("e:", f"n:{_PRICED_BY}"))
+        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
         self._end, self.answer_delay = t, t - now
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then
@@ -598,15 +603,12 @@ class PrometheusSource:
         needs history the selected pods may not have yet), a series without a sample at the
         growth's start counted whole when its ``_created`` is after ``born_after`` [unix s]
         (:func:`_growth`), and per model the pods × ``engine`` labels with counters (``e:``,
-        :attr:`engines`) and the pods (``p:``, :attr:`instances`)."""
+        :attr:`engines`)."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
         if self._counters:
             # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
-                                  f"({self._counters_selector()}))"))
-            # the instances a fleet's cost is for (seed 003's price is per instance-hour)
-            queries.append(("p:", f"count by (model_name) (count by (model_name, job, instance) "
                                   f"({self._counters_selector()}))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 

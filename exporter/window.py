@@ -127,6 +127,9 @@ class Delta:
         spikes: number of steps inside the interval in which a token counter rose over its peak
             by exporter/analyzer.py SPIKE_FACTOR (marked by the analyzer: :meth:`Windows.mark_spike`,
             on arrival, cleared when the next step shows traffic).
+        instance_seconds: Σ instances × step length over the interval [instance·s], each step's
+            instances those its end snapshot's sums came from (:attr:`Snapshot.instance_counts`:
+            fleet mode's pods); None when a step's snapshot did not tell them.
     """
 
     t0: float
@@ -142,6 +145,7 @@ class Delta:
     running_seconds: float | None = None
     partial: frozenset[str] = frozenset()
     spikes: int = 0
+    instance_seconds: float | None = None
 
     @property
     def dt(self) -> float:
@@ -276,10 +280,12 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
               if all(n in d.histograms for d in deltas)]
     hists = {n: _sum_hist_deltas([d.histograms[n] for d in deltas]) for n in hnames}
     running = [d.running_seconds for d in deltas]
+    instances = [d.instance_seconds for d in deltas]
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
                  glitches=sum(d.glitches for d in deltas), spikes=sum(d.spikes for d in deltas),
                  running_seconds=None if None in running else math.fsum(running),
+                 instance_seconds=None if None in instances else math.fsum(instances),
                  # a counter's presence changes only across a step, which lists it
                  partial=frozenset().union(*(d.partial for d in deltas)))
 
@@ -359,6 +365,8 @@ class Windows:
             if before is None:
                 continue
             d = step_delta(before, cur, t0, snap.timestamp, snap.clock_offset)
+            if model in snap.instance_counts:
+                d = replace(d, instance_seconds=snap.instance_counts[model] * d.dt)
             if d.glitches and model not in held:
                 # A value went down with _created unchanged: this scrape read low, or the last one
                 # high. This scrape is skipped once: the next step is taken from before it, so a

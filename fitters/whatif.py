@@ -245,8 +245,10 @@ class FittedModel:
                        "bandwidth is unknown, so T_load and its overlap are")
         unknown = {} if why is None else {"ttft_service": why, "ttft_load_aware": why}
         if why is None and None in (self.c0, self.c1, self.running, self.queue_time):
-            unknown["ttft_load_aware"] = ("no load-aware fit (c0, c1) or no running / queue time of the publish "
-                                          "window to predict it at")
+            missing = [what for what, v in (("the load-aware fit's c0 and c1", None if None in (self.c0, self.c1) else 1.0),
+                                            ("the publish window's num_requests_running", self.running),
+                                            ("its queue time", self.queue_time)) if v is None]
+            unknown["ttft_load_aware"] = f"needs {', '.join(missing)}, which kvhit does not have"
         elif why is None:
             ttft_l = self.queue_time + predict_prefill_latency(
                 coef, self.c0, self.c1, self.running, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,

@@ -301,7 +301,8 @@ def model_dashboard() -> Dashboard:
     d = d.with_row(Row("SLO cost, caching economics and sizing (MODEL.md §5, §3.3, §3.6)").id(ids()))
     d = d.with_panel(
         ts(ids, "Cost per 1M SLO-passing output tokens", COST,
-           "Seed 003: instance_hour_price x 1e6 / (SLO-passing output tokens/s x 3600) over kvhit's window, from "
+           "Seed 003: instance_hour_price x 1e6 / (SLO-passing output tokens/s x 3600) over kvhit's window (fleet "
+           "mode: the price x the pods whose tokens the sum holds, time-averaged over the window), from "
            "the pass-rate bounds of vLLM's marginal TTFT and TPOT histograms (the lower cost uses the upper pass "
            "bound); effective = divided by (1 - retry_rate). Where available: kvhit needs instance_hour_price "
            "and both SLOs configured, and a bound is absent while its pass bound is 0.")

@@ -296,3 +296,20 @@ def test_the_calibrated_derived_slope_says_why_it_is_missing():
     said = calibrated_parameters(analysis({"miss_slope_derived": "not identifiable: …"}))["a_derived"]
     assert said["status"] == "unknown" and said["reason"] == "not identifiable: …"
     assert calibrated_parameters(analysis({}))["a_derived"]["reason"] == "needs the chip-time fit and an h span"
+
+
+def test_the_calibrated_t_fixed_takes_t_step_s_status_when_t_step_is_withheld():
+    # T_fixed = T_step × engine steps per request (MODEL.md §7): withheld because T_step is not
+    # identifiable, it says so (review: it read "unknown" beside t_step's not_identifiable)
+    from exporter.analyzer import ModelAnalysis
+    from exporter.calibrate import calibrated_parameters
+    from fitters.result import Estimate, FitResult, Status
+
+    failed = FitResult.failed(Status.INSUFFICIENT_DATA, "no busy step")
+    step = Estimate(0.01, 0.001, Status.NOT_IDENTIFIABLE, "carries decode context")
+    chip = FitResult(Status.OK, params={"t_step": step})
+    fits = {"chip_time": chip, **{k: failed for k in ("miss_slope", "overlap", "load_aware")}}
+    why = "T_fixed = T_step x engine steps per request, and T_step is not identifiable: carries decode context"
+    said = calibrated_parameters(ModelAnalysis("m", 60.0, 12, {}, {"fixed_time": why}, None, None, None, {}, fits))
+    assert said["t_step"]["status"] == said["t_fixed"]["status"] == "not_identifiable"
+    assert said["t_fixed"]["reason"] == why and said["t_fixed"]["value"] is None

@@ -370,9 +370,7 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # per model, the pods × engine labels its counters come from (the engines its sums add up)
     assert (f'label_replace(count by (model_name) (count by (model_name, job, instance, engine) ({counters})), '
             f'"kvhit_query", "e:", "", "")') in q0
-    assert (f'label_replace(count by (model_name) (count by (model_name, job, instance) ({counters})), '
-            f'"kvhit_query", "p:", "", "")') in q0  # … and the pods (instances) they come from
-    assert q0.count('label_replace(') == 12  # one request: 12 subqueries, 6 families
+    assert q0.count('label_replace(') == 11  # one request: 11 subqueries, 6 families
 
 
 def test_a_new_pod_counts_whole_only_when_created_after_the_baseline_and_the_last_poll_less_5_min(fake):
@@ -420,13 +418,15 @@ def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engine
 def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens(fake):
     # Seed 003's unit cost is the instance-hour price over an instance's SLO-passing tokens (MODEL.md
     # §5). Fleet mode sums the tokens of its pods: a review read a fleet of 4 identical pods at 1/4 of
-    # one pod's cost (1.348 for 5.392). The fleet pays for its pods (p:, count by job, instance).
+    # one pod's cost (1.348 for 5.392). The fleet pays for the pods its output tokens come from (the
+    # pods counted in generation_tokens' sum, not those with a sample at t: a pod new since the last
+    # poll adds no tokens yet, review), time-averaged over the window as the fleet scales.
     import re
     clock = Clock(1000.0)
-    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
-    fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "8"), _row("p:", "4")])
+    src = PrometheusSource(fake.url, FAMILIES + (Family("generation_tokens", "counter"),), interval=5.0, clock=clock)
+    fake.answer([_row("c:generation_tokens", "100"), _row("n:generation_tokens", "3"), _row("e:", "8")])
     t, text = src.fetch()
-    assert src.instances == {"m": 4} and src.engines == {"m": 8} and "p:" not in text
+    assert src.instances == {"m": 3} and src.engines == {"m": 8} and "n:" not in text
 
     def sample(text: str, name: str) -> float:
         return float(re.search(rf"^vllm:{name}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
@@ -446,22 +446,24 @@ def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens
     frames = list(simulate.generate(sc))
     cfg = Config(prometheus="http://prometheus:9090", instance_hour_price=10.0, window_seconds=60.0,
                  slo=Slo(ttft_seconds=100.0, tpot_seconds=100.0))
-    fleet = Runner(cfg, "http://prometheus:9090", clock=lambda: frames[-1][0], scope="fleet")
-    for t, text, _ in frames:
-        assert fleet.ingest_text(t, scaled(text, 4), engine_counts={MODEL: 4}, instance_counts={MODEL: 4})
-    cost = fleet.current()[0].models[MODEL].slo_cost
-    # by hand: SLOs no request misses (pass 1), one pod's output tokens over the 60 s window
-    (t0, a, _), (t1, b, _) = frames[-13], frames[-1]
-    assert t1 - t0 == pytest.approx(60.0)
-    pod_tps = (sample(b, "generation_tokens_total") - sample(a, "generation_tokens_total")) / (t1 - t0)
-    assert cost.pass_lower == cost.pass_upper == 1.0
-    assert cost.cost_lower == pytest.approx(10.0 * 1e6 / (pod_tps * 3600.0), rel=1e-9)
-    # the pods unknown (no p: answer): no cost, and why
+    for pods in (lambda i: 4, lambda i: 2 if i < len(frames) - 6 else 6):
+        fleet = Runner(cfg, "http://prometheus:9090", clock=lambda: frames[-1][0], scope="fleet")
+        for i, (t, text, _) in enumerate(frames):
+            assert fleet.ingest_text(t, scaled(text, 4), engine_counts={MODEL: 4}, instance_counts={MODEL: pods(i)})
+        cost = fleet.current()[0].models[MODEL].slo_cost
+        # by hand: SLOs no request misses (pass 1), one pod's output tokens over the 60 s window (its
+        # 12 steps of 5 s); the pods, 4 throughout, or 2 for 6 steps and 6 for the last 6: 4 on average
+        (t0, a, _), (t1, b, _) = frames[-13], frames[-1]
+        assert t1 - t0 == pytest.approx(60.0) and frames[-7][0] - t0 == pytest.approx(30.0)
+        pod_tps = (sample(b, "generation_tokens_total") - sample(a, "generation_tokens_total")) / (t1 - t0)
+        assert cost.pass_lower == cost.pass_upper == 1.0
+        assert cost.cost_lower == pytest.approx(10.0 * 1e6 / (pod_tps * 3600.0), rel=1e-9)
+    # the pods unknown (the source told none): no cost, and why
     blind = Runner(cfg, "http://prometheus:9090", clock=lambda: frames[-1][0], scope="fleet")
     for t, text, _ in frames:
         blind.ingest_text(t, scaled(text, 4), engine_counts={MODEL: 4})
     m = blind.current()[0].models[MODEL]
-    assert m.slo_cost.cost_lower is None and "pods the model's tokens come from" in m.unknown[
+    assert m.slo_cost.cost_lower is None and "pods the model's output tokens come from" in m.unknown[
         "cost_per_million_slo_output_tokens_lower"]
 
 
