@@ -899,7 +899,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
             out["slo_cost"] = cost
             for key, why in (cost.reasons or {}).items():
                 signal = "cost_per_million_slo_output_tokens" + ("_upper" if key == "cost_upper" else "_lower")
-                if instances is None and cfg.instance_hour_price is not None:
+                if instances is None and cfg.instance_hour_price is not None and tps is not None:
                     why = ("fleet mode: the pods the model's output tokens come from are unknown for a poll in the "
                            "publish window")
                 unknown.setdefault(signal, why)

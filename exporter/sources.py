@@ -542,12 +542,10 @@ class PrometheusSource:
             query = self.promql(t - start, born)
         rows = _vector(self._query(query, t), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
-        # output tokens this range's sum holds, not those with a sample at t (a pod new since the
-        # last poll adds its tokens from its second poll on)
+        # output tokens this range's sum holds (p:), not those with a sample at t
         self.engines, self.instances = ({labels.get("model_name", ""): int(value) for labels, value in rows
-                                         if labels.get(_QUERY_LABEL) == qid and value >= 1}
-                                        for qid in ("e:", f"n:{_PRICED_BY}"))
-        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) != "e:"])
+                                         if labels.get(_QUERY_LABEL) == qid and value >= 1} for qid in ("e:", "p:"))
+        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")])
         self._end, self.answer_delay = t, t - now
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then
@@ -603,7 +601,7 @@ class PrometheusSource:
         needs history the selected pods may not have yet), a series without a sample at the
         growth's start counted whole when its ``_created`` is after ``born_after`` [unix s]
         (:func:`_growth`), and per model the pods × ``engine`` labels with counters (``e:``,
-        :attr:`engines`)."""
+        :attr:`engines`) and the pods in the output tokens' growth (``p:``, :attr:`instances`)."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
         if self._counters:
@@ -617,7 +615,13 @@ class PrometheusSource:
         born = None if born_after is None else (self._selector(f, "_created"), born_after)
         if f.kind == "counter":
             growth = _growth(self._selector(f, '(_total)?'), r, born)
-            return [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth))]
+            out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth))]
+            if f.name == _PRICED_BY and r is not None:
+                # the pods priced: in the tokens' sum with a real sample in the range (a gone pod's
+                # growth reads 0 for the 5-min lookback; a staleness marker is no sample)
+                present = _preferred(f"present_over_time({{}}[{r}])", self._selector(f, '(_total)?'))
+                out.append(("p:", _pods(f"({growth} and {present})")))
+            return out
         if f.kind == "histogram":
             return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born)})"),
                     (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born)})"),

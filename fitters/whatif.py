@@ -247,7 +247,7 @@ class FittedModel:
         if why is None and None in (self.c0, self.c1, self.running, self.queue_time):
             missing = [what for what, v in (("the load-aware fit's c0 and c1", None if None in (self.c0, self.c1) else 1.0),
                                             ("the publish window's num_requests_running", self.running),
-                                            ("its queue time", self.queue_time)) if v is None]
+                                            ("the publish window's queue time", self.queue_time)) if v is None]
             unknown["ttft_load_aware"] = f"needs {', '.join(missing)}, which kvhit does not have"
         elif why is None:
             ttft_l = self.queue_time + predict_prefill_latency(

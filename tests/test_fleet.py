@@ -424,9 +424,9 @@ def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens
     import re
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES + (Family("generation_tokens", "counter"),), interval=5.0, clock=clock)
-    fake.answer([_row("c:generation_tokens", "100"), _row("n:generation_tokens", "3"), _row("e:", "8")])
+    fake.answer([_row("c:generation_tokens", "100"), _row("n:generation_tokens", "4"), _row("p:", "3"), _row("e:", "8")])
     t, text = src.fetch()
-    assert src.instances == {"m": 3} and src.engines == {"m": 8} and "n:" not in text
+    assert src.instances == {"m": 3} and src.engines == {"m": 8} and "p:" not in text
 
     def sample(text: str, name: str) -> float:
         return float(re.search(rf"^vllm:{name}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
@@ -1169,6 +1169,38 @@ def test_a_pod_new_since_the_last_poll_adds_its_whole_value_and_an_older_one_onl
             assert at("b", start) is None and at("b", end) > 500.0 and first_seen > start
             # every family alike: the hit ratio's numerator and denominator cover the same pods
             assert polls[-1][1][name] - polls[0][1][name] == pytest.approx(by_hand, abs=1e-6), (name, polls)
+    finally:
+        _stop(pods.values(), procs)
+
+
+def test_the_pods_priced_are_those_with_output_tokens_in_the_range_idle_or_busy_not_gone(tmp_path):
+    # Seed 003 prices instance-hours (MODEL.md §5). A gone pod's growth reads 0 for the 5-min lookback
+    # (each end is its last real sample): counting the pods in the growth priced a scaled-down pod 5
+    # more minutes (review: 3 pods for 2, cost 1.5x). Priced: a pod with a real sample in the range,
+    # busy (a) or idle (c), not one whose scrapes fail since before it (b).
+    t0 = time.time()
+    up = {"a": True, "b": True, "c": True}
+    rate = {"a": 100.0, "b": 100.0, "c": 0.0}  # output tokens/s
+
+    def body(name: str):
+        return lambda: _counters("vllm:generation_tokens", 500 + round(rate[name] * (time.time() - t0))) \
+            if up[name] else None
+
+    pods, procs = {name: _pod(body(name)) for name in up}, Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, pods)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:generation_tokens_total[10s]) >= 3")) == 3,
+                 30, "three samples of every pod")
+        src, seen = PrometheusSource(prom, (Family("generation_tokens", "counter"),), interval=2.0), []
+        poll = _poller(src, [])
+        for step in range(5):
+            poll()
+            seen.append(dict(src.instances))
+            if step == 2:
+                up["b"] = False  # gone: its scrapes fail, Prometheus marks its series stale
+            time.sleep(2.5)
+        # the baseline prices nothing (no growth yet); three pods, then b's last range, then two
+        assert seen[0] == {} and seen[1] == seen[2] == {"m": 3} and seen[4] == {"m": 2}, seen
     finally:
         _stop(pods.values(), procs)
 

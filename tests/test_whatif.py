@@ -29,7 +29,7 @@ def test_an_unknown_loaded_share_leaves_ttft_unknown_at_h_above_0_and_chip_time_
     assert at_0.ttft_service == pytest.approx(0.232)
     # no contention fit in FIT (c0, c1 None): the load-aware TTFT alone is unknown, and says why
     assert at_0.ttft_load_aware is None and set(at_0.unknown) == {"ttft_load_aware"}
-    assert "no load-aware fit" in at_0.unknown["ttft_load_aware"]
+    assert "c0 and c1" in at_0.unknown["ttft_load_aware"]
     # a known share 0.2 at h 0.5: h_load = 0.1, T_load = 0.1·1000·1e5/1e10 = 1 ms, T_compute =
     # 0.1 + 0.0225 = 0.1225 s, TTFT = 0.002 + 0.001 + 0.1225 - 0.5·0.001 = 0.125 s
     assert FittedModel(**FIT, hit_load_share=0.2).predict(0.5, 1000.0, 20.0).ttft_service == pytest.approx(0.125)
