@@ -434,7 +434,7 @@ def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens
     def scaled(text: str, pods: int) -> str:  # the sum of `pods` identical pods, as fleet mode renders it
         # the simulator has no TPOT histogram: one with every request at 20 ms
         n, lab = sample(text, "time_to_first_token_seconds_count"), f'engine="0",model_name="{MODEL}"'
-        text += "".join([f"# TYPE vllm:request_time_per_output_token_seconds histogram\n",
+        text += "".join(["# TYPE vllm:request_time_per_output_token_seconds histogram\n",
                          *(f'vllm:request_time_per_output_token_seconds_bucket{{{lab},le="{le}"}} {n!r}\n'
                            for le in ("0.05", "+Inf")),
                          f"vllm:request_time_per_output_token_seconds_count{{{lab}}} {n!r}\n",
