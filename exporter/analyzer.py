@@ -892,8 +892,10 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
             tps = gen / w.dt if gen is not None and w.dt > 0 else None
             # the price of the instances the tokens come from: fleet mode sums pods (a review read a
             # 4-pod fleet's cost 4x too low), time-averaged over the window as they scale
-            instances = (w.instance_seconds / w.dt if w.instance_seconds is not None and w.dt > 0 else None) \
-                if cfg.prometheus else 1
+            if not cfg.prometheus:
+                instances = 1.0
+            else:
+                instances = w.instance_seconds / w.dt if w.instance_seconds is not None and w.dt > 0 else None
             price = None if cfg.instance_hour_price is None or instances is None else cfg.instance_hour_price * instances
             cost = slo_cost(a, b, tps, price, cfg.retry_rate)
             out["slo_cost"] = cost

@@ -414,9 +414,8 @@ def calibrated_parameters(m: ModelAnalysis) -> dict[str, dict]:
                               unit="s", reason=f"t_step x {m.fitted.steps_per_request:.2f} engine steps per "
                                                 f"request (last publish window)")
     else:
-        step = chip.params.get("t_step")
-        out["t_fixed"] = _est(None, status=chip.status.value if not chip.ok else step.status.value
-                              if step is not None and not step.ok else "unknown",
+        step = out["t_step"]["status"]  # withheld for T_step's status, or (T_step ok) for the steps
+        out["t_fixed"] = _est(None, status="unknown" if step == "ok" else step,
                               reason=chip.reason or m.unknown.get("fixed_time", "no fit"), unit="s")
     la = m.fits["load_aware"]
     for key, unit in (("c0", "1"), ("c1", "1/request")):

@@ -245,9 +245,9 @@ class FittedModel:
                        "bandwidth is unknown, so T_load and its overlap are")
         unknown = {} if why is None else {"ttft_service": why, "ttft_load_aware": why}
         if why is None and None in (self.c0, self.c1, self.running, self.queue_time):
-            missing = [what for what, v in (("the load-aware fit's c0 and c1", None if None in (self.c0, self.c1) else 1.0),
-                                            ("the publish window's num_requests_running", self.running),
-                                            ("the publish window's queue time", self.queue_time)) if v is None]
+            missing = [what for what, absent in (("the load-aware fit's c0 and c1", None in (self.c0, self.c1)),
+                                                 ("the publish window's num_requests_running", self.running is None),
+                                                 ("the publish window's queue time", self.queue_time is None)) if absent]
             unknown["ttft_load_aware"] = f"needs {', '.join(missing)}, which kvhit does not have"
         elif why is None:
             ttft_l = self.queue_time + predict_prefill_latency(

@@ -418,9 +418,9 @@ def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engine
 def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens(fake):
     # Seed 003's unit cost is the instance-hour price over an instance's SLO-passing tokens (MODEL.md
     # §5). Fleet mode sums the tokens of its pods: a review read a fleet of 4 identical pods at 1/4 of
-    # one pod's cost (1.348 for 5.392). The fleet pays for the pods its output tokens come from (the
-    # pods counted in generation_tokens' sum, not those with a sample at t: a pod new since the last
-    # poll adds no tokens yet, review), time-averaged over the window as the fleet scales.
+    # one pod's cost (1.348 for 5.392). The fleet pays for the pods its output tokens come from (p:,
+    # pods in generation_tokens' growth with a real sample in the range: the real-Prometheus test
+    # below), time-averaged over the window as the fleet scales.
     import re
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES + (Family("generation_tokens", "counter"),), interval=5.0, clock=clock)
