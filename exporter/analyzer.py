@@ -780,7 +780,8 @@ def _went_back(before: HistogramDelta, after: HistogramDelta) -> bool:
     ``after`` while the step ``before`` had them (exporter/window.py makes that step's Δsum NaN,
     drops its buckets or keeps only the edges both scrapes share): ``_count`` alone tells no
     glitch of the sum or the buckets."""
-    return (math.isfinite(before.sum) and not math.isfinite(after.sum)) or not set(before.edges) <= set(after.edges)
+    return ((math.isfinite(before.sum) and not math.isfinite(after.sum))
+            or (before.edges is not after.edges and not set(before.edges) <= set(after.edges)))  # `is`: the plan's one tuple
 
 
 def _rates(d: Delta) -> dict[str, float]:

@@ -18,7 +18,7 @@ from scipy.optimize import nnls
 
 from .model import CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, soft_l1_weight, solve_normal
+from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, median, soft_l1_weight, solve_normal
 from .result import Estimate, FitResult, Status, measured
 
 # Keep-order when columns are collinear: the simpler term survives (MODEL.md §6).
@@ -172,7 +172,7 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     # so rows are divided by their size: by Δt for the NNLS start, then by the start's prediction
     # (weights that do not depend on the row's own noise).
     p0, _ = nnls(a / y[:, None], np.ones(n))
-    floor = 0.01 * float(np.median(y))
+    floor = 0.01 * median(y)
     size = np.maximum(a @ p0, floor)
     aw, yw = a / size[:, None], y / size
     sigma0 = robust_sigma(aw @ p0 - yw)
@@ -364,7 +364,7 @@ def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int
 def robust_sigma(r: np.ndarray) -> float:
     """1.4826·MAD of relative residuals r, shape (n,) [1]; floored at 1e-9 so a noiseless fit
     still has a positive scale (f_scale of a robust loss, outlier threshold)."""
-    mad = float(np.median(np.abs(r - np.median(r))))
+    mad = median(np.abs(r - median(r)))
     return max(_MAD_TO_SIGMA * mad, 1e-9)
 
 

@@ -48,8 +48,8 @@ import numpy as np
 
 from fitters.model import ChipTimeCoefficients, attention_work, load_time, overlap_time, ttft_unified
 from fitters.observation import Observation
-from fitters.online import (REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, frozen_wls, shared, soft_l1_weight,
-                            solve_normal)
+from fitters.online import (REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, frozen_wls, median, shared,
+                            soft_l1_weight, solve_normal)
 from fitters.result import Z95, Estimate, FitResult, Status, measured
 
 __all__ = [
@@ -286,8 +286,8 @@ def _solve(design: np.ndarray, z: np.ndarray, w: np.ndarray, lower: np.ndarray, 
     plain = frozen_wls(a, b, np.ones(len(b)), np.zeros(p, dtype=bool), x0, lower, upper)
     first = bounded_lsq(a, b, x0, lower, upper)[0] if plain is None else plain
     res0 = a @ first - b
-    mad = float(np.median(np.abs(res0 - np.median(res0))))
-    floor = 1e-9 * float(np.median(np.abs(b))) + 1e-15  # noiseless data: keep f_scale > 0
+    mad = median(np.abs(res0 - median(res0)))
+    floor = 1e-9 * median(np.abs(b)) + 1e-15  # noiseless data: keep f_scale > 0
     f_scale = max(1.4826 * mad, floor)
     theta, active = bounded_lsq(a, b, first if start is None else x0, lower, upper, f_scale)
     return _Solution(theta, _robust_covariance(a, b, theta, f_scale), design @ theta, f_scale, active,

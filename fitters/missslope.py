@@ -32,7 +32,7 @@ from scipy.optimize import least_squares, nnls
 
 from .chiptime import robust_sigma
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, solve_normal
+from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, median, solve_normal
 from .result import Estimate, FitResult, Status
 
 # A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip; one as
@@ -130,7 +130,7 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
         return checked, anomalies, anomalies.copy(), None
 
     # Median-scaled so that the reference's coefficients are O(1).
-    y_scale = float(np.median(np.abs(yf))) or 1.0
+    y_scale = median(np.abs(yf)) or 1.0
     ys = yf / y_scale
     starts = _starts(hf, ys)
     if previous is not None:
@@ -278,8 +278,8 @@ def _starts(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     s = -b1/b0 (clipped to [0, 1]), through the points within 5 MADs of the median TPS (a glitch
     far above them, 200× the median, tilted it so that the fit from it slid under every other
     point); and MODEL.md §7's curve (s = 1) by NNLS."""
-    dev = np.abs(y - np.median(y))
-    mad = float(np.median(dev))
+    dev = np.abs(y - median(y))
+    mad = median(dev)
     near = dev <= 5.0 * mad
     # all points when that leaves one h node: more than half of them at one TPS (MAD 0), or one h
     if not (mad > 0 and np.ptp(h[near]) >= H_RESOLUTION):

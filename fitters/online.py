@@ -114,6 +114,21 @@ def _spd_solve(m: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
     return None if info else x / d
 
 
+def median(x: np.ndarray) -> float:
+    """np.median of a 1-D array, bit for bit (nan when x holds one), without its per-call overhead
+    (~10 µs, 4 % of a 64-model cycle: the refits take several medians each); nan for an empty x
+    (without np.median's warning)."""
+    n = len(x)
+    if not n:
+        return math.nan
+    k = n // 2
+    # -1 too: NaN sorts last, so a NaN anywhere lands there
+    part = np.partition(x, (k, n - 1) if n % 2 else (k - 1, k, n - 1))
+    if part[-1] != part[-1]:
+        return math.nan
+    return float(part[k]) if n % 2 else float((part[k - 1] + part[k]) / 2.0)
+
+
 def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray | float, upper: np.ndarray | float,
                 f_scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The minimum of a bounded linear least squares, what scipy's ``least_squares(lambda x: a·x − b,

@@ -5,12 +5,14 @@ Expected values come from plain lists and from numpy/scipy solved here independe
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.optimize import least_squares
 
-from fitters.online import (AmortizedFit, GramSums, LazyFitResult, RowBuffer, bounded_lsq, frozen_wls, soft_l1_weight,
-                            solve_normal)
+from fitters.online import (AmortizedFit, GramSums, LazyFitResult, RowBuffer, bounded_lsq, frozen_wls, median,
+                            soft_l1_weight, solve_normal)
 from fitters.result import FitResult, Status
 
 
@@ -366,3 +368,20 @@ def test_lazy_fit_result_builds_once_on_first_read():
     assert lazy.samples == 7 and lazy.r2 == 0.5 and lazy.ok
     assert lazy == FitResult(Status.OK, samples=7, r2=0.5)
     assert calls == [1]
+
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 7, 8, 300, 301])
+def test_median_is_numpys_bit_for_bit(n):
+    """The refits' median (fitters.online.median) against np.median, the reference: odd and even
+    lengths, values spanning 18 decades, ±inf, -0.0 and NaN (which makes the median NaN)."""
+    rng = np.random.default_rng(n)
+    for k in range(200):
+        x = rng.standard_normal(n) * 10.0 ** rng.integers(-9, 10, n)
+        if n and k % 4 == 0:
+            x[rng.integers(n)] = (np.inf, -np.inf, np.nan, -0.0)[k // 4 % 4]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # np.median of nothing warns
+            want = np.median(x)
+        got = median(x)
+        assert got == want or (np.isnan(got) and np.isnan(want)), (x, got, want)
