@@ -423,7 +423,8 @@ class Analyzer:
                 f"{engines} {what}: the chip-time fit sees their summed work per "
                 f"wall-clock second, so its coefficients and the service TTFT predicted from them describe the "
                 f"{engines} engines as one machine (one request's prefill takes about {engines}x that; the "
-                f"load-aware TTFT is fitted to the observed one); per-GPU TPM counts tp x pp x {engines} GPUs")
+                f"load-aware TTFT is fitted to the observed one); the capacity bound and delta take them with "
+                f"{engines} x B_load (a link each); per-GPU TPM counts tp x pp x {engines} GPUs")
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             warnings=warnings,
@@ -980,7 +981,11 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     elif problem:
         unknown.setdefault("capacity_bound", f"T0 (h = 0): {problem}")
     else:
-        fo = first_order_capacity(isl, t0, kv, bandwidth[0] if bandwidth else None)
+        # T0 is the E summed engines' as one machine (their fitted work per wall second), so its
+        # link is E links: B_load (per GPU, each engine's GPUs load in parallel) × E keeps δ each
+        # engine's and Θ's load bound the E engines' together, as Θ0 is
+        engines = _engine_count(snap, model)
+        fo = first_order_capacity(isl, t0, kv, bandwidth[0] * engines if bandwidth else None)
         out["load_compute_ratio"] = fo.delta
         bound = {}
         now = fo.theta(h_all, h_load)

@@ -220,7 +220,8 @@ CAPACITY_BOUND = _m("kvhit_capacity_bound_tokens_per_second", "First-order capac
                     "compute time (full overlap, no fixed cost: an upper bound); hit_ratio=current or target "
                     "[prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
 LOAD_COMPUTE = _m("kvhit_load_compute_ratio", "delta = ISL x S_kv / (B_load x T0): loading every prompt token's "
-                  "KV vs computing them at h=0, a ratio of two times: above 1 when loading is the slower [1].",
+                  "KV vs computing them at h=0, a ratio of two times: above 1 when loading is the slower; with E "
+                  "engines summed (data-parallel, fleet) T0 is theirs as one machine and B_load is E x B_load [1].",
                   section="§3.3")
 
 ALL: tuple[Metric, ...] = tuple(_ALL)

@@ -397,6 +397,43 @@ def test_data_parallel_engines_divide_the_predicted_per_gpu_tpm_too():
             assert tpm[(basis, kind, "gpu")] == pytest.approx(tpm[(basis, kind, "instance")] / 2, rel=1e-12)
 
 
+
+def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
+    # MODEL.md §3.3: δ = N·S_kv/(B_load·T0) is a ratio of one engine's times; with the truth's
+    # N = 2048, S_kv = 32·32·128·2·2 = 524288 B, B_load = 12.5e9 B/s, T0 = k_ffn·N + k_attn·N²/2 =
+    # 1e-4·2048 + 1e-8·2048²/2 = 0.22577 s: δ = 0.085899/0.22577 = 0.38047, one engine or two. Two
+    # identical engines (each its own link) deliver twice: Θ(h) = Θ0/max(1 − h, δ·h_load) doubles.
+    # (Before, T0 of the two as one machine, halved, met one link's B_load: δ read 2×, Θ's load bound ½×.)
+    from dataclasses import replace
+
+    from exporter.config import load_config
+    from exporter.replay import TraceClock
+    from exporter.simulate import SIM_GEOMETRY, Truth, generate, preset
+
+    def two_engines(text: str) -> str:
+        return text + "".join(ln.replace('engine="0"', 'engine="1"') + "\n" for ln in text.splitlines()
+                              if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info"))
+
+    sc = preset("sweep", noise=0.0)
+    env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()}
+    env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = str(Truth.load_bandwidth)
+    config = replace(load_config(None, environ=env), interval=sc.interval)
+    n = 2048.0
+    delta = n * 524288.0 / (12.5e9 * (1e-4 * n + 1e-8 * n * n / 2.0))
+    bound = {}
+    for engines, body in ((1, lambda text: text), (2, two_engines)):
+        clock = TraceClock()
+        runner = Runner(config, "sim", clock=clock)
+        for t, text, _ in generate(sc):
+            clock.t = t
+            assert runner.ingest_text(t, body(text))
+        pub = published(runner)
+        assert series(pub, "kvhit_load_compute_ratio")[(("model_name", "sim-model"),)] == pytest.approx(delta, rel=1e-3)
+        bound[engines] = series(pub, "kvhit_capacity_bound_tokens_per_second")
+    assert bound[1].keys() == bound[2].keys() and len(bound[1]) == 2  # hit_ratio current and target
+    for k, theta in bound[1].items():
+        assert bound[2][k] == pytest.approx(2.0 * theta, rel=1e-6)
+
 def test_lmcache_metrics_without_external_counters_make_loaded_hits_unknown_never_zero():
     # vLLM 0.10-shaped (no external_prefix_cache_*), cache_config_info without offloading, but
     # LMCache's own metrics in the body: a KV connector is in use, whose hits vLLM does not count.
