@@ -26,7 +26,7 @@ from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
 from fitters.missslope import MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           prefill_share)
+                           prefill_share, tpm_hit_correction)
 from fitters.observation import Observation
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
@@ -73,6 +73,7 @@ class ModelAnalysis:
         unknown: signal → reason it is unknown.
         isl, osl: window means [tokens]; observed_ttft: window-mean TTFT [s].
         tpm_observed: {("delivered"|"physical", "instance"|"gpu")} → tokens/min (§3.4 observed).
+        tpm_target: the same carried to the target hit ratio by the hit→hit correction (§3.5).
         fits: "chip_time" | "miss_slope" | "overlap" | "load_aware" | "max_num_seqs" → FitResult.
         miss_slope_derived: ("tps0", "a") Estimates from the chip-time model (§4), or {}.
         fitted: the frozen model for predictions (None until the chip-time fit is ok).
@@ -108,6 +109,7 @@ class ModelAnalysis:
     observed_ttft: float | None
     tpm_observed: dict[tuple[str, str], float]
     fits: dict[str, FitResult]
+    tpm_target: dict[tuple[str, str], float] = field(default_factory=dict)
     miss_slope_derived: dict[str, Estimate] = field(default_factory=dict)
     fitted: FittedModel | None = None
     predictions: dict[str, Prediction] = field(default_factory=dict)
@@ -528,7 +530,10 @@ class Analyzer:
         else:
             la = fits["load_aware"]
             unknown.setdefault("contention_factor", f"the load-aware fit (c0, c1) is {la.status.value}: {la.reason}")
-        return replace(out, predictions=preds, bathtubs=bathtubs, miss_slope_derived=derived,
+        tpm_target = _tpm_target(out.tpm_observed, preds, cfg.target_hit_ratio, isl, osl, cfg.model.gpus * engines,
+                                 unknown)
+        return replace(out, predictions=preds, tpm_target=tpm_target,
+                       bathtubs=bathtubs, miss_slope_derived=derived,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 
@@ -648,6 +653,28 @@ def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, s
     return out
 
 
+def _tpm_target(observed: Mapping[tuple[str, str], float], preds: Mapping[str, Prediction], target_h: float | None,
+                isl: float, osl: float, gpus: int, unknown: dict[str, str]) -> dict[tuple[str, str], float]:
+    """The observed delivered TPM carried to the target hit ratio (MODEL.md §3.5, seed 000 §8):
+    × C(h)/C(target), C = P + D the chip time per request of the window's mean request (ISL, OSL)
+    at each h; physical = delivered × (ISL·(1 − target) + OSL)/(ISL + OSL). Keys as
+    ``tpm_observed``; {} with why in ``unknown["tpm_target"]`` when an input is unknown (no
+    ``target_h`` configured: {} alone)."""
+    if target_h is None:
+        return {}
+    now, target, measured_tpm = preds.get("current"), preds.get("target"), observed.get(("delivered", "instance"))
+    if now is None or target is None or measured_tpm is None:
+        missing = [what for what, absent in (("the observed delivered TPM", measured_tpm is None),
+                                             ("the chip time per request at the current h", now is None),
+                                             ("the chip time per request at the target h", target is None)) if absent]
+        unknown.setdefault("tpm_target", f"needs {' and '.join(missing)} (see tpm_observed, predicted_current, "
+                                         "predicted_target)")
+        return {}
+    delivered, physical = tpm_hit_correction(measured_tpm, now.t_chip, target.t_chip, isl, osl, target.hit_ratio)
+    return {("delivered", "instance"): delivered, ("physical", "instance"): physical,
+            ("delivered", "gpu"): delivered / gpus, ("physical", "gpu"): physical / gpus}
+
+
 def _load_share(w: Delta, h_all: float | None, h_load: float | None) -> float | None:
     """h_load/h of the publish window [1], what a what-if at another h assumes; None when unknown:
     h_load unknown, or no hit in the window while a connector was asked for some (0/0: external
@@ -713,7 +740,7 @@ def _prefill_covariance(chip: FitResult) -> tuple[tuple[float, ...], ...] | None
 def _predictions_unknown(unknown: dict[str, str], cfg: Config, why: str, *more: str) -> None:
     """``why`` for every value predicted from the chip-time fit at the window's traffic (and ``more``)."""
     for signal in ("predicted_current", "bathtub_chip_time", "miss_slope_derived", "contention_factor", *more) + (
-            ("predicted_target",) if cfg.target_hit_ratio is not None else ()):
+            ("predicted_target", "tpm_target") if cfg.target_hit_ratio is not None else ()):
         unknown.setdefault(signal, why)
 
 

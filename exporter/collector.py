@@ -134,8 +134,9 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
     f.add(N.ISL, base, m.isl)
     f.add(N.OSL, base, m.osl)
     f.add(N.OBSERVED_TTFT, base, m.observed_ttft)
-    for (kind, per), value in m.tpm_observed.items():
-        f.add(N.TPM, {**base, "kind": kind, "basis": "observed", "per": per}, value)
+    for basis, tpm in (("observed", m.tpm_observed), ("target", m.tpm_target)):
+        for (kind, per), value in tpm.items():
+            f.add(N.TPM, {**base, "kind": kind, "basis": basis, "per": per}, value)
     f.add(N.KV_BYTES, base, m.kv_bytes_per_token)
     if m.load_bandwidth is not None:
         f.add(N.LOAD_BANDWIDTH, {**base, "source": m.load_bandwidth[1]}, m.load_bandwidth[0])

@@ -8,7 +8,7 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
         "window_seconds": s, "window_steps": int, "hit_ratio": {"all"|"device"|"loaded": ratio},
         "unknown": {"signal": "reason"}, "warnings": {"warning": "reason"}, "isl": tokens, "osl": tokens,
         "observed_ttft_seconds": s,
-        "tpm_observed": {"delivered_instance": tokens/min, ...},
+        "tpm_observed": {"delivered_instance": tokens/min, ...}, "tpm_target": {the same at target_hit_ratio},
         "fits": {"chip_time"|"miss_slope"|"overlap"|"load_aware": {"status", "reason", "samples", "r2",
                  "params": {"name": {"value" (null unless that parameter's status is ok; a fit that is not ok
                  passes its status and reason to each parameter), "stderr", "status",
@@ -101,6 +101,7 @@ def model_to_dict(m: ModelAnalysis) -> dict:
         "hit_ratio": m.hit_ratio, "unknown": m.unknown, "warnings": m.warnings, "isl": m.isl, "osl": m.osl,
         "observed_ttft_seconds": m.observed_ttft,
         "tpm_observed": {f"{k}_{p}": v for (k, p), v in m.tpm_observed.items()},
+        "tpm_target": {f"{k}_{p}": v for (k, p), v in m.tpm_target.items()},
         "fits": {k: fit_to_dict(v) for k, v in m.fits.items()},
         "miss_slope_derived": {k: {"value": e.value, "stderr": e.stderr} for k, e in m.miss_slope_derived.items()},
         "fit": m.fitted.to_dict() if m.fitted else None,

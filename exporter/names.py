@@ -89,8 +89,9 @@ TPM = _m("kvhit_tpm_tokens_per_minute", "Delivered TPM counts cached input, phys
          "basis=observed from counters over the publish window, predicted = the chip-time model's throughput "
          "of an always-busy engine at the current h, ISL, OSL and the observed engine steps per request (they fall "
          "as concurrency rises): a capacity estimate, within the chip-time fit's error of what the engine delivers; "
-         "per=gpu divides by tp*pp*engines [tokens/min].",
-         MODEL + ("kind", "basis", "per"), section="§3.4")
+         "target = the observed TPM carried to target_hit_ratio by the hit-to-hit correction x C(h)/C(target), C = "
+         "the chip time per request (MODEL.md 3.5); per=gpu divides by tp*pp*engines [tokens/min].",
+         MODEL + ("kind", "basis", "per"), section="§3.4, §3.5")
 
 # --- fits (MODEL.md §4, §6, §7, §3.2) -----------------------------------------------------
 FIT_STATUS = _m("kvhit_fit_status", "1 for the current status of each fit (ok, insufficient_data, "

@@ -434,6 +434,41 @@ def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
     for k, theta in bound[1].items():
         assert bound[2][k] == pytest.approx(2.0 * theta, rel=1e-6)
 
+
+def test_observed_tpm_is_carried_to_the_target_hit_ratio_by_the_hit_to_hit_correction():
+    # MODEL.md §3.5: TPM_delivered(target) = TPM_delivered(h)·C(h)/C(target), C = P + D the chip
+    # time per request; physical = delivered·(ISL·(1 − target) + OSL)/(ISL + OSL). By hand from the
+    # simulator's truth (ISL 2048, OSL 128, k_ffn 1e-4, k_attn 1e-8, k_dec 1e-3): C(h) =
+    # k_ffn·M + k_attn·(M·H + M²/2) + OSL·k_dec, M = (1 − h)·ISL, H = h·ISL; T_fixed (t_step 1e-4 × the
+    # ~13 steps a request takes, < 1 % of C at both h) is left out of the hand value: rel 1 %.
+    from dataclasses import replace
+
+    from exporter.config import load_config
+    from exporter.replay import TraceClock
+    from exporter.simulate import generate, preset
+
+    sc = preset("sweep", noise=0.0)
+    runner = Runner(replace(load_config(None, environ={"KVHIT_TARGET_HIT_RATIO": "0.5"}), interval=sc.interval),
+                    "sim", clock=(clock := TraceClock()))
+    for t, text, _ in generate(sc):
+        clock.t = t
+        assert runner.ingest_text(t, text)
+    pub = published(runner)
+    tpm = {(dict(k)["basis"], dict(k)["kind"], dict(k)["per"]): v
+           for k, v in series(pub, "kvhit_tpm_tokens_per_minute").items()}
+    h = series(pub, "kvhit_hit_ratio")[(("model_name", "sim-model"), ("source", "all"))]
+    assert h > 0.9  # the sweep ends in agentic traffic
+
+    def chip(h: float) -> float:
+        m, hit = (1 - h) * 2048.0, h * 2048.0
+        return 1e-4 * m + 1e-8 * (m * hit + m * m / 2) + 128 * 1e-3
+
+    delivered = tpm[("observed", "delivered", "instance")] * chip(h) / chip(0.5)
+    assert tpm[("target", "delivered", "instance")] == pytest.approx(delivered, rel=1e-2)
+    assert tpm[("target", "physical", "instance")] == pytest.approx(
+        tpm[("target", "delivered", "instance")] * (2048 * 0.5 + 128) / (2048 + 128), rel=1e-12)
+    assert tpm[("target", "delivered", "gpu")] == tpm[("target", "delivered", "instance")]  # tp = pp = 1, one engine
+
 def test_lmcache_metrics_without_external_counters_make_loaded_hits_unknown_never_zero():
     # vLLM 0.10-shaped (no external_prefix_cache_*), cache_config_info without offloading, but
     # LMCache's own metrics in the body: a KV connector is in use, whose hits vLLM does not count.
