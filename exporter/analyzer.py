@@ -984,6 +984,8 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         unknown.setdefault("kv_peak_bytes", "sizing.batch and sizing.max_len not configured")
     elif kv is not None:
         out["kv_peak_bytes"] = peak_kv_bytes(cfg.sizing.batch, cfg.sizing.max_len, kv)
+    else:
+        unknown.setdefault("kv_peak_bytes", f"B x N_max x S_kv, and S_kv is unknown: {unknown['kv_bytes_per_token']}")
 
     # economic max-num-seqs (§5)
     res = st.tpot.result(tpot_slo)

@@ -157,6 +157,9 @@ def test_unconfigured_cost_and_sizing_are_unknown_with_reasons():
     m = _analysis(config={}).models["m"]
     assert m.slo_cost is None and "slo.ttft_seconds" in m.unknown["slo_pass_ratio"]
     assert m.kv_peak_bytes is None and "sizing.batch" in m.unknown["kv_peak_bytes"]
+    # sizing set, no model geometry: S_kv unknown, and the peak says so (a review found it absent without why)
+    m = _analysis(config={"sizing": {"batch": 8, "max_len": 2048}}).models["m"]
+    assert m.kv_peak_bytes is None and "model geometry" in m.unknown["kv_peak_bytes"]
     # SLOs without a price: pass bounds known, cost unknown, named per bound
     m = _analysis(config={"slo": {"ttft_seconds": 1.5, "tpot_seconds": 0.05}}).models["m"]
     assert m.slo_cost.pass_upper == pytest.approx(0.8) and m.slo_cost.cost_lower is None
