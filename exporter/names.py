@@ -112,6 +112,9 @@ FIXED_TIME = _m("kvhit_fixed_time_seconds", "T_fixed of the per-request chip tim
                 "window, prefill and decode steps; the service TTFT counts the prefill's one step, T_step; absent while T_step "
                 "is not identifiable as its own term (kvhit_unknown_info says why) [s].",
                 section="§7")
+FIXED_TIME_STDERR = _m("kvhit_fixed_time_stderr_seconds", "Standard error of T_fixed: T_step's x the observed engine "
+                       "steps per request (counted, not fitted); published with kvhit_fixed_time_seconds: a T_fixed "
+                       "of 0 (T_step at its bound) is a value within this error, not an exact one [s].", section="§7")
 TPS0 = _m("kvhit_miss_tps0_tokens_per_second", "TPS0, miss-token throughput at h=0 of TPS_miss(h)=TPS0*(1-a*h); "
           "method=direct (robust line through busy-step miss tokens per busy second, current ISL bucket) or "
           "derived (line through the chip-time model's M/t_chip(h)) [tokens/s].", MODEL + ("method",), section="§4")

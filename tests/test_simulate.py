@@ -357,6 +357,41 @@ def test_at_a_constant_concurrency_neither_alpha_nor_t_fixed_stands_on_a_t_step_
     assert 'signal="fixed_time"' in text
 
 
+def test_t_fixed_is_published_with_its_standard_error():
+    # MODEL.md §7: T_fixed = T_step × the window's engine steps per request, the steps counted, so
+    # stderr(T_fixed) = steps × stderr(T_step). The sweep's concurrency runs 6-14, so a request takes
+    # OSL/running + 1 = 10.1-22.3 steps of the truth's 1e-4 s: T_fixed in [1.01, 2.23] ms. Noise-free,
+    # T_step is fitted to rounding; at 2 % noise its error is as large as T_fixed itself, which a
+    # bare kvhit_fixed_time_seconds (0 at T_step's bound, as a review saw early in a live run) hid.
+    from exporter.collector import KvhitCollector
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    def published(noise: float) -> dict[str, float]:
+        sc = preset("sweep", noise=noise)
+        clock = TraceClock()
+        runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+        for t, text, _ in generate(sc):
+            clock.t = t
+            runner.ingest_text(t, text)
+        return {s.name: s.value for fam in KvhitCollector(runner.current).collect() for s in fam.samples
+                if s.name.startswith(("kvhit_fixed_time", "kvhit_chip_time_coefficient")) and
+                s.labels.get("term", "step") == "step"}
+
+    for noise in (0.0, 0.02):
+        pub = published(noise)
+        t_fixed, se = pub["kvhit_fixed_time_seconds"], pub["kvhit_fixed_time_stderr_seconds"]
+        steps = t_fixed / pub["kvhit_chip_time_coefficient_seconds"]
+        assert 128 / 14 + 1 <= steps <= 128 / 6 + 1
+        assert se == pytest.approx(steps * pub["kvhit_chip_time_coefficient_stderr_seconds"], rel=1e-12)
+        if noise == 0.0:
+            assert 1.01e-3 <= t_fixed <= 2.23e-3 and t_fixed == pytest.approx(1e-4 * steps, rel=1e-2)
+            assert se < 1e-3 * t_fixed
+        else:
+            assert abs(t_fixed - 1e-4 * steps) <= 2 * se
+
+
 def test_a_value_gone_with_num_requests_running_or_the_h_span_says_why():
     # kvhit_unknown_info names why a value is absent (review: with num_requests_running dropped the
     # load-aware TTFT and kvhit_contention_factor vanished without a word; the derived slope did at
