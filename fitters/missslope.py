@@ -52,14 +52,28 @@ _LINE_FREE = (np.zeros(2, dtype=bool), np.zeros(2), np.full(2, -np.inf), np.full
 
 
 def isl_bucket(isl: float) -> Bucket:
-    """The log2 bucket [2^k, 2^(k+1)) holding ``isl`` [tokens] (MODEL.md §4).
+    """The ISL bucket [lo, hi) holding ``isl`` [tokens]: one octave centred on a power of two,
+    edges round(2^(k ± ½)) (…, 724, 1448, 2896, 5793, …; the first [1, 3)) (MODEL.md §4 "e.g.
+    log2 buckets"). Centred, because prompts are so often sized at a power of two: with edges AT
+    2^k, traffic of ISL 2048 ± a few tokens split between two buckets, starving both, and its
+    window mean flipped the published bucket (a review saw the direct slope withdrawn at a mean
+    ISL of 2046.75 on the bundled trace).
 
     Raises ValueError when isl is not finite or < 1.
     """
     if not (math.isfinite(isl) and isl >= 1):
         raise ValueError(f"isl must be a finite number of tokens ≥ 1, got {isl!r}")
-    _, exp = math.frexp(isl)  # isl = m·2^exp with 0.5 ≤ m < 1, exact at powers of two
-    return 1 << (exp - 1), 1 << exp
+    k = max(1, round(math.log2(isl)))  # the nearest power of two; the integer edges decide below
+    if isl >= _edge(k):
+        k += 1
+    elif k > 1 and isl < _edge(k - 1):
+        k -= 1
+    return (1 if k == 1 else _edge(k - 1)), _edge(k)
+
+
+def _edge(k: int) -> int:
+    """Upper edge of the bucket of 2^k: round(2^(k + ½)) tokens."""
+    return round(2.0 ** (k + 0.5))
 
 
 def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_span: float = 0.1) -> FitResult:

@@ -75,7 +75,7 @@ def test_recovers_a_and_flags_tail_chunk_dips(a):
     assert res.value("a") == pytest.approx(a, abs=0.02)
     assert res.value("tps0") == pytest.approx(TPS0, rel=0.02)
     assert abs(res.value("a") - a) < 4 * res.params["a"].stderr
-    assert (res.extra["isl_bucket_lo"], res.extra["isl_bucket_hi"]) == (1024, 2048)
+    assert (res.extra["isl_bucket_lo"], res.extra["isl_bucket_hi"]) == (1448, 2896)
 
     flagged = set(fitter.anomaly_times())
     dip_times = {2.0 * i for i in np.flatnonzero(is_dip)}
@@ -151,20 +151,26 @@ def test_isl_buckets_fitted_separately():
         t += 2.0
         fitter.update(step(t, hi, 0.5 * TPS0 * (1 - long_a * hi) * (1 + NOISE * rng.standard_normal()), isl=3000.0))
 
-    assert set(fitter.buckets()) == {(512, 1024), (2048, 4096)}
+    assert set(fitter.buckets()) == {(362, 724), (2896, 5793)}
     assert fitter.result(isl=700.0).value("a") == pytest.approx(short_a, abs=0.02)
     assert fitter.result(isl=3000.0).value("a") == pytest.approx(long_a, abs=0.02)
     assert fitter.result(isl=3000.0).value("tps0") == pytest.approx(0.5 * TPS0, rel=0.02)
-    assert fitter.result().extra["isl_bucket_lo"] == 2048  # latest step had ISL 3000
-    assert fitter.buckets()[(512, 1024)].value("a") == pytest.approx(short_a, abs=0.02)
+    assert fitter.result().extra["isl_bucket_lo"] == 2896  # latest step had ISL 3000
+    assert fitter.buckets()[(362, 724)].value("a") == pytest.approx(short_a, abs=0.02)
     assert fitter.result(isl=100.0).status is Status.INSUFFICIENT_DATA
 
 
 def test_isl_bucket_edges():
-    assert isl_bucket(1) == (1, 2)
-    assert isl_bucket(1024) == (1024, 2048)
-    assert isl_bucket(1023.9) == (512, 1024)
-    assert isl_bucket(3000) == (2048, 4096)
+    # octaves centred on powers of two, edges round(2^(k ± 1/2)): 2^10.5 = 1448.15, 2^11.5 = 2896.31,
+    # 2^12.5 = 5792.62, 2^9.5 = 724.08, 2^1.5 = 2.83; the first bucket starts at 1 token
+    assert isl_bucket(1) == isl_bucket(2.99) == (1, 3)
+    assert isl_bucket(2048) == isl_bucket(2046.75) == isl_bucket(1448) == isl_bucket(2895.9) == (1448, 2896)
+    assert isl_bucket(1447.9) == isl_bucket(1024) == (724, 1448)
+    assert isl_bucket(3000) == isl_bucket(4096) == (2896, 5793)
+    rng = np.random.default_rng(0)
+    for isl in np.exp(rng.uniform(0.0, 30.0, 2000)):  # the buckets tile [1, ∞)
+        lo, hi = isl_bucket(isl)
+        assert lo <= isl < hi and isl_bucket(hi)[0] == hi
     for bad in (0.0, 0.5, -3.0, math.nan, math.inf):
         with pytest.raises(ValueError):
             isl_bucket(bad)
