@@ -154,18 +154,20 @@ class Delta:
 
 def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
     """How the step from ``prev`` to ``cur`` (``t0`` on the wall clock of the ``_created`` stamps:
-    step_delta's clock_offset) began: "restart" (a ``_created`` timestamp changed, or
-    a counter or observation count went down while no ``_created`` tells otherwise), "foreign" (a
-    ``_created`` changed to a time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a
-    restarted engine creates its series after the old one was last scraped, so this is another
-    process's series — a target URL reaching several pods), "glitch" (a value went down while
-    every ``_created`` both scrapes share stayed put: the same process, so no restart, and its
-    lifetime totals are no increase) or "" (plain increases)."""
+    step_delta's clock_offset) began: "restart" (every ``_created`` timestamp both scrapes share
+    changed — a new process stamps all its series anew —, or a counter or observation count went
+    down while no ``_created`` tells otherwise), "foreign" (they changed to a time before the
+    previous scrape ``t0``, less CREATED_SKEW_SECONDS: a restarted engine creates its series after
+    the old one was last scraped, so this is another process's series — a target URL reaching
+    several pods), "glitch" (a value went down while some ``_created`` both scrapes share stayed
+    put: the same process, so no restart, and its lifetime totals are no increase) or "" (plain
+    increases). Some stamps changed and some not is no restart: one series recreated in a live
+    process (a review moved one family's stamp alone, and its lifetime totals counted as one step:
+    TPM read 5×, h 0.16 for 0.30, the caching verdict not_paying for 24 h); the values decide."""
     if cur.created != prev.created:  # the usual case, equal maps, compared in C
-        for name, b in cur.created.items():
-            a = prev.created.get(name)
-            if a is not None and b != a:
-                return "restart" if b > t0 - CREATED_SKEW_SECONDS else "foreign"
+        shared = [(a, cur.created[name]) for name, a in prev.created.items() if name in cur.created]
+        if shared and all(a != b for a, b in shared):
+            return "restart" if min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS else "foreign"
     down = (any(v < prev.counters[n] for n, v in cur.counters.items() if n in prev.counters)
             or any(h.count < prev.histograms[n].count for n, h in cur.histograms.items() if n in prev.histograms))
     if not down:

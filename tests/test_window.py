@@ -117,7 +117,7 @@ vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}
 # TYPE vllm:prefix_cache_queries_created gauge
 vllm:prefix_cache_queries_created{{engine="0",model_name="m"}} {created}
 # TYPE vllm:spec_decode_num_accepted_tokens_per_pos_created gauge
-vllm:spec_decode_num_accepted_tokens_per_pos_created{{engine="0",model_name="m",position="0"}} 1000.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{{engine="0",model_name="m",position="0"}} {created}
 """
 
 
@@ -138,6 +138,24 @@ def test_series_created_later_is_not_a_restart():
     d = step_delta(a, b, 0.0, 5.0)
     assert d.counters == {"queries": 50.0} and d.resets == 0
 
+
+
+def test_one_stamp_moving_alone_is_no_restart():
+    # A review moved one family's _created (mm_cache_queries, unread) to "now" while every counter
+    # kept rising: read as a restart, each counter's lifetime total counted as the step's increase.
+    # A new process stamps every series anew; here the others stayed at 1000: plain increase 50.
+    moved = 'vllm:mm_cache_queries_created{{engine="0",model_name="m"}} {}\n'
+    a = parse_exposition(EXPO.format(q=100.0, created=1000.0) + moved.format(1000.0), 0.0).models["m"]
+    b = parse_exposition(EXPO.format(q=150.0, created=1000.0) + moved.format(1004.0), 5.0).models["m"]
+    d = step_delta(a, b, 0.0, 5.0)
+    assert d.counters == {"queries": 50.0} and (d.resets, d.glitches) == (0, 0)
+    # a read counter's own stamp moving alone while its value fell: the same process (the other
+    # stamps stayed), so its lifetime total is no increase: a glitch, no increases
+    b = parse_exposition(EXPO.format(q=40.0, created=1000.0).replace(
+        'prefix_cache_queries_created{engine="0",model_name="m"} 1000.0',
+        'prefix_cache_queries_created{engine="0",model_name="m"} 1004.0') + moved.format(1000.0), 5.0).models["m"]
+    d = step_delta(a, b, 0.0, 5.0)
+    assert d.counters == {} and (d.resets, d.glitches) == (0, 1)
 
 def test_a_restart_after_the_wall_clock_stepped_back_is_a_restart_not_another_process():
     # kvhit's stamps never step (SteadyClock); the engine's _created is on the wall clock, here set
