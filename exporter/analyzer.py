@@ -8,6 +8,7 @@ ratio, and both bathtubs. Nothing here formats or serves; nothing downstream com
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, 
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
 from fitters.whatif import LOAD_SHARE_UNKNOWN, STEPS_UNKNOWN, FittedModel, Prediction, unidentified_terms
 
+log = logging.getLogger("kvhit")
 
 # Label values the collector publishes each of (1 for the current one, 0 for the others), and a
 # reason as a label value (without the values measured this scrape, fitters/result.py).
@@ -145,6 +147,8 @@ class Analysis:
         models: model_name → ModelAnalysis.
         target_hit_ratio: the configured what-if hit ratio (None = not configured).
         slo_seconds: the configured latency SLOs, "ttft" / "tpot" → seconds (unset ones absent).
+        failed: model_name → the exception type its analysis raised (logged; the model is left
+            out, the others stand).
     """
 
     timestamp: float | None
@@ -153,6 +157,7 @@ class Analysis:
     models: dict[str, ModelAnalysis]
     target_hit_ratio: float | None = None
     slo_seconds: dict[str, float] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
 
     def without_models(self) -> "Analysis":
         """The same analysis with every per-model value removed (stale data is never shown)."""
@@ -315,14 +320,20 @@ class Analyzer:
         snap = self._last
         if snap is None:
             return Analysis(None, "unknown", "no scrape yet", {}, self.config.target_hit_ratio, self._slo())
-        models = {}
+        models, failed = {}, {}
         oldest = snap.timestamp - self.config.max_value_age
         for model in self.windows.models():
             w = self.windows.window(model)
             if w is not None and model in snap.models and w.t1 >= oldest:
-                models[model] = self._model_analysis(snap, model, w)
+                try:
+                    models[model] = self._model_analysis(snap, model, w)
+                except Exception as exc:  # one model's failure (a bug, an absurd input) costs no other model
+                    # the type only in the message: its text may quote a label value from the body
+                    log.warning("analysis of one model at %s failed: %s", snap.timestamp, type(exc).__name__,
+                                exc_info=True)
+                    failed[model] = type(exc).__name__
         self._cache = Analysis(snap.timestamp, snap.engine, snap.reason, models, self.config.target_hit_ratio,
-                               self._slo())
+                               self._slo(), failed)
         return self._cache
 
     def _slo(self) -> dict[str, float]:

@@ -595,6 +595,8 @@ def validate(cfg: Config) -> None:
         ("model.pp", cfg.model.pp, lambda v: v >= 1, "must be >= 1"),
     ]
     for key, value, ok, what in checks:
+        if value is not None and not _finite(value):  # .inf, or 10**400 (beyond a float: OverflowError later)
+            raise ConfigError(f"config key {key}: must be a finite number, got {_shown(value)}")
         if value is not None and not ok(value):
             raise ConfigError(f"config key {key}: {what}, got {value!r}")
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
@@ -623,6 +625,19 @@ def validate(cfg: Config) -> None:
     selector_matchers(cfg.selector)
     listen_address(cfg.listen, "config key listen")
     _validate_geometry(cfg)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond a float's range
+        return False
+
+
+def _shown(value: float) -> str:
+    """A config value as a message quotes it: an int of hundreds of digits by its size."""
+    return f"an integer of {len(str(abs(value)))} digits" if isinstance(value, int) and abs(value) > 10 ** 30 \
+        else repr(value)
 
 
 MAX_TOKEN_BYTES = 64 * 1024  # a Kubernetes service-account token is ~1 KB

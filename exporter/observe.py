@@ -192,7 +192,7 @@ def kv_capacity_tokens(cache_config: Mapping[str, str], gauges: Mapping[str, flo
     if size is not None:
         return size
     blocks, block = cache_config_number(cache_config, "num_gpu_blocks"), cache_config_number(cache_config, "block_size")
-    if blocks is not None and block is not None:
+    if blocks is not None and block is not None and math.isfinite(blocks * block):  # 1e200 × 1e200: no size
         return blocks * block
     cap = gauges.get("kv_capacity_tokens")
     return cap if cap is not None and math.isfinite(cap) and cap > 0 else None

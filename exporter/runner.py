@@ -281,23 +281,24 @@ class Runner:
         """(analysis, health) to render now.
 
         Health carries the age of the last good scrape and ``stale``; per-model values are
-        removed when that scrape is older than two intervals plus the timeout (:meth:`fresh`). An exception while assembling
-        the analysis is counted ("internal") once per snapshot, however many read it, and shows no
-        per-model value; it is no failed scrape (``up`` and the backoff stay as they are).
+        removed when that scrape is older than two intervals plus the timeout (:meth:`fresh`). An
+        exception while assembling the analysis is counted ("internal") once per snapshot, however
+        many read it, and shows no per-model value; one in a model's analysis only leaves that model
+        out (:attr:`Analysis.failed`), counted alike. Neither is a failed scrape (``up`` and the
+        backoff stay as they are).
         """
         try:
             with self._lock:  # one critical section: the analysis of the snapshot health dates
                 analysis, health = self.analyzer.analysis(), self._health
+                if analysis.failed:
+                    health = self._count_read_failure(analysis.timestamp) or health
         except Exception as exc:
             with self._lock:
-                last, health = self.analyzer.windows.last, self._health
+                last = self.analyzer.windows.last
                 stamp = None if last is None else last.timestamp
-                first, self._read_failed_at = stamp != self._read_failed_at, stamp
-                if first:  # once per snapshot, whoever reads: not a failed scrape (no up 0, no backoff)
-                    errors = dict(health.errors)
-                    errors["internal"] = errors.get("internal", 0) + 1
-                    health = self._health = replace(health, errors=errors)
-            if first:
+                counted = self._count_read_failure(stamp)
+                health = counted or self._health
+            if counted:
                 log.warning("analysis of the snapshot at %s failed: %s", stamp, type(exc).__name__, exc_info=True)
             analysis = Analysis(stamp, "unknown", "analysis failed", {})
         now = self.clock()
@@ -311,6 +312,17 @@ class Runner:
             analysis = replace(analysis, engine_reason=self._reason(analysis.engine, analysis.engine_reason,
                                                                     bool(analysis.models)))
         return analysis, replace(health, age=age, stale=stale)
+
+    def _count_read_failure(self, stamp: float | None) -> Health | None:
+        """Count an "internal" error for the analysis of the snapshot at ``stamp`` the first time
+        it is read (the new Health), None when it was counted already. Call with the lock held."""
+        if stamp == self._read_failed_at:
+            return None
+        self._read_failed_at = stamp
+        errors = dict(self._health.errors)
+        errors["internal"] = errors.get("internal", 0) + 1
+        self._health = replace(self._health, errors=errors)
+        return self._health
 
     def _reason(self, engine: str, reason: str, models: bool) -> str:
         """Why the target cannot be analysed, as a snapshot says, except for a fleet query that

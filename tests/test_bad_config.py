@@ -62,6 +62,11 @@ CASES = {
                                 "config key window_seconds: holds at most 720 scrapes: at interval 1 s at most 720 "
                                 "seconds"),
     "max_series zero": ("max_series: 0\n", "config key max_series: must be >= 1"),
+    # an int beyond a float's range passed its check and raised OverflowError at every analysis (review)
+    "batch beyond a float": (f"sizing:\n  batch: {10 ** 400}\n  max_len: 8\n",
+                             "config key sizing.batch: must be a finite number, got an integer of 401 digits"),
+    "layers beyond a float": (f"model:\n  layers: {10 ** 400}\n  kv_heads: 8\n  head_dim: 128\n",
+                              "config key model.layers: must be a finite number, got an integer of 401 digits"),
     "gap not above the interval": ("interval: 10\ngap_seconds: 10\n", "config key gap_seconds: must be > interval"),
     "geometry without kv_heads": ("model:\n  layers: 32\n  head_dim: 128\n", "config key model.kv_heads: required"),
     "geometry without layers": ("model:\n  kv_heads: 8\n  head_dim: 128\n", "config key model.layers: required"),

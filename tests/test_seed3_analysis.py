@@ -275,3 +275,15 @@ def test_published_reasons_leave_out_the_values_measured_this_scrape():
     assert series[("kvhit_unknown_info", (("reason", "not identifiable: why"), ("signal", "predicted_target")))] == 1.0
     assert series[("kvhit_warning_info", (("reason", "off its observed TTFT"), ("warning", "load_aware_off")))] == 1.0
     assert not any("measured" in dict(labels).get("reason", "") for _, labels in series)
+
+
+def test_a_kv_pool_beyond_a_float_is_unknown_not_an_overflow():
+    # A review's cache_config_info: 1e200 blocks of 1e200 tokens, each finite, their product inf:
+    # max_concurrency's int(inf) raised and the whole analysis was lost. The pool size is unknown.
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for k, t in ((0, 1000.0), (1, 1010.0)):
+        a.ingest(parse_exposition(scrape(k).replace('block_size="16"', 'block_size="1e200"')
+                                  .replace('num_gpu_blocks="1000"', 'num_gpu_blocks="1e200"'), t))
+    m = a.analysis().models["m"]
+    assert m.kv_capacity_tokens is None and m.max_concurrency is None and "kv_capacity_tokens" in m.unknown
+    assert m.hit_ratio["device"] == 0.8  # 8000 hits of 10000 queries: the rest of the analysis stands

@@ -727,6 +727,39 @@ def test_an_analysis_that_fails_on_read_is_counted_once_per_snapshot_and_is_no_f
     assert health.errors == {"internal": 2}
 
 
+
+def test_one_models_failed_analysis_leaves_the_others_and_is_counted_once(monkeypatch, caplog):
+    # A review's absurd cache_config_info (1e200 blocks of 1e200 tokens) raised OverflowError in one
+    # model's sizing, and every model's values went with it while kvhit read up, fresh and ready.
+    import logging
+
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    clock = TraceClock()
+    r = Runner(Config(window_seconds=60.0), "t", clock=clock)
+    body = "".join(f'vllm:prefix_cache_queries_total{{{{model_name="{m}"}}}} {{q}}\n'
+                   f'vllm:prefix_cache_hits_total{{{{model_name="{m}"}}}} {{h}}\n' for m in ("a", "b"))
+    for t, q in ((0.0, 0.0), (5.0, 40.0)):
+        clock.t = t
+        assert r.ingest_text(t, body.format(q=q, h=q / 4))
+    analysed = Analyzer._model_analysis
+
+    def fails_for_b(self, snap, model, w):
+        if model == "b":
+            raise OverflowError("cannot convert float infinity to integer")
+        return analysed(self, snap, model, w)
+    monkeypatch.setattr(Analyzer, "_model_analysis", fails_for_b)
+    r.analyzer._cache = None
+    with caplog.at_level(logging.WARNING, logger="kvhit"):
+        for _ in range(3):
+            analysis, health = r.current()
+            assert set(analysis.models) == {"a"} and analysis.failed == {"b": "OverflowError"}
+            assert analysis.models["a"].hit_ratio["device"] == 0.25  # 10 hits of 40 queries
+    assert health.errors == {"internal": 1} and health.up  # once per snapshot, and no failed scrape
+    assert sum("analysis of one model" in rec.getMessage() for rec in caplog.records) == 1
+
 def test_restarts_glitches_and_another_process_are_logged(caplog):
     # an operator reading the log saw no line for a restart or a skipped scrape (soak review)
     import logging
