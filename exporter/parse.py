@@ -1110,7 +1110,9 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
     (``lmcache:``) are in the exposition, which cache_config_info never shows (MODEL.md §2: h_load
     is 0 only when no connector or offloading is in use). ``external_exposed``: the model's
     engine exports ``external_prefix_cache_*`` (:func:`_external_exposed`): vLLM ≥ 0.11.1 exports
-    both at 0 without a connector, so hits that cannot be read from it are unknown, never 0."""
+    both at 0 without a connector, so hits that cannot be read from it are unknown, never 0; so are
+    they when ``since`` proves such a vLLM and the body has neither (a review removed the family
+    mid-run: the loaded hit ratio read 0, not unknown, once the drop left the window)."""
     reasons: dict[str, str] = {}
     if era == "vllm_v0":
         reasons["hit_ratio"] = ("vLLM V0 exports only gpu_prefix_cache_hit_rate, a lifetime block-level "
@@ -1138,6 +1140,10 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
                                            "(absent, or dropped as NaN, negative or duplicated: see "
                                            "kvhit_input_quirks_total; fleet mode: not from every pod): the "
                                            "loaded hits are unknown")
+        elif since >= _SINCE["external_prefix_cache_queries"]:  # this vLLM exports them: cut from the body
+            reasons["hit_ratio_loaded"] = (f"no external_prefix_cache_* counters from a vLLM >= "
+                                           f"{'.'.join(map(str, since))} (its other families prove it), which exports "
+                                           "them (at 0 without a KV connector): the loaded hits are unknown")
         elif offload is None:
             reasons["hit_ratio_loaded"] = ("no external_prefix_cache_* counters (vLLM < 0.11.1) and no "
                                            "cache_config_info to rule out a KV connector")

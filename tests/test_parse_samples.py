@@ -621,3 +621,18 @@ def test_offloading_is_on_for_a_size_with_a_non_zero_digit(size, on):
     from exporter.parse import offload_configured
     assert offload_configured({"kv_offloading_size": size}) is on
     assert offload_configured({}) is None
+
+
+def test_a_vllm_032_body_without_its_external_prefix_cache_family_has_loaded_hits_unknown():
+    # vLLM >= 0.11.1 exports external_prefix_cache_* (at 0 without a connector); this body's other
+    # families prove 0.20 (num_requests_waiting_by_reason). A review cut the family mid-run: the
+    # cache_config_info rule (no offloading: h_load 0) read the loaded hits as 0, never unknown.
+    text = "".join(line for line in (SAMPLES / "25_vllm_v1_0.32_cpu_full_snapshot.prom").read_text(encoding="utf-8")
+                   .splitlines(keepends=True) if "external_prefix_cache" not in line)
+    snap = parse_exposition(text, T)
+    m = snap.models["tiny"]
+    assert snap.since == (0, 20, 0) and "external_hits" not in m.counters
+    assert "from a vLLM >= 0.20.0" in m.unknown["hit_ratio_loaded"] and "hit_ratio" not in m.unknown
+    # with the family, the same body's loaded hits are known: 0
+    assert sample("25").models["tiny"].counters["external_hits"] == 0.0
+    assert "hit_ratio_loaded" not in sample("25").models["tiny"].unknown
