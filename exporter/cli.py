@@ -452,8 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--target", help="full URL of vLLM /metrics")
     r.add_argument("--prometheus", help="fleet mode: base URL of a Prometheus HTTP API (not with --target)")
     r.add_argument("--selector", help='fleet mode: PromQL label matchers of the pods, e.g. \'{namespace="llm"}\'')
-    r.add_argument("--interval", type=float, help=f"seconds between scrapes (default: the config's interval, {Config.interval:g})")
-    r.add_argument("--timeout", type=float,
+    # numbers as text: load_config converts and refuses them like the file's and the environment's,
+    # so --on-config-error=serve covers a bad value here too (argparse would exit 2 before it)
+    r.add_argument("--interval", help=f"seconds between scrapes (default: the config's interval, {Config.interval:g})")
+    r.add_argument("--timeout",
                    help=f"scrape timeout, seconds (default: the config's timeout, {Config.timeout:g}); longer than "
                         "the interval is allowed with a warning: a hanging target then looks fresh longer")
     r.add_argument("--listen", help=f"ADDR:PORT to serve on (default: the config's listen, {Config.listen}; [::1]:PORT for IPv6)")

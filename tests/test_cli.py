@@ -353,15 +353,18 @@ def _serving(proc: subprocess.Popen, answer):
     return got
 
 
-def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path):
+@pytest.mark.parametrize("refused, said", [
+    (["--config", "rho.yaml"], "prices.hit_price_ratio: must be in (0, 1], got 1.5"),
+    # a flag's bad number too: argparse's own type check had exited 2 before serve mode (review)
+    (["--interval", "abc"], "config key interval: expected float, got 'abc'")])
+def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path, refused, said):
     # A container that exits makes its pod NotReady and takes vLLM out of its Service: the sidecar
     # manifests run kvhit with --on-config-error=serve.
     (tmp_path / "rho.yaml").write_text("prices:\n  hit_price_ratio: 1.5\n")
     port = free_port()
     # the target a valid configuration would label, its credentials redacted as anywhere
-    proc = subprocess.Popen([*KVHIT, "run", "--target", "http://u:secret@127.0.0.1:9/metrics",
-                             "--config", str(tmp_path / "rho.yaml"),
-                             "--listen", f"127.0.0.1:{port}", "--on-config-error=serve"],
+    proc = subprocess.Popen([*KVHIT, "run", "--target", "http://u:secret@127.0.0.1:9/metrics", *refused,
+                             "--listen", f"127.0.0.1:{port}", "--on-config-error=serve"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
         base = f"http://127.0.0.1:{port}"
@@ -374,12 +377,12 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
         assert not any(name.startswith("kvhit_up") for name in samples)  # nothing is scraped
         assert http_get(base + "/healthz")[0] == 200  # a restart cannot fix the file: no liveness failure
         status, body = http_get(base + "/readyz")
-        assert status == 503 and "1.5" not in body  # what was refused stays in the log
+        assert status == 503 and "1.5" not in body and "abc" not in body  # what was refused stays in the log
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 2
-    assert "prices.hit_price_ratio: must be in (0, 1], got 1.5" in err
+    assert said in err
 
 
 def test_a_refused_config_is_served_with_the_listen_address_and_tls_its_file_gives(tmp_path):
