@@ -456,7 +456,8 @@ def model_dashboard() -> Dashboard:
         .override_by_query("C", [prop("unit", "s"), prop("custom.axisPlacement", "right")]))
     internals = (
         stat_panel(ids, "Model internals", "none",
-                   "T_fixed (absent while T_step is not its own term: see Engine and unknown signals), the contention "
+                   "T_fixed ± its standard error (absent while T_step is not its own term: see Engine and unknown "
+                   "signals), the contention "
                    "factor c(running), S_kv, B_load (measured or configured), the h range a "
                    "is fitted over, the direct miss slope's ISL bucket and its anomalous (tail-chunk) steps, and the "
                    "configured target hit ratio.", w=12, h=8)
@@ -468,7 +469,9 @@ def model_dashboard() -> Dashboard:
         .with_target(q("F", f"kvhit_miss_slope_anomalous_steps{{{SEL}}}", "anomalous steps {{pod}}"))
         .with_target(q("G", f"kvhit_target_hit_ratio{{{SEL}}}", "target h {{pod}}"))
         .with_target(q("H", f"kvhit_miss_slope_hit_ratio{{{SEL}}}", "a's h range {{bound}} {{pod}}"))
+        .with_target(q("I", f"kvhit_fixed_time_stderr_seconds{{{SEL}}}", "T_fixed stderr {{pod}}"))
         .override_by_query("A", [prop("unit", "s")])
+        .override_by_query("I", [prop("unit", "s")])
         .override_by_query("C", [prop("unit", "bytes")])
         .override_by_query("D", [prop("unit", "Bps")])
         .override_by_query("E", [prop("unit", TOKENS)])

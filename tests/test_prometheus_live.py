@@ -83,6 +83,7 @@ VARIABLES = {"namespace": ".*", "model_name": ".*", "pod": ".*", "__rate_interva
 # T_step as its own term, and the trace's T_step carries decode context's time.
 ABSENT_BY_DESIGN = {
     "kvhit_fixed_time_seconds": 'kvhit_unknown_info{signal="fixed_time"} == 1',
+    "kvhit_fixed_time_stderr_seconds": 'kvhit_unknown_info{signal="fixed_time"} == 1',
     "kvhit_overlap_ratio": 'kvhit_fit_status{fit="overlap", status="not_identifiable"} == 1',
     "kvhit_overlap_ratio_stderr": 'kvhit_fit_status{fit="overlap", status="not_identifiable"} == 1',
     "kvhit_recommended_max_num_seqs": 'kvhit_fit_status{fit="max_num_seqs", status="not_identifiable"} == 1',
