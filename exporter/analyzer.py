@@ -610,9 +610,9 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
                                         "that step leaves the window")
         return out
     if w.glitches:
-        unknown.setdefault("hit_ratio", "a counter went down inside the publish window while its _created stayed the "
-                                        "same (a glitched scrape, not a restart): unknown until that step leaves the "
-                                        "window")
+        unknown.setdefault("hit_ratio", "a counter went down inside the publish window while its _created stamps did "
+                                        "not all change (a glitched scrape, not a restart): unknown until that step "
+                                        "leaves the window")
         return out
     if w.spikes:
         unknown.setdefault("hit_ratio", SPIKE_IN_WINDOW)

@@ -597,6 +597,8 @@ def validate(cfg: Config) -> None:
     for key, value, ok, what in checks:
         if value is not None and not _finite(value):  # .inf, or 10**400 (beyond a float: OverflowError later)
             raise ConfigError(f"config key {key}: must be a finite number, got {_shown(value)}")
+        if key.startswith(("sizing.", "model.")) and value is not None and value > MAX_COUNT:
+            raise ConfigError(f"config key {key}: must be at most {MAX_COUNT}, got {_shown(value)}")
         if value is not None and not ok(value):
             raise ConfigError(f"config key {key}: {what}, got {value!r}")
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
@@ -625,6 +627,11 @@ def validate(cfg: Config) -> None:
     selector_matchers(cfg.selector)
     listen_address(cfg.listen, "config key listen")
     _validate_geometry(cfg)
+
+
+# Bound of a count or size of the geometry and sizing (tp 10**300 × pp 10**300 passed alone and its
+# product overflowed every analysis): products of up to five stay far inside a float.
+MAX_COUNT = 2 ** 31
 
 
 def _finite(value: float) -> bool:

@@ -216,8 +216,9 @@ def window_notes(w: Delta, ctx: Context, hit: Mapping[str, float], isl: float | 
     """
     warnings: dict[str, str] = {}
     if w.resets:
-        warnings["counter_reset"] = ("the engine restarted inside the publish window (a counter went down or its "
-                                     "_created changed): increases count from zero, as Prometheus increase()")
+        warnings["counter_reset"] = ("the engine restarted inside the publish window (every _created changed, or a "
+                                     "counter went down where none is exported): increases count from zero, as "
+                                     "Prometheus increase()")
     if hit and ctx.hit_unit == "blocks":
         warnings["hit_unit_blocks"] = ("vLLM 0.7-0.8 counts prefix-cache queries and hits in KV blocks (HELP text): "
                                        "the hit ratio is block-level, token counts are blocks x block_size")

@@ -42,8 +42,9 @@ log = logging.getLogger("kvhit")
 # two processes, a spike;
 # each at most once per STEP_NOTE_SECONDS of snapshot time (a load-balanced URL would say it every scrape).
 STEP_NOTE_SECONDS = 600.0
-_STEP_NOTES = ("the engine restarted (a counter went down or its _created moved): the step counts its values since",
-               "a counter read lower than at the scrape before while every _created stayed: this scrape is skipped, "
+_STEP_NOTES = ("the engine restarted (every _created moved, or a counter went down without one): the step counts "
+               "its values since",
+               "a counter read lower than at the scrape before while some _created stayed: this scrape is skipped, "
                "the next step is taken from the one before it",
                "the counters now come from another process than at the scrape before (_created moved to before it: "
                "one target URL reaching several pods?): the step has no increases",

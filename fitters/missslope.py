@@ -59,10 +59,11 @@ def isl_bucket(isl: float) -> Bucket:
     window mean flipped the published bucket (a review saw the direct slope withdrawn at a mean
     ISL of 2046.75 on the bundled trace).
 
-    Raises ValueError when isl is not finite or < 1.
+    Raises ValueError when isl is not finite, < 1 or ≥ 2^1000 (an edge beyond a float; parse drops
+    values above 1e18).
     """
-    if not (math.isfinite(isl) and isl >= 1):
-        raise ValueError(f"isl must be a finite number of tokens ≥ 1, got {isl!r}")
+    if not (math.isfinite(isl) and 1 <= isl < 2.0 ** 1000):
+        raise ValueError(f"isl must be a finite number of tokens in [1, 2^1000), got {isl!r}")
     k = max(1, round(math.log2(isl)))  # the nearest power of two; the integer edges decide below
     if isl >= _edge(k):
         k += 1

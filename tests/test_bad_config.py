@@ -65,6 +65,9 @@ CASES = {
     # an int beyond a float's range passed its check and raised OverflowError at every analysis (review)
     "batch beyond a float": (f"sizing:\n  batch: {10 ** 400}\n  max_len: 8\n",
                              "config key sizing.batch: must be a finite number, got an integer of 401 digits"),
+    # each alone a float, their product (the GPUs) not: every analysis raised OverflowError (review)
+    "tp beyond a count": (f"model:\n  tp: {10 ** 300}\n",
+                          "config key model.tp: must be at most 2147483648, got an integer of 301 digits"),
     "layers beyond a float": (f"model:\n  layers: {10 ** 400}\n  kv_heads: 8\n  head_dim: 128\n",
                               "config key model.layers: must be a finite number, got an integer of 401 digits"),
     "gap not above the interval": ("interval: 10\ngap_seconds: 10\n", "config key gap_seconds: must be > interval"),

@@ -99,7 +99,7 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     assert a.windows.skipped == 1 and a.windows.window("m").glitches == 1
     m = a.analysis().models["m"]
     assert m.hit_ratio == {}  # unknown, never a number
-    assert m.unknown["hit_ratio"].startswith("a counter went down inside the publish window while its _created")
+    assert m.unknown["hit_ratio"].startswith("a counter went down inside the publish window while its _created stamps")
     # skipped after an outage (2015 → 2040, 25 s > 2 intervals + timeout = 13 s): the window that
     # ended at 2015 is not published as the 2040 scrape's (it was, with up 1 and data age 0)
     a = analysed([(2000.0, 1000.0, 500.0), (2005.0, 1040.0, 520.0), (2010.0, 1080.0, 540.0),
