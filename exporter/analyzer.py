@@ -423,7 +423,7 @@ class Analyzer:
         chip, coef, slope = mf.chip_time, mf.coefficients, mf.miss_slope
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": _overlap_identified(mf.overlap, chip),
                 "load_aware": mf.load_aware}
-        seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits)
+        seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits, engines)
 
         warnings = window_notes(w, ctx, hit, isl_w)
         _absent_means(snap, w, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
@@ -658,10 +658,15 @@ def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, s
         unknown.setdefault("tpm_observed_physical", "the publish window's hit ratio is unknown and this vLLM exports no "
                                                     "prompt_tokens_by_source{source=\"local_compute\"} (0.16+): its "
                                                     "computed prompt tokens are unknown")
+    return _with_per_gpu(out, gpus)
+
+
+def _with_per_gpu(tpm: dict[tuple[str, str], float], gpus: int) -> dict[tuple[str, str], float]:
+    """``tpm`` ((kind, "instance") → tokens/min) with each kind's (kind, "gpu") = per instance / ``gpus``."""
     for kind in ("delivered", "physical"):
-        if (kind, "instance") in out:
-            out[(kind, "gpu")] = out[(kind, "instance")] / gpus
-    return out
+        if (kind, "instance") in tpm:
+            tpm[(kind, "gpu")] = tpm[(kind, "instance")] / gpus
+    return tpm
 
 
 def _tpm_target(observed: Mapping[tuple[str, str], float], preds: Mapping[str, Prediction], target_h: float | None,
@@ -682,8 +687,7 @@ def _tpm_target(observed: Mapping[tuple[str, str], float], preds: Mapping[str, P
                                          "predicted_target)")
         return {}
     delivered, physical = tpm_hit_correction(measured_tpm, now.t_chip, target.t_chip, isl, osl, target.hit_ratio)
-    return {("delivered", "instance"): delivered, ("physical", "instance"): physical,
-            ("delivered", "gpu"): delivered / gpus, ("physical", "gpu"): physical / gpus}
+    return _with_per_gpu({("delivered", "instance"): delivered, ("physical", "instance"): physical}, gpus)
 
 
 def _load_share(w: Delta, h_all: float | None, h_load: float | None) -> float | None:
@@ -896,9 +900,10 @@ def _absent_means(snap: Snapshot, w: Delta, unknown: dict[str, str], published: 
 def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, hit: dict[str, float],
            unknown: dict[str, str], isl: float | None, osl: float | None, kv: float | None,
            bandwidth: tuple[float, str] | None, coef: ChipTimeCoefficients | None,
-           fits: dict[str, FitResult]) -> dict:
+           fits: dict[str, FitResult], engines: int) -> dict:
     """The ModelAnalysis fields of MODEL.md §3.3, §3.6 and §5; reasons go to ``unknown`` and the
-    max-num-seqs fit to ``fits``. Choices are documented in fitters/cost.py, caching.py, sizing.py."""
+    max-num-seqs fit to ``fits``; ``engines``: the data-parallel engines the signals sum
+    (:func:`_engine_count`). Choices are documented in fitters/cost.py, caching.py, sizing.py."""
     out: dict = {}
     # P95 and SLO pass-rate bounds, cost (§5)
     tpot, source = _tpot_histogram(w)
@@ -1024,7 +1029,6 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         # T0 is the E summed engines' as one machine (their fitted work per wall second), so its
         # link is E links: B_load (per GPU, each engine's GPUs load in parallel) × E keeps δ each
         # engine's and Θ's load bound the E engines' together, as Θ0 is
-        engines = _engine_count(snap, model)
         fo = first_order_capacity(isl, t0, kv, bandwidth[0] * engines if bandwidth else None)
         out["load_compute_ratio"] = fo.delta
         bound = {}

@@ -595,11 +595,13 @@ def validate(cfg: Config) -> None:
         ("model.pp", cfg.model.pp, lambda v: v >= 1, "must be >= 1"),
     ]
     for key, value, ok, what in checks:
-        if value is not None and not _finite(value):  # .inf, or 10**400 (beyond a float: OverflowError later)
+        if value is None:
+            continue
+        if not _finite(value):  # .inf, or 10**400 (beyond a float: OverflowError later)
             raise ConfigError(f"config key {key}: must be a finite number, got {_shown(value)}")
-        if key.startswith(("sizing.", "model.")) and value is not None and value > MAX_COUNT:
+        if key.startswith(("sizing.", "model.")) and value > MAX_COUNT:
             raise ConfigError(f"config key {key}: must be at most {MAX_COUNT}, got {_shown(value)}")
-        if value is not None and not ok(value):
+        if not ok(value):
             raise ConfigError(f"config key {key}: {what}, got {value!r}")
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
         raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host (percent-encode "
