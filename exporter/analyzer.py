@@ -362,10 +362,12 @@ class Analyzer:
             return None
         bandwidth = _bandwidth(w, self.config.load_bandwidth_bytes_per_second)
         isl = request_isl(w, self._context(snap, model, self._state[model]))
-        out = self._fits[model] = (self.fits(model, isl, bandwidth[0] if bandwidth else None), bandwidth)
+        out = self._fits[model] = (self.fits(model, isl, bandwidth[0] if bandwidth else None,
+                                             _engine_count(snap, model)), bandwidth)
         return out
 
-    def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None) -> ModelFits:
+    def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None,
+             engines: int = 1) -> ModelFits:
         """The online fitters' results for ``model`` now with these inputs (MODEL.md §6: robust
         refits every few new steps, exact updates in between, fitters/online.py); :meth:`fit_step`
         calls it with the publish window's ISL and B_load, and :meth:`analysis` publishes that.
@@ -375,6 +377,9 @@ class Analyzer:
                 None or < 1: the bucket of the latest usable step.
             load_bandwidth: B_load [bytes/s] for the overlap fit (measured over the publish window);
                 None: the configured value (None when not configured).
+            engines: E, the engines the chip-time fit sums (:func:`_engine_count`): the latency
+                fit is per request, so it is given one engine's coefficients, × E
+                (ChipTimeCoefficients.per_engine), and their covariance × E².
         Each fitter works only when it got new steps (or, for the latency fit, new chip-time
         coefficients or B_load) since it was last asked; otherwise its cached result is returned.
         Raises KeyError for a model without fitter state.
@@ -387,8 +392,8 @@ class Analyzer:
             bandwidth = load_bandwidth if load_bandwidth is not None else self.config.load_bandwidth_bytes_per_second
             # the latency layer is fitted under these coefficients: its errors include theirs (read
             # when its statistics are built: the chip-time fit's own are lazy between refits)
-            load_aware, overlap = st.latency.result(coef, self._kv_bytes_per_token(), bandwidth,
-                                                    lambda: _prefill_covariance(chip))
+            load_aware, overlap = st.latency.result(coef.per_engine(engines), self._kv_bytes_per_token(), bandwidth,
+                                                    lambda: _prefill_covariance(chip, engines))
         else:
             load_aware = overlap = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
         return ModelFits(chip, coef, slope, load_aware, overlap)
@@ -434,10 +439,11 @@ class Analyzer:
                     else "data-parallel engines in one exposition")
             warnings["data_parallel"] = (
                 f"{engines} {what}: the chip-time fit sees their summed work per "
-                f"wall-clock second, so its coefficients and the service TTFT predicted from them describe the "
-                f"{engines} engines as one machine (one request's prefill takes about {engines}x that; the "
-                f"load-aware TTFT is fitted to the observed one); the capacity bound and delta take them with "
-                f"{engines} x B_load (a link each); per-GPU TPM counts tp x pp x {engines} GPUs")
+                f"wall-clock second, so its coefficients, T_fixed and the TPM and bathtub from them describe the "
+                f"{engines} engines as one machine; a request runs on one engine, so the TTFTs and the overlap "
+                f"alpha take one engine's coefficients, the fitted ones x {engines} (exact when the engines share "
+                f"the load evenly); the capacity bound and delta take them with {engines} x B_load (a link each); "
+                f"per-GPU TPM counts tp x pp x {engines} GPUs")
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             warnings=warnings,
@@ -583,7 +589,8 @@ class Analyzer:
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
             hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
-            gpus=cfg.model.gpus * engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit, p_out=cfg.prices.p_out,
+            gpus=cfg.model.gpus * engines, engines=engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit,
+            p_out=cfg.prices.p_out,
             collinear=chip.extra.get("collinear"),
             chip_covariance=[list(row) for row in chip.covariance] if chip.covariance else None)
 
@@ -746,10 +753,12 @@ def _load_aware_note(current: Prediction | None, observed: float | None) -> dict
                               + measured(f"{pred:.3g} s predicted, {observed:.3g} s observed, {pred / observed - 1:+.0%}")}
 
 
-def _prefill_covariance(chip: FitResult) -> tuple[tuple[float, ...], ...] | None:
-    """The chip-time fit's covariance of (t_step, k_ffn, k_attn), 3×3, or None when it has none."""
+def _prefill_covariance(chip: FitResult, engines: int) -> tuple[tuple[float, ...], ...] | None:
+    """The covariance of one engine's (t_step, k_ffn, k_attn), 3×3 — the chip-time fit's × E²
+    (ChipTimeCoefficients.per_engine) — or None when it has none."""
     cov = chip.covariance
-    return None if cov is None else tuple(tuple(cov[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
+    e2 = engines * engines
+    return None if cov is None else tuple(tuple(e2 * cov[i][j] for j in _PREFILL_INDEX) for i in _PREFILL_INDEX)
 
 
 def _predictions_unknown(unknown: dict[str, str], cfg: Config, why: str, *more: str) -> None:

@@ -131,6 +131,13 @@ class ChipTimeCoefficients:
     def as_tuple(self) -> tuple[float, ...]:
         return (self.t_step, self.k_ffn, self.k_attn, self.k_dec, self.k_ctx)
 
+    def per_engine(self, engines: int) -> "ChipTimeCoefficients":
+        """One engine's coefficients when these were fitted on ``engines`` engines summed as one
+        machine (their summed steps and tokens against wall-clock busy time, §7): every term × E,
+        exact when the engines share the load evenly. A request runs on one engine, so its
+        latencies (TTFT, the overlap α) need these, and the machine's throughput the summed ones."""
+        return ChipTimeCoefficients(*(engines * c for c in self.as_tuple()))
+
     def compute_time(self, isl: float, h: float) -> float:
         """Hit-dependent prefill chip time k_ffn·M + k_attn·(M·H + M²/2) [s] (§3.2 in §7 units)."""
         return self.k_ffn * (1.0 - h) * isl + self.k_attn * attention_work(isl, h)

@@ -61,7 +61,7 @@ _FIELD_RANGES = (
                                                              "queue_time", "p_miss", "p_hit", "p_out")),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
     *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
-    ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
+    *((n, lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1") for n in ("gpus", "engines")),
 )
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
             "hit_load_share"}
@@ -136,7 +136,11 @@ class FittedModel:
             when unknown (no hit in the window while a KV connector counts them): a what-if at
             h > 0 then has no TTFT (T_load unknown).
         kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].
-        gpus: tp × pp; p_miss, p_hit, p_out: prices per token.
+        gpus: tp × pp (× engines); p_miss, p_hit, p_out: prices per token.
+        engines: E, the engines the chip-time coefficients describe as one machine (data-parallel
+            engines, a fleet's pods; MODEL.md §7): throughput (TPM, revenue) is the machine's,
+            a request's latency (TTFT) one engine's, with the coefficients × E
+            (:meth:`ChipTimeCoefficients.per_engine`).
         collinear: the chip-time fit's terms it could not tell apart, {dropped term: {kept term:
             c}} (its extra "collinear"; None when it identified every term): predictions hold only
             where a request keeps those relations (:meth:`unidentified`).
@@ -165,6 +169,7 @@ class FittedModel:
     p_out: float = 0.0
     collinear: dict[str, dict[str, float]] | None = None
     chip_covariance: list[list[float]] | None = None
+    engines: int = 1
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -237,8 +242,9 @@ class FittedModel:
         ttft_s = ttft_l = None
         why = self.ttft_unknown(hit_ratio, isl)
         h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
+        one = coef.per_engine(self.engines)  # a request's latency is one engine's
         if why is None:
-            ttft_s = service_ttft(coef, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
+            ttft_s = service_ttft(one, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
                                   self.load_bandwidth)
             if ttft_s is None:
                 why = ("hits are loaded from host memory (h_load > 0) and α, kv_bytes_per_token or the load "
@@ -251,7 +257,7 @@ class FittedModel:
             unknown["ttft_load_aware"] = f"needs {', '.join(missing)}, which kvhit does not have"
         elif why is None:
             ttft_l = self.queue_time + predict_prefill_latency(
-                coef, self.c0, self.c1, self.running, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
+                one, self.c0, self.c1, self.running, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
                 self.load_bandwidth)
         if not (t_chip > 0 and math.isfinite(t_chip)):
             raise ValueError(f"the fit gives a chip time of {t_chip!r} s per request: not a usable fit")

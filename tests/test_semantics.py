@@ -398,6 +398,47 @@ def test_data_parallel_engines_divide_the_predicted_per_gpu_tpm_too():
 
 
 
+def _simulated_engines(scenario: str, engines: int) -> Runner:
+    """A runner fed the noise-free simulator ``scenario`` with every engine="0" sample line repeated
+    for ``engines`` identical data-parallel engines; geometry and B_load the truth's."""
+    from dataclasses import replace
+
+    from exporter.config import load_config
+    from exporter.replay import TraceClock
+    from exporter.simulate import SIM_GEOMETRY, Truth, generate, preset
+
+    def body(text: str) -> str:
+        return text + "".join(ln.replace('engine="0"', f'engine="{e}"') + "\n" for e in range(1, engines)
+                              for ln in text.splitlines()
+                              if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info"))
+
+    sc = preset(scenario, noise=0.0)
+    env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()}
+    env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = str(Truth.load_bandwidth)
+    runner = Runner(replace(load_config(None, environ=env), interval=sc.interval), "sim", clock=(clock := TraceClock()))
+    for t, text, _ in generate(sc):
+        clock.t = t
+        assert runner.ingest_text(t, body(text))
+    return runner
+
+
+def test_three_data_parallel_engines_give_one_engines_ttft_and_alpha():
+    # A request runs on one engine: its TTFT and the overlap α are one engine's, whatever E
+    # (MODEL.md §3.2). The valley scenario ends held at h = 0.3 with the truth's ISL 2048,
+    # h_load = 0.5·h, α = 0.5, S_kv 524288 B, B_load 12.5e9 B/s, T_step 1e-4 s, k_ffn 1e-4, k_attn
+    # 1e-8: M = 1433.6, H = 614.4, T_compute = 1e-4·M + 1e-8·(M·H + M²/2) = 0.162444 s, T_load =
+    # 0.15·2048·524288/12.5e9 = 0.012885 s; TTFT = T_step + T_compute + T_load − α·min = 0.168987 s.
+    # At the target h = 0.9: M = 204.8, H = 1843.2, T_compute = 0.024465 s, T_load = 0.038655 s,
+    # TTFT = 1e-4 + 0.024465 + 0.038655 − 0.5·0.024465 = 0.051007 s. (Before, the fit's coefficients
+    # of the 3 engines as one machine, ⅓ of one's, gave α 0.64-0.84 and a TTFT ⅓-½ of these.)
+    pub = published(_simulated_engines("valley", 3))
+    model = (("model_name", "sim-model"),)
+    assert series(pub, "kvhit_overlap_ratio")[model] == pytest.approx(0.5, abs=0.01)
+    ttft = series(pub, "kvhit_predicted_ttft_seconds")
+    assert ttft[(("hit_ratio", "current"), ("kind", "service"), *model)] == pytest.approx(0.168987, rel=2e-3)
+    assert ttft[(("hit_ratio", "target"), ("kind", "service"), *model)] == pytest.approx(0.051007, rel=2e-3)
+
+
 def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
     # MODEL.md §3.3: δ = N·S_kv/(B_load·T0) is a ratio of one engine's times; with the truth's
     # N = 2048, S_kv = 32·32·128·2·2 = 524288 B, B_load = 12.5e9 B/s, T0 = k_ffn·N + k_attn·N²/2 =
@@ -410,24 +451,11 @@ def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
     from exporter.replay import TraceClock
     from exporter.simulate import SIM_GEOMETRY, Truth, generate, preset
 
-    def two_engines(text: str) -> str:
-        return text + "".join(ln.replace('engine="0"', 'engine="1"') + "\n" for ln in text.splitlines()
-                              if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info"))
-
-    sc = preset("sweep", noise=0.0)
-    env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()}
-    env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = str(Truth.load_bandwidth)
-    config = replace(load_config(None, environ=env), interval=sc.interval)
     n = 2048.0
     delta = n * 524288.0 / (12.5e9 * (1e-4 * n + 1e-8 * n * n / 2.0))
     bound = {}
-    for engines, body in ((1, lambda text: text), (2, two_engines)):
-        clock = TraceClock()
-        runner = Runner(config, "sim", clock=clock)
-        for t, text, _ in generate(sc):
-            clock.t = t
-            assert runner.ingest_text(t, body(text))
-        pub = published(runner)
+    for engines in (1, 2):
+        pub = published(_simulated_engines("sweep", engines))
         assert series(pub, "kvhit_load_compute_ratio")[(("model_name", "sim-model"),)] == pytest.approx(delta, rel=1e-3)
         bound[engines] = series(pub, "kvhit_capacity_bound_tokens_per_second")
     assert bound[1].keys() == bound[2].keys() and len(bound[1]) == 2  # hit_ratio current and target

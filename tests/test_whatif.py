@@ -126,3 +126,16 @@ def test_a_prefill_the_covariance_leaves_uncertain_has_no_ttft():
     assert narrow.ttft_service == pytest.approx(0.1245) and "ttft_service" not in narrow.unknown
     with pytest.raises(ValueError, match="chip_covariance"):
         FittedModel.from_dict({**FittedModel(**FIT).to_dict(), "chip_covariance": [[1.0]]})
+
+
+def test_a_fit_of_two_engines_as_one_machine_predicts_one_engines_ttft_and_the_machines_tpm():
+    # Two engines fitted as one machine: every coefficient half of one engine's (FIT's), T_fixed
+    # likewise. A request runs on one engine, so its service TTFT at h 0, ISL 1000 is FIT's:
+    # T_step + k_ffn·1000 + k_attn·1000²/2 = 0.002 + 0.2 + 0.03 = 0.232 s; the machine's chip time
+    # per request is half of FIT's 0.002·10 + 0.2 + 0.03 + 20·8e-4 = 0.266 s, so its TPM is twice
+    # one engine's: 60·(1000 + 20)/0.133 = 460,150 tokens/min.
+    half = {k: v / 2 if k in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx") else v for k, v in FIT.items()}
+    p = FittedModel(**half, hit_load_share=0.0, engines=2).predict(0.0, 1000.0, 20.0)
+    assert p.ttft_service == pytest.approx(0.232, rel=1e-12)
+    assert p.t_chip == pytest.approx(0.133, rel=1e-12)
+    assert p.tpm_delivered == pytest.approx(60 * 1020 / 0.133, rel=1e-12)
