@@ -17,6 +17,7 @@ RULE_TESTS = sorted((ROOT / "rules" / "tests").glob("*.yml"))
 DASHBOARDS = sorted((ROOT / "grafana" / "dashboards").glob("*.json"))
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 ALERTMANAGER_EXAMPLE = ROOT / "deploy" / "alertmanager.yml"
+PODMONITOR = ROOT / "deploy" / "kustomize" / "monitoring" / "podmonitor.yaml"
 TRACE = ROOT / "exporter" / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"
 BUILTIN = {"up", "ALERTS", "ALERTS_FOR_STATE"}  # series Prometheus itself makes
 COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")

@@ -11,7 +11,9 @@ The stack, all on 127.0.0.1 with free ports, stopped by PID at the end:
   kvhit counts as an input quirk and drops;
 - a scrape target where nothing listens (kvhit itself absent);
 - a fake vLLM: the trace's own /metrics snapshots of phases A0–A1 (h 0 → 0.3), one per second, looped
-  with every counter carried on across loops so that rates stay real;
+  with every counter carried on across loops so that rates stay real; Prometheus reads ns-live's
+  with ``vllm_`` for ``vllm:``, as vLLM's prometheus_client writes for Prometheus 2, through the
+  PodMonitor's metricRelabelings (deploy/kustomize/monitoring/podmonitor.yaml);
 - Prometheus (1-s scrapes and rule evaluations) loading a copy of rules/ whose `for:` durations are
   shortened to 3 s and whose history requirements (`offset 23h`: KvhitPrefixCachingNotPaying waits
   for a day of counters) to 1 s (labels and annotations unchanged: the shipped `for:` and offsets are
@@ -39,7 +41,7 @@ import yaml
 from exporter import names
 from exporter.sources import load_trace
 from local_servers import Processes, free_port, http_ok, prometheus_query, reply, serve, start_prometheus, wait_for
-from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, RULES, TRACE, alert_rules, dashboard_targets, dashboards,
+from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, PODMONITOR, RULES, TRACE, alert_rules, dashboard_targets, dashboards,
                            dashboard_variables, metric_names_of_exposition, recording_rules, substitute, tool)
 from promql_selectors import selectors
 
@@ -148,6 +150,8 @@ def fake_vllm_handler(fake: FakeVllm) -> type:
             text = fake.render()
             if self.path.startswith("/quirky/"):  # one line that is not text exposition
                 text += "vllm:num_requests_running{model_name=tiny 1\n"
+            elif self.path.startswith("/prometheus2/"):  # what vLLM's prometheus_client writes for Prometheus 2
+                text = text.replace("vllm:", "vllm_")
             reply(self, 200, text.encode())
 
         def log_message(self, *a):
@@ -271,8 +275,14 @@ class Stack:
         (self.tmp / "alertmanager.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     def prometheus_config(self) -> dict:
-        def target(port: str, ns: str, pod: str) -> dict:
-            return {"targets": [f"127.0.0.1:{self.ports[port]}"], "labels": {"namespace": ns, "pod": pod}}
+        def target(port: str, ns: str, pod: str, path: str = "/metrics") -> dict:
+            return {"targets": [f"127.0.0.1:{self.ports[port]}"],
+                    "labels": {"namespace": ns, "pod": pod, "__metrics_path__": path}}
+
+        # the PodMonitor's vLLM endpoint's metricRelabelings, in Prometheus' own spelling
+        (vllm,) = (e for e in yaml.safe_load(PODMONITOR.read_text())["spec"]["podMetricsEndpoints"] if "portNumber" in e)
+        spelling = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+        relabel = [{spelling.get(k, k): v for k, v in r.items()} for r in vllm["metricRelabelings"]]
         cfg = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(self.tmp / "rules" / "*.yml")],
@@ -282,9 +292,9 @@ class Stack:
                     target("valley", "ns-valley", "vllm-valley-0"), target("flat", "ns-flat", "vllm-flat-0"),
                     target("down", "ns-down", "vllm-down-0"), target("live", "ns-live", "vllm-live-0"),
                     target("gone", "ns-gone", "vllm-gone-0"), target("notvllm", "ns-notvllm", "vllm-notvllm-0")]},
-                {"job_name": "vllm", "static_configs": [
+                {"job_name": "vllm", "metric_relabel_configs": relabel, "static_configs": [
                     target("vllm", "ns-valley", "vllm-valley-0"), target("vllm", "ns-flat", "vllm-flat-0"),
-                    target("vllm", "ns-live", "vllm-live-0")]},
+                    target("vllm", "ns-live", "vllm-live-0", "/prometheus2/metrics")]},
             ],
         }
         return cfg
@@ -427,6 +437,14 @@ def test_alertmanager_routes_every_alert_by_severity(stack):
     assert {al["labels"]["alertname"] for _, al in got} >= {a for a, _ in EXPECT_FIRING}
     for path, al in got:
         assert path == receiver[al["labels"]["severity"]], (path, al["labels"])
+
+
+def test_the_podmonitors_relabeling_gives_the_rules_vllm_names_from_a_prometheus_2_scrape(stack):
+    # ns-live's vLLM body says vllm_ throughout (tests: fake_vllm_handler); its recording rules
+    # (read by KvhitPrefixCachingNotPaying, expected firing there) need vllm: names
+    assert not stack.query('{__name__=~"vllm_.+"}')
+    assert stack.query('vllm:prefix_cache_queries_total{namespace="ns-live"}')
+    assert stack.query('namespace_model_name:vllm_prefix_cache_hit_ratio:rate24h{namespace="ns-live"}')
 
 
 def test_every_rule_expression_returns_data(stack):
