@@ -271,7 +271,7 @@ def _string_mapping(key: str, value: Any) -> dict[str, str]:
     if isinstance(value, str):
         try:
             value = yaml.safe_load(value)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):  # RecursionError: nested deeper than Python recurses
             raise ConfigError(f"config key {key}: not a YAML mapping (value not shown)") from None
     if not isinstance(value, Mapping):
         raise ConfigError(f"config key {key}: expected a mapping of names to quoted strings (value not shown)")
@@ -369,6 +369,8 @@ def _read_yaml(path: str, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML ({type(exc).__name__})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply to be a configuration") from None
 
 
 def layered_string(key: str, path: str | None, flag: str | None = None,

@@ -83,6 +83,8 @@ CASES = {
                         "key 'target' twice (line 3)"),
     "nested key given twice": ("prices:\n  miss_per_million: 2\n  miss_per_million: 3\n",
                                "key 'miss_per_million' twice (line 3)"),
+    # PyYAML recurses per level: a RecursionError traceback, exit 1, before (review)
+    "nested too deeply": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply to be a configuration"),
 }
 
 
@@ -106,6 +108,12 @@ def test_a_section_as_one_environment_variable_says_how_to_set_it(tmp_path, caps
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES": "{miss_per_million: 2}"})
     assert code == 2 and err.count("\n") == 1, err
     assert "KVHIT_PRICES: prices is a section; set its keys one by one, e.g. KVHIT_PRICES_" in err, err
+
+
+def test_a_yaml_value_nested_too_deeply_in_the_environment_is_a_config_error(tmp_path, capsys, monkeypatch):
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PROMETHEUS_HEADERS": "[" * 3000 + "]" * 3000})
+    assert code == 2 and err.count("\n") == 1, err[-300:]
+    assert "config key prometheus_headers: not a YAML mapping (value not shown)" in err, err
 
 
 def test_good_geometry_and_t_load_accepted(tmp_path):
@@ -138,6 +146,7 @@ WEB = {
                "config key web_config.basic_auth_users.prometheus: bcrypt hashes are not supported"),
     "plain password": ("basic_auth_users:\n  prometheus: hunter2\n",
                        "config key web_config.basic_auth_users.prometheus: expected pbkdf2_sha256$"),
+    "nested too deeply": ("a: " + "{a: " * 3000 + "}" * 3000 + "\n", "nested too deeply to be a configuration"),
 }
 
 
