@@ -524,7 +524,12 @@ class PrometheusSource:
         # Never past the wall clock: after it stepped back, a steady clock ahead of it would ask
         # Prometheus about the future (empty ranges) until kvhit restarts.
         now = min(self.clock(), time.time()) - self.delay
-        latest, history = self._latest(now)
+        latest, history, down = self._latest(now)
+        if down:
+            raise ScrapeError("catching_up", f"{self._where}: {down:.0f} pod(s) with vLLM counters in the last "
+                              f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
+                              "unseen, and would land in one later step; the next range will cover the wait (a pod "
+                              f"down longer than {LOOKBACK} is left out as gone)")
         if latest is not None and self._end is not None and latest <= self._end:
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
@@ -552,25 +557,31 @@ class PrometheusSource:
             self._baseline = t
         return t, text
 
-    def _latest(self, t: float) -> tuple[float | None, bool]:
+    def _latest(self, t: float) -> tuple[float | None, bool, float]:
         """(the oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
         — one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
         series of one pod would collide —; whether Prometheus has a counter sample of the selected
         pods within LOOKBACK before the last fetch's t: its history, which a restart on empty
-        storage or a fresh replica lost)."""
+        storage or a fresh replica lost; the pods with counter samples within LOOKBACK whose target
+        is down at t: ``up == 0``, their series stale, which timestamp() does not see, while
+        last_over_time() would read their growth as 0 and the whole gap's in one step when they
+        return — a pod gone from service discovery has no ``up`` and is not counted)."""
         if not self._counters:
-            return None, False
+            return None, False, 0.0
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
+        queries.append(("down:", f"count(count by (job, instance) (last_over_time({self._counters_selector()}"
+                                  f"[{LOOKBACK}])) and on (job, instance) (up == 0))"))
         if self._end is not None and self._end < t:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
                                                for q, e in queries), t), self._where)
-        stamps = [v for labels, v in rows if labels.get(_QUERY_LABEL) != "history:" and math.isfinite(v)]
+        stamps = [v for labels, v in rows if labels.get(_QUERY_LABEL) not in ("history:", "down:") and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
-        return (min(stamps) if stamps else None), history
+        down = sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == "down:" and math.isfinite(v))
+        return (min(stamps) if stamps else None), history, down
 
     def _counters_selector(self) -> str:
         """Every counter family's series, every spelling, with the selector's matchers."""

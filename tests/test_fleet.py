@@ -1101,15 +1101,18 @@ def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_mark
                  30, "three samples")
         fams = (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter"))
         totals = []
-        poll = _poller(PrometheusSource(prom, fams, interval=2.0), totals)
+        poll = _poller(src := PrometheusSource(prom, fams, interval=2.0), totals)
         poll()  # the baseline
         time.sleep(2.5)
         poll()
         time.sleep(1.5)
         state["down"] = True  # the pod restarts: scrapes fail, Prometheus marks its series stale
         time.sleep(2.5)
-        if poll_while_down:
-            poll()  # the pod's newest sample is the staleness marker
+        if poll_while_down:  # its target is down (up == 0), its series stale: no range until it is back
+            # (read as 0 growth, its growth while down came in one later step: review, 2.6x TPM)
+            with pytest.raises(ScrapeError, match=r"1 pod\(s\) .* cannot scrape now \(up == 0\)") as down:
+                src.fetch()
+            assert down.value.reason == "catching_up"
         state["down"], state["t0"] = False, time.time()  # back, its counters from 0
         time.sleep(3.5)
         poll()
@@ -1177,18 +1180,25 @@ def test_the_pods_priced_are_those_with_output_tokens_in_the_range_idle_or_busy_
     # Seed 003 prices instance-hours (MODEL.md §5). A gone pod's growth reads 0 for the 5-min lookback
     # (each end is its last real sample): counting the pods in the growth priced a scaled-down pod 5
     # more minutes (review: 3 pods for 2, cost 1.5x). Priced: a pod with a real sample in the range,
-    # busy (a) or idle (c), not one whose scrapes fail since before it (b).
+    # busy (a) or idle (c), not one gone from service discovery since before it (b).
     t0 = time.time()
-    up = {"a": True, "b": True, "c": True}
     rate = {"a": 100.0, "b": 100.0, "c": 0.0}  # output tokens/s
 
     def body(name: str):
-        return lambda: _counters("vllm:generation_tokens", 500 + round(rate[name] * (time.time() - t0))) \
-            if up[name] else None
+        return lambda: _counters("vllm:generation_tokens", 500 + round(rate[name] * (time.time() - t0)))
 
-    pods, procs = {name: _pod(body(name)) for name in up}, Processes(tmp_path)
+    pods, procs = {name: _pod(body(name)) for name in rate}, Processes(tmp_path)
+    targets = tmp_path / "targets.json"
+
+    def discover(names) -> None:  # service discovery's pods: a scaled-down pod leaves it
+        (tmp := tmp_path / "targets.tmp").write_text(json.dumps(
+            [{"targets": [f"127.0.0.1:{pods[n].server_address[1]}"], "labels": {"pod": n}} for n in names]))
+        tmp.replace(targets)
     try:
-        prom, _ = _prometheus(procs, pods)
+        discover(rate)
+        prom = f"http://127.0.0.1:{(port := free_port())}"
+        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
+            {"job_name": "vllm", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}, port)
         wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:generation_tokens_total[10s]) >= 3")) == 3,
                  30, "three samples of every pod")
         src, seen = PrometheusSource(prom, (Family("generation_tokens", "counter"),), interval=2.0), []
@@ -1197,7 +1207,8 @@ def test_the_pods_priced_are_those_with_output_tokens_in_the_range_idle_or_busy_
             poll()
             seen.append(dict(src.instances))
             if step == 2:
-                up["b"] = False  # gone: its scrapes fail, Prometheus marks its series stale
+                discover(("a", "c"))  # b scaled down: Prometheus drops its target, marks its series stale
+                wait_for(lambda: not prometheus_query(prom, 'up{pod="b"}'), 30, "b's target gone")
             time.sleep(2.5)
         # the baseline prices nothing (no growth yet); three pods, then b's last range, then two
         assert seen[0] == {} and seen[1] == seen[2] == {"m": 3} and seen[4] == {"m": 2}, seen
