@@ -150,7 +150,8 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
     n = len(y)
     if n < max(min_samples, 1):
         failed = FitResult.failed(
-            Status.INSUFFICIENT_DATA, f"{n} usable busy steps, need at least {min_samples}", samples=n
+            Status.INSUFFICIENT_DATA, f"too few usable busy steps, need at least {min_samples}"
+            + measured(f"{n} steps"), samples=n
         )
         return failed, None, np.ones(n)
     # Unit-RMS columns: coefficients span ~8 orders of magnitude (k_attn vs T_step).
@@ -164,7 +165,8 @@ def _robust_fit(x: np.ndarray, y: np.ndarray, min_samples: int,
         return failed, None, np.ones(n)
     if n <= len(kept):
         failed = FitResult.failed(
-            Status.INSUFFICIENT_DATA, f"{n} usable busy steps for {len(kept)} terms", samples=n
+            Status.INSUFFICIENT_DATA, "no more usable busy steps than terms to fit"
+            + measured(f"{n} steps for {len(kept)} terms"), samples=n
         )
         return failed, None, np.ones(n)
     a = xs[:, kept]

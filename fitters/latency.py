@@ -467,7 +467,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
     elif n_loaded < min_samples:
         alpha_weak = (
             Status.INSUFFICIENT_DATA,
-            f"only {n_loaded} steps with loaded hits (h_load > 0); need ≥ {min_samples}",
+            f"too few steps with loaded hits (h_load > 0), need ≥ {min_samples}" + measured(f"{n_loaded} steps"),
         )
 
     if alpha_fail is None:

@@ -33,7 +33,7 @@ from scipy.optimize import least_squares, nnls
 from .chiptime import robust_sigma
 from .observation import Observation
 from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, median, solve_normal
-from .result import Estimate, FitResult, Status
+from .result import Estimate, FitResult, Status, measured
 
 # A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip; one as
 # far above it and at least OUTLIER_RATIO times its throughput is an outlier (dips are structural,
@@ -329,14 +329,15 @@ def _check(h: np.ndarray, min_samples: int, min_h_span: float, suffix: str) -> F
     """A failed FitResult when ``h`` is too few or too narrow to fit a line, else None."""
     if len(h) < max(min_samples, 3):
         return FitResult.failed(
-            Status.INSUFFICIENT_DATA, f"{len(h)} usable busy steps{suffix}, need at least {min_samples}", len(h)
+            Status.INSUFFICIENT_DATA, f"too few usable busy steps{suffix}, need at least {min_samples}"
+            + measured(f"{len(h)} steps"), len(h)
         )
     span = float(h.max() - h.min())
     need = max(min_h_span, H_RESOLUTION)  # two nodes of the h quadrature at least
     if span < need:
         return FitResult.failed(
             Status.INSUFFICIENT_VARIATION,
-            f"h barely moved{suffix}: span {span:.3f} < {need:.3f}",
+            f"h barely moved{suffix}: its span is below {need:.3f}" + measured(f"span {span:.3f}"),
             len(h),
         )
     return None

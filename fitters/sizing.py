@@ -20,7 +20,7 @@ import numpy as np
 
 from .histogram import P95, quantile
 from .model import capacity_first_order, load_compute_ratio
-from .result import Estimate, FitResult, Status
+from .result import Estimate, FitResult, Status, measured
 
 # Seed 003: "把 TPOT P95 打到 SLO 的 80%" — the online pool's starting max-num-seqs.
 TPOT_SLO_SHARE = 0.8
@@ -214,9 +214,9 @@ class TpotConcurrencyFitter:
             return FitResult(Status.INSUFFICIENT_DATA, f"no concurrency level with {self.min_requests:g} finished "
                              "requests yet", samples=steps, extra=extra)
         if len(levels) < self.min_levels:
-            return FitResult(Status.INSUFFICIENT_VARIATION, f"{len(levels)} concurrency level(s) with "
-                             f"{self.min_requests:g} finished requests ({', '.join(str(k) for k, _, _ in levels)}), "
-                             f"need {self.min_levels}: TPOT cannot be fitted against concurrency", samples=steps,
+            return FitResult(Status.INSUFFICIENT_VARIATION, f"fewer than {self.min_levels} concurrency levels with "
+                             f"{self.min_requests:g} finished requests: TPOT cannot be fitted against concurrency"
+                             + measured(f"levels {', '.join(str(k) for k, _, _ in levels)}"), samples=steps,
                              extra=extra)
         x = np.array([k for k, _, _ in levels], dtype=float)
         y = np.array([p for _, p, _ in levels], dtype=float)
