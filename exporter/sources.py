@@ -403,6 +403,7 @@ _PRICED_BY = "generation_tokens"  # the family whose pods a fleet's cost prices 
 _PREFIX = "vllm[:_]"  # every spelling parse reads (exporter/parse.py), as a regex
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
+TOTALS_TTL_SECONDS = 3600.0  # fleet mode forgets a running total no answer held for an hour
 # How far a pod's clock (its _created stamps) may be from Prometheus' (its sample times) for a new
 # pod's whole value to be counted only once (PrometheusSource.fetch)
 CREATED_SKEW_SECONDS = 60.0
@@ -510,6 +511,8 @@ class PrometheusSource:
         self._baseline: float | None = None  # t of the first successful fetch, or of the last that found
         # Prometheus' history lost (no pod created before it is counted whole)
         self._totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # (query id, labels) → total
+        self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # the same → t it was last in an answer
+        self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
         self.instances: dict[str, int] = {}  # model → pods (Prometheus targets) in the last answer's output tokens
@@ -550,7 +553,7 @@ class PrometheusSource:
         # output tokens this range's sum holds (p:), not those with a sample at t
         self.engines, self.instances = ({labels.get("model_name", ""): int(value) for labels, value in rows
                                          if labels.get(_QUERY_LABEL) == qid and value >= 1} for qid in ("e:", "p:"))
-        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")])
+        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")], t)
         self._end, self.answer_delay = t, t - now
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then
@@ -649,13 +652,20 @@ class PrometheusSource:
             matchers.append(f'{f.match[0]}="{f.match[1]}"')
         return "{" + ", ".join(matchers) + "}"
 
-    def _render(self, rows: list[tuple[dict[str, str], float]]) -> str:
-        """This fetch's rows → exposition: counter and histogram rows added to the totals first."""
+    def _render(self, rows: list[tuple[dict[str, str], float]], t: float) -> str:
+        """This fetch's rows at ``t`` → exposition: counter and histogram rows added to the totals
+        first; a total no answer held for TOTALS_TTL_SECONDS is forgotten (model names churning
+        stay bounded in memory, as the analyzer's histories do; one back after that starts again
+        from its growth: parse reads its total going down, unknown until that step leaves the window)."""
         by_query: dict[str, list[tuple[dict[str, str], float]]] = {}
         # a fleet's bytes add up fast: past half the cap every total starts again from this answer
         # (no _created: parse reads a restart of them all, whose increases are then this answer's)
         if self._totals and max(self._totals.values()) > MAX_VALUE / 2:
             self._totals.clear()
+        self._now = t
+        for key in [k for k, seen in self._seen.items() if t - seen > TOTALS_TTL_SECONDS]:
+            del self._seen[key]
+            self._totals.pop(key, None)
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         self._partial = self._coverage(by_query)
@@ -698,6 +708,7 @@ class PrometheusSource:
             return value
         key = (qid, tuple(sorted(labels.items())))
         self._totals[key] = self._totals.get(key, 0.0) + value
+        self._seen[key] = self._now
         return self._totals[key]
 
     def _metrics(self, f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> list[Metric]:

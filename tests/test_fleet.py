@@ -995,6 +995,27 @@ def test_fleet_totals_near_the_value_cap_start_again_together(fake):
     assert not any(runner.current()[1].quirks.values())  # nothing dropped on the way
 
 
+def test_a_running_total_no_answer_held_for_an_hour_is_forgotten(fake):
+    # model names churning (LoRA adapters) left a running total per name forever (review: 180k after
+    # 20k polls, 78 MB). A total back within the hour goes on (100 + 50); one back after it starts
+    # again from its growth (50), and one name per poll for a day keeps an hour's worth.
+    clock = Clock(3000.0)
+    src = PrometheusSource(fake.url, FAMILIES[:1], interval=5.0, clock=clock)
+
+    def poll(t: float, model: str, growth: str) -> float:
+        clock.t = t
+        fake.answer([_row("c:prefix_cache_queries", growth, model_name=model)])
+        return parse_exposition(src.fetch()[1], t).models[model].counters["queries"]
+
+    assert poll(3000.0, "a", "100") == 100.0
+    assert poll(3000.0 + 3599.0, "b", "1") == 1.0
+    assert poll(3000.0 + 3600.0, "a", "50") == 150.0  # held an hour ago: goes on
+    assert poll(3000.0 + 7201.0, "a", "50") == 50.0  # not for an hour and a second: starts again
+    for k in range(24 * 60):  # a new name every minute for a day
+        poll(10_000.0 + 60.0 * k, f"lora-{k}", "1")
+    assert len(src._totals) <= 62  # a look inside: one total per name of the last hour
+
+
 def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch):
     # the snapshot is stamped where its data ends (the pods' oldest latest sample, up to one scrape
     # interval behind the query): kvhit_stale then flapped to 1 before every poll with 5-s scrapes
