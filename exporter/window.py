@@ -40,7 +40,7 @@ import math
 import operator
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Collection, Mapping
+from typing import Collection, Container, Mapping
 
 from exporter.parse import Buckets, Histogram, ModelSignals, Snapshot
 
@@ -152,7 +152,13 @@ class Delta:
         return self.t1 - self.t0
 
 
-def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
+def _process(sig: ModelSignals) -> float | None:
+    """The process an engine's signals come from: its earliest ``_created`` stamp [unix s] (a
+    process stamps its series from its start on; later families only later), None without one."""
+    return min(sig.created.values()) if sig.created else None
+
+
+def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Container[float] = ()) -> str:
     """How the step from ``prev`` to ``cur`` (``t0`` on the wall clock of the ``_created`` stamps:
     step_delta's clock_offset) began: "restart" (every ``_created`` timestamp both scrapes share
     changed — a new process stamps all its series anew —, or a counter or observation count went
@@ -163,11 +169,15 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
     put: the same process, so no restart, and its lifetime totals are no increase) or "" (plain
     increases). Some stamps changed and some not is no restart: one series recreated in a live
     process (a review moved one family's stamp alone, and its lifetime totals counted as one step:
-    TPM read 5×, h 0.16 for 0.30, the caching verdict not_paying for 24 h); the values decide."""
+    TPM read 5×, h 0.16 for 0.30, the caching verdict not_paying for 24 h); the values decide.
+    ``known``: the processes (:func:`_process`) this engine's scrapes came from before: a change
+    to one of them is "foreign" too (a load-balanced URL flipping between two young pods, each
+    created within CREATED_SKEW_SECONDS, read a restart at every flip: 25× TPM, review)."""
     if cur.created != prev.created:  # the usual case, equal maps, compared in C
         shared = [(a, cur.created[name]) for name, a in prev.created.items() if name in cur.created]
         if shared and all(a != b for a, b in shared):
-            return "restart" if min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS else "foreign"
+            new = min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS and _process(cur) not in known
+            return "restart" if new else "foreign"
     down = (any(v < prev.counters[n] for n, v in cur.counters.items() if n in prev.counters)
             or any(h.count < prev.histograms[n].count for n, h in cur.histograms.items() if n in prev.histograms))
     if not down:
@@ -175,7 +185,8 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float) -> str:
     return "glitch" if any(name in prev.created for name in cur.created) else "restart"
 
 
-def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0) -> Delta:
+def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0,
+               known: Container[float] = ()) -> Delta:
     """The :class:`Delta` of one model between two consecutive snapshots (MODEL.md §1).
 
     A counter or histogram present in only one of the two is absent from the delta (unknown).
@@ -192,16 +203,17 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     increases at all. Signals built by hand (no ``engines``) are one engine.
     ``clock_offset`` [s]: the step's stamps minus the wall clock the engine stamps ``_created``
     on (parse.Snapshot.clock_offset): t0 is compared with ``_created`` on that clock, so a wall
-    clock stepped back reads a restart as a restart.
+    clock stepped back reads a restart as a restart. ``known``: the processes the model's scrapes
+    came from before (:func:`_step_kind`).
     """
     r0, r1 = prev.gauges.get("running"), cur.gauges.get("running")
     running = None if r0 is None or r1 is None else (r0 + r1) / 2.0 * (t1 - t0)
     if prev.engines and cur.engines:
         if set(prev.engines) != set(cur.engines):
             return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0, running_seconds=running)
-        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset) for e in sorted(cur.engines)]
+        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset, known) for e in sorted(cur.engines)]
     else:
-        parts = [_engine_increase(prev, cur, t0 - clock_offset)]
+        parts = [_engine_increase(prev, cur, t0 - clock_offset, known)]
     kinds = {k for _, _, k in parts}
     if kinds & {"foreign", "glitch"}:  # two processes' counters, or a value that went back: no increase
         return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=int("foreign" in kinds),
@@ -218,9 +230,9 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
                  running_seconds=running, partial=frozenset(prev.counters.keys() ^ cur.counters.keys()))
 
 
-def _engine_increase(prev: ModelSignals, cur: ModelSignals, wall_t0: float
+def _engine_increase(prev: ModelSignals, cur: ModelSignals, wall_t0: float, known: Container[float]
                      ) -> tuple[dict[str, float], dict[str, HistogramDelta], str]:
-    kind = _step_kind(prev, cur, wall_t0)
+    kind = _step_kind(prev, cur, wall_t0, known)
     if kind in ("foreign", "glitch"):
         return {}, {}, kind
     restarted = kind == "restart"
@@ -314,6 +326,20 @@ class ModelWindow:
         return add_deltas(list(self.steps), counters, histograms)
 
 
+KNOWN_PROCESSES = 16  # processes remembered per model (_step_kind's known: a URL reaching several pods)
+
+
+def _remember(known: dict[float, None], sig: ModelSignals) -> None:
+    """Add the processes of ``sig``'s engines to ``known`` (the latest last, KNOWN_PROCESSES kept)."""
+    for engine in (sig.engines.values() if sig.engines else (sig,)):
+        p = _process(engine)
+        if p is not None:
+            known.pop(p, None)
+            known[p] = None
+    while len(known) > KNOWN_PROCESSES:
+        del known[next(iter(known))]
+
+
 class Windows:
     """Turns a stream of snapshots into per-model step deltas and publish windows.
 
@@ -333,6 +359,7 @@ class Windows:
         self.skipped = 0  # scrapes of a model skipped as glitched (push)
         self.restarts = 0  # steps of a model across an engine restart (push)
         self.foreign = 0  # steps of a model between two processes' counters (push)
+        self._processes: dict[str, dict[float, None]] = {}  # model → the latest KNOWN_PROCESSES processes seen
 
     @property
     def last(self) -> Snapshot | None:
@@ -366,7 +393,12 @@ class Windows:
             t0, before = held.get(model) or (prev.timestamp, prev.models.get(model))
             if before is None:
                 continue
-            d = step_delta(before, cur, t0, snap.timestamp, snap.clock_offset)
+            known = self._processes.setdefault(model, {})
+            if not known:
+                _remember(known, before)
+            d = step_delta(before, cur, t0, snap.timestamp, snap.clock_offset, known)
+            if cur.created != before.created:  # (the model's map holds every engine's stamps)
+                _remember(known, cur)
             if model in snap.instance_counts:
                 d = replace(d, instance_seconds=snap.instance_counts[model] * d.dt)
             if d.glitches and model not in held:
@@ -386,6 +418,8 @@ class Windows:
         for model in list(self._models):
             if model not in snap.models:
                 del self._models[model]  # the model disappeared: its window is over
+        for model in [m for m in self._processes if m not in snap.models]:
+            del self._processes[model]
         return out
 
     def mark_spike(self, model: str, t1: float, spike: bool = True) -> None:

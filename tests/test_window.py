@@ -31,6 +31,28 @@ def snap(t, **models):
 # --- step_delta ----------------------------------------------------------------------------
 
 
+def test_a_url_flipping_between_two_young_pods_reads_one_restart_then_another_process():
+    # A load-balanced URL right after a rollout: pods A (series created at 1000) and B (1010)
+    # answer in turn; both were created within CREATED_SKEW_SECONDS (60 s) of every scrape, so each
+    # flip changed every _created to a time after the previous scrape less the skew: a restart,
+    # whose increases are the other pod's lifetime totals (review: TPM 25x for a minute). B is new at
+    # its first answer (as a restart's process would be: its totals are its increases then); each
+    # later flip returns to a process already seen: another process's counters, no increase.
+    key = 'prefix_cache_queries{engine="0"}'
+    a = lambda q: sig({"queries": q}, created={key: 1000.0})  # noqa: E731
+    b = lambda q: sig({"queries": q}, created={key: 1010.0})  # noqa: E731
+    w = Windows(60.0)
+    w.push(snap(1020.0, m=a(5000.0)))
+    steps = [w.push(snap(t, m=s))["m"] for t, s in ((1025.0, b(3000.0)), (1030.0, a(5600.0)), (1035.0, b(3500.0)),
+                                                     (1040.0, a(6100.0)))]
+    assert (steps[0].resets, steps[0].counters) == (1, {"queries": 3000.0})
+    for d in steps[1:]:
+        assert (d.foreign, d.resets, d.counters) == (1, 0, {})
+    # a real restart later still reads as one: a third process, never seen
+    d = w.push(snap(1045.0, m=sig({"queries": 40.0}, created={key: 1042.0})))["m"]
+    assert (d.resets, d.counters) == (1, {"queries": 40.0})
+
+
 def test_plain_increase():
     prev = sig({"queries": 100.0, "hits": 40.0}, gauges={"running": 2.0})
     cur = sig({"queries": 160.0, "hits": 70.0}, gauges={"running": 5.0})
