@@ -453,7 +453,7 @@ def _with_hf_config(g: Geometry) -> Geometry:
         hf = json.loads(read_bounded(g.hf_config))
     except FileTooLarge as exc:
         raise ConfigError(f"{key}: {exc}: not a Hugging Face config.json") from None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than Python recurses
         raise ConfigError(f"config key model.hf_config: cannot read JSON from {g.hf_config}") from None
     if not isinstance(hf, dict):
         raise ConfigError(f"{key}: not a JSON object (a Hugging Face config.json)")

@@ -574,8 +574,11 @@ class PrometheusSource:
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
+        # up with the selector's matchers too: another cluster's target at the same job and address
+        # (Thanos) is none of the fleet's (a matcher on a label up lacks finds no down pod)
+        up = "up{" + ", ".join(self.matchers) + "}"
         queries.append(("down:", f"count(count by (job, instance) (last_over_time({self._counters_selector()}"
-                                  f"[{LOOKBACK}])) and on (job, instance) (up == 0))"))
+                                  f"[{LOOKBACK}])) and on (job, instance) ({up} == 0))"))
         if self._end is not None and self._end < t:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))

@@ -491,7 +491,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
 
     if n_fit < max(min_samples, 1):
         which = "steps" if with_alpha else "steps without loaded hits (h_load = 0)"
-        reason = f"only {n_fit} {which} with finished requests; need ≥ {min_samples}"
+        reason = f"too few {which} with finished requests, need ≥ {min_samples}" + measured(f"{n_fit} steps")
         return (
             FitResult.failed(Status.INSUFFICIENT_DATA, reason, samples=n_fit),
             overlap_failed("load-aware fit has insufficient data"),

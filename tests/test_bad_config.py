@@ -116,6 +116,14 @@ def test_a_yaml_value_nested_too_deeply_in_the_environment_is_a_config_error(tmp
     assert "config key prometheus_headers: not a YAML mapping (value not shown)" in err, err
 
 
+def test_an_hf_config_nested_too_deeply_is_a_config_error(tmp_path, capsys, monkeypatch):
+    hf = tmp_path / "config.json"
+    hf.write_text("[" * 3000 + "]" * 3000)  # json recurses per level: a RecursionError traceback before (review)
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": str(hf)})
+    assert code == 2 and err.count("\n") == 1, err[-300:]
+    assert f"config key model.hf_config: cannot read JSON from {hf}" in err, err
+
+
 def test_good_geometry_and_t_load_accepted(tmp_path):
     from exporter.config import load_config
     path = tmp_path / "ok.yaml"

@@ -364,6 +364,10 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
         assert (f'label_replace(min((({ts["vllm:"]} >= {ts["vllm_"]}) or {ts["vllm_"]} or {ts["vllm:"]})), '
                 f'"kvhit_query", "{name}", "", "")') in fake.latest_forms[0]["query"]
     assert "history:" not in fake.latest_forms[0]["query"]
+    # the selected pods that Prometheus cannot scrape now: up with the selector's matchers (another
+    # cluster's target at the same job and address is none of the fleet's: review)
+    assert (f'label_replace(count(count by (job, instance) (last_over_time({counters}[5m])) and on (job, instance) '
+            f'(up{{{sel}}} == 0)), "kvhit_query", "down:", "", "")') in fake.latest_forms[0]["query"]
     assert (f'label_replace(count(last_over_time({counters}[5m] offset 3250ms)), "kvhit_query", "history:", "", "")'
             in fake.latest_forms[1]["query"])
     assert len(fake.latest_forms) == 4  # the failed fetch's range query too
