@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -198,6 +199,12 @@ class _ModelState:
     # still down (exporter/window.py)
     pending: _Pending | None = None
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
+    # engines busy in each step the chip-time fit holds (its capacity's worth, the latest last):
+    # the fit sees their summed work per wall second (_busy_engines)
+    busy: deque[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.busy = deque(maxlen=self.chip.capacity)
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,7 @@ class _Pending:
     delta: Delta
     obs: Observation
     engines: int
+    busy: int  # engines busy in the step (_busy_in_step)
     went_back: bool
     doubtful: bool
     rates: dict[str, float]  # _rates(delta)
@@ -253,7 +261,7 @@ class Analyzer:
         self.last_observations: dict[str, Observation] = {}
         self.last_dropped: dict[str, Observation] = {}
         deltas = self.windows.push(snap)
-        self._last = snap
+        prev, self._last = self._last, snap
         self._cache = None
         self._fits = {}
         out: dict[str, Observation] = {}
@@ -279,14 +287,16 @@ class Analyzer:
                 if p.suspect or learned is not None:
                     self.windows.mark_spike(model, p.delta.t1, learned is not None)
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
-                    _fit_step_rows(st, p.delta, p.obs, p.engines)
+                    _fit_step_rows(st, p.delta, p.obs, p.engines, p.busy)
                     _raise_peak(st.peak, p.rates)
                 else:
                     self.last_dropped[model] = p.obs
             suspect = _spike(rates, {}, st.peak) is not None
             if suspect:
                 self.windows.mark_spike(model, delta.t1)
-            st.pending = _Pending(delta, obs, _engine_count(snap, model), went_back, p is not None and p.went_back,
+            engines = _engine_count(snap, model)
+            st.pending = _Pending(delta, obs, engines, _busy_in_step(prev, snap, model, engines), went_back,
+                                  p is not None and p.went_back,
                                   rates, suspect)
             out[model] = obs
         self.last_observations = out
@@ -363,11 +373,11 @@ class Analyzer:
         bandwidth = _bandwidth(w, self.config.load_bandwidth_bytes_per_second)
         isl = request_isl(w, self._context(snap, model, self._state[model]))
         out = self._fits[model] = (self.fits(model, isl, bandwidth[0] if bandwidth else None,
-                                             _engine_count(snap, model)), bandwidth)
+                                             _busy_engines(self._state[model], _engine_count(snap, model))), bandwidth)
         return out
 
     def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None,
-             engines: int = 1) -> ModelFits:
+             engines: float = 1.0) -> ModelFits:
         """The online fitters' results for ``model`` now with these inputs (MODEL.md §6: robust
         refits every few new steps, exact updates in between, fitters/online.py); :meth:`fit_step`
         calls it with the publish window's ISL and B_load, and :meth:`analysis` publishes that.
@@ -377,8 +387,8 @@ class Analyzer:
                 None or < 1: the bucket of the latest usable step.
             load_bandwidth: B_load [bytes/s] for the overlap fit (measured over the publish window);
                 None: the configured value (None when not configured).
-            engines: E, the engines the chip-time fit sums (:func:`_engine_count`): the latency
-                fit is per request, so it is given one engine's coefficients, × E
+            engines: E, the engines busy in the chip-time fit's steps (:func:`_busy_engines`):
+                the latency fit is per request, so it is given one engine's coefficients, × E
                 (ChipTimeCoefficients.per_engine), and their covariance × E².
         Each fitter works only when it got new steps (or, for the latency fit, new chip-time
         coefficients or B_load) since it was last asked; otherwise its cached result is returned.
@@ -441,8 +451,8 @@ class Analyzer:
                 f"{engines} {what}: the chip-time fit sees their summed work per "
                 f"wall-clock second, so its coefficients, T_fixed and the TPM and bathtub from them describe the "
                 f"{engines} engines as one machine; a request runs on one engine, so the TTFTs and the overlap "
-                f"alpha take one engine's coefficients, the fitted ones x {engines} (exact when the engines share "
-                f"the load evenly); the capacity bound and delta take them with {engines} x B_load (a link each); "
+                f"alpha take one engine's coefficients, the fitted ones x the engines busy in the fit's steps "
+                f"({engines} when all work; exact when they share the load evenly); the capacity bound and delta take them with {engines} x B_load (a link each); "
                 f"per-GPU TPM counts tp x pp x {engines} GPUs")
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
@@ -461,7 +471,8 @@ class Analyzer:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
-        fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
+        fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines,
+                              _busy_engines(st, engines))
         if (fits["load_aware"].ok or fits["overlap"].ok) and (
                 problem := _prefill_unidentified(fitted, st.latency.extreme_points())):
             if fits["load_aware"].ok:
@@ -579,7 +590,7 @@ class Analyzer:
 
     def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float | None, fits: dict[str, FitResult],
                 wobs: Observation, load_share: float | None, kv: float | None,
-                bandwidth: tuple[float, str] | None, engines: int) -> FittedModel:
+                bandwidth: tuple[float, str] | None, engines: int, busy: float) -> FittedModel:
         cfg = self.config
         la, chip = fits["load_aware"], fits["chip_time"]
         running = wobs.running
@@ -589,7 +600,7 @@ class Analyzer:
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
             hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
-            gpus=cfg.model.gpus * engines, engines=engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit,
+            gpus=cfg.model.gpus * engines, engines=busy, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit,
             p_out=cfg.prices.p_out,
             collinear=chip.extra.get("collinear"),
             chip_covariance=[list(row) for row in chip.covariance] if chip.covariance else None)
@@ -753,7 +764,7 @@ def _load_aware_note(current: Prediction | None, observed: float | None) -> dict
                               + measured(f"{pred:.3g} s predicted, {observed:.3g} s observed, {pred / observed - 1:+.0%}")}
 
 
-def _prefill_covariance(chip: FitResult, engines: int) -> tuple[tuple[float, ...], ...] | None:
+def _prefill_covariance(chip: FitResult, engines: float) -> tuple[tuple[float, ...], ...] | None:
     """The covariance of one engine's (t_step, k_ffn, k_attn), 3×3 — the chip-time fit's × E²
     (ChipTimeCoefficients.per_engine) — or None when it has none."""
     cov = chip.covariance
@@ -809,6 +820,29 @@ def _tpot_histogram(d: Delta):
     return None, None
 
 
+def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: int) -> int:
+    """Engines of ``model`` running requests at both ends of the step from ``prev`` to ``snap``
+    (MODEL.md §7's busy step, per engine), at least 1; ``engines`` (all of them) when the
+    snapshots do not tell them apart (fleet mode's sums, one engine)."""
+    now = snap.models[model].engines
+    before = {} if prev is None or model not in prev.models else prev.models[model].engines
+    if len(now) < 2 or model in snap.engine_counts:
+        return engines
+    busy = sum(1 for e, sig in now.items() if sig.gauges.get("running", 0.0) > 0
+               and e in before and before[e].gauges.get("running", 0.0) > 0)
+    return max(1, busy)
+
+
+def _busy_engines(st: _ModelState, engines: int) -> float:
+    """E of :meth:`ChipTimeCoefficients.per_engine`: the chip-time fit sees the busy engines'
+    summed work per wall second, so its coefficients are one engine's / E_i in step i; over its
+    rows they are one engine's × the mean of 1/E_i, and one engine's are the fitted × the
+    harmonic mean of E_i (exact when E_i is the same in every step). ``engines`` before any row."""
+    if not st.busy:
+        return float(engines)
+    return len(st.busy) / math.fsum(1.0 / b for b in st.busy)
+
+
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``); 1 for
@@ -862,9 +896,10 @@ def _raise_peak(peak: dict[str, float], rates: Mapping[str, float]) -> None:
             peak[name] = rate
 
 
-def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
+def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int, busy: int) -> None:
     """Feed one step to every fitter of the model (one scrape after it was taken: ``pending``)."""
-    st.chip.update(obs)
+    if st.chip.update(obs):
+        st.busy.append(busy)
     st.slope.update(obs)
     st.latency.update(obs)
     _update_seed3(st, d, obs, engines)

@@ -131,10 +131,10 @@ class ChipTimeCoefficients:
     def as_tuple(self) -> tuple[float, ...]:
         return (self.t_step, self.k_ffn, self.k_attn, self.k_dec, self.k_ctx)
 
-    def per_engine(self, engines: int) -> "ChipTimeCoefficients":
-        """One engine's coefficients when these were fitted on ``engines`` engines summed as one
-        machine (their summed steps and tokens against wall-clock busy time, §7): every term × E,
-        exact when the engines share the load evenly. A request runs on one engine, so its
+    def per_engine(self, engines: float) -> "ChipTimeCoefficients":
+        """One engine's coefficients when these were fitted on ``engines`` busy engines summed as
+        one machine (their summed steps and tokens against wall-clock busy time, §7): every term × E,
+        exact when the busy engines share the load evenly. A request runs on one engine, so its
         latencies (TTFT, the overlap α) need these, and the machine's throughput the summed ones."""
         return ChipTimeCoefficients(*(engines * c for c in self.as_tuple()))
 

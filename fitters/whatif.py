@@ -61,7 +61,8 @@ _FIELD_RANGES = (
                                                              "queue_time", "p_miss", "p_hit", "p_out")),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
     *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
-    *((n, lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1") for n in ("gpus", "engines")),
+    ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
+    ("engines", lambda v: v >= 1, "a number >= 1"),
 )
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
             "hit_load_share"}
@@ -137,10 +138,10 @@ class FittedModel:
             h > 0 then has no TTFT (T_load unknown).
         kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].
         gpus: tp × pp (× engines); p_miss, p_hit, p_out: prices per token.
-        engines: E, the engines the chip-time coefficients describe as one machine (data-parallel
-            engines, a fleet's pods; MODEL.md §7): throughput (TPM, revenue) is the machine's,
-            a request's latency (TTFT) one engine's, with the coefficients × E
-            (:meth:`ChipTimeCoefficients.per_engine`).
+        engines: E ≥ 1, the busy engines the chip-time coefficients describe as one machine
+            (data-parallel engines, a fleet's pods; MODEL.md §7; a mean when it varied): throughput
+            (TPM, revenue) is the machine's, a request's latency (TTFT) one engine's, with the
+            coefficients × E (:meth:`ChipTimeCoefficients.per_engine`).
         collinear: the chip-time fit's terms it could not tell apart, {dropped term: {kept term:
             c}} (its extra "collinear"; None when it identified every term): predictions hold only
             where a request keeps those relations (:meth:`unidentified`).
@@ -169,7 +170,7 @@ class FittedModel:
     p_out: float = 0.0
     collinear: dict[str, dict[str, float]] | None = None
     chip_covariance: list[list[float]] | None = None
-    engines: int = 1
+    engines: float = 1.0
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:

@@ -739,7 +739,7 @@ def test_a_fit_file_too_large_to_be_an_analysis_is_refused_before_it_is_read_who
     ({"schema_version": 1, "models": {"a": {}, "b": {}}}, "2 models analysed; choose one with --model: ['a', 'b']"),
     # numbers out of their range (a hand-edited file): named, never a traceback or a negative TTFT
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "gpus": 0}}}}, "fit field gpus must be a whole number >= 1"),
-    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "engines": 1.5}}}}, "fit field engines must be a whole number >= 1"),
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "engines": 0.5}}}}, "fit field engines must be a number >= 1"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "c0": -5.0, "c1": 0.0, "running": 4.0, "queue_time": 0.0}}}},
      "fit field c0 must be a finite number >= 0"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "alpha": 5.0}}}}, "fit field alpha must be a number in [0, 1]"),

@@ -399,19 +399,26 @@ def test_data_parallel_engines_divide_the_predicted_per_gpu_tpm_too():
 
 
 
-def _simulated_engines(scenario: str, engines: int) -> Runner:
+def _simulated_engines(scenario: str, engines: int, idle: int = 0) -> Runner:
     """A runner fed the noise-free simulator ``scenario`` with every engine="0" sample line repeated
-    for ``engines`` identical data-parallel engines; geometry and B_load the truth's."""
+    for ``engines`` data-parallel engines, the last ``idle`` of them idle throughout (their first
+    scrape's counters, no request running or waiting), the others identical; geometry and B_load
+    the truth's."""
+    import re
     from dataclasses import replace
 
     from exporter.config import load_config
     from exporter.replay import TraceClock
     from exporter.simulate import SIM_GEOMETRY, Truth, generate, preset
 
+    first: list[str] = []
+
     def body(text: str) -> str:
+        lines = [ln for ln in text.splitlines() if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info")]
+        first[:] = first or [re.sub(r"^(vllm:num_requests_(running|waiting)\{[^}]*\}) .*$", r"\1 0.0", ln)
+                             for ln in lines]
         return text + "".join(ln.replace('engine="0"', f'engine="{e}"') + "\n" for e in range(1, engines)
-                              for ln in text.splitlines()
-                              if 'engine="0"' in ln and not ln.startswith("vllm:cache_config_info"))
+                              for ln in (first if e >= engines - idle else lines))
 
     sc = preset(scenario, noise=0.0)
     env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()}
@@ -423,7 +430,8 @@ def _simulated_engines(scenario: str, engines: int) -> Runner:
     return runner
 
 
-def test_three_data_parallel_engines_give_one_engines_ttft_and_alpha():
+@pytest.mark.parametrize("idle", [0, 2])
+def test_three_data_parallel_engines_give_one_engines_ttft_and_alpha(idle):
     # A request runs on one engine: its TTFT and the overlap α are one engine's, whatever E
     # (MODEL.md §3.2). The valley scenario ends held at h = 0.3 with the truth's ISL 2048,
     # h_load = 0.5·h, α = 0.5, S_kv 524288 B, B_load 12.5e9 B/s, T_step 1e-4 s, k_ffn 1e-4, k_attn
@@ -432,7 +440,9 @@ def test_three_data_parallel_engines_give_one_engines_ttft_and_alpha():
     # At the target h = 0.9: M = 204.8, H = 1843.2, T_compute = 0.024465 s, T_load = 0.038655 s,
     # TTFT = 1e-4 + 0.024465 + 0.038655 − 0.5·0.024465 = 0.051007 s. (Before, the fit's coefficients
     # of the 3 engines as one machine, ⅓ of one's, gave α 0.64-0.84 and a TTFT ⅓-½ of these.)
-    pub = published(_simulated_engines("valley", 3))
+    # With 2 of the 3 idle, the fit sees one busy engine: its coefficients are one engine's, as
+    # they are (× 3 read α 0.31 and TTFTs 2x: review); the busy engines of each step decide.
+    pub = published(_simulated_engines("valley", 3, idle))
     model = (("model_name", "sim-model"),)
     assert series(pub, "kvhit_overlap_ratio")[model] == pytest.approx(0.5, abs=0.01)
     ttft = series(pub, "kvhit_predicted_ttft_seconds")
