@@ -192,7 +192,7 @@ class Runner:
             _, text = source.fetch()
             stamp += source.answer_delay  # when the body was generated (LiveSource)
         except ScrapeError as exc:
-            self.record_failure(exc.reason, str(exc), time.monotonic() - start, costly=exc.listening)
+            self.record_failure(exc.reason, str(exc), time.monotonic() - start, costly=exc.costly)
             return False
         except Exception as exc:
             self.record_failure("error", f"scrape failed: {type(exc).__name__}", time.monotonic() - start)
@@ -213,8 +213,8 @@ class Runner:
     def record_failure(self, reason: str, message: str, duration: float | None = None, costly: bool = True) -> None:
         """Count a failed attempt (``reason`` is the kvhit_scrape_errors_total label); ``duration``
         [s], when given, is what the failed scrape took (kvhit_scrape_duration_seconds);
-        ``costly``: the attempt cost the target something (all but a refused connection), so
-        the next one backs off (:meth:`next_delay`)."""
+        ``costly``: the attempt cost the target something (all but a refused connection and a
+        fleet poll waiting for a pod: ScrapeError.costly), so the next one backs off (:meth:`next_delay`)."""
         with self._lock:
             errors = dict(self._health.errors)
             errors[reason] = errors.get(reason, 0) + 1
@@ -270,7 +270,7 @@ class Runner:
         """Seconds until the next scrape: the interval after a success, after a first failure (a
         single blip must not hide the values: :meth:`fresh`) and after a refused connection (it
         costs the target nothing, and a restarting vLLM refuses until it listens: its first answer
-        is read within an interval), else doubled per further consecutive failure that cost the
+        is read within an interval; so does a fleet poll waiting for a pod), else doubled per further consecutive failure that cost the
         target, at most MAX_BACKOFF_FACTOR intervals."""
         if self._costless or not self._backoff:
             return self.config.interval

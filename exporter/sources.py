@@ -55,10 +55,12 @@ class ScrapeError(Exception):
     The message names the URL (credentials removed) and the kind of failure, never the body.
     """
 
-    def __init__(self, reason: str, message: str, listening: bool = True) -> None:
+    def __init__(self, reason: str, message: str, costly: bool = True) -> None:
         super().__init__(message)
         self.reason = reason
-        self.listening = listening  # False: nothing listened (connection refused), the attempt cost the target nothing
+        # False: the attempt cost the target nothing, so the next comes after an interval, not
+        # backed off (nothing listened; a fleet poll found a pod not scraped yet: one small query)
+        self.costly = costly
 
 
 class _Authorization(AuthBase):
@@ -294,7 +296,7 @@ class LiveSource:
                                              "name this pod cannot resolve") from None
             if _caused_by(exc, ConnectionRefusedError):
                 raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port ({self.what} "
-                                             "not started yet or restarting, or a wrong port)", listening=False) from None
+                                             "not started yet or restarting, or a wrong port)", costly=False) from None
             raise ScrapeError("refused", f"cannot reach {where}: {type(exc).__name__}") from None
         except (requests.Timeout, ReadTimeoutError, TimeoutError):
             raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None
@@ -532,11 +534,12 @@ class PrometheusSource:
             raise ScrapeError("catching_up", f"{self._where}: {down:.0f} pod(s) with vLLM counters in the last "
                               f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
                               "unseen, and would land in one later step; the next range will cover the wait (a pod "
-                              f"down longer than {LOOKBACK} is left out as gone)")
+                              f"down longer than {LOOKBACK} is left out as gone)", costly=False)
         if latest is not None and self._end is not None and latest <= self._end:
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
-                              "down or restarted?), or the pod is gone; the next range will cover the wait")
+                              "down or restarted?), or the pod is gone; the next range will cover the wait",
+                              costly=False)
         t = now if latest is None else min(now, latest)
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval

@@ -999,6 +999,22 @@ def test_fleet_totals_near_the_value_cap_start_again_together(fake):
     assert not any(runner.current()[1].quirks.values())  # nothing dropped on the way
 
 
+def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_interval(fake):
+    # up == 0 for a pod with counters in the last 5 min: its growth since is unseen, so the poll
+    # fails catching_up; only one small query was sent, and the pod may be back any moment: no
+    # back-off (1, 2, 4 intervals would hold kvhit_up at 0 past the pod's return)
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    runner = Runner(Config(interval=5.0), fake.url, scope="fleet", clock=clock)
+    fake.latest += [(200, fake.vector([({"kvhit_query": "down:"}, "1")]))] * 3
+    waits = []
+    for _ in range(3):
+        assert runner.poll(src) is False
+        waits.append(runner.next_delay())
+    assert runner.current()[1].errors["catching_up"] == 3 and waits == [5.0, 5.0, 5.0]
+    assert not fake.forms  # no range query was sent
+
+
 def test_a_running_total_no_answer_held_for_an_hour_is_forgotten(fake):
     # model names churning (LoRA adapters) left a running total per name forever (review: 180k after
     # 20k polls, 78 MB). A total back within the hour goes on (100 + 50); one back after it starts
