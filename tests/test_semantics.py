@@ -456,12 +456,6 @@ def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
     # 1e-4·2048 + 1e-8·2048²/2 = 0.22577 s: δ = 0.085899/0.22577 = 0.38047, one engine or two. Two
     # identical engines (each its own link) deliver twice: Θ(h) = Θ0/max(1 − h, δ·h_load) doubles.
     # (Before, T0 of the two as one machine, halved, met one link's B_load: δ read 2×, Θ's load bound ½×.)
-    from dataclasses import replace
-
-    from exporter.config import load_config
-    from exporter.replay import TraceClock
-    from exporter.simulate import SIM_GEOMETRY, Truth, generate, preset
-
     n = 2048.0
     delta = n * 524288.0 / (12.5e9 * (1e-4 * n + 1e-8 * n * n / 2.0))
     bound = {}
