@@ -183,6 +183,28 @@ class ModelFits:
     overlap: FitResult
 
 
+class _BusyEngines:
+    """The engines busy in each step the chip-time fit holds (its ``capacity`` latest rows), kept
+    as counts per engine number too, so that their harmonic mean (:meth:`harmonic`) costs no scan
+    of the rows at every cycle."""
+
+    def __init__(self, capacity: int) -> None:
+        self._steps: deque[int] = deque(maxlen=capacity)
+        self._counts: dict[int, int] = {}  # engines busy → steps with that many
+
+    def add(self, busy: int) -> None:
+        if len(self._steps) == self._steps.maxlen:
+            self._counts[self._steps[0]] -= 1  # the oldest, which append drops
+        self._steps.append(busy)
+        self._counts[busy] = self._counts.get(busy, 0) + 1
+
+    def harmonic(self, default: float) -> float:
+        """len / Σ 1/E_i over the steps held (``default`` when none is)."""
+        if not self._steps:
+            return default
+        return len(self._steps) / math.fsum(n / e for e, n in self._counts.items())
+
+
 @dataclass
 class _ModelState:
     chip: ChipTimeFitter = field(default_factory=ChipTimeFitter)
@@ -199,12 +221,10 @@ class _ModelState:
     # still down (exporter/window.py)
     pending: _Pending | None = None
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
-    # engines busy in each step the chip-time fit holds (its capacity's worth, the latest last):
-    # the fit sees their summed work per wall second (_busy_engines)
-    busy: deque[int] = field(init=False)
+    busy: _BusyEngines = field(init=False)
 
     def __post_init__(self) -> None:
-        self.busy = deque(maxlen=self.chip.capacity)
+        self.busy = _BusyEngines(self.chip.capacity)
 
 
 @dataclass(frozen=True)
@@ -452,8 +472,8 @@ class Analyzer:
                 f"wall-clock second, so its coefficients, T_fixed and the TPM and bathtub from them describe the "
                 f"{engines} engines as one machine; a request runs on one engine, so the TTFTs and the overlap "
                 f"alpha take one engine's coefficients, the fitted ones x the engines busy in the fit's steps "
-                f"({engines} when all work; exact when they share the load evenly); the capacity bound and delta take them with {engines} x B_load (a link each); "
-                f"per-GPU TPM counts tp x pp x {engines} GPUs")
+                f"({engines} when all work; exact when they share the load evenly); the capacity bound and delta "
+                f"take them with {engines} x B_load (a link each); per-GPU TPM counts tp x pp x {engines} GPUs")
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             warnings=warnings,
@@ -838,9 +858,7 @@ def _busy_engines(st: _ModelState, engines: int) -> float:
     summed work per wall second, so its coefficients are one engine's / E_i in step i; over its
     rows they are one engine's × the mean of 1/E_i, and one engine's are the fitted × the
     harmonic mean of E_i (exact when E_i is the same in every step). ``engines`` before any row."""
-    if not st.busy:
-        return float(engines)
-    return len(st.busy) / math.fsum(1.0 / b for b in st.busy)
+    return st.busy.harmonic(float(engines))
 
 
 def _engine_count(snap: Snapshot, model: str) -> int:
@@ -899,7 +917,7 @@ def _raise_peak(peak: dict[str, float], rates: Mapping[str, float]) -> None:
 def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int, busy: int) -> None:
     """Feed one step to every fitter of the model (one scrape after it was taken: ``pending``)."""
     if st.chip.update(obs):
-        st.busy.append(busy)
+        st.busy.add(busy)
     st.slope.update(obs)
     st.latency.update(obs)
     _update_seed3(st, d, obs, engines)

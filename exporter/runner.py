@@ -270,8 +270,8 @@ class Runner:
         """Seconds until the next scrape: the interval after a success, after a first failure (a
         single blip must not hide the values: :meth:`fresh`) and after a refused connection (it
         costs the target nothing, and a restarting vLLM refuses until it listens: its first answer
-        is read within an interval; so does a fleet poll waiting for a pod), else doubled per further consecutive failure that cost the
-        target, at most MAX_BACKOFF_FACTOR intervals."""
+        is read within an interval; so does a fleet poll waiting for a pod), else doubled per further
+        consecutive failure that cost the target, at most MAX_BACKOFF_FACTOR intervals."""
         if self._costless or not self._backoff:
             return self.config.interval
         return self.config.interval * min(2 ** (self._backoff - 1), MAX_BACKOFF_FACTOR)

@@ -211,7 +211,8 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     if prev.engines and cur.engines:
         if set(prev.engines) != set(cur.engines):
             return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0, running_seconds=running)
-        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset, known) for e in sorted(cur.engines)]
+        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset, known)
+                 for e in sorted(cur.engines)]
     else:
         parts = [_engine_increase(prev, cur, t0 - clock_offset, known)]
     kinds = {k for _, _, k in parts}

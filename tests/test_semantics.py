@@ -565,3 +565,14 @@ def test_a_fit_warming_up_keeps_one_unknown_info_series_while_its_count_moves_in
             reasons.add(model.unknown["predicted_current"])
     assert labels == {"needs the chip-time fit, which is insufficient_data: too few usable busy steps, need at least 10"}
     assert len(reasons) >= 5 and all(r.endswith(" steps)") for r in reasons), reasons
+
+
+def test_the_busy_engines_mean_is_harmonic_over_the_rows_the_chip_time_fit_holds():
+    # rows hold 3 steps: after busy 1, 2, 4, 4 the first is gone; 3 / (1/2 + 1/4 + 1/4) = 3
+    from exporter.analyzer import _BusyEngines
+
+    busy = _BusyEngines(3)
+    assert busy.harmonic(5.0) == 5.0  # no row yet: all engines
+    for e in (1, 2, 4, 4):
+        busy.add(e)
+    assert busy.harmonic(5.0) == pytest.approx(3.0, rel=1e-15)
