@@ -35,7 +35,10 @@ class Health:
     since start (the runner lists every kind the parser knows, from 0); untracked_series: (model_name, engine) series of the last scrape
     over ``max_series``; age: now − last_success [s] when rendered; stale: the values shown do
     not come from the latest scrape attempt (it failed, or none succeeded for an interval);
-    scope: "fleet" in fleet mode, added as label ``scope`` to every series; "" adds nothing.
+    scope: "fleet" in fleet mode, added as label ``scope`` to every series; "" adds nothing;
+    clock_offset: kvhit's clock minus the wall clock when rendered [s] (SteadyClock: nonzero once
+    the wall clock stepped), taken off last_success so that ``time() - kvhit_last_success_…`` is the
+    data age in Prometheus.
     """
 
     target: str
@@ -48,6 +51,7 @@ class Health:
     age: float | None = None
     stale: bool = False
     scope: str = ""
+    clock_offset: float = 0.0
 
 
 class _Families:
@@ -106,7 +110,7 @@ class KvhitCollector(Collector):
         f.add(N.CONFIG_LOADED, {}, 1.0)
         f.add(N.UP, t, 1.0 if health.up else 0.0)
         f.add(N.SCRAPE_DURATION, t, health.duration)
-        f.add(N.LAST_SUCCESS, t, health.last_success)
+        f.add(N.LAST_SUCCESS, t, None if health.last_success is None else health.last_success - health.clock_offset)
         f.add(N.DATA_AGE, t, health.age)
         f.add(N.STALE, t, 1.0 if health.stale else 0.0)
         # every known reason from 0 on, so rate() and increase() see the first one (quirks: Health)

@@ -312,7 +312,8 @@ class Runner:
         elif analysis.timestamp is not None:
             analysis = replace(analysis, engine_reason=self._reason(analysis.engine, analysis.engine_reason,
                                                                     bool(analysis.models)))
-        return analysis, replace(health, age=age, stale=stale)
+        offset = self.clock.offset() if isinstance(self.clock, SteadyClock) else 0.0
+        return analysis, replace(health, age=age, stale=stale, clock_offset=offset)
 
     def _count_read_failure(self, stamp: float | None) -> Health | None:
         """Count an "internal" error for the analysis of the snapshot at ``stamp`` the first time

@@ -833,3 +833,22 @@ def test_a_target_that_is_not_vllm_is_logged_once_and_when_it_becomes_vllm(snaps
     said = [r.getMessage() for r in caplog.records]
     assert said.count("the target answers but cannot be analysed: no vLLM metrics in the exposition") == 1, said
     assert "the target's body is analysable (engine vllm_v1)" in said, said
+
+
+def test_the_last_success_timestamp_stays_on_the_wall_clock_after_it_steps(snapshots, monkeypatch):
+    # kvhit's clock never steps (SteadyClock); Prometheus's time() does. An NTP step of +3600 s
+    # after a scrape must not make time() - kvhit_last_success_timestamp_seconds read an hour:
+    # the published stamp is the scrape's time on the wall clock as it reads now, so the
+    # difference stays the data age.
+    wall = [2_000_000_000.0]
+    mono = [100.0]
+    monkeypatch.setattr(time, "time", lambda: wall[0])
+    monkeypatch.setattr(time, "monotonic", lambda: mono[0])
+    runner = Runner(Config(interval=5.0), "http://vllm:8000/metrics")  # default: SteadyClock
+    assert runner.ingest_text(runner.clock(), snapshots[0])  # the scrape at wall 2e9
+    mono[0] += 2.0
+    wall[0] += 2.0 + 3600.0  # 2 s later, and the wall clock stepped an hour ahead
+    expo = exposition(runner)
+    assert value(expo, "kvhit_data_age_seconds") == pytest.approx(2.0)
+    assert value(expo, "kvhit_last_success_timestamp_seconds") == pytest.approx(2_000_000_000.0 + 3600.0)
+    assert wall[0] - value(expo, "kvhit_last_success_timestamp_seconds") == pytest.approx(2.0)
