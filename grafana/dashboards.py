@@ -47,8 +47,9 @@ from fitters.caching import THRASH_KV_USAGE  # noqa: E402  (the thrash verdict's
 
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Label selectors: a model's series on the selected pods (kvhit and vLLM alike), kvhit's health series
-# (no model_name), and the recording rules' per-model series (no pod).
-SEL = 'namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"'
+# (no model_name), and the recording rules' per-model series (no pod). A fleet-mode kvhit's per-model
+# series (scope="fleet") are its fleet's sums, no pod's: SEL leaves them out.
+SEL = 'scope!="fleet", namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"'
 HEALTH = 'namespace=~"$namespace", pod=~"$pod"'
 MODEL = 'namespace=~"$namespace", model_name=~"$model_name"'
 RI = "$__rate_interval"
@@ -145,9 +146,9 @@ def variables(one_model: bool = False) -> list:
     """datasource, namespace, model_name (a single namespace and model when ``one_model``: the
     bathtub of two models averaged is no model's, and a pod is named uniquely only in its namespace),
     and the pods serving the selected models."""
-    def label_var(name: str, label: str, query: str, multi: bool = True) -> QueryVariable:
+    def label_var(name: str, label: str, query: str, multi: bool = True, regex: str = "") -> QueryVariable:
         v = (QueryVariable(name).label(label).datasource(DS).query(query).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-             .sort(VariableSort.ALPHABETICAL_ASC))
+             .sort(VariableSort.ALPHABETICAL_ASC).regex(regex))
         if not multi:  # Grafana selects the first value
             return v.multi(False).include_all(False)
         return (v.multi(True).include_all(True).all_value(".*")
@@ -158,8 +159,13 @@ def variables(one_model: bool = False) -> list:
         label_var("namespace", "Namespace", "label_values(kvhit_up, namespace)", multi=not one_model),
         label_var("model_name", "Model", 'label_values(kvhit_window_seconds{namespace=~"$namespace"}, model_name)',
                   multi=not one_model),
-        label_var("pod", "Pod",
-                  'label_values(kvhit_window_seconds{namespace=~"$namespace", model_name=~"$model_name"}, pod)'),
+        # the pods analysing the selected models, and the kvhit pods analysing none (a target down or
+        # never up, a config refused, a fleet-mode kvhit): the health panels the runbooks point to
+        label_var("pod", "Pod" if one_model else "Pod (Pods in the valley)",
+                  'query_result(max by (pod) (kvhit_window_seconds{scope!="fleet", namespace=~"$namespace", '
+                  'model_name=~"$model_name"}) or (max by (pod) (kvhit_up{namespace=~"$namespace"}) unless on (pod) '
+                  'max by (pod) (kvhit_window_seconds{scope!="fleet", namespace=~"$namespace"})))',
+                  regex='/pod="([^"]+)"/'),
     ]
     return out
 
@@ -277,8 +283,8 @@ def model_dashboard() -> Dashboard:
         .with_target(q("C", f"sum by (pod) (rate(vllm:time_to_first_token_seconds_sum{{{SEL}}}[{RI}]))"
                             f" / sum by (pod) (rate(vllm:time_to_first_token_seconds_count{{{SEL}}}[{RI}]))",
                        "observed mean, vLLM {{pod}}"))
-        .with_target(q("D", f'kvhit_slo_seconds{{slo="ttft", {SEL}}}', "TTFT SLO"))
-        .override_by_name("TTFT SLO", [prop("color", {"mode": "fixed", "fixedColor": "red"}),
+        .with_target(q("D", f'kvhit_slo_seconds{{slo="ttft", {SEL}}}', "TTFT SLO {{pod}}"))
+        .override_by_regexp("^TTFT SLO", [prop("color", {"mode": "fixed", "fixedColor": "red"}),
                                        prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]))
     d = d.with_panel(
         ts(ids, "Delivered vs physical TPM", TPM,
@@ -321,8 +327,8 @@ def model_dashboard() -> Dashboard:
            "P95 over kvhit's window from histogram bucket deltas: TTFT, per-request TPOT (vLLM 0.11+) and "
            "inter-token latency, against the configured SLOs.")
         .with_target(q("A", f"kvhit_observed_p95_seconds{{{SEL}}}", "P95 {{quantity}} {{pod}}"))
-        .with_target(q("B", f"kvhit_slo_seconds{{{SEL}}}", "{{slo}} SLO"))
-        .override_by_regexp(".* SLO$", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]))
+        .with_target(q("B", f"kvhit_slo_seconds{{{SEL}}}", "{{slo}} SLO {{pod}}"))
+        .override_by_regexp("^[a-z]+ SLO", [prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]})]))
     d = d.with_panel(
         table_panel(ids, "Prefix-caching verdict", "none",
                     "Seed 003's verdict: not_paying (h < 0.25 over the history), linear, dedicated_pool_worth_it "
@@ -415,10 +421,9 @@ def model_dashboard() -> Dashboard:
     d = d.with_row(Row("Sidecar health and model internals").id(ids()))
     d = d.with_panel(
         ts(ids, "Sidecar health", "s",
-           "kvhit's scrape of vLLM: age of the last successful scrape (from its timestamp, and kvhit's own data "
-           "age) and duration of the last one; kvhit_up (right axis) is 0 while the target is down "
+           "kvhit's scrape of vLLM: age of the last successful scrape (kvhit's data age) and duration of the "
+           "last one; kvhit_up (right axis) is 0 while the target is down "
            "(KvhitTargetDown), kvhit_stale 1 while the values shown are not from the latest attempt.")
-        .with_target(q("A", f"time() - kvhit_last_success_timestamp_seconds{{{HEALTH}}}", "since last success {{pod}}"))
         .with_target(q("B", f"kvhit_scrape_duration_seconds{{{HEALTH}}}", "scrape duration {{pod}}"))
         .with_target(q("C", f"kvhit_up{{{HEALTH}}}", "up {{pod}}"))
         .with_target(q("D", f"kvhit_data_age_seconds{{{HEALTH}}}", "data age {{pod}}"))
@@ -486,8 +491,9 @@ def firing_alerts(ids: Ids) -> table.Panel:
     return (table_panel(ids, "Firing kvhit alerts", "none",
                         "Prometheus's ALERTS series of the kvhit rules (rules/kvhit-alerts.yml) that are firing; "
                         "runbooks in docs/runbooks.md.", w=24, h=6)
-            .with_target(q("A", 'ALERTS{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace"}',
-                           instant=True))
+            # alerts without the label (no pod: a per-model rule or KvhitAbsent's absent()) belong to every selection
+            .with_target(q("A", 'ALERTS{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace|", '
+                                'pod=~"$pod|", model_name=~"$model_name|"}', instant=True))
             .with_transformation(DataTransformerConfig(id_val="organize", options={
                 "excludeByName": {"Time": True, "Value": True, "__name__": True, "alertstate": True},
                 "indexByName": {"alertname": 0, "severity": 1, "namespace": 2, "pod": 3, "model_name": 4}})))
@@ -511,42 +517,44 @@ def fleet_dashboard() -> Dashboard:
            "25 % over 24 h caching does not pay (KvhitPrefixCachingNotPaying).")
         .min(0).max(1).thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.LINE))
         .thresholds(thresholds((None, "red"), (0.25, "green")))
-        .with_target(q("A", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}", "{{model_name}} 5m"))
-        .with_target(q("B", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate24h{{{MODEL}}}", "{{model_name}} 24h")))
+        .with_target(q("A", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}", "{{namespace}}/{{model_name}} 5m"))
+        .with_target(q("B", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate24h{{{MODEL}}}", "{{namespace}}/{{model_name}} 24h")))
     d = d.with_panel(
         ts(ids, "Delivered vs physical TPM per model", TPM,
-           "Observed from vLLM's counters (5 min) and kvhit's predicted capacity summed over pods.")
-        .with_target(q("A", f"namespace_model_name:vllm_tpm_delivered:rate5m{{{MODEL}}}", "{{model_name}} delivered"))
-        .with_target(q("B", f"namespace_model_name:vllm_tpm_physical:rate5m{{{MODEL}}}", "{{model_name}} physical"))
+           "Observed from vLLM's counters (5 min) and kvhit's predicted capacity summed over the pods whose fit "
+           "is ok (how many: 'Pods analysed, in the valley, in the sums'): while few fits are ok it reads below "
+           "the delivered TPM of all pods without any overload.")
+        .with_target(q("A", f"namespace_model_name:vllm_tpm_delivered:rate5m{{{MODEL}}}", "{{namespace}}/{{model_name}} delivered"))
+        .with_target(q("B", f"namespace_model_name:vllm_tpm_physical:rate5m{{{MODEL}}}", "{{namespace}}/{{model_name}} physical"))
         .with_target(q("C", f'namespace_model_name:kvhit_tpm_tokens_per_minute:sum{{basis="predicted", {MODEL}}}',
-                       "{{model_name}} {{kind}} capacity (kvhit)")))
+                       "{{namespace}}/{{model_name}} {{kind}} capacity (kvhit)")))
     d = d.with_panel(
         ts(ids, "Pods analysed, in the valley, in the sums", PODS,
            "Pods whose kvhit reports the valley, of the pods with a live kvhit analysis; and how many pods the "
            "revenue and predicted-capacity sums hold (only pods whose fit is ok publish them).")
-        .with_target(q("A", f"namespace_model_name:kvhit_valley_active:sum{{{MODEL}}}", "{{model_name}} in the valley"))
-        .with_target(q("B", f"namespace_model_name:kvhit_window_seconds:count{{{MODEL}}}", "{{model_name}} analysed"))
+        .with_target(q("A", f"namespace_model_name:kvhit_valley_active:sum{{{MODEL}}}", "{{namespace}}/{{model_name}} in the valley"))
+        .with_target(q("B", f"namespace_model_name:kvhit_window_seconds:count{{{MODEL}}}", "{{namespace}}/{{model_name}} analysed"))
         .with_target(q("C", f"namespace_model_name:kvhit_revenue_per_second:count{{{MODEL}}}",
-                       "{{model_name}} in the {{form}} revenue sum"))
+                       "{{namespace}}/{{model_name}} in the {{form}} revenue sum"))
         .with_target(q("D", f'namespace_model_name:kvhit_tpm_tokens_per_minute:count{{basis="predicted", {MODEL}}}',
-                       "{{model_name}} in the {{kind}} capacity sum")))
+                       "{{namespace}}/{{model_name}} in the {{kind}} capacity sum")))
     d = d.with_panel(
         ts(ids, "Revenue per second per model", PRICE_S,
            "R(h) at each pod's current hit ratio, summed over the pods whose fit is ok (how many: 'Pods analysed, "
            "in the valley, in the sums').")
-        .with_target(q("A", f"namespace_model_name:kvhit_revenue_per_second:sum{{{MODEL}}}", "{{model_name}} {{form}}")))
+        .with_target(q("A", f"namespace_model_name:kvhit_revenue_per_second:sum{{{MODEL}}}", "{{namespace}}/{{model_name}} {{form}}")))
     d = d.with_panel(
         ts(ids, "TTFT per model", "s", "Observed mean TTFT from vLLM's histogram (5 min) and the worst pod's prediction.")
-        .with_target(q("A", f"namespace_model_name:vllm_time_to_first_token_seconds:mean5m{{{MODEL}}}", "{{model_name}} observed"))
+        .with_target(q("A", f"namespace_model_name:vllm_time_to_first_token_seconds:mean5m{{{MODEL}}}", "{{namespace}}/{{model_name}} observed"))
         .with_target(q("B", f'namespace_model_name:kvhit_predicted_ttft_seconds:max{{kind="load_aware", {MODEL}}}',
-                       "{{model_name}} predicted at {{hit_ratio}} h")))
+                       "{{namespace}}/{{model_name}} predicted at {{hit_ratio}} h")))
     d = d.with_panel(
         ts(ids, "Queue depth per model", REQUESTS, "Waiting and running requests summed over pods.")
-        .with_target(q("A", f"namespace_model_name:vllm_num_requests_waiting:sum{{{MODEL}}}", "{{model_name}} waiting"))
-        .with_target(q("B", f"namespace_model_name:vllm_num_requests_running:sum{{{MODEL}}}", "{{model_name}} running")))
+        .with_target(q("A", f"namespace_model_name:vllm_num_requests_waiting:sum{{{MODEL}}}", "{{namespace}}/{{model_name}} waiting"))
+        .with_target(q("B", f"namespace_model_name:vllm_num_requests_running:sum{{{MODEL}}}", "{{namespace}}/{{model_name}} running")))
     d = d.with_panel(
         ts(ids, "KV cache usage per model", "percentunit", "The fullest pod's KV-cache usage.")
-        .min(0).max(1).with_target(q("A", f"namespace_model_name:vllm_kv_cache_usage:max{{{MODEL}}}", "{{model_name}}")))
+        .min(0).max(1).with_target(q("A", f"namespace_model_name:vllm_kv_cache_usage:max{{{MODEL}}}", "{{namespace}}/{{model_name}}")))
     d = d.with_panel(
         table_panel(ids, "Fits across pods", PODS, "Pods per fit and status.")
         .with_target(q("A", f"namespace_model_name:kvhit_fit_status:count{{{MODEL}}}", instant=True))

@@ -93,11 +93,9 @@ def test_every_panel_filters_by_the_variables():
                 need = {"namespace", "model_name"}
             elif s.name in names.BY_NAME and "model_name" not in names.BY_NAME[s.name].labels:
                 need = {"namespace", "pod"}  # the scrape's own health: per sidecar, no model
-            elif s.name == "ALERTS":
-                need = {"namespace"}
-            else:
+            else:  # ALERTS too; "$pod|" also keeps the alerts without the label (no pod: a per-model rule)
                 need = {"namespace", "pod", "model_name"}
-            have = {k for k, op, v in s.matchers if v == f"${k}"}
+            have = {k for k, op, v in s.matchers if v in (f"${k}", f"${k}|")}
             assert need <= have, f"{uid} / {title} / {ref}: {s.name} not filtered by {need - have}"
 
 

@@ -481,6 +481,22 @@ def test_every_dashboard_expression_returns_data(stack):
             assert math.isfinite(float(sample["value"][1])) or title == "Firing kvhit alerts", (title, ref, sample)
 
 
+def test_the_pod_variable_lists_the_sidecars_that_analyse_nothing(stack):
+    """The runbooks of KvhitTargetDown/NeverUp/NotAnalysable send on-call to the Sidecar health
+    panels of the pod: the Pod variable must list a sidecar without any analysis (ns-down: its target
+    never answered; ns-notvllm: not vLLM), and in a namespace with an analysis, that pod."""
+    for uid, d in dashboards().items():
+        var = dashboard_variables(d)["pod"]
+        expr = re.fullmatch(r"query_result\((.*)\)", var["query"], flags=re.S).group(1)
+        pick = re.compile(var["regex"].strip("/"))
+        for ns, pods in {"ns-down": {"vllm-down-0"}, "ns-notvllm": {"vllm-notvllm-0"},
+                         "ns-valley": {"vllm-valley-0"}}.items():
+            result = stack.query(substitute(expr, {"namespace": ns, "model_name": ".*"}))
+            found = {pick.search("{" + ", ".join(f'{k}="{v}"' for k, v in r["metric"].items()) + "}").group(1)
+                     for r in result}
+            assert found == pods, (uid, ns, found)
+
+
 def test_the_operating_point_is_the_grid_bar_nearest_the_current_hit_ratio(stack):
     """Worked by hand: the valley replay ends at h ≈ 0.008 (< 0.025), so the bar is hit_ratio="0.00"."""
     h = _value(stack.query('kvhit_hit_ratio{namespace="ns-valley", source="all"}'))
