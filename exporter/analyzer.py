@@ -627,7 +627,8 @@ class Analyzer:
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:
-    """MODEL.md §4: the valley alert follows chip_time when its fit is ok, else linear."""
+    """MODEL.md §4: the valley alert follows chip_time when its fit is ok (and its bathtub was
+    published: not withheld as unidentifiable), else linear."""
     if chip is not None and chip.ok and "chip_time" in bathtubs:
         return "chip_time"
     return "linear" if "linear" in bathtubs else None

@@ -172,7 +172,7 @@ VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=
                  "exit; absent without a valley, and for form=linear when h_even lies outside the direct slope's h "
                  "range.", MODEL + ("form",), section="§4")
 VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper end of its 95 % interval below 0, "
-                   "else 0; uses the chip_time form when its fit is ok, else linear (label form).",
+                   "else 0; uses the chip_time form when its fit is ok and its bathtub is published, else linear (label form).",
                    MODEL + ("form",), section="§4")
 
 # --- seed 003: SLO cost, caching verdict, batch size; KV sizing; first-order capacity --------
