@@ -304,8 +304,10 @@ def _carrier(name: str, est: Estimate, relations: dict[str, dict[str, float]]) -
     return Estimate(est.value, est.stderr, Status.NOT_IDENTIFIABLE,
                     f"carries the time of {' and '.join(words[d] for d in riding)} too, which its steps did not vary "
                     f"apart from {words[name]}: their combined time per unit of {words[name]}, not its own"
-                    + measured(f"{est.value:.4g} ± {est.stderr:.2g}; "
-                               + "; ".join(f"{words[d]} ≈ {f:.4g} × {words[name]}" for d, f in riding.items())))
+                    # the whole relation: one term of it alone, with a negative factor, reads as nonsense
+                    + measured(f"{est.value:.4g} ± {est.stderr:.2g}; " + "; ".join(
+                        f"{words[d]} ≈ " + " + ".join(f"{f:.4g} × {words[k]}" for k, f in relations[d].items())
+                        for d in riding)))
 
 
 def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dict[int, str]

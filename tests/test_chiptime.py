@@ -15,10 +15,10 @@ import pytest
 from scipy.optimize import least_squares, nnls
 
 from fitters import chiptime
-from fitters.chiptime import ChipTimeFitter, _relations, design_row, fit_chip_time, predict_busy_time
+from fitters.chiptime import ChipTimeFitter, _carrier, _relations, design_row, fit_chip_time, predict_busy_time
 from fitters.model import CHIP_TIME_TERMS, ChipTimeCoefficients
 from fitters.observation import Observation
-from fitters.result import Status
+from fitters.result import Estimate, Status
 
 TRUE = ChipTimeCoefficients(t_step=5e-3, k_ffn=2e-4, k_attn=5e-8, k_dec=4e-3, k_ctx=1e-7)
 NOISE = 0.02
@@ -212,6 +212,8 @@ def test_constant_isl_osl_makes_ctx_not_identifiable_but_prediction_holds():
     dec = res.params["k_dec"]
     assert dec.value == pytest.approx(combined, rel=0.05) and res.value("k_dec") is None
     assert dec.status is Status.NOT_IDENTIFIABLE and "carries the time of decode context too" in dec.reason
+    # the relation shown whole: decode context ≈ (ISL + OSL/2 = 2176) × decode tokens here, no other term
+    assert dec.reason.endswith("; decode context ≈ 2176 × decode tokens)"), dec.reason
     assert np.array(res.covariance)[4].tolist() == [0.0] * 5
 
     coef = fitter.coefficients()
@@ -504,3 +506,12 @@ def test_steps_whose_regressors_are_all_zero_in_floating_point_are_insufficient_
     for o in steps:
         fitter.update(o)
     assert fitter.result().status is Status.INSUFFICIENT_DATA
+
+
+def test_a_carried_term_s_reason_shows_the_dropped_term_s_whole_relation():
+    # the bundled trace's k_ctx ≈ -4018·steps + 3100·decode tokens: T_step's reason showed only
+    # "decode context ≈ -4018 × engine steps", which no engine can do; the whole relation can
+    est = _carrier("t_step", Estimate(0.002058, 0.00014), {"k_ctx": {"t_step": -4018.0, "k_dec": 3100.0}})
+    assert est.status is Status.NOT_IDENTIFIABLE
+    assert est.reason.endswith("(measured: 0.002058 ± 0.00014; "
+                               "decode context ≈ -4018 × engine steps + 3100 × decode tokens)"), est.reason
