@@ -249,12 +249,12 @@ class Progress:
 
 def progress_line(index: int, count: int, name: str, duration: float, phase_left: float, total_left: float,
                   done: int, failed: int, width: int = 24) -> str:
-    """``[2/5] P1_hit0.5 [#########---------------]  31s left in phase, 2m05s in sweep, 143 ok, 0 failed``."""
+    """``[2/5] P1_hit0.5 [#########---------------]  31s left in phase, 2m05s left in sweep, 143 ok, 0 failed``."""
     frac = 0.0 if duration <= 0 else min(1.0, max(0.0, 1.0 - phase_left / duration))
     filled = int(round(frac * width))
     total = int(round(total_left))
     return (f"[{index + 1}/{count}] {name} [{'#' * filled}{'-' * (width - filled)}] "
-            f"{phase_left:3.0f}s left in phase, {total // 60}m{total % 60:02d}s in sweep, "
+            f"{phase_left:3.0f}s left in phase, {total // 60}m{total % 60:02d}s left in sweep, "
             f"{done} ok, {failed} failed")
 
 

@@ -88,7 +88,7 @@ def test_plan_names_and_fields():
 
 def test_progress_line():
     line = progress_line(1, 5, "P1_hit0.3", 20.0, 10.0, 125.0, 42, 1, width=10)
-    assert line == "[2/5] P1_hit0.3 [#####-----]  10s left in phase, 2m05s in sweep, 42 ok, 1 failed"
+    assert line == "[2/5] P1_hit0.3 [#####-----]  10s left in phase, 2m05s left in sweep, 42 ok, 1 failed"
 
 
 # --- the command against a fake server ----------------------------------------------------------
