@@ -54,6 +54,12 @@ class Health:
     clock_offset: float = 0.0
 
 
+def _described(metrics) -> list[Metric]:
+    """Empty families of ``metrics`` (exporter.names), what a registry maps names to collectors
+    with: without them, /metrics?name[]=kvhit_up (a Prometheus scrape's params) served nothing."""
+    return [(CounterMetricFamily if m.type == "counter" else GaugeMetricFamily)(m.name, m.help) for m in metrics]
+
+
 class _Families:
     """One family per metric in :mod:`exporter.names`, filled lazily; ``constant`` labels (fleet
     mode's scope) are appended to every series."""
@@ -83,8 +89,8 @@ class ConfigErrorCollector(Collector):
     def __init__(self, target: str = "") -> None:
         self.target = target
 
-    def describe(self) -> list:
-        return []
+    def describe(self) -> list[Metric]:
+        return _described((N.BUILD_INFO, N.CONFIG_LOADED))
 
     def collect(self) -> Iterator[Metric]:
         f = _Families({})
@@ -99,8 +105,8 @@ class KvhitCollector(Collector):
     def __init__(self, provider: Callable[[], tuple[Analysis, Health]]) -> None:
         self.provider = provider
 
-    def describe(self) -> list:
-        return []  # families depend on the data; avoid a collect() at registration
+    def describe(self) -> list[Metric]:
+        return _described(N.ALL)  # no collect() at registration
 
     def collect(self) -> Iterator[Metric]:
         analysis, health = self.provider()

@@ -22,6 +22,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import os
@@ -45,11 +46,16 @@ from exporter.runner import Runner
 
 log = logging.getLogger("kvhit")
 REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (TLS handshake included)
+# Bytes a request's headers may take (nginx's default buffers; the request line has its own 64 KiB,
+# else 414). http.server alone allows 100 headers of 64 KiB each, read before basic auth: 40
+# connections held 250 MB, past the sidecar's memory limit.
+HEADER_BYTES = 32 * 1024
 UNAUTHENTICATED = ("/healthz", "/readyz")
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    request_queue_size = 128  # listen backlog (socketserver's 5 dropped SYNs at 30 concurrent clients)
     ssl_context: ssl.SSLContext | None = None
 
     def get_request(self):
@@ -68,11 +74,30 @@ class _ThreadingServer6(_ThreadingServer):
     address_family = socket.AF_INET6
 
 
+class _HeaderBudget:
+    """The connection's reader, whose readline raises LineTooLong once the lines after the
+    request line (the headers) pass HEADER_BYTES in all: parse_request then answers 431."""
+
+    def __init__(self, rfile) -> None:
+        self._rfile, self._left = rfile, None  # None: the request line is next
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self._rfile.readline(limit)
+        self._left = HEADER_BYTES if self._left is None else self._left - len(line)
+        if self._left < 0:
+            raise http.client.LineTooLong(f"request headers over {HEADER_BYTES} bytes")
+        return line
+
+    def __getattr__(self, name: str):
+        return getattr(self._rfile, name)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def setup(self) -> None:
         if isinstance(self.request, ssl.SSLSocket):
             self.request.do_handshake()
         super().setup()
+        self.rfile = _HeaderBudget(self.rfile)
 
     def get_environ(self) -> dict:
         env = super().get_environ()
