@@ -29,7 +29,8 @@ window_seconds                            publish window, seconds, at most 3600 
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
                                           must exceed interval
-max_body_bytes                            scrape body cap, bytes (16 MiB)
+max_body_bytes                            scrape body cap, bytes (4 MiB: about 170 MiB of
+                                          peak RSS; ~20 MiB more per MiB beyond)
 max_series                                (model_name, engine) series analysed at most (64)
 web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint
 model.hf_config                           path to the model's HF config.json (geometry from it)
@@ -216,7 +217,7 @@ class Config:
     timeout: float = 3.0
     window_seconds: float = 60.0
     gap_seconds: float | None = None
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: int = 4 * 1024 * 1024  # fits the sidecar's 256-MiB memory limit
     max_series: int = 64
     web_config: str | None = None
     model: Geometry = field(default_factory=Geometry)

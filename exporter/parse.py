@@ -133,6 +133,9 @@ _SINCE: dict[str, tuple[int, int, int]] = {
 # (vllm PR #25787); before it a window with preemptions has inflated hits.
 PREEMPTION_FIX = (0, 11, 1)
 _OTHER_ENGINES = ("sglang", "lmcache")
+# Bodies longer than this are read by kvhit's line reader alone (parse_exposition): the 64-model
+# body (2 MiB) still goes through the library, a body of junk series past it does not.
+LIBRARY_MAX_CHARS = 4 * 1024 * 1024
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
 QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative",
@@ -405,7 +408,10 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
     The body is read with prometheus-client's parser (the reference). When that parser rejects
     the body as a whole (one malformed or cut line is enough), kvhit's tolerant line reader
     takes over: malformed lines are dropped and counted, the rest is kept. Both feed the same
-    assembly, and tests/test_parse_reference.py proves they give identical Snapshots.
+    assembly, and tests/test_parse_reference.py proves they give identical Snapshots. A body over
+    LIBRARY_MAX_CHARS goes to kvhit's reader directly: the library holds a family's samples as
+    objects (~0.8 KiB per line), so a 4 MiB body of short lines took 120 MiB, and the sidecar's
+    memory limit is 256 MiB.
 
     Args:
         text: exposition body (str; decode bytes as UTF-8 with replacement first).
@@ -415,6 +421,8 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
             lines are malformed (message without the body).
     """
     lines, truncated = _body_lines(text)
+    if len(text) > LIBRARY_MAX_CHARS:
+        return _parse(lines, truncated, timestamp, _read_lines)
     try:
         return _parse(lines, truncated, timestamp, _read_library)
     except _Rejected:
@@ -620,11 +628,14 @@ def _read_library(b: _Builder, lines: list[str]) -> None:
     for line in lines:  # HELP/TYPE as written (the library renames counter families)
         if line[0] == "#":
             _comment(b, line)
-    try:
-        families = list(text_string_to_metric_families("\n".join(lines) + "\n"))
-    except Exception:  # the library raises ValueError/IndexError/… on any malformed line
-        raise _Rejected from None
-    for fam in families:
+    families = text_string_to_metric_families("\n".join(lines) + "\n")
+    while True:  # one family at a time in memory
+        try:
+            fam = next(families)
+        except StopIteration:
+            break
+        except Exception:  # the library raises ValueError/IndexError/… on any malformed line
+            raise _Rejected from None
         for s in fam.samples:
             b.line += 1
             if not _take(b, s.name, dict(s.labels), float(s.value)):

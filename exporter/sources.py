@@ -34,7 +34,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from exporter.config import read_bearer_token, redact_url
+from exporter.config import Config, read_bearer_token, redact_url
 
 log = logging.getLogger("kvhit")
 
@@ -43,7 +43,7 @@ log = logging.getLogger("kvhit")
 # of squares downstream; 1e18 is an exabyte (a bytes counter at 10 GB/s gets there in 3 years).
 MAX_VALUE = 1e18
 
-DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_BYTES = Config.max_body_bytes
 _EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
 _LATEST_STAMP = 7258118400.0  # 2200-01-01 [unix s]: a later stamp is a name in µs (16 digits) read as ms
 _PROM_FILE = re.compile(r"(?:^|/)(\d{10,16})\.prom$")

@@ -189,3 +189,16 @@ def test_a_layout_that_changes_every_scrape_is_planned_only_at_misses_1_2_4_8(mo
     assert p._plan.read(body, 20.0) is not None and p._misses == 20
     p.parse(body, 20.0)
     assert len(builds) == 5 and p._misses == 0
+
+
+def test_a_body_past_the_library_s_size_reads_as_the_library_would():
+    # parse_exposition skips prometheus-client past LIBRARY_MAX_CHARS (its sample objects took
+    # ~0.8 KiB per line: a 4 MiB body of short lines, 120 MiB, in a 256-MiB sidecar): the same
+    # Snapshot as the library's on a real snapshot padded with one family of junk series
+    _, text = load_trace(TRACE).snapshots[200]
+    pad = "# TYPE junk_seconds histogram\n" + "".join(
+        f'junk_seconds_bucket{{handler="/p/{j}",le="+Inf"}} {j}\n' for j in range(parse.LIBRARY_MAX_CHARS // 40))
+    body = text + pad
+    assert len(body) > parse.LIBRARY_MAX_CHARS
+    lines, truncated = parse._body_lines(body)
+    assert repr(parse.parse_exposition(body, 0.0)) == repr(parse._parse(lines, truncated, 0.0, parse._read_library))
