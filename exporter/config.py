@@ -29,8 +29,8 @@ window_seconds                            publish window, seconds, at most 3600 
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
                                           must exceed interval
-max_body_bytes                            scrape body cap, bytes (4 MiB: about 170 MiB of
-                                          peak RSS; ~20 MiB more per MiB beyond)
+max_body_bytes                            scrape body cap, bytes (4 MiB: at most 150 MiB of
+                                          peak RSS measured)
 max_series                                (model_name, engine) series analysed at most (64)
 web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint
 model.hf_config                           path to the model's HF config.json (geometry from it)

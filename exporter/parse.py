@@ -136,6 +136,10 @@ _OTHER_ENGINES = ("sglang", "lmcache")
 # Bodies longer than this are read by kvhit's line reader alone (parse_exposition): the 64-model
 # body (2 MiB) still goes through the library, a body of junk series past it does not.
 LIBRARY_MAX_CHARS = 4 * 1024 * 1024
+# A body of more lines gets no hot-path plan (Parser): the plan keeps every sample line's key and
+# position, and building it held ~0.6 KiB per line (4 MiB of one-sample families: 325 MiB of RSS).
+# The 64-model body has 24,000 lines.
+PLAN_MAX_LINES = 50_000
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
 QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative",
@@ -491,9 +495,11 @@ class _Plan:
     @classmethod
     def build(cls, text: str, reference: Snapshot) -> "_Plan | None":
         """The plan of a body whose reference Snapshot (:func:`parse_exposition`) is ``reference``,
-        None when the body is not clean."""
+        None when the body is not clean or has more than PLAN_MAX_LINES lines."""
         if reference.quirks or reference.engine not in ("vllm_v1", "vllm") or not reference.models:
             return None  # a cut body is a quirk (truncated)
+        if text.count("\n") > PLAN_MAX_LINES:
+            return None
         lines, truncated = _body_lines(text)
         raw = text.split("\n")
         comment_pos = [i for i, line in enumerate(lines) if line[0] == "#"]

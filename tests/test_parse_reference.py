@@ -202,3 +202,17 @@ def test_a_body_past_the_library_s_size_reads_as_the_library_would():
     assert len(body) > parse.LIBRARY_MAX_CHARS
     lines, truncated = parse._body_lines(body)
     assert repr(parse.parse_exposition(body, 0.0)) == repr(parse._parse(lines, truncated, 0.0, parse._read_library))
+
+
+def test_a_body_past_plan_max_lines_gets_no_plan_and_reads_as_the_reference():
+    # the plan holds every sample line's key and position (~0.6 KiB per line while built: 4 MiB of
+    # one-sample families took the sidecar to 325 MiB); past PLAN_MAX_LINES each body is parsed whole
+    _, text = load_trace(TRACE).snapshots[200]
+    body = text + "".join(f"j{i} 0\n" for i in range(parse.PLAN_MAX_LINES))
+    p = parse.Parser()
+    for t in (0.0, 5.0):
+        assert repr(p.parse(body, t)) == repr(parse.parse_exposition(body, t))
+    assert p._plan is None  # a look inside: the hot path was not planned
+    q = parse.Parser()
+    q.parse(text, 10.0)
+    assert q._plan is not None  # the trace's own body still is
