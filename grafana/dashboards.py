@@ -47,9 +47,9 @@ from fitters.caching import THRASH_KV_USAGE  # noqa: E402  (the thrash verdict's
 
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Label selectors: a model's series on the selected pods (kvhit and vLLM alike), kvhit's health series
-# (no model_name), and the recording rules' per-model series (no pod). A fleet-mode kvhit's per-model
-# series (scope="fleet") are its fleet's sums, no pod's: SEL leaves them out.
-SEL = 'scope!="fleet", namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"'
+# (no model_name), and the recording rules' per-model series (no pod). A fleet-mode kvhit is one more
+# pod, in its own namespace (README "Fleet mode").
+SEL = 'namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"'
 HEALTH = 'namespace=~"$namespace", pod=~"$pod"'
 MODEL = 'namespace=~"$namespace", model_name=~"$model_name"'
 RI = "$__rate_interval"
@@ -160,11 +160,12 @@ def variables(one_model: bool = False) -> list:
         label_var("model_name", "Model", 'label_values(kvhit_window_seconds{namespace=~"$namespace"}, model_name)',
                   multi=not one_model),
         # the pods analysing the selected models, and the kvhit pods analysing none (a target down or
-        # never up, a config refused, a fleet-mode kvhit): the health panels the runbooks point to
+        # never up, a config refused): the health panels the runbooks point to. By namespace too: a
+        # StatefulSet's vllm-0 in two namespaces is two pods
         label_var("pod", "Pod" if one_model else "Pod (Pods in the valley)",
-                  'query_result(max by (pod) (kvhit_window_seconds{scope!="fleet", namespace=~"$namespace", '
-                  'model_name=~"$model_name"}) or (max by (pod) (kvhit_up{namespace=~"$namespace"}) unless on (pod) '
-                  'max by (pod) (kvhit_window_seconds{scope!="fleet", namespace=~"$namespace"})))',
+                  'query_result(max by (namespace, pod) (kvhit_window_seconds{namespace=~"$namespace", '
+                  'model_name=~"$model_name"}) or (max by (namespace, pod) (kvhit_up{namespace=~"$namespace"}) '
+                  'unless on (namespace, pod) max by (namespace, pod) (kvhit_window_seconds{namespace=~"$namespace"})))',
                   regex='/pod="([^"]+)"/'),
     ]
     return out
