@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from .model import CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients
+from .model import CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, relation_text
 from .observation import Observation
 from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, median, soft_l1_weight, solve_normal
 from .result import Estimate, FitResult, Status, measured
@@ -306,8 +306,7 @@ def _carrier(name: str, est: Estimate, relations: dict[str, dict[str, float]]) -
                     f"apart from {words[name]}: their combined time per unit of {words[name]}, not its own"
                     # the whole relation: one term of it alone, with a negative factor, reads as nonsense
                     + measured(f"{est.value:.4g} ± {est.stderr:.2g}; " + "; ".join(
-                        f"{words[d]} ≈ " + " + ".join(f"{f:.4g} × {words[k]}" for k, f in relations[d].items())
-                        for d in riding)))
+                        f"{words[d]} ≈ {relation_text(relations[d])}" for d in riding)))
 
 
 def _relations(x: np.ndarray, x_scale: np.ndarray, kept: list[int], dropped: dict[int, str]

@@ -107,6 +107,15 @@ CHIP_TIME_REGRESSOR_WORDS = {
 }
 
 
+def relation_text(relation: dict[str, float]) -> str:
+    """A collinear relation {term: c} as ``-4018 × engine steps + 3100 × decode tokens`` (signs
+    between the terms, CHIP_TIME_REGRESSOR_WORDS); "0" when it has none."""
+    parts = [f"{c:.4g} × {CHIP_TIME_REGRESSOR_WORDS[t]}" if i == 0
+             else f"{'-' if c < 0 else '+'} {abs(c):.4g} × {CHIP_TIME_REGRESSOR_WORDS[t]}"
+             for i, (t, c) in enumerate(relation.items())]
+    return " ".join(parts) or "0"
+
+
 def chip_time_regressors(isl: float, osl: float, h: float, steps: float) -> tuple[float, ...]:
     """One request's regressors in CHIP_TIME_TERMS order (MODEL.md §7): engine steps, miss tokens
     M = (1-h)·ISL, attention work M·H + M²/2 [tokens²], decode tokens OSL and decode context

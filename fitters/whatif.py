@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from fitters.latency import predict_prefill_latency, service_ttft
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
+                           relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
 from fitters.result import measured
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
@@ -110,7 +110,7 @@ def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: Chip
         if off <= COLLINEAR_TOLERANCE:
             continue
         partners = " from " + " + ".join(words[t] for t in relation) if relation else ""
-        seen = " + ".join(f"{c:.4g} × {words[t]}" for t, c in relation.items()) or "0"
+        seen = relation_text(relation)
         return (f"not identifiable: the chip-time fit could not tell {words[term]} apart{partners}, and {what} is "
                 f"off the relation its steps followed beyond the {COLLINEAR_TOLERANCE:.0%} tolerance; ask about "
                 "traffic closer to the fitted one, or fit on traffic that varies them apart"

@@ -515,3 +515,5 @@ def test_a_carried_term_s_reason_shows_the_dropped_term_s_whole_relation():
     assert est.status is Status.NOT_IDENTIFIABLE
     assert est.reason.endswith("(measured: 0.002058 ± 0.00014; "
                                "decode context ≈ -4018 × engine steps + 3100 × decode tokens)"), est.reason
+    est = _carrier("t_step", Estimate(0.002, 0.0001), {"k_ctx": {"t_step": 4018.0, "k_dec": -3100.0}})
+    assert est.reason.endswith("decode context ≈ 4018 × engine steps - 3100 × decode tokens)"), est.reason
