@@ -17,9 +17,9 @@ of a crash or a lie:
   intervals; the first good scrape resets it.
 * **Time**: live snapshots are stamped with a steady clock — the wall clock read at start,
   advanced by the monotonic clock — so a step of the system clock (NTP, VM resume) changes no
-  rate, window or staleness. Fleet mode's runner and query ranges are on the wall clock instead,
-  Prometheus' (exporter/cli.py ``pipeline``): a range's increases always span the step their
-  snapshot closes. Replays and tests pass their own clock.
+  rate, window or staleness. Fleet mode's query ranges end on the same clock (exporter/cli.py):
+  a range's increases always span the step their snapshot closes. Replays and tests pass their
+  own clock.
 """
 from __future__ import annotations
 
