@@ -68,13 +68,11 @@ def fleet_families() -> tuple[Family, ...]:
 
 
 def pipeline(cfg: Config) -> tuple[Runner, LiveSource | PrometheusSource]:
-    """The runner and source ``kvhit run`` polls: fleet mode when ``cfg.prometheus`` is set, its
-    query times and snapshot stamps both on the wall clock, Prometheus' own (a steady clock lagged
-    it by every forward step for good: data that old published as fresh; now a forward step is
-    one long step, and a step back fails as ``catching_up`` until the clock passes the last range's
-    end), else the sidecar's scrape of ``cfg.target`` (stamps on kvhit's steady clock)."""
+    """The runner and source ``kvhit run`` polls: fleet mode when ``cfg.prometheus`` is set, whose
+    query ranges end on the runner's clock (its snapshots' stamps: a wall-clock step moves
+    neither), else the sidecar's scrape of ``cfg.target``."""
     if cfg.prometheus:
-        runner = Runner(cfg, cfg.prometheus, clock=time.time, scope="fleet")
+        runner = Runner(cfg, cfg.prometheus, scope="fleet")
         return runner, PrometheusSource(cfg.prometheus, fleet_families(), selector_matchers(cfg.selector),
                                         interval=cfg.interval, delay=cfg.prometheus_delay, timeout=cfg.timeout,
                                         max_bytes=cfg.max_body_bytes, headers=cfg.prometheus_headers,

@@ -526,12 +526,9 @@ class PrometheusSource:
         Raises:
             ScrapeError: reason as in the class docstring.
         """
-        now = self.clock() - self.delay
-        if self._end is not None and now <= self._end:
-            # a range from here would count again what the last ones counted
-            raise ScrapeError("catching_up", f"{self._where}: the clock stepped back {self._end - now:.0f} s behind "
-                              "the last range's end; the next range after it passes that end covers the wait",
-                              costly=False)
+        # Never past the wall clock: after it stepped back, a steady clock ahead of it would ask
+        # Prometheus about the future (empty ranges) until kvhit restarts.
+        now = min(self.clock(), time.time()) - self.delay
         latest, history, down = self._latest(now)
         if down:
             raise ScrapeError("catching_up", f"{self._where}: {down:.0f} pod(s) with vLLM counters in the last "
@@ -544,7 +541,8 @@ class PrometheusSource:
                               "down or restarted?), or the pod is gone; the next range will cover the wait",
                               costly=False)
         t = now if latest is None else min(now, latest)
-        start = t - self.interval if self._end is None else self._end
+        # A clock that stepped back restarts the ranges instead of querying an empty one.
+        start = self._end if self._end is not None and self._end < t else t - self.interval
         if self._baseline is None:
             query = self.promql(None)
         else:
