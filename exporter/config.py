@@ -23,8 +23,7 @@ prometheus_bearer_token_file              file whose token is sent as ``Authoriz
                                           user:password in the URL
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes, 0.1 to 86400 (5)
-timeout                                   scrape timeout, seconds, at most 86400 (3, or the
-                                          interval when shorter)
+timeout                                   scrape timeout, seconds, at most 86400 (3)
 window_seconds                            publish window, seconds, at most 3600 and 720 × interval (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
@@ -433,8 +432,6 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     data = _merge(data, env_overrides(os.environ if environ is None else environ))
     data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
     cfg = _build(Config, data)
-    if "timeout" not in data:  # the default never outlasts a short interval (a hanging target then looks fresh)
-        cfg = replace(cfg, timeout=min(cfg.timeout, cfg.interval))
     cfg = replace(cfg, model=_with_hf_config(cfg.model))
     validate(cfg)
     _check_hf_geometry(cfg.model)

@@ -200,12 +200,3 @@ def test_a_config_file_or_hf_config_too_large_to_be_one_is_refused_before_it_is_
         load_config(None, environ={}, flags={"model": {"hf_config": str(big)}})
     with pytest.raises(ConfigError, match=f"config file {big}: over {MAX_FILE_BYTES} bytes: not a configuration"):
         load_config(str(big), environ={})
-
-
-def test_the_default_timeout_never_outlasts_a_short_interval():
-    # kvhit run --interval 1 warned about its own default timeout (3 s > 1 s); a timeout the user set
-    # above the interval stays (allowed, with the warning)
-    assert load_config(environ={}, flags={"interval": "1"}).timeout == 1.0
-    assert load_config(environ={}, flags={"interval": "10"}).timeout == 3.0
-    assert load_config(environ={}, flags={"interval": "1", "timeout": "3"}).timeout == 3.0
-    assert load_config(environ={"KVHIT_TIMEOUT": "2"}, flags={"interval": "1"}).timeout == 2.0
