@@ -187,7 +187,7 @@ class Runner:
         start = time.monotonic()  # before the stamp: the duration covers all the scrape took after it
         stamp = asked = self.clock()
         # the engine stamps _created on the wall clock, which may have stepped since kvhit started
-        offset = self.clock.offset() if isinstance(self.clock, SteadyClock) else 0.0
+        offset = self._clock_offset()
         try:
             _, text = source.fetch()
             stamp += source.answer_delay  # when the body was generated (LiveSource)
@@ -312,8 +312,11 @@ class Runner:
         elif analysis.timestamp is not None:
             analysis = replace(analysis, engine_reason=self._reason(analysis.engine, analysis.engine_reason,
                                                                     bool(analysis.models)))
-        offset = self.clock.offset() if isinstance(self.clock, SteadyClock) else 0.0
-        return analysis, replace(health, age=age, stale=stale, clock_offset=offset)
+        return analysis, replace(health, age=age, stale=stale, clock_offset=self._clock_offset())
+
+    def _clock_offset(self) -> float:
+        """:attr:`clock` minus the wall clock now [s]: 0 but for a SteadyClock after a wall-clock step."""
+        return self.clock.offset() if isinstance(self.clock, SteadyClock) else 0.0
 
     def _count_read_failure(self, stamp: float | None) -> Health | None:
         """Count an "internal" error for the analysis of the snapshot at ``stamp`` the first time
