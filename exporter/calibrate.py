@@ -304,6 +304,24 @@ class Driver:
                 else:
                     self.progress.failed += 1
 
+    def _failed(self, what: str, rec: dict) -> CalibrationError:
+        return CalibrationError(f"{what} to {self.url} failed: {rec['error']} {rec.get('detail', '')}".strip())
+
+    def probe(self, prompt_tokens: int, output_tokens: int, seed: int) -> None:
+        """One request shaped like the phases' (random tokens, shared with none of them), before
+        anything is recorded: a wrong endpoint, model, token range or a max-model-len below ISL+OSL
+        fails here, not after a phase's worth of load.
+
+        Raises:
+            CalibrationError: the request failed (the server's status and the start of its answer).
+        """
+        rng = random.Random(seed)
+        lo, hi = self.token_range
+        with requests.Session() as session:
+            rec = self._send(session, [rng.randrange(lo, hi) for _ in range(prompt_tokens)], output_tokens)
+        if not rec["ok"]:
+            raise self._failed("a first request", rec)
+
     def warm_up(self, plan: PhasePlan, prompts: PromptFactory) -> dict | None:
         """Cache the phase's prefix with one request (max_tokens=1); None when there is no prefix."""
         if plan.shared_prefix_tokens == 0:
@@ -312,8 +330,7 @@ class Driver:
             rec = self._send(session, prompts.prompt(), 1)
         self._log(plan.name, "warmup", rec)
         if not rec["ok"]:
-            raise CalibrationError(f"warm-up request of {plan.name} to {self.url} failed: {rec['error']} "
-                                   f"{rec.get('detail', '')}".strip())
+            raise self._failed(f"warm-up request of {plan.name}", rec)
         return {"t_send": rec["t_send"], "t_done": rec["t_done"], "prompt_tokens": plan.prompt_tokens,
                 "max_tokens": 1}
 
@@ -358,8 +375,9 @@ class Driver:
         finally:
             pool.shutdown(wait=True)
         end = time.time()
-        if latencies:
-            self.latency_estimate = statistics.median(latencies)
+        median = statistics.median(latencies) if latencies else None
+        if median is not None:
+            self.latency_estimate = median
         if self.abort.is_set() and counts["failed"] > counts["ok"]:
             raise CalibrationError(f"phase {plan.name}: {counts['failed']} of {counts['ok'] + counts['failed']} "
                                    f"requests failed (first: {errors[0] if errors else '?'})")
@@ -370,6 +388,7 @@ class Driver:
             "expected_token_hit_ratio": plan.expected_token_hit_ratio, "prompt_tokens": plan.prompt_tokens,
             "output_tokens": plan.output_tokens, "concurrency": plan.concurrency, "duration_s": plan.duration_s,
             "requests_completed": counts["ok"], "requests_failed": counts["failed"], "warmup_request": warm,
+            "median_latency_s": median,
             "worker_stagger_s": stagger, "seed": plan.seed,
         }
 
@@ -447,7 +466,8 @@ def phase_rows(records: list[dict], summaries: list[PhaseSummary]) -> list[dict]
         s = by_name.get(rec["name"])
         row = {k: rec[k] for k in ("name", "intended_hit_ratio", "shared_prefix_tokens", "expected_token_hit_ratio",
                                    "prompt_tokens", "output_tokens", "concurrency", "duration_s",
-                                   "requests_completed", "requests_failed", "start_ms", "end_ms")}
+                                   "requests_completed", "requests_failed", "median_latency_s", "start_ms",
+                                   "end_ms")}
         if s is not None:
             row.update({k: v for k, v in asdict(s).items() if k not in ("name", "designed_hit_ratio")})
             row["measured_hit_ratio"] = s.hit_ratio
@@ -497,6 +517,12 @@ def print_report(report: dict, out: TextIO | None = None) -> None:
         w(f"WARNING: fewer than {MIN_BUSY_STEPS} busy steps (both scrapes with requests running, MODEL.md §7) in "
           f"{', '.join(few)}: the phase's chip time rests on too little; scrape more often (--interval) or "
           "run longer phases (--phase-seconds)\n")
+    slow = [f"{p['name']} ({p['median_latency_s']:.1f} s)" for p in report["phases"]
+            if (p.get("median_latency_s") or 0.0) > p["duration_s"] / 2]
+    if slow:
+        w(f"WARNING: requests took over half the phase (median latency) in {', '.join(slow)}: each worker sent one "
+          "or two, so the phase saw about one round of requests started together; run longer phases "
+          "(--phase-seconds) or fewer requests in flight (--concurrency)\n")
 
 
 def _pct(x: float | None) -> str:
@@ -605,8 +631,9 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     first = recorder.scrape_once()
 
     def refuse(exc: Exception) -> Exception:
-        """``exc`` after undoing the run: nothing was driven, so the first scrape goes, and the
-        directory when this run made it, and the same --out can be used again."""
+        """``exc`` after undoing the run: nothing was recorded under load (one probe request at
+        most), so the first scrape goes, and the directory when this run made it, and the same
+        --out can be used again."""
         for f in out_dir.glob("*.prom"):
             f.unlink()
         if created:
@@ -636,6 +663,11 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
         raise refuse(ConfigError(f"--isl {args.isl}: must exceed the block size {block} for any hit to be possible"))
     seed_base = secrets.randbits(62)  # fresh prefixes every run: no earlier run can leak hits
     plans = plan_phases(hit_ratios, args.isl, args.osl, args.concurrency, args.phase_seconds, block, seed_base)
+    try:  # seed: none of the phases' (seed_base + i)
+        Driver(completions_url, args.model, token_range, args.request_timeout).probe(
+            args.isl, args.osl, seed=seed_base + len(plans))
+    except CalibrationError as exc:
+        raise refuse(exc) from None
 
     progress = Progress(plans, stream=err)
     records: list[dict] = []

@@ -100,6 +100,7 @@ class FakeVllm:
     def __init__(self, block: int = 16) -> None:
         self.block = block
         self.caching = "True"  # enable_prefix_caching in cache_config_info
+        self.post_status = 200  # anything else: every POST answers it with an HTML error page
         self.cached: set[int] = set()
         self.c = {"queries": 0, "hits": 0, "prompt": 0, "gen": 0, "steps": 0, "done": 0}
         self.running = 0
@@ -109,6 +110,10 @@ class FakeVllm:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if fake.post_status != 200:
+                    fake.c["refused"] = fake.c.get("refused", 0) + 1
+                    self._send(fake.post_status, "<html><body><h1>Not Implemented</h1></body></html>")
+                    return
                 ids, out = body["prompt"], body["max_tokens"]
                 with fake.lock:
                     fake.running += 1
@@ -210,6 +215,12 @@ def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
     assert [s.name for s in result.phases["fake"]] == ["P0_hit0", "P1_hit0.5", "P2_hit0.9"]
     assert [s.hit_ratio for s in result.phases["fake"]] == pytest.approx([0.0, 0.48, 0.88])
     assert math.isfinite(report["requests"]["completed"]) and report["requests"]["failed"] == 0
+    # each phase's median latency is that of its requests in the request log
+    log = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    for row in report["phases"]:
+        lat = sorted(r["t_done"] - r["t_send"] for r in log if r["phase"] == row["name"] and r["worker"] != "warmup")
+        mid = len(lat) // 2
+        assert row["median_latency_s"] == pytest.approx(lat[mid] if len(lat) % 2 else (lat[mid - 1] + lat[mid]) / 2)
     # a phase with under 3 busy steps is named in a warning (its chip time rests on one or two steps)
     for row, busy in zip(report["phases"], (3, 2, 0)):
         row["busy_steps"] = busy
@@ -217,6 +228,13 @@ def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
     print_report(report, text)
     warning = [line for line in text.getvalue().splitlines() if line.startswith("WARNING: fewer than 3 busy")]
     assert len(warning) == 1 and "P1_hit0.5 (2), P2_hit0.9 (0)" in warning[0] and "P0" not in warning[0], warning
+    # requests slower than half the 1-s phase: each worker sent one or two
+    for row, latency in zip(report["phases"], (0.5, 0.51, None)):
+        row["median_latency_s"] = latency
+    text = io.StringIO()
+    print_report(report, text)
+    slow = [line for line in text.getvalue().splitlines() if line.startswith("WARNING: requests took over half")]
+    assert len(slow) == 1 and "in P1_hit0.5 (0.5 s):" in slow[0], slow
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -270,6 +288,17 @@ def test_a_model_the_endpoint_does_not_serve_is_refused_naming_those_it_does(fak
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kvhit: --model llama: the endpoint serves ['fake'] (model_name in its /metrics)"], err
     assert not out.exists() and fake.c["done"] == 0
+
+
+def test_an_endpoint_that_refuses_completions_fails_before_any_load_and_leaves_nothing(fake, capsys, tmp_path):
+    # a /metrics that looks right in front of a server that answers POST with an error page
+    fake.post_status = 501
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"a first request to {fake.url}/v1/completions failed: HTTP 501" in err[0], err
+    assert not out.exists() and fake.c["refused"] == 1  # one probe, no phase, no recording left
 
 
 def test_the_recording_s_first_step_is_one_interval_not_two_scrapes_in_a_row(fake, tmp_path, capsys):
