@@ -30,8 +30,8 @@ from exporter.analyzer import CACHING_STATES, FIT_STATUSES, LABEL_REASON, Analys
 class Health:
     """Scrape health of the target (rendered as-is).
 
-    up: last scrape succeeded and parsed; duration [s] of the last scrape; last_success [unix s]
-    or None; errors: reason → count since start; quirks: input quirk → occurrences
+    up: last scrape succeeded and parsed; duration [s] of the last scrape; analysis_duration [s]
+    the last successful scrape's parse, windows and fit step took; last_success [unix s] or None; errors: reason → count since start; quirks: input quirk → occurrences
     since start (the runner lists every kind the parser knows, from 0); untracked_series: (model_name, engine) series of the last scrape
     over ``max_series``; age: now − last_success [s] when rendered; stale: the values shown do
     not come from the latest scrape attempt (it failed, or none succeeded for an interval);
@@ -44,6 +44,7 @@ class Health:
     target: str
     up: bool = False
     duration: float | None = None
+    analysis_duration: float | None = None
     last_success: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
     quirks: dict[str, int] = field(default_factory=dict)
@@ -116,6 +117,7 @@ class KvhitCollector(Collector):
         f.add(N.CONFIG_LOADED, {}, 1.0)
         f.add(N.UP, t, 1.0 if health.up else 0.0)
         f.add(N.SCRAPE_DURATION, t, health.duration)
+        f.add(N.ANALYSIS_DURATION, t, health.analysis_duration)
         f.add(N.LAST_SUCCESS, t, None if health.last_success is None else health.last_success - health.clock_offset)
         f.add(N.DATA_AGE, t, health.age)
         f.add(N.STALE, t, 1.0 if health.stale else 0.0)

@@ -41,6 +41,9 @@ CONFIG_LOADED = _m("kvhit_config_last_load_successful", "1 when kvhit started wi
                    "restarted; its log says what is wrong [boolean].", ())
 UP = _m("kvhit_up", "1 when the last scrape of the target succeeded and parsed, else 0.", ("target",))
 SCRAPE_DURATION = _m("kvhit_scrape_duration_seconds", "Duration of the last scrape of the target [s].", ("target",))
+ANALYSIS_DURATION = _m("kvhit_analysis_duration_seconds", "Time kvhit took to analyse the last successful scrape: "
+                       "parsing its body, the windows and the fit step [s]; near the scrape interval the poll "
+                       "loop falls behind (kvhit_stale).", ("target",))
 # Label values of kvhit_scrape_errors_total exported at 0 from the start: a series born at its first
 # error would hide that error from rate() and increase(). http_<code> series appear when met.
 SCRAPE_ERROR_REASONS = ("refused", "no_answer", "timeout", "redirect", "too_large", "encoding", "incomplete",

@@ -98,7 +98,7 @@ class Runner:
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
-        self._noted: dict[str, float] = {}  # _STEP_NOTES line → snapshot time it was last logged
+        self._noted: dict[str, float] = {}  # _STEP_NOTES line, or "slow" → snapshot time it was last logged
 
     # --- input -----------------------------------------------------------------------------
 
@@ -116,6 +116,7 @@ class Runner:
         timestamp not newer than the last snapshot, or an exception in the analysis counts as an
         error (reason "parse", "out_of_order", "internal") and changes nothing else.
         """
+        began = time.monotonic()
         try:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
@@ -146,7 +147,8 @@ class Runner:
                 self.analyzer.fit_step()
                 failed, self._failures, self._backoff, self._costless = self._failures, 0, 0, False
                 self._last_reason = ""
-                self._health = replace(self._health, up=True, duration=duration,
+                took = time.monotonic() - began
+                self._health = replace(self._health, up=True, duration=duration, analysis_duration=took,
                                        last_success=timestamp if asked is None else max(timestamp, asked))
         except Exception as exc:
             log.debug("analysis of a snapshot failed", exc_info=True)
@@ -157,6 +159,10 @@ class Runner:
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
+        if took > self.config.interval and timestamp - self._noted.get("slow", -math.inf) >= STEP_NOTE_SECONDS:
+            self._noted["slow"] = timestamp  # at most once per STEP_NOTE_SECONDS, as the step notes
+            log.warning("analysing a scrape took %.1f s, over the %g-s interval: kvhit falls behind (a body of "
+                        "%d characters)", took, self.config.interval, len(text))
         self._note_steps(seen, timestamp)
         reason = self._reason(snap.engine, snap.reason, bool(snap.models))
         if reason != self._engine_reason:  # kvhit_up 1 alone would not say the body is unusable

@@ -422,13 +422,15 @@ def model_dashboard() -> Dashboard:
     d = d.with_row(Row("Sidecar health and model internals").id(ids()))
     d = d.with_panel(
         ts(ids, "Sidecar health", "s",
-           "kvhit's scrape of vLLM: age of the last successful scrape (kvhit's data age) and duration of the "
-           "last one; kvhit_up (right axis) is 0 while the target is down "
+           "kvhit's scrape of vLLM: age of the last successful scrape (kvhit's data age), duration of the "
+           "last one and the time kvhit took to analyse the last successful one (parse, windows, fits: near "
+           "the interval, kvhit falls behind); kvhit_up (right axis) is 0 while the target is down "
            "(KvhitTargetDown), kvhit_stale 1 while the values shown are not from the latest attempt.")
         .with_target(q("B", f"kvhit_scrape_duration_seconds{{{HEALTH}}}", "scrape duration {{pod}}"))
         .with_target(q("C", f"kvhit_up{{{HEALTH}}}", "up {{pod}}"))
         .with_target(q("D", f"kvhit_data_age_seconds{{{HEALTH}}}", "data age {{pod}}"))
         .with_target(q("E", f"kvhit_stale{{{HEALTH}}}", "stale {{pod}}"))
+        .with_target(q("F", f"kvhit_analysis_duration_seconds{{{HEALTH}}}", "analysis duration {{pod}}"))
         .override_by_query("C", [prop("unit", "none"), prop("custom.axisPlacement", "right"), prop("min", 0),
                                  prop("max", 1)])
         .override_by_query("E", [prop("unit", "none"), prop("custom.axisPlacement", "right"), prop("min", 0),

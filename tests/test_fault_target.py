@@ -852,3 +852,28 @@ def test_the_last_success_timestamp_stays_on_the_wall_clock_after_it_steps(snaps
     assert value(expo, "kvhit_data_age_seconds") == pytest.approx(2.0)
     assert value(expo, "kvhit_last_success_timestamp_seconds") == pytest.approx(2_000_000_000.0 + 3600.0)
     assert wall[0] - value(expo, "kvhit_last_success_timestamp_seconds") == pytest.approx(2.0)
+
+
+def test_the_analysis_time_is_published_apart_from_the_scrape_and_logged_when_over_the_interval(snapshots,
+                                                                                                 caplog):
+    # A body that takes longer to analyse than to fetch: the parser is slowed by 0.3 s of real time
+    # (a huge body), the fetch took 0.01 s. kvhit_scrape_duration_seconds is the fetch alone, the
+    # analysis time covers the 0.3 s; over a 0.2-s interval it is logged once per 600 s of scrapes.
+    clock = FakeClock(2_000_000_000.0)
+    runner = Runner(Config(interval=0.2, timeout=0.1), "http://vllm:8000/metrics", clock=clock)
+    parse = runner.parser.parse
+
+    def slow_parse(text, t):
+        time.sleep(0.3)
+        return parse(text, t)
+
+    runner.parser.parse = slow_parse
+    assert value(exposition(runner), "kvhit_analysis_duration_seconds") is None  # nothing analysed yet
+    with caplog.at_level(logging.WARNING, logger="kvhit"):
+        for i in range(3):
+            assert runner.ingest_text(clock.t + i, snapshots[i], duration=0.01)
+    expo = exposition(runner)
+    assert value(expo, "kvhit_scrape_duration_seconds") == 0.01
+    assert 0.3 <= value(expo, "kvhit_analysis_duration_seconds") < 5.0
+    slow = [r.getMessage() for r in caplog.records if "over the 0.2-s interval" in r.getMessage()]
+    assert len(slow) == 1 and f"a body of {len(snapshots[0])} characters" in slow[0], slow
