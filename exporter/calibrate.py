@@ -196,7 +196,7 @@ class Recorder:
         return t, text
 
     def _loop(self) -> None:
-        # after a scrape_once (the caller's first look at the endpoint) the next is one interval
+        # after a scrape_once (the caller's first recorded scrape) the next is one interval
         # later: two scrapes 20 ms apart would make a first step of 0.02 s
         due = time.monotonic() + (self.interval if self.scrapes else 0.0)
         while not self._stop.wait(max(0.0, due - time.monotonic())):
@@ -308,18 +308,22 @@ class Driver:
         return CalibrationError(f"{what} to {self.url} failed: {rec['error']} {rec.get('detail', '')}".strip())
 
     def probe(self, prompt_tokens: int, output_tokens: int, seed: int) -> None:
-        """One request shaped like the phases' (random tokens, shared with none of them), before
-        anything is recorded: a wrong endpoint, model, token range or a max-model-len below ISL+OSL
-        fails here, not after a phase's worth of load.
+        """One request shaped like the phases' (random tokens from both ends of the token range,
+        shared with none of them), before anything is recorded: a wrong endpoint, model, token
+        range or a max-model-len below ISL+OSL fails here, not after a phase's worth of load.
 
         Raises:
             CalibrationError: the request failed (the server's status and the start of its answer).
         """
         rng = random.Random(seed)
         lo, hi = self.token_range
+        # both ends of the range for sure (a server checks the largest id against its vocabulary)
+        prompt = ([lo, hi - 1] + [rng.randrange(lo, hi) for _ in range(prompt_tokens)])[:prompt_tokens]
         with requests.Session() as session:
-            rec = self._send(session, [rng.randrange(lo, hi) for _ in range(prompt_tokens)], output_tokens)
+            rec = self._send(session, prompt, output_tokens)
         if not rec["ok"]:
+            if "Timeout" in rec["error"]:
+                rec["detail"] = f"(no answer within --request-timeout {self.timeout:g} s)"
             raise self._failed("a first request", rec)
 
     def warm_up(self, plan: PhasePlan, prompts: PromptFactory) -> dict | None:
@@ -517,7 +521,7 @@ def print_report(report: dict, out: TextIO | None = None) -> None:
         w(f"WARNING: fewer than {MIN_BUSY_STEPS} busy steps (both scrapes with requests running, MODEL.md §7) in "
           f"{', '.join(few)}: the phase's chip time rests on too little; scrape more often (--interval) or "
           "run longer phases (--phase-seconds)\n")
-    slow = [f"{p['name']} ({p['median_latency_s']:.1f} s)" for p in report["phases"]
+    slow = [f"{p['name']} ({p['median_latency_s']:.3g} s of {p['duration_s']:g} s)" for p in report["phases"]
             if (p.get("median_latency_s") or 0.0) > p["duration_s"] / 2]
     if slow:
         w(f"WARNING: requests took over half the phase (median latency) in {', '.join(slow)}: each worker sent one "
@@ -623,51 +627,43 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     out_dir = Path(args.out or f"kvhit-calibrate-{int(time.time())}")
     if out_dir.is_dir() and any(out_dir.glob("*.prom")):
         raise ConfigError(f"--out {out_dir}: already holds a recording; choose a new directory")
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
     report_path = Path(args.report) if args.report else out_dir / "report.json"
 
+    # A first look at the endpoint, a probe, then the recording: a refusal leaves nothing behind,
+    # and the probe's load falls before the recording's first scrape.
     recorder = Recorder(metrics_url, out_dir, args.interval, timeout=cfg.timeout)
-    first = recorder.scrape_once()
-
-    def refuse(exc: Exception) -> Exception:
-        """``exc`` after undoing the run: nothing was recorded under load (one probe request at
-        most), so the first scrape goes, and the directory when this run made it, and the same
-        --out can be used again."""
-        for f in out_dir.glob("*.prom"):
-            f.unlink()
-        if created:
-            out_dir.rmdir()
-        return exc
-
-    if first is None:
-        raise refuse(CalibrationError(recorder.last_error))
     try:
-        snap = parse_exposition(first[1], first[0])
+        t_first, text = recorder.source.fetch()
+        snap = parse_exposition(text, t_first)
+    except ScrapeError as exc:
+        raise CalibrationError(str(exc)) from None
     except ParseError as exc:
-        raise refuse(CalibrationError(f"{metrics_url} is not Prometheus text: {exc}")) from None
+        raise CalibrationError(f"{metrics_url} is not Prometheus text: {exc}") from None
     if snap.models and args.model not in snap.models:  # vLLM labels its series with the served model's name
-        raise refuse(ConfigError(f"--model {args.model}: the endpoint serves {sorted(snap.models)} (model_name in its "
-                                 "/metrics)"))
+        raise ConfigError(f"--model {args.model}: the endpoint serves {sorted(snap.models)} (model_name in its /metrics)")
     block = args.block_size
     if block is None:
         raw = snap.cache_config.get("block_size")
         if not raw or not str(raw).isdigit():
-            raise refuse(ConfigError("--block-size: required (the endpoint exports no cache_config_info block_size)"))
+            raise ConfigError("--block-size: required (the endpoint exports no cache_config_info block_size)")
         block = int(raw)
     if prefix_caching_off(snap.cache_config):
-        raise refuse(CalibrationError(
+        raise CalibrationError(
             "the endpoint reports enable_prefix_caching=False: vLLM then counts no prefix-cache query, so no phase "
-            "could measure a hit ratio; restart it with prefix caching on (the default) to calibrate"))
+            "could measure a hit ratio; restart it with prefix caching on (the default) to calibrate")
     if args.isl - 1 < block:
-        raise refuse(ConfigError(f"--isl {args.isl}: must exceed the block size {block} for any hit to be possible"))
+        raise ConfigError(f"--isl {args.isl}: must exceed the block size {block} for any hit to be possible")
     seed_base = secrets.randbits(62)  # fresh prefixes every run: no earlier run can leak hits
     plans = plan_phases(hit_ratios, args.isl, args.osl, args.concurrency, args.phase_seconds, block, seed_base)
-    try:  # seed: none of the phases' (seed_base + i)
-        Driver(completions_url, args.model, token_range, args.request_timeout).probe(
-            args.isl, args.osl, seed=seed_base + len(plans))
-    except CalibrationError as exc:
-        raise refuse(exc) from None
+    # seed: none of the phases' (seed_base + i)
+    Driver(completions_url, args.model, token_range, args.request_timeout).probe(args.isl, args.osl,
+                                                                                 seed=seed_base + len(plans))
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if recorder.scrape_once() is None:  # the endpoint went away since the first look
+        if created:
+            out_dir.rmdir()
+        raise CalibrationError(recorder.last_error)
 
     progress = Progress(plans, stream=err)
     records: list[dict] = []

@@ -101,6 +101,7 @@ class FakeVllm:
         self.block = block
         self.caching = "True"  # enable_prefix_caching in cache_config_info
         self.post_status = 200  # anything else: every POST answers it with an HTML error page
+        self.posts: list[tuple[float, float, dict]] = []  # (received, answered [unix s], body) of every POST
         self.cached: set[int] = set()
         self.c = {"queries": 0, "hits": 0, "prompt": 0, "gen": 0, "steps": 0, "done": 0}
         self.running = 0
@@ -109,6 +110,7 @@ class FakeVllm:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
+                received = time.time()
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if fake.post_status != 200:
                     fake.c["refused"] = fake.c.get("refused", 0) + 1
@@ -127,6 +129,7 @@ class FakeVllm:
                     fake.c["gen"] += out
                     fake.c["steps"] += 1 + out
                     fake.c["done"] += 1
+                fake.posts.append((received, time.time(), body))
                 self._send(200, json.dumps({"usage": {"prompt_tokens": len(ids), "completion_tokens": out}}))
 
             def do_GET(self):  # noqa: N802
@@ -234,7 +237,7 @@ def test_calibrate_against_a_fake_server(fake, tmp_path, capsys):
     text = io.StringIO()
     print_report(report, text)
     slow = [line for line in text.getvalue().splitlines() if line.startswith("WARNING: requests took over half")]
-    assert len(slow) == 1 and "in P1_hit0.5 (0.5 s):" in slow[0], slow
+    assert len(slow) == 1 and "in P1_hit0.5 (0.51 s of 1 s):" in slow[0], slow
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -299,6 +302,31 @@ def test_an_endpoint_that_refuses_completions_fails_before_any_load_and_leaves_n
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"a first request to {fake.url}/v1/completions failed: HTTP 501" in err[0], err
     assert not out.exists() and fake.c["refused"] == 1  # one probe, no phase, no recording left
+
+
+def test_the_probe_is_shaped_like_the_phases_requests_and_comes_before_the_recording(fake, tmp_path, capsys):
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--token-range", "3000:3100",
+                 "--out", str(out)]) == 0, capsys.readouterr().err
+    _, answered, probe = fake.posts[0]
+    # ISL tokens, OSL out, both ends of the 3000:3100 range (the largest id is what a server checks)
+    assert len(probe["prompt"]) == 200 and probe["max_tokens"] == 4
+    assert min(probe["prompt"]) == 3000 and max(probe["prompt"]) == 3099
+    # answered before the recording's first scrape, and logged with no phase
+    assert min(int(p.stem) for p in out.glob("*.prom")) / 1000 >= answered
+    logged = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(logged) == len(fake.posts) - 1
+
+
+def test_ctrl_c_during_the_probe_leaves_nothing(fake, tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("exporter.calibrate.Driver.probe", interrupted)
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 130
+    assert not out.exists()
 
 
 def test_the_recording_s_first_step_is_one_interval_not_two_scrapes_in_a_row(fake, tmp_path, capsys):
