@@ -621,6 +621,10 @@ def validate(cfg: Config) -> None:
         if extra:  # kvhit adds /api/v1/query to the base
             raise ConfigError(f"config key prometheus: the base URL of the Prometheus API (e.g. http://prometheus:9090, "
                               f"Mimir's …/prometheus), without {extra}, got {redact_url(cfg.prometheus)!r}")
+        parts = urlsplit(cfg.prometheus)
+        if parts.query or parts.fragment or cfg.prometheus.endswith(("?", "#")):  # /api/v1/query would land in them
+            raise ConfigError("config key prometheus: the base URL of the Prometheus API, without a query string "
+                              f"or fragment (kvhit adds /api/v1/query to its path), got {redact_url(cfg.prometheus)!r}")
         if cfg.target is not None:
             raise ConfigError("config key prometheus: fleet mode reads Prometheus instead of a target: "
                               "set target or prometheus, not both")

@@ -19,6 +19,7 @@ import socket
 import tarfile
 import threading
 import time
+import urllib.parse
 import zlib
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -211,17 +212,18 @@ class LiveSource:
         return start + self.answer_delay, body.decode("utf-8", errors="replace")
 
     def read(self, form: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
-             authorization: str | None = None) -> bytes:
+             authorization: str | None = None, deadline: float | None = None) -> bytes:
         """The body of one GET of ``url``, or of one POST of the ``form`` fields (the Prometheus
         query API), with ``headers`` added to the session's and ``authorization`` as the
         Authorization header (None: the URL's user:password, if any), under the deadline and size
-        cap of the class docstring.
+        cap of the class docstring; ``deadline`` [time.monotonic()]: an earlier one shared with
+        other reads (fleet mode's queries of one poll), None: the timeout from now.
 
         Raises:
             ScrapeError: reason as in the class docstring.
         """
         start = time.monotonic()
-        deadline = start + self.timeout
+        deadline = start + self.timeout if deadline is None else deadline
         auth = None if authorization is None else _Authorization(authorization)
         where = self._where
         token = _HEADERS_DEADLINE.set(deadline)
@@ -256,10 +258,16 @@ class LiveSource:
                 resp = self._session.get(self.url, timeout=left, stream=True, allow_redirects=True,
                                          headers=headers, auth=auth)
             else:
+                # not followed: requests re-sends a POST redirected by 301/302/303 as a GET without
+                # its query, which Prometheus refuses as a bad query (an http→https ingress does it)
                 resp = self._session.post(self.url, data=form, timeout=left, stream=True, auth=auth,
-                                          allow_redirects=True, headers={"Accept": "application/json", **(headers or {})})
+                                          allow_redirects=False, headers={"Accept": "application/json", **(headers or {})})
             answered = time.monotonic()
             with resp:
+                if form is not None and resp.is_redirect:
+                    to = redact_url(urllib.parse.urljoin(self.url, resp.headers["Location"]))
+                    raise ScrapeError("redirect", f"{where} redirects the query (HTTP {resp.status_code}) to {to}: set "
+                                                  f"the {self.what} URL to where it leads")
                 if resp.status_code != 200:
                     kind = ""
                     if form is not None:  # Prometheus' API answers a query it refuses with 400/422/503 and a type
@@ -485,7 +493,8 @@ class PrometheusSource:
         clock: unix time now [s].
     Errors (:class:`ScrapeError` reasons): ``credentials`` (the token file cannot be read, or
     holds no token: no query is sent); those of :class:`LiveSource` (``refused``, ``timeout``,
-    ``http_<status>`` — Prometheus answers a bad query with 400/422 —, ``too_large``, …);
+    ``http_<status>`` — Prometheus answers a bad query with 400/422 —, ``too_large``, …;
+    ``redirect`` for any redirect, never followed: a POST redirected by 301-303 loses its query);
     ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
     an instant vector of ``[time, "value"]`` samples); ``catching_up`` (no sample of some pod since
@@ -529,7 +538,8 @@ class PrometheusSource:
         # Never past the wall clock: after it stepped back, a steady clock ahead of it would ask
         # Prometheus about the future (empty ranges) until kvhit restarts.
         now = min(self.clock(), time.time()) - self.delay
-        latest, history, down = self._latest(now)
+        deadline = time.monotonic() + self._http.timeout  # one for the poll's two queries
+        latest, history, down = self._latest(now, deadline)
         if down:
             raise ScrapeError("catching_up", f"{self._where}: {down:.0f} pod(s) with vLLM counters in the last "
                               f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
@@ -551,7 +561,7 @@ class PrometheusSource:
             # Prometheus still has the samples at start (history), not after it lost them
             born = max(self._baseline, start - LOOKBACK_SECONDS + CREATED_SKEW_SECONDS) if history else None
             query = self.promql(t - start, born)
-        rows = _vector(self._query(query, t), self._where)
+        rows = _vector(self._query(query, t, deadline), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
         # output tokens this range's sum holds (p:), not those with a sample at t
         self.engines, self.instances = ({labels.get("model_name", ""): int(value) for labels, value in rows
@@ -563,7 +573,7 @@ class PrometheusSource:
             self._baseline = t
         return t, text
 
-    def _latest(self, t: float) -> tuple[float | None, bool, float]:
+    def _latest(self, t: float, deadline: float) -> tuple[float | None, bool, float]:
         """(the oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
         — one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
         series of one pod would collide —; whether Prometheus has a counter sample of the selected
@@ -586,7 +596,7 @@ class PrometheusSource:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
-                                               for q, e in queries), t), self._where)
+                                               for q, e in queries), t, deadline), self._where)
         stamps = [v for labels, v in rows if labels.get(_QUERY_LABEL) not in ("history:", "down:") and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
         down = sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == "down:" and math.isfinite(v))
@@ -597,10 +607,11 @@ class PrometheusSource:
         names = "|".join(f.name for f in self._counters)
         return "{" + ", ".join((f'__name__=~"{_PREFIX}(?:{names})(_total)?"', *self.matchers)) + "}"
 
-    def _query(self, query: str, t: float) -> bytes:
-        """The answer's body of one instant query at ``t``; ScrapeError as :class:`LiveSource`."""
+    def _query(self, query: str, t: float, deadline: float) -> bytes:
+        """The answer's body of one instant query at ``t`` by ``deadline`` [time.monotonic()];
+        ScrapeError as :class:`LiveSource`."""
         try:
-            return self._http.read({"query": query, "time": f"{t:.3f}"}, self._headers, self._bearer())
+            return self._http.read({"query": query, "time": f"{t:.3f}"}, self._headers, self._bearer(), deadline)
         except ScrapeError as exc:
             if exc.reason == "http_400":  # bad_data: kvhit's own PromQL parses, so the selector's values do not
                 raise ScrapeError(exc.reason, f"{exc} (Prometheus refused the query: check the selector's "

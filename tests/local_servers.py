@@ -4,6 +4,7 @@ by PID, Prometheus itself (Debian's binary, found by :func:`observability.tool`:
 never skips) with its query API, and a fake of that API with canned answers."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -145,7 +146,8 @@ class FakePrometheus:
     vector when none is queued; ``forms`` and ``headers`` record every request's form fields and
     HTTP headers. The latest-sample query fleet mode sends before each range query (it has
     ``timestamp(``) is answered from ``latest`` instead (an empty vector when none is queued: no
-    sample time known) and recorded in ``latest_forms``."""
+    sample time known) and recorded in ``latest_forms``. A queued 3xx answer redirects to
+    ``redirect_to``."""
 
     def __init__(self) -> None:
         self.answers: list[tuple[int, bytes]] = []
@@ -153,6 +155,8 @@ class FakePrometheus:
         self.headers: list[dict[str, str]] = []
         self.latest: list[tuple[int, bytes]] = []
         self.latest_forms: list[dict[str, str]] = []
+        self.redirect_to = "/moved"  # the Location of a 3xx answer
+        self.delay = 0.0  # seconds before each answer
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -164,7 +168,10 @@ class FakePrometheus:
                 forms.append(form)
                 fake.headers.append(dict(self.headers))
                 status, answer = queue.pop(0) if queue else (200, fake.vector([]))
-                reply(self, status, answer, content_type="application/json")
+                time.sleep(fake.delay)
+                moved = {"Location": fake.redirect_to} if 300 <= status < 400 else None
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # kvhit gave up (a delay)
+                    reply(self, status, answer, moved, content_type="application/json")
 
             def log_message(self, *a):
                 pass

@@ -736,6 +736,32 @@ def test_a_refused_query_points_at_the_selector(fake):
     assert "SECRET" not in str(err.value)
 
 
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirected_query_is_a_redirect_naming_where_not_a_bad_selector(fake, status):
+    # an http→https ingress answering 302: requests re-sent the POST as a GET without its query, and
+    # Prometheus' 400 was reported as the selector's fault
+    fake.answers.append((status, b""))
+    fake.redirect_to = "https://user:SECRET@prom.example:9443/prom/api/v1/query"
+    with pytest.raises(ScrapeError) as err:
+        PrometheusSource(fake.url, FAMILIES).fetch()
+    assert err.value.reason == "redirect" and "selector" not in str(err.value)
+    assert f"(HTTP {status}) to https://<redacted>@prom.example:9443/prom/api/v1/query" in str(err.value)
+    assert "SECRET" not in str(err.value)
+    assert len(fake.forms) == 1  # not followed
+
+
+def test_a_poll_s_two_queries_share_one_timeout(fake):
+    # each query answered in 0.6 s, inside a 1-s timeout, but the poll took 1.2 s: kvhit's data
+    # aged past interval + timeout with no error counted (adversarial review)
+    fake.delay = 0.6
+    src = PrometheusSource(fake.url, FAMILIES, timeout=1.0)
+    began = time.monotonic()
+    with pytest.raises(ScrapeError) as err:
+        src.fetch()
+    assert err.value.reason == "timeout" and time.monotonic() - began < 1.5
+    assert len(fake.latest_forms) == 1 and len(fake.forms) == 1  # the second was sent, and cut at the deadline
+
+
 def test_prometheus_down_is_refused():
     src = PrometheusSource(f"http://127.0.0.1:{free_port()}", FAMILIES, timeout=2.0)
     with pytest.raises(ScrapeError) as err:
@@ -792,8 +818,10 @@ def test_scope_label_on_every_series_in_fleet_mode_only():
         == set(fleet_errors)
     assert all(s.labels.get("scope") == "fleet" for s in fleet_mode)
     assert not any("scope" in s.labels for s in pod_mode)
-    assert [(s.name, {k: v for k, v in s.labels.items() if k != "scope"}, s.value) for s in fleet_mode
-            if s.labels.get("reason") not in fleet_errors] == [(s.name, s.labels, s.value) for s in pod_mode]
+    timed = "kvhit_analysis_duration_seconds"  # this run's wall time, not the data's
+    assert [(s.name, {k: v for k, v in s.labels.items() if k != "scope"}, s.name == timed or s.value)
+            for s in fleet_mode if s.labels.get("reason") not in fleet_errors] == \
+        [(s.name, s.labels, s.name == timed or s.value) for s in pod_mode]
 
 
 def test_config_prometheus_selector_and_delay(tmp_path):
@@ -816,6 +844,10 @@ def test_config_prometheus_selector_and_delay(tmp_path):
         # kvhit adds /api/v1/query: this was HTTP 404 from …/api/v1/query/api/v1/query at every poll
         "API path": ({"prometheus": "http://p:9090/api/v1/query"}, "prometheus"),
         "a /metrics URL": ({"prometheus": "http://p:9090/metrics"}, "prometheus"),
+        # …/prometheus?x=1/api/v1/query and …#frag/api/v1/query: HTTP 405 at every poll
+        "a query string": ({"prometheus": "http://p:9090/prometheus?x=1"}, "prometheus"),
+        "a fragment": ({"prometheus": "http://p:9090#frag"}, "prometheus"),
+        "an empty query string": ({"prometheus": "http://p:9090?"}, "prometheus"),
     }
     for case, (flags, key) in bad.items():
         with pytest.raises(ConfigError, match=f"^config key {key}: "):
