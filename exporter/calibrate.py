@@ -37,6 +37,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import random
 import secrets
 import statistics
@@ -55,7 +56,7 @@ from exporter.config import ConfigError, load_config
 from exporter.jsonapi import analysis_to_dict
 from exporter.parse import ParseError, parse_exposition, prefix_caching_off
 from exporter.replay import PhaseSummary, fmt, replay
-from exporter.sources import LiveSource, ScrapeError, load_trace
+from exporter.sources import LiveSource, ScrapeError, load_trace, write_atomic
 
 log = logging.getLogger("kvhit")
 
@@ -188,10 +189,7 @@ class Recorder:
             self.errors[exc.reason] = self.errors.get(exc.reason, 0) + 1
             self.last_error = str(exc)
             return None
-        name = f"{int(t * 1000)}.prom"
-        tmp = self.out_dir / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.rename(self.out_dir / name)
+        write_atomic(self.out_dir / f"{int(t * 1000)}.prom", text)
         self.scrapes += 1
         return t, text
 
@@ -622,11 +620,16 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     token_range = _token_range(args.token_range)
     completions_url, metrics_url = _urls(args.endpoint, args.metrics_url)
     cfg = load_config(getattr(args, "config", None), flags={"interval": args.interval})
-    if args.report and Path(args.report).is_dir():  # found after the sweep, it lost the report (adversarial review)
+    # output paths are checked before the sweep: found after it, they lost its report
+    if args.report and Path(args.report).is_dir():
         raise ConfigError(f"--report {args.report}: is a directory, not a file")
     out_dir = Path(args.out or f"kvhit-calibrate-{int(time.time())}")
     if out_dir.is_dir() and any(out_dir.glob("*.prom")):
         raise ConfigError(f"--out {out_dir}: already holds a recording; choose a new directory")
+    for flag, path, directory in (("--out", out_dir, out_dir), ("--report", args.report, Path(args.report or ".").parent)):
+        existing = next(a for a in (directory, *directory.parents) if a.exists())  # "." ends a relative path
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise ConfigError(f"{flag} {path}: {existing} is not a writable directory")
     report_path = Path(args.report) if args.report else out_dir / "report.json"
 
     # A first look at the endpoint, a probe, then the recording: a refusal leaves nothing behind,
@@ -692,7 +695,10 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
             driver.abort.set()
             print("\ninterrupted: analysing the phases completed so far", file=err)
         finally:
-            time.sleep(args.interval * 1.5)  # one more scrape after the last phase's end
+            try:
+                time.sleep(args.interval * 1.5)  # one more scrape after the last phase's end
+            except KeyboardInterrupt:  # every phase recorded so far is still analysed
+                interrupted = True
             recorder.stop()
             stop_drawing.set()
             drawer.join()
@@ -729,8 +735,8 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     }
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report = _finite(report)
-    report_path.write_text(json.dumps(report, indent=1, allow_nan=False))
-    (out_dir / "fit.json").write_text(json.dumps(report["analysis"], indent=1, allow_nan=False))
+    write_atomic(report_path, json.dumps(report, indent=1, allow_nan=False))
+    write_atomic(out_dir / "fit.json", json.dumps(report["analysis"], indent=1, allow_nan=False))
     print_report(report, out)
     print(f"\nreport: {report_path}   recording (kvhit replay): {out_dir}   fit (kvhit predict --fit): "
           f"{out_dir / 'fit.json'}", file=out, flush=True)
@@ -759,7 +765,5 @@ def _write_phases(out_dir: Path, records: list[dict], args: argparse.Namespace, 
         "seed_base": seed_base,
         "phases": [{**r, "seed_base": seed_base} for r in records],
     }
-    tmp = out_dir / ".phases.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.rename(out_dir / "phases.json")
+    write_atomic(out_dir / "phases.json", json.dumps(doc, indent=1))
 

