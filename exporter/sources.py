@@ -564,9 +564,16 @@ class PrometheusSource:
         rows = _vector(self._query(query, t, deadline), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
         # output tokens this range's sum holds (p:), not those with a sample at t
-        self.engines, self.instances = ({labels.get("model_name", ""): int(value) for labels, value in rows
-                                         if labels.get(_QUERY_LABEL) == qid and value >= 1} for qid in ("e:", "p:"))
-        text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")], t)
+        engines, instances = ({labels.get("model_name", ""): int(value) for labels, value in rows
+                               if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf} for qid in ("e:", "p:"))
+        kept = dict(self._totals), dict(self._seen), self._partial
+        try:
+            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")], t)
+        except Exception as exc:  # an answer no Prometheus gives (a label that is no UTF-8 text): none of it stays
+            self._totals, self._seen, self._partial = kept
+            raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
+                                              f"({type(exc).__name__})") from None
+        self.engines, self.instances = engines, instances
         self._end, self.answer_delay = t, t - now
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then

@@ -551,6 +551,27 @@ def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknow
     assert dict(m3.counters) == {"queries": 2000.0} and "hit_ratio" in m3.unknown
 
 
+def test_an_answer_kvhit_cannot_render_adds_nothing_to_the_totals(fake):
+    # a label that is no UTF-8 text (a lone surrogate, which JSON can spell) failed the render after
+    # the good rows' growth was added: the next growth, over both ranges, was counted on top
+    clock = Clock(2000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    fake.answer([_row("c:prefix_cache_queries", "1000")])
+    assert dict(parse_exposition(src.fetch()[1], 2000.0).models["m"].counters) == {"queries": 1000.0}
+    clock.t = 2005.0
+    fake.answers.append((200, fake.vector([_row("c:prefix_cache_queries", "100")]).replace(
+        b'"result": [', b'"result": [{"metric": {"kvhit_query": "c:prefix_cache_queries", "model_name": "\\ud800"}, '
+                        b'"value": [1, "5"]}, ')))
+    with pytest.raises(ScrapeError) as err:
+        src.fetch()
+    assert err.value.reason == "bad_response", err.value
+    clock.t = 2010.0
+    # the growth since 2000 (both ranges); an engine count of +Inf is none (it raised OverflowError)
+    fake.answer([_row("c:prefix_cache_queries", "200"), ({"kvhit_query": "e:", "model_name": "m"}, "+Inf")])
+    assert dict(parse_exposition(src.fetch()[1], 2010.0).models["m"].counters) == {"queries": 1200.0}
+    assert src.engines == {}
+
+
 def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, caplog):
     # Two pods serve model m; one exports no prefix_cache_hits (or runs a vLLM without it): its
     # hits summed over one pod against queries over two read h = 300/1000 = 0.3, whatever the
