@@ -627,6 +627,8 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     if out_dir.is_dir() and any(out_dir.glob("*.prom")):
         raise ConfigError(f"--out {out_dir}: already holds a recording; choose a new directory")
     for flag, path, directory in (("--out", out_dir, out_dir), ("--report", args.report, Path(args.report or ".").parent)):
+        if path is None:
+            continue
         existing = next(a for a in (directory, *directory.parents) if a.exists())  # "." ends a relative path
         if not existing.is_dir() or not os.access(existing, os.W_OK):
             raise ConfigError(f"{flag} {path}: {existing} is not a writable directory")
