@@ -40,6 +40,7 @@ import math
 import os
 import random
 import secrets
+import shutil
 import statistics
 import sys
 import threading
@@ -665,10 +666,13 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
                                                                                  seed=seed_base + len(plans))
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    if recorder.scrape_once() is None:  # the endpoint went away since the first look
+    try:
+        if recorder.scrape_once() is None:  # the endpoint went away since the first look
+            raise CalibrationError(recorder.last_error)
+    except BaseException:  # Ctrl-C included: no empty --out left behind
         if created:
-            out_dir.rmdir()
-        raise CalibrationError(recorder.last_error)
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
     progress = Progress(plans, stream=err)
     records: list[dict] = []
@@ -698,7 +702,7 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
             print("\ninterrupted: analysing the phases completed so far", file=err)
         finally:
             try:
-                time.sleep(args.interval * 1.5)  # one more scrape after the last phase's end
+                _last_scrape_wait(args.interval)
             except KeyboardInterrupt:  # every phase recorded so far is still analysed
                 interrupted = True
             recorder.stop()
@@ -743,6 +747,11 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
     print(f"\nreport: {report_path}   recording (kvhit replay): {out_dir}   fit (kvhit predict --fit): "
           f"{out_dir / 'fit.json'}", file=out, flush=True)
     return 130 if interrupted else 0
+
+
+def _last_scrape_wait(interval: float) -> None:
+    """Wait for one more scrape after the last phase's end."""
+    time.sleep(interval * 1.5)
 
 
 def _finite(o: object) -> object:

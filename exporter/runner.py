@@ -159,7 +159,8 @@ class Runner:
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
-        if took > self.config.interval and timestamp - self._noted.get("slow", -math.inf) >= STEP_NOTE_SECONDS:
+        if (duration is not None and took > self.config.interval  # a live scrape: a replay falls behind nothing
+                and timestamp - self._noted.get("slow", -math.inf) >= STEP_NOTE_SECONDS):
             self._noted["slow"] = timestamp  # at most once per STEP_NOTE_SECONDS, as the step notes
             log.warning("analysing a scrape took %.1f s, over the %g-s interval: kvhit falls behind (a body of "
                         "%d characters)", took, self.config.interval, len(text))

@@ -15,7 +15,9 @@ import logging
 import math
 import os
 import re
+import secrets
 import socket
+import stat
 import tarfile
 import threading
 import time
@@ -266,8 +268,11 @@ class LiveSource:
             with resp:
                 if form is not None and resp.is_redirect:
                     to = redact_url(urllib.parse.urljoin(self.url, resp.headers["Location"]))
-                    raise ScrapeError("redirect", f"{where} redirects the query (HTTP {resp.status_code}) to {to}: set "
-                                                  f"the {self.what} URL to where it leads")
+                    api = "/api/v1/query"  # what PrometheusSource adds to the base URL, the only POST
+                    hint = (f"use {to[:-len(api)]} as the {self.what} URL" if to.endswith(api) else
+                            f"a proxy or a login page in front of {self.what}?")
+                    raise ScrapeError("redirect", f"{where} redirects the query (HTTP {resp.status_code}) to {to}: "
+                                                  f"{hint}")
                 if resp.status_code != 200:
                     kind = ""
                     if form is not None:  # Prometheus' API answers a query it refuses with 400/422/503 and a type
@@ -927,16 +932,34 @@ class Trace:
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     """Write ``data`` (str as UTF-8) to ``path`` whole or not at all: into a temporary file beside
-    it, renamed over it, so a full disk or an interrupt never leaves a cut file in place of a good
-    one, and a reader (kvhit replay of a recording in progress) never sees half a file.
+    it, synced and renamed over it with the old file's mode, so a full disk or an interrupt never
+    leaves a cut file in place of a good one, and a reader (kvhit replay of a recording in
+    progress) never sees half a file. A symlink's target is written; a path that is not a regular
+    file (``/dev/stdout``, a FIFO) is written directly.
 
     Raises:
         OSError: ``"cannot write PATH: why"``; ``path`` is then as it was before.
     """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path = Path(os.path.realpath(path))  # a symlink's target is written, the link stays
+    data = data.encode() if isinstance(data, str) else data
     try:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        old = path.stat()
+    except FileNotFoundError:
+        old = None
+    except OSError as exc:
+        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if old is not None and not stat.S_ISREG(old.st_mode):  # /dev/stdout, a FIFO: no file to replace
+        with open(path, "wb") as f:
+            f.write(data)
+        return
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # unique across PID namespaces
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # whole on disk before it replaces the old one
+        if old is not None:
+            os.chmod(tmp, stat.S_IMODE(old.st_mode))
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
@@ -974,7 +997,8 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
     if not files:
         raise ValueError(f"{p}: no <unix_ms>.prom files in it")
     snaps = sorted((t, text) for t, (_, text) in files.items())
-    return Trace(snaps, list(phases_doc.get("phases", [])), {k: v for k, v in phases_doc.items() if k != "phases"})
+    return Trace(snaps, list(phases_doc.get("phases", [])),
+                 {k: v for k, v in phases_doc.items() if k not in ("phases", _PHASES_SEEN)})
 
 
 def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
@@ -1000,6 +1024,9 @@ def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
             raise ValueError(f"not a readable trace directory or tar archive ({why})") from None
 
 
+_PHASES_SEEN = "\0phases.json"  # phases_doc's key of the phases.json read (a "{}" one too), not a field
+
+
 def _take(name: str, size: int, read, files: dict, phases_doc: dict, max_bytes: int) -> None:
     m = _PROM_FILE.search(name)
     if (m or name.endswith("phases.json")) and size > max_bytes:
@@ -1017,7 +1044,7 @@ def _take(name: str, size: int, read, files: dict, phases_doc: dict, max_bytes: 
                              "keep one")
         files[t] = (name, read().decode("utf-8", errors="replace"))
     elif name.endswith("phases.json"):
-        if phases_doc:  # two recordings (calibrate --out directories) under one path: fitted as one
+        if _PHASES_SEEN in phases_doc:  # two recordings (calibrate --out directories) under one path: fitted as one
             raise ValueError(f"{name}: a second phases.json: one recording per trace; replay each directory alone")
         try:
             doc = json.loads(read().decode("utf-8"))
@@ -1042,3 +1069,4 @@ def _take(name: str, size: int, read, files: dict, phases_doc: dict, max_bytes: 
                 raise ValueError(f"{name} in the trace: phase {i}'s intended_hit_ratio must be a number in [0, 1] "
                                  "or null")
         phases_doc.update(doc)
+        phases_doc[_PHASES_SEEN] = name

@@ -386,15 +386,10 @@ def test_an_unwritable_report_path_is_refused_before_any_load(fake, tmp_path, ca
 
 def test_ctrl_c_after_the_last_phase_still_analyses_every_phase(fake, tmp_path, capsys, monkeypatch):
     # Ctrl-C during the wait for the scrape after the last phase lost report.json and fit.json
-    import exporter.calibrate as calibrate
-    real_sleep = time.sleep
+    def interrupted(interval):
+        raise KeyboardInterrupt
 
-    def sleep(seconds):
-        if seconds == pytest.approx(0.2 * 1.5):  # that wait (--interval 0.2)
-            raise KeyboardInterrupt
-        real_sleep(seconds)
-
-    monkeypatch.setattr(calibrate.time, "sleep", sleep)
+    monkeypatch.setattr("exporter.calibrate._last_scrape_wait", interrupted)
     out = tmp_path / "rec"
     assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
                  "--hit-ratios", "0,0.5,0.9", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 130

@@ -703,6 +703,42 @@ def test_replay_of_two_recordings_under_one_directory_exits_1(tmp_path, capsys):
     assert err.count("\n") == 1 and "phases.json: a second phases.json: one recording per trace" in err, err
 
 
+def test_an_empty_phases_json_still_counts_as_a_recording(tmp_path):
+    # "{}" left nothing in the phases read so far, and a second phases.json passed
+    from exporter.sources import load_trace
+    texts, phases, stamps = _trace_texts()
+    for d, part, doc in (("a", slice(0, 3), {}), ("b", slice(3, 6), {"phases": phases[:1]})):
+        (tmp_path / d).mkdir()
+        for ms, text in zip(stamps[part], texts[part]):
+            (tmp_path / d / f"{ms}.prom").write_text(text)
+        (tmp_path / d / "phases.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="a second phases.json"):
+        load_trace(tmp_path)
+    assert load_trace(tmp_path / "a").meta == {}  # the marker is no field of the trace's
+
+
+def test_write_atomic_writes_a_symlink_s_target_keeps_the_mode_and_writes_a_device_directly(tmp_path):
+    import os
+    import stat
+    from exporter.sources import write_atomic
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("old")
+    real.chmod(0o600)
+    link.symlink_to(real)
+    write_atomic(link, "new")
+    assert link.is_symlink() and real.read_text() == "new" and stat.S_IMODE(real.stat().st_mode) == 0o600
+    fifo = tmp_path / "fifo"  # as /dev/stdout: there is no file to replace, only a reader
+    os.mkfifo(fifo)
+    got = []
+    import threading
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    write_atomic(fifo, "through")
+    reader.join(5)
+    assert got == ["through"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json", "real.json"]  # no temporary left
+
+
 def test_replay_of_a_device_or_a_fifo_exits_1_instead_of_hanging(tmp_path, capsys):
     import os
     from exporter.cli import main
@@ -721,16 +757,13 @@ def test_replay_refuses_to_write_over_its_trace_and_a_failed_write_keeps_the_old
     assert main(["replay", str(trace), "--quiet", "--save-fit", str(trace)]) == 1
     assert f"--save-fit {trace}: is the trace being replayed" in capsys.readouterr().err
     assert trace.read_bytes() == Path(TRACE).read_bytes()
-    # a full disk: the new fit.json cut after 100 bytes; the good one stays whole, no temporary is left
+    # a full disk: the new fit.json not all written; the good one stays whole, no temporary is left
     good = tmp_path / "fit.json"
     good.write_text('{"kept": true}')
-    real = Path.write_bytes
-
-    def full(self, data):
-        real(self, data[:100])
+    def full(fd):  # the new file's blocks could not all be written
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_bytes", full)
+    monkeypatch.setattr("exporter.sources.os.fsync", full)
     assert main(["replay", str(trace), "--quiet", "--save-fit", str(good)]) == 1
     assert f"kvhit: cannot write {good}: No space left on device" in capsys.readouterr().err
     assert good.read_text() == '{"kept": true}' and sorted(p.name for p in tmp_path.iterdir()) == ["fit.json", "t.tar.gz"]

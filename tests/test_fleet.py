@@ -766,9 +766,15 @@ def test_a_redirected_query_is_a_redirect_naming_where_not_a_bad_selector(fake, 
     with pytest.raises(ScrapeError) as err:
         PrometheusSource(fake.url, FAMILIES).fetch()
     assert err.value.reason == "redirect" and "selector" not in str(err.value)
-    assert f"(HTTP {status}) to https://<redacted>@prom.example:9443/prom/api/v1/query" in str(err.value)
+    assert str(err.value).endswith(f"(HTTP {status}) to https://<redacted>@prom.example:9443/prom/api/v1/query: use "
+                                   "https://<redacted>@prom.example:9443/prom as the Prometheus URL")
     assert "SECRET" not in str(err.value)
     assert len(fake.forms) == 1  # not followed
+    fake.answers.append((status, b""))
+    fake.redirect_to = "/login?next=/api/v1/query"
+    with pytest.raises(ScrapeError) as err:
+        PrometheusSource(fake.url, FAMILIES).fetch()
+    assert str(err.value).endswith("/login?next=<redacted>: a proxy or a login page in front of Prometheus?")
 
 
 def test_a_poll_s_two_queries_share_one_timeout(fake):
