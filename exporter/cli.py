@@ -69,8 +69,9 @@ def fleet_families() -> tuple[Family, ...]:
 
 def pipeline(cfg: Config) -> tuple[Runner, LiveSource | PrometheusSource]:
     """The runner and source ``kvhit run`` polls: fleet mode when ``cfg.prometheus`` is set, whose
-    query ranges end on the runner's clock (its snapshots' stamps: a wall-clock step moves
-    neither), else the sidecar's scrape of ``cfg.target``."""
+    query ranges end on the runner's clock (its snapshots' stamps: a forward wall-clock step moves
+    neither; after a step back they end on the wall clock, :meth:`PrometheusSource.fetch`), else
+    the sidecar's scrape of ``cfg.target``."""
     if cfg.prometheus:
         runner = Runner(cfg, cfg.prometheus, scope="fleet")
         return runner, PrometheusSource(cfg.prometheus, fleet_families(), selector_matchers(cfg.selector),

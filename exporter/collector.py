@@ -31,9 +31,10 @@ class Health:
     """Scrape health of the target (rendered as-is).
 
     up: last scrape succeeded and parsed; duration [s] of the last scrape; analysis_duration [s]
-    the last successful scrape's parse, windows and fit step took; last_success [unix s] or None; errors: reason → count since start; quirks: input quirk → occurrences
-    since start (the runner lists every kind the parser knows, from 0); untracked_series: (model_name, engine) series of the last scrape
-    over ``max_series``; age: now − last_success [s] when rendered; stale: the values shown do
+    the last successful scrape's parse, windows and fit step took; last_success [unix s] or None;
+    errors: reason → count since start; quirks: input quirk → occurrences since start (the
+    runner lists every kind the parser knows, from 0); untracked_series: (model_name, engine)
+    series of the last scrape over ``max_series``; age: now − last_success [s] when rendered; stale: the values shown do
     not come from the latest scrape attempt (it failed, or none succeeded for an interval);
     scope: "fleet" in fleet mode, added as label ``scope`` to every series; "" adds nothing;
     clock_offset: kvhit's clock minus the wall clock when rendered [s] (SteadyClock: nonzero once
