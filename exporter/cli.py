@@ -524,9 +524,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _PipeSafe:
+    """stdout whose reader may leave (``kvhit replay … | head``): what is printed after that goes
+    to /dev/null and the command goes on, so the files it writes at its end are still written."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        try:
+            return self._stream.write(s)
+        except BrokenPipeError:
+            self._gone()
+            return len(s)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # the buffered rest, flushed at exit, lands there too
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kvhit %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _PipeSafe(stdout)
     try:
         return args.func(args)
     except ConfigError as exc:
@@ -538,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before a command's end (a replay, a report): no traceback
         print("kvhit: interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -462,6 +462,20 @@ def test_replay_exits_0_and_prints_phases_and_final_fit(replayed):
     assert "miss slope a: direct=" in done.stdout
 
 
+def test_a_replay_whose_reader_leaves_still_writes_its_files(tmp_path):
+    # `kvhit replay … --json out.json | head -1`: the pipe closes after one line; unbuffered, so
+    # the next line printed meets the closed pipe (the replay used to exit 1 there, writing nothing)
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen([*KVHIT, "replay", str(TRACE), "--json", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**clean_env(), "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout.readline().split()[:2] == [b"step", b"t[s]"]
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert not err
+    assert len(json.loads(out.read_text())["steps"]) > 300  # every scrape of the trace, as below
+
+
 def test_replay_json_outputs(replayed):
     _, out = replayed
     doc = json.loads(out["json"].read_text())
