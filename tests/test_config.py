@@ -63,6 +63,14 @@ def test_env_overrides_yaml_geometry(tmp_path):
     assert load_config(path, environ={"KVHIT_MODEL_TP": "4"}).model.kv_bytes_per_token() == 32768
 
 
+def test_a_quoted_number_is_the_number_and_a_word_is_a_wrong_type(tmp_path):
+    # README "Configuration": a number may be quoted, as every environment value is a string
+    path = _yaml(tmp_path, "model:\n  layers: '32'\n  kv_heads: \"8\"\n  head_dim: 128\n")
+    assert load_config(path, environ={}).model.kv_bytes_per_token() == 32 * 8 * 128 * 2 * 2  # K and V, 2 bytes
+    with pytest.raises(ConfigError, match="model.layers"):
+        load_config(_yaml(tmp_path, "model:\n  layers: thirty-two\n"), environ={})
+
+
 def test_unknown_env_variable_and_key_named(tmp_path):
     with pytest.raises(ConfigError, match="KVHIT_NOPE"):
         load_config(None, environ={"KVHIT_NOPE": "1"})
