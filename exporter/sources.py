@@ -976,7 +976,7 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
     file, as of one live scrape (``max_body_bytes``).
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: not a readable directory or tar archive (cut short, or a checksum of its
+        ValueError: not a readable directory or tar archive (cut short, even at a member's end, or a checksum of its
             compression that fails), no ``<unix_ms>.prom`` file in it, a stamp before 2001 (a name
             in seconds, not milliseconds) or after 2200 (in microseconds), two files with the same
             stamp, a file over ``max_bytes``, a path that is neither a regular file nor a
@@ -1015,8 +1015,13 @@ def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
                     if member.isfile():
                         _take(member.name, member.size, lambda m=member: tar.extractfile(m).read(), files, phases_doc,
                               max_bytes)
-                # tarfile stops at the end-of-archive block: the compression's checksum after it is
-                # read (and checked) only by reading on to the end
+                # tarfile also ends quietly at the end of the data or at a block that is no header: a
+                # trace cut at a member's end would be read as a shorter one
+                tar.fileobj.seek(tar.offset)
+                if (end := tar.fileobj.read(512)) != bytes(512):
+                    raise tarfile.ReadError(f"no end-of-archive block at byte {tar.offset}: "
+                                            + ("cut short" if len(end) < 512 else "not a tar header"))
+                # the compression's checksum after it is read (and checked) only by reading on to the end
                 while tar.fileobj.read(1 << 20):
                     pass
         except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:  # not an archive, cut short, damaged

@@ -974,16 +974,30 @@ def _damaged(real: bytes) -> bytes:
     return real[:mid] + bytes(b ^ 0xFF for b in real[mid:mid + 200]) + real[mid + 200:]
 
 
-@pytest.mark.parametrize("archive", [b"x\n", b"", "cut", "damaged"])
+def _cut_at_a_member(real: bytes, rest: bytes) -> bytes:
+    """The trace's tar up to the end of its 3rd member, then ``rest``, compressed again."""
+    import gzip
+    import io
+    raw = gzip.decompress(real)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        third = tar.getmembers()[2]
+    end = third.offset_data + -(-third.size // 512) * 512
+    return gzip.compress(raw[:end] + rest)
+
+
+@pytest.mark.parametrize("archive", [b"x\n", b"", "cut", "damaged", "cut at a member", "junk after a member"])
 def test_replay_and_report_of_a_bad_archive_exit_1_with_one_line(tmp_path, capsys, archive):
     # damaged: tarfile stops at the end-of-archive block, before gzip's CRC; a replay of changed
-    # bodies exited 0 with other numbers (adversarial review)
+    # bodies exited 0 with other numbers (adversarial review). Cut at a member's end and compressed
+    # again, or junk in place of the next header: tarfile ends there quietly (read as a shorter trace)
     from importlib import resources
 
     from exporter.cli import main
     real = (resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz").read_bytes()
     path = tmp_path / "t.tar.gz"
-    path.write_bytes(real[:1000] if archive == "cut" else _damaged(real) if archive == "damaged" else archive)
+    path.write_bytes(real[:1000] if archive == "cut" else _damaged(real) if archive == "damaged"
+                     else _cut_at_a_member(real, b"") if archive == "cut at a member"
+                     else _cut_at_a_member(real, b"junk" * 256) if archive == "junk after a member" else archive)
     for argv in (["replay", str(path), "--quiet"], ["report", str(path), "--out", str(tmp_path / "r")]):
         assert main(argv) == 1
         err = capsys.readouterr().err
