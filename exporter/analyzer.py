@@ -239,7 +239,6 @@ class _Pending:
 
     delta: Delta
     obs: Observation
-    engines: int
     busy: int  # engines busy in the step (_busy_in_step)
     went_back: bool
     doubtful: bool
@@ -307,7 +306,7 @@ class Analyzer:
                 if p.suspect or learned is not None:
                     self.windows.mark_spike(model, p.delta.t1, learned is not None)
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
-                    _fit_step_rows(st, p.delta, p.obs, p.engines, p.busy)
+                    _fit_step_rows(st, p.delta, p.obs, p.busy)
                     _raise_peak(st.peak, p.rates)
                 else:
                     self.last_dropped[model] = p.obs
@@ -315,7 +314,7 @@ class Analyzer:
             if suspect:
                 self.windows.mark_spike(model, delta.t1)
             engines = _engine_count(snap, model)
-            st.pending = _Pending(delta, obs, engines, _busy_in_step(prev, snap, model, engines), went_back,
+            st.pending = _Pending(delta, obs, _busy_in_step(prev, snap, model, engines), went_back,
                                   p is not None and p.went_back,
                                   rates, suspect)
             out[model] = obs
@@ -915,18 +914,19 @@ def _raise_peak(peak: dict[str, float], rates: Mapping[str, float]) -> None:
             peak[name] = rate
 
 
-def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, engines: int, busy: int) -> None:
+def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, busy: int) -> None:
     """Feed one step to every fitter of the model (one scrape after it was taken: ``pending``)."""
     if st.chip.update(obs):
         st.busy.add(busy)
     st.slope.update(obs)
     st.latency.update(obs)
-    _update_seed3(st, d, obs, engines)
+    _update_seed3(st, d, obs, busy)
 
 
-def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
+def _update_seed3(st: _ModelState, d: Delta, obs: Observation, busy: int) -> None:
     """Feed one step to the 24 h hit rollup and the TPOT-vs-concurrency fitter (MODEL.md §5);
-    the fitter's concurrency is per engine (``--max-num-seqs`` is), running / ``engines``."""
+    the fitter's concurrency is per engine (``--max-num-seqs`` is), running / ``busy``, the
+    engines running requests in the step (:func:`_busy_in_step`: an idle one decodes none)."""
     hits = None
     if obs.hit_tokens_device is not None and obs.hit_tokens_loaded is not None:
         hits = obs.hit_tokens_device + obs.hit_tokens_loaded
@@ -935,7 +935,7 @@ def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> 
     st.rollup.update(d.t0, d.t1, obs.queried_tokens, hits, (pre.sum, pre.count) if both else None,
                      (dec.sum, dec.count) if both else None, d.end.get("kv_usage"))
     tpot, source = _tpot_histogram(d)
-    running = None if obs.running is None else obs.running / engines
+    running = None if obs.running is None else obs.running / busy
     if tpot is not None and not obs.anomaly_hint and st.tpot.update(obs.t, running, tpot.buckets, tpot.count):
         st.tpot_source = source
 
@@ -1089,10 +1089,11 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     elif problem:
         unknown.setdefault("capacity_bound", f"T0 (h = 0): {problem}")
     else:
-        # T0 is the E summed engines' as one machine (their fitted work per wall second), so its
+        # T0 is the E busy engines' as one machine (their fitted work per wall second), so its
         # link is E links: B_load (per GPU, each engine's GPUs load in parallel) × E keeps δ each
-        # engine's and Θ's load bound the E engines' together, as Θ0 is
-        fo = first_order_capacity(isl, t0, kv, bandwidth[0] * engines if bandwidth else None)
+        # engine's and Θ's load bound the E engines' together, as Θ0 is (idle engines are no part
+        # of that machine: × all engines read δ 1/3 with 2 of 3 idle)
+        fo = first_order_capacity(isl, t0, kv, bandwidth[0] * _busy_engines(st, engines) if bandwidth else None)
         out["load_compute_ratio"] = fo.delta
         bound = {}
         now = fo.theta(h_all, h_load)

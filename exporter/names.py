@@ -224,11 +224,12 @@ MAX_NUM_SEQS = _m("kvhit_recommended_max_num_seqs", "Economic max-num-seqs (seed
                   "max_num_seqs) reaches 80 % of slo.tpot_seconds [requests].", section="§5")
 CAPACITY_BOUND = _m("kvhit_capacity_bound_tokens_per_second", "First-order capacity Theta(h) = Theta0 / "
                     "max(1-h, delta x h_load) with Theta0 = ISL/T0, T0 = the chip-time model's 0-hit prefill "
-                    "compute time (full overlap, no fixed cost: an upper bound); hit_ratio=current or target "
-                    "[prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
+                    "compute time (full overlap, no fixed cost: an upper bound), of the data-parallel engines busy in "
+                    "the fit's steps as one machine; hit_ratio=current or target [prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
 LOAD_COMPUTE = _m("kvhit_load_compute_ratio", "delta = ISL x S_kv / (B_load x T0): loading every prompt token's "
                   "KV vs computing them at h=0, a ratio of two times: above 1 when loading is the slower; with E "
-                  "engines summed (data-parallel, fleet) T0 is theirs as one machine and B_load is E x B_load [1].",
+                  "busy engines summed (data-parallel engines running requests, fleet pods) T0 is theirs as one "
+                  "machine and B_load is E x B_load [1].",
                   section="§3.3")
 
 ALL: tuple[Metric, ...] = tuple(_ALL)

@@ -194,6 +194,22 @@ def test_max_num_seqs_levels_are_per_engine_with_data_parallel_engines():
     assert m.fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]
 
 
+def test_max_num_seqs_levels_count_the_busy_engines_only():
+    # as above, plus a third engine idle throughout (scrape 0's zero counters, nothing running):
+    # the busy two still run 4 each, level 4 (8 running over 3 engines read 2.7: physics audit)
+    def three(k: int) -> str:
+        engine0 = [ln for ln in scrape(k).splitlines() if 'engine="0"' in ln and "cache_config_info" not in ln]
+        idle = [ln.replace(f"running{{{L}}} 4", f"running{{{L}}} 0").replace('engine="0"', 'engine="2"')
+                for ln in scrape(0).splitlines() if 'engine="0"' in ln and "cache_config_info" not in ln]
+        assert sum(ln.endswith(" 0") and "running" in ln for ln in idle) == 1
+        return scrape(k) + "\n".join([*(ln.replace('engine="0"', 'engine="1"') for ln in engine0), *idle]) + "\n"
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for k in range(3):
+        a.ingest(parse_exposition(three(k), 1000.0 + 10 * k))
+    m = a.analysis().models["m"]
+    assert m.fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]
+
+
 def test_an_absent_p95_and_jitter_say_why():
     # the scrapes export TTFT and the per-request TPOT histograms, no inter-token latency: the
     # ITL P95 is absent and kvhit_unknown_info says which histogram is missing; one 10-s window

@@ -438,7 +438,7 @@ def test_three_data_parallel_engines_give_one_engines_ttft_and_alpha(idle):
     # 1e-8: M = 1433.6, H = 614.4, T_compute = 1e-4·M + 1e-8·(M·H + M²/2) = 0.162444 s, T_load =
     # 0.15·2048·524288/12.5e9 = 0.012885 s; TTFT = T_step + T_compute + T_load − α·min = 0.168987 s.
     # At the target h = 0.9: M = 204.8, H = 1843.2, T_compute = 0.024465 s, T_load = 0.038655 s,
-    # TTFT = 1e-4 + 0.024465 + 0.038655 − 0.5·0.024465 = 0.051007 s. (Before, the fit's coefficients
+    # TTFT = 1e-4 + 0.024465 + 0.038655 − 0.5·0.024465 = 0.050987 s. (Before, the fit's coefficients
     # of the 3 engines as one machine, ⅓ of one's, gave α 0.64-0.84 and a TTFT ⅓-½ of these.)
     # With 2 of the 3 idle, the fit sees one busy engine: its coefficients are one engine's, as
     # they are (× 3 read α 0.31 and TTFTs 2x: review); the busy engines of each step decide.
@@ -447,7 +447,7 @@ def test_three_data_parallel_engines_give_one_engines_ttft_and_alpha(idle):
     assert series(pub, "kvhit_overlap_ratio")[model] == pytest.approx(0.5, abs=0.01)
     ttft = series(pub, "kvhit_predicted_ttft_seconds")
     assert ttft[(("hit_ratio", "current"), ("kind", "service"), *model)] == pytest.approx(0.168987, rel=2e-3)
-    assert ttft[(("hit_ratio", "target"), ("kind", "service"), *model)] == pytest.approx(0.051007, rel=2e-3)
+    assert ttft[(("hit_ratio", "target"), ("kind", "service"), *model)] == pytest.approx(0.050987, rel=2e-3)
 
 
 def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
@@ -458,14 +458,17 @@ def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
     # (Before, T0 of the two as one machine, halved, met one link's B_load: δ read 2×, Θ's load bound ½×.)
     n = 2048.0
     delta = n * 524288.0 / (12.5e9 * (1e-4 * n + 1e-8 * n * n / 2.0))
+    # Three engines, two idle throughout: the fit's machine is the one busy engine, its δ one
+    # engine's and its Θ one engine's (B_load × all 3 engines read δ/3 and Θ 3×: physics audit).
     bound = {}
-    for engines in (1, 2):
-        pub = published(_simulated_engines("sweep", engines))
+    for engines, idle in ((1, 0), (2, 0), (3, 2)):
+        pub = published(_simulated_engines("sweep", engines, idle))
         assert series(pub, "kvhit_load_compute_ratio")[(("model_name", "sim-model"),)] == pytest.approx(delta, rel=1e-3)
         bound[engines] = series(pub, "kvhit_capacity_bound_tokens_per_second")
-    assert bound[1].keys() == bound[2].keys() and len(bound[1]) == 2  # hit_ratio current and target
+    assert bound[1].keys() == bound[2].keys() == bound[3].keys() and len(bound[1]) == 2  # hit_ratio current, target
     for k, theta in bound[1].items():
         assert bound[2][k] == pytest.approx(2.0 * theta, rel=1e-6)
+        assert bound[3][k] == pytest.approx(theta, rel=1e-3)
 
 
 def test_observed_tpm_is_carried_to_the_target_hit_ratio_by_the_hit_to_hit_correction():
