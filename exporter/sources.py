@@ -530,6 +530,7 @@ class PrometheusSource:
         self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # the same → t it was last in an answer
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
+        self._unwatched = False  # some pod's up was not selected at the last poll (logged when it changes)
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
         self.instances: dict[str, int] = {}  # model → pods (Prometheus targets) in the last answer's output tokens
         self._counters = tuple(f for f in self.families if f.kind == "counter")  # _latest's and e:'s families
@@ -593,7 +594,8 @@ class PrometheusSource:
         storage or a fresh replica lost; the pods with counter samples within LOOKBACK whose target
         is down at t: ``up == 0``, their series stale, which timestamp() does not see, while
         last_over_time() would read their growth as 0 and the whole gap's in one step when they
-        return — a pod gone from service discovery has no ``up`` and is not counted)."""
+        return — a pod gone from service discovery has no ``up`` and is not counted). Logs a warning
+        when pods scraped now have no ``up`` the matchers select (their being down would go unseen)."""
         if not self._counters:
             return None, False, 0.0
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
@@ -604,14 +606,27 @@ class PrometheusSource:
         up = "up{" + ", ".join(self.matchers) + "}"
         queries.append(("down:", f"count(count by (job, instance) (last_over_time({self._counters_selector()}"
                                   f"[{LOOKBACK}])) and on (job, instance) ({up} == 0))"))
+        # pods scraped now whose up the matchers miss: their being down would go unseen
+        queries.append(("unwatched:", f"count(count by (job, instance) ({self._counters_selector()}) "
+                                      f"unless on (job, instance) {up})"))
         if self._end is not None and self._end < t:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
                                                for q, e in queries), t, deadline), self._where)
-        stamps = [v for labels, v in rows if labels.get(_QUERY_LABEL) not in ("history:", "down:") and math.isfinite(v)]
+        stamps = [v for labels, v in rows
+                  if labels.get(_QUERY_LABEL) not in ("history:", "down:", "unwatched:") and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
-        down = sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == "down:" and math.isfinite(v))
+        down, unwatched = (sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == q and math.isfinite(v))
+                           for q in ("down:", "unwatched:"))
+        if bool(unwatched) != self._unwatched:
+            self._unwatched = bool(unwatched)
+            if unwatched:
+                log.warning("fleet mode: %.0f pod(s) with vLLM counters have no up series the selector's matchers "
+                            "select (a matcher on a label up lacks, such as model_name?): kvhit cannot see when "
+                            "they are down, and a down pod's growth would land in one later step", unwatched)
+            else:
+                log.info("fleet mode: every pod's up series is selected again")
         return (min(stamps) if stamps else None), history, down
 
     def _counters_selector(self) -> str:

@@ -1230,6 +1230,27 @@ def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_mark
         _stop([pod], procs)
 
 
+def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, caplog):
+    # README "Fleet mode": a matcher on a label up lacks (model_name) finds no up, and a down pod
+    # then goes unseen; that used to be said nowhere at run time. up carries the target's pod label.
+    pod, procs = _pod(lambda: _counters("vllm:prefix_cache_queries", 100.0)), Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, {"a": pod})
+        wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 1, 30, "a sample")
+        fams = (Family("prefix_cache_queries", "counter"),)
+        with caplog.at_level("INFO", logger="kvhit"):
+            PrometheusSource(prom, fams, matchers=('pod="a"',)).fetch()
+            assert "no up series" not in caplog.text
+            src = PrometheusSource(prom, fams, matchers=('model_name="m"',))
+            src.fetch()
+            time.sleep(1.5)  # Prometheus scrapes again (1 s) before the next poll
+            src.fetch()
+        assert caplog.text.count("fleet mode: 1 pod(s) with vLLM counters have no up series the selector's "
+                                 "matchers select") == 1, caplog.text  # once, not at every poll
+    finally:
+        _stop([pod], procs)
+
+
 def test_a_pod_new_since_the_last_poll_adds_its_whole_value_and_an_older_one_only_its_growth(tmp_path):
     # Before: a series without a sample at the growth's start (a new pod: scale-up, rollout) added
     # nothing until its second poll, and its value up to then (its traffic since it started) was lost.
