@@ -957,18 +957,17 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     """
     path = Path(os.path.realpath(path))  # a symlink's target is written, the link stays
     data = data.encode() if isinstance(data, str) else data
+    tmp = None
     try:
-        old = path.stat()
-    except FileNotFoundError:
-        old = None
-    except OSError as exc:
-        raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
-    if old is not None and not stat.S_ISREG(old.st_mode):  # /dev/stdout, a FIFO: no file to replace
-        with open(path, "wb") as f:
-            f.write(data)
-        return
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # unique across PID namespaces
-    try:
+        try:
+            old = path.stat()
+        except FileNotFoundError:
+            old = None
+        if old is not None and not stat.S_ISREG(old.st_mode):  # /dev/stdout, a FIFO: no file to replace
+            with open(path, "wb") as f:
+                f.write(data)
+            return
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # unique across PID namespaces
         with open(tmp, "xb") as f:
             f.write(data)
             f.flush()
@@ -977,7 +976,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
             os.chmod(tmp, stat.S_IMODE(old.st_mode))
         os.replace(tmp, path)
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
         raise

@@ -751,6 +751,8 @@ def test_write_atomic_writes_a_symlink_s_target_keeps_the_mode_and_writes_a_devi
     reader.join(5)
     assert got == ["through"] and stat.S_ISFIFO(fifo.stat().st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json", "real.json"]  # no temporary left
+    with pytest.raises(OSError, match=r"^cannot write /dev/full: No space left on device$"):  # a device's error too
+        write_atomic("/dev/full", "x")
 
 
 def test_replay_of_a_device_or_a_fifo_exits_1_instead_of_hanging(tmp_path, capsys):
