@@ -455,6 +455,12 @@ class Analyzer:
                                                      "model.hf_config) not configured")
         mf, bandwidth = self._window_fits(model)  # the fit step's: the same window ISL and B_load
         chip, coef, slope = mf.chip_time, mf.coefficients, mf.miss_slope
+        # the fit's coefficients are the engines busy in its steps as one machine; what is predicted
+        # from them is the capacity at full load, all ``engines`` busy: × busy / engines (engines
+        # idle in the fit's steps, a fleet scaled up since: the busy ones' read as all engines')
+        full = _busy_engines(st, engines) / engines
+        coef = None if coef is None else coef.per_engine(full)
+        cov = None if chip.covariance is None else tuple(tuple(full * full * c for c in row) for row in chip.covariance)
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": _overlap_identified(mf.overlap, chip),
                 "load_aware": mf.load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits, engines)
@@ -467,12 +473,13 @@ class Analyzer:
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
                     else "data-parallel engines in one exposition")
             warnings["data_parallel"] = (
-                f"{engines} {what}: the chip-time fit sees their summed work per "
-                f"wall-clock second, so its coefficients, T_fixed and the TPM and bathtub from them describe the "
-                f"{engines} engines as one machine; a request runs on one engine, so the TTFTs and the overlap "
-                f"alpha take one engine's coefficients, the fitted ones x the engines busy in the fit's steps "
-                f"({engines} when all work; exact when they share the load evenly); the capacity bound and delta "
-                f"take them with {engines} x B_load (a link each); per-GPU TPM counts tp x pp x {engines} GPUs")
+                f"{engines} {what}: the chip-time fit sees the busy ones' summed work per wall-clock second, so "
+                f"its coefficients describe the engines busy in its steps as one machine (exact when they share "
+                f"the load evenly); T_fixed, the predicted TPM, the bathtub and the capacity bound are of the "
+                f"{engines} engines as one machine at full load, all busy (the coefficients x busy / {engines}), "
+                f"the capacity bound and delta with {engines} x B_load (a link each); a request runs on one "
+                f"engine, so the TTFTs and the overlap alpha take one engine's coefficients, the fitted ones x the "
+                f"engines busy in the fit's steps; per-GPU TPM counts tp x pp x {engines} GPUs")
         out = ModelAnalysis(
             model_name=model, window_seconds=w.dt, window_steps=w.steps, hit_ratio=hit, unknown=unknown,
             warnings=warnings,
@@ -490,8 +497,7 @@ class Analyzer:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
-        fitted = self._fitted(coef, steps_per_request, fits, wobs, share, kv, bandwidth, engines,
-                              _busy_engines(st, engines))
+        fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
         if (fits["load_aware"].ok or fits["overlap"].ok) and (
                 problem := _prefill_unidentified(fitted, st.latency.extreme_points())):
             if fits["load_aware"].ok:
@@ -545,7 +551,7 @@ class Analyzer:
             unknown.setdefault("bathtub_chip_time", h_shape)
         else:
             bathtubs["chip_time"] = bathtub_chip_time(
-                coef, chip.covariance, fitted.t_fixed, isl, osl, min(h_now, h_max),
+                coef, cov, fitted.t_fixed, isl, osl, min(h_now, h_max),
                 cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max],
                 fixed_steps=steps_per_request)
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
@@ -554,7 +560,7 @@ class Analyzer:
             if problem:
                 unknown.setdefault("miss_slope_derived", problem)
             else:
-                tps0_d, a_d, a_se = derived_miss_slope(coef, chip.covariance, fitted.t_fixed, isl, osl, lo, hi,
+                tps0_d, a_d, a_se = derived_miss_slope(coef, cov, fitted.t_fixed, isl, osl, lo, hi,
                                                        fixed_steps=steps_per_request)
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
         else:  # drawn over the direct line's h range, of the latest busy step's ISL bucket
@@ -607,9 +613,10 @@ class Analyzer:
             beyond["exit"] = None
         return {"linear": replace(b, **beyond)}
 
-    def _fitted(self, coef: ChipTimeCoefficients, steps_per_request: float | None, fits: dict[str, FitResult],
-                wobs: Observation, load_share: float | None, kv: float | None,
-                bandwidth: tuple[float, str] | None, engines: int, busy: float) -> FittedModel:
+    def _fitted(self, coef: ChipTimeCoefficients, cov: tuple[tuple[float, ...], ...] | None,
+                steps_per_request: float | None, fits: dict[str, FitResult], wobs: Observation,
+                load_share: float | None, kv: float | None, bandwidth: tuple[float, str] | None,
+                engines: int) -> FittedModel:
         cfg = self.config
         la, chip = fits["load_aware"], fits["chip_time"]
         running = wobs.running
@@ -619,10 +626,10 @@ class Analyzer:
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
             hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
-            gpus=cfg.model.gpus * engines, engines=busy, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit,
+            gpus=cfg.model.gpus * engines, engines=engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit,
             p_out=cfg.prices.p_out,
             collinear=chip.extra.get("collinear"),
-            chip_covariance=[list(row) for row in chip.covariance] if chip.covariance else None)
+            chip_covariance=[list(row) for row in cov] if cov else None)
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:
@@ -1089,11 +1096,10 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     elif problem:
         unknown.setdefault("capacity_bound", f"T0 (h = 0): {problem}")
     else:
-        # T0 is the E busy engines' as one machine (their fitted work per wall second), so its
-        # link is E links: B_load (per GPU, each engine's GPUs load in parallel) × E keeps δ each
-        # engine's and Θ's load bound the E engines' together, as Θ0 is (idle engines are no part
-        # of that machine: × all engines read δ 1/3 with 2 of 3 idle)
-        fo = first_order_capacity(isl, t0, kv, bandwidth[0] * _busy_engines(st, engines) if bandwidth else None)
+        # T0 is the E engines' as one machine at full load (_model_analysis), so its link is E
+        # links: B_load (per GPU, each engine's GPUs load in parallel) × E keeps δ each engine's
+        # and Θ's load bound the E engines' together, as Θ0 is
+        fo = first_order_capacity(isl, t0, kv, bandwidth[0] * engines if bandwidth else None)
         out["load_compute_ratio"] = fo.delta
         bound = {}
         now = fo.theta(h_all, h_load)

@@ -90,7 +90,7 @@ OBSERVED_TTFT = _m("kvhit_observed_ttft_seconds", "Mean TTFT (includes queueing)
                    "Δsum/Δcount of vllm:time_to_first_token_seconds [s].", section="§2")
 TPM = _m("kvhit_tpm_tokens_per_minute", "Delivered TPM counts cached input, physical TPM only computed tokens; "
          "basis=observed from counters over the publish window, predicted = the chip-time model's throughput "
-         "of an always-busy engine at the current h, ISL, OSL and the observed engine steps per request (they fall "
+         "of the engines at full load, all busy, at the current h, ISL, OSL and the observed engine steps per request (they fall "
          "as concurrency rises): a capacity estimate, within the chip-time fit's error of what the engine delivers; "
          "target = the observed TPM carried to target_hit_ratio by the hit-to-hit correction x C(h)/C(target), C = "
          "the chip time per request (MODEL.md 3.5); per=gpu divides by tp*pp*engines [tokens/min].",
@@ -224,12 +224,12 @@ MAX_NUM_SEQS = _m("kvhit_recommended_max_num_seqs", "Economic max-num-seqs (seed
                   "max_num_seqs) reaches 80 % of slo.tpot_seconds [requests].", section="§5")
 CAPACITY_BOUND = _m("kvhit_capacity_bound_tokens_per_second", "First-order capacity Theta(h) = Theta0 / "
                     "max(1-h, delta x h_load) with Theta0 = ISL/T0, T0 = the chip-time model's 0-hit prefill "
-                    "compute time (full overlap, no fixed cost: an upper bound), of the data-parallel engines busy in "
-                    "the fit's steps as one machine; hit_ratio=current or target [prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
+                    "compute time (full overlap, no fixed cost: an upper bound), of all data-parallel engines (a fleet's "
+                    "pods) as one machine at full load; hit_ratio=current or target [prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
 LOAD_COMPUTE = _m("kvhit_load_compute_ratio", "delta = ISL x S_kv / (B_load x T0): loading every prompt token's "
                   "KV vs computing them at h=0, a ratio of two times: above 1 when loading is the slower; with E "
-                  "busy engines summed (data-parallel engines running requests, fleet pods) T0 is theirs as one "
-                  "machine and B_load is E x B_load [1].",
+                  "engines summed (data-parallel, fleet pods) T0 is theirs as one machine at full load and B_load "
+                  "is E x B_load [1].",
                   section="§3.3")
 
 ALL: tuple[Metric, ...] = tuple(_ALL)

@@ -138,10 +138,10 @@ class FittedModel:
             h > 0 then has no TTFT (T_load unknown).
         kv_bytes_per_token: per-GPU S_kv [bytes]; load_bandwidth: B_load [bytes/s].
         gpus: tp × pp (× engines); p_miss, p_hit, p_out: prices per token.
-        engines: E ≥ 1, the busy engines the chip-time coefficients describe as one machine
-            (data-parallel engines, a fleet's pods; MODEL.md §7; a mean when it varied): throughput
-            (TPM, revenue) is the machine's, a request's latency (TTFT) one engine's, with the
-            coefficients × E (:meth:`ChipTimeCoefficients.per_engine`).
+        engines: E ≥ 1, the engines the chip-time coefficients describe as one machine
+            (data-parallel engines, a fleet's pods; MODEL.md §7; kvhit gives all of them at full
+            load): throughput (TPM, revenue) is the machine's, a request's latency (TTFT) one
+            engine's, with the coefficients × E (:meth:`ChipTimeCoefficients.per_engine`).
         collinear: the chip-time fit's terms it could not tell apart, {dropped term: {kept term:
             c}} (its extra "collinear"; None when it identified every term): predictions hold only
             where a request keeps those relations (:meth:`unidentified`).

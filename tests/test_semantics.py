@@ -450,7 +450,7 @@ def test_three_data_parallel_engines_give_one_engines_ttft_and_alpha(idle):
     assert ttft[(("hit_ratio", "target"), ("kind", "service"), *model)] == pytest.approx(0.050987, rel=2e-3)
 
 
-def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
+def test_data_parallel_engines_keep_delta_and_the_capacity_counts_every_engine_busy_or_idle():
     # MODEL.md §3.3: δ = N·S_kv/(B_load·T0) is a ratio of one engine's times; with the truth's
     # N = 2048, S_kv = 32·32·128·2·2 = 524288 B, B_load = 12.5e9 B/s, T0 = k_ffn·N + k_attn·N²/2 =
     # 1e-4·2048 + 1e-8·2048²/2 = 0.22577 s: δ = 0.085899/0.22577 = 0.38047, one engine or two. Two
@@ -458,17 +458,24 @@ def test_two_data_parallel_engines_keep_delta_and_double_the_capacity_bound():
     # (Before, T0 of the two as one machine, halved, met one link's B_load: δ read 2×, Θ's load bound ½×.)
     n = 2048.0
     delta = n * 524288.0 / (12.5e9 * (1e-4 * n + 1e-8 * n * n / 2.0))
-    # Three engines, two idle throughout: the fit's machine is the one busy engine, its δ one
-    # engine's and its Θ one engine's (B_load × all 3 engines read δ/3 and Θ 3×: physics audit).
-    bound = {}
+    # Three engines, two idle throughout: the fit sees one busy engine, and the capacity at full
+    # load is all three's: Θ and the predicted TPM 3× one engine's, per GPU one engine's, δ one
+    # engine's (the busy engine's coefficients taken as the 3 engines' read δ/3, Θ and TPM 1×,
+    # per-GPU TPM 1/3×: physics audit).
+    bound, tpm = {}, {}
     for engines, idle in ((1, 0), (2, 0), (3, 2)):
         pub = published(_simulated_engines("sweep", engines, idle))
         assert series(pub, "kvhit_load_compute_ratio")[(("model_name", "sim-model"),)] == pytest.approx(delta, rel=1e-3)
         bound[engines] = series(pub, "kvhit_capacity_bound_tokens_per_second")
+        tpm[engines] = {k: v for k, v in series(pub, "kvhit_tpm_tokens_per_minute").items()
+                        if ("basis", "predicted") in k}
     assert bound[1].keys() == bound[2].keys() == bound[3].keys() and len(bound[1]) == 2  # hit_ratio current, target
     for k, theta in bound[1].items():
         assert bound[2][k] == pytest.approx(2.0 * theta, rel=1e-6)
-        assert bound[3][k] == pytest.approx(theta, rel=1e-3)
+        assert bound[3][k] == pytest.approx(3.0 * theta, rel=1e-3)
+    assert tpm[1].keys() == tpm[3].keys() and len(tpm[1]) >= 4  # delivered, physical × instance, gpu (× h)
+    for k, v in tpm[1].items():
+        assert tpm[3][k] == pytest.approx(v * (1.0 if ("per", "gpu") in k else 3.0), rel=1e-3), k
 
 
 def test_observed_tpm_is_carried_to_the_target_hit_ratio_by_the_hit_to_hit_correction():
