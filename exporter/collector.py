@@ -190,7 +190,7 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
     f.add(N.CONTENTION, base, m.contention)
     if m.fitted is not None and "fixed_time" not in m.unknown:
         f.add(N.FIXED_TIME, base, m.fitted.t_fixed)
-        f.add(N.FIXED_TIME_STDERR, base, m.fitted.steps_per_request * m.fits["chip_time"].params["t_step"].stderr)
+        f.add(N.FIXED_TIME_STDERR, base, m.fitted.t_fixed_stderr)  # the full-load machine's, as T_fixed
 
     f.add(N.TARGET_HIT_RATIO, base, target_h)
     for name, seconds in sorted(slo.items()):

@@ -181,6 +181,15 @@ class FittedModel:
         """T_fixed = T_step × steps per request [s] (MODEL.md §7); None when the steps are unknown."""
         return None if self.steps_per_request is None else steps_fixed_time(self.t_step, self.steps_per_request)
 
+    @property
+    def t_fixed_stderr(self) -> float | None:
+        """Standard error of T_fixed [s]: T_step's (``chip_covariance``) × steps per request, the
+        steps counted, not fitted; None when either is unknown."""
+        if self.steps_per_request is None or not self.chip_covariance:
+            return None
+        i = CHIP_TIME_TERMS.index("t_step")
+        return self.steps_per_request * math.sqrt(max(self.chip_covariance[i][i], 0.0))
+
     def unidentified(self, hit_ratio: float, isl: float, osl: float,
                      seen: Sequence[float] | None = None) -> str | None:
         """Why a request's chip time at (h, ISL, OSL) is not identifiable, or None

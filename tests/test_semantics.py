@@ -462,13 +462,15 @@ def test_data_parallel_engines_keep_delta_and_the_capacity_counts_every_engine_b
     # load is all three's: Θ and the predicted TPM 3× one engine's, per GPU one engine's, δ one
     # engine's (the busy engine's coefficients taken as the 3 engines' read δ/3, Θ and TPM 1×,
     # per-GPU TPM 1/3×: physics audit).
-    bound, tpm = {}, {}
+    bound, tpm, fixed = {}, {}, {}
     for engines, idle in ((1, 0), (2, 0), (3, 2)):
         pub = published(_simulated_engines("sweep", engines, idle))
         assert series(pub, "kvhit_load_compute_ratio")[(("model_name", "sim-model"),)] == pytest.approx(delta, rel=1e-3)
         bound[engines] = series(pub, "kvhit_capacity_bound_tokens_per_second")
         tpm[engines] = {k: v for k, v in series(pub, "kvhit_tpm_tokens_per_minute").items()
                         if ("basis", "predicted") in k}
+        fixed[engines] = [series(pub, name)[(("model_name", "sim-model"),)]
+                          for name in ("kvhit_fixed_time_seconds", "kvhit_fixed_time_stderr_seconds")]
     assert bound[1].keys() == bound[2].keys() == bound[3].keys() and len(bound[1]) == 2  # hit_ratio current, target
     for k, theta in bound[1].items():
         assert bound[2][k] == pytest.approx(2.0 * theta, rel=1e-6)
@@ -476,6 +478,8 @@ def test_data_parallel_engines_keep_delta_and_the_capacity_counts_every_engine_b
     assert tpm[1].keys() == tpm[3].keys() and len(tpm[1]) >= 4  # delivered, physical × instance, gpu (× h)
     for k, v in tpm[1].items():
         assert tpm[3][k] == pytest.approx(v * (1.0 if ("per", "gpu") in k else 3.0), rel=1e-3), k
+    # T_fixed of the 3 engines as one machine: a third of one engine's, its standard error too
+    assert fixed[3] == pytest.approx([x / 3.0 for x in fixed[1]], rel=1e-3) and fixed[1][1] > 0
 
 
 def test_observed_tpm_is_carried_to_the_target_hit_ratio_by_the_hit_to_hit_correction():
