@@ -849,11 +849,14 @@ def _tpot_histogram(d: Delta):
 
 def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: int) -> int:
     """Engines of ``model`` running requests at both ends of the step from ``prev`` to ``snap``
-    (MODEL.md §7's busy step, per engine), at least 1; ``engines`` (all of them) when the
-    snapshots do not tell them apart (fleet mode's sums, one engine)."""
+    (MODEL.md §7's busy step, per engine), at least 1: as the source told (fleet mode: at every
+    sample of the range); ``engines`` (all of them) when nothing tells them apart (fleet mode's
+    sums without a count of busy ones, one engine)."""
+    if model in snap.engine_counts:
+        return max(1, min(engines, snap.busy_counts.get(model, engines)))
     now = snap.models[model].engines
     before = {} if prev is None or model not in prev.models else prev.models[model].engines
-    if len(now) < 2 or model in snap.engine_counts:
+    if len(now) < 2:
         return engines
     busy = sum(1 for e, sig in now.items() if sig.gauges.get("running", 0.0) > 0
                and e in before and before[e].gauges.get("running", 0.0) > 0)

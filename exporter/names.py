@@ -120,7 +120,8 @@ FIXED_TIME_STDERR = _m("kvhit_fixed_time_stderr_seconds", "Standard error of T_f
                        "of 0 (T_step at its bound) is a value within this error, not an exact one [s].", section="§7")
 TPS0 = _m("kvhit_miss_tps0_tokens_per_second", "TPS0, miss-token throughput at h=0 of TPS_miss(h)=TPS0*(1-a*h); "
           "method=direct (robust line through busy-step miss tokens per busy second, current ISL bucket) or "
-          "derived (line through the chip-time model's M/t_chip(h)) [tokens/s].", MODEL + ("method",), section="§4")
+          "derived (line through the chip-time model's M/t_chip(h), of all engines at full load as the predicted TPM) "
+          "[tokens/s].", MODEL + ("method",), section="§4")
 MISS_SLOPE = _m("kvhit_miss_slope", "a in TPS_miss(h)=TPS0*(1-a*h); method=direct or derived (never averaged) [1].",
                 MODEL + ("method",), section="§4")
 MISS_SLOPE_STDERR = _m("kvhit_miss_slope_stderr", "Standard error of a [1].", MODEL + ("method",), section="§4")

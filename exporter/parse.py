@@ -229,6 +229,8 @@ class Snapshot:
             exposition's own ``engine`` labels tell.
         instance_counts: model_name → instances (pods) its signals sum, when the source told it
             (fleet mode); {}: one.
+        busy_counts: model_name → of its ``engine_counts``, those running requests throughout the
+            step that ends here, when the source told it (fleet mode); absent: not told.
     """
 
     timestamp: float
@@ -242,6 +244,7 @@ class Snapshot:
     name_prefix: str = "vllm:"
     engine_counts: Mapping[str, int] = field(default_factory=dict)
     instance_counts: Mapping[str, int] = field(default_factory=dict)
+    busy_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def supported(self) -> bool:

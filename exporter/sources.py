@@ -533,7 +533,9 @@ class PrometheusSource:
         self._unwatched = False  # some pod's up was not selected at the last poll (logged when it changes)
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
         self.instances: dict[str, int] = {}  # model → pods (Prometheus targets) in the last answer's output tokens
+        self.busy: dict[str, int] = {}  # model → pods × engines running requests throughout the last range
         self._counters = tuple(f for f in self.families if f.kind == "counter")  # _latest's and e:'s families
+        self._running = next((f for f in self.families if f.name == "num_requests_running"), None)  # busy:'s
 
     def fetch(self) -> tuple[float, str]:
         """One query → (t [unix s], vLLM V1 exposition of the fleet's totals and gauges at t).
@@ -570,16 +572,17 @@ class PrometheusSource:
         rows = _vector(self._query(query, t, deadline), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
         # output tokens this range's sum holds (p:), not those with a sample at t
-        engines, instances = ({labels.get("model_name", ""): int(value) for labels, value in rows
-                               if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf} for qid in ("e:", "p:"))
+        engines, instances, busy = ({labels.get("model_name", ""): int(value) for labels, value in rows
+                                     if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf}
+                                    for qid in ("e:", "p:", "busy:"))
         kept = dict(self._totals), dict(self._seen), self._partial
         try:
-            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:")], t)
+            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:", "busy:")], t)
         except Exception as exc:  # an answer no Prometheus gives (a label that is no UTF-8 text): none of it stays
             self._totals, self._seen, self._partial = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.engines, self.instances = engines, instances
+        self.engines, self.instances, self.busy = engines, instances, busy
         self._end, self.answer_delay = t, t - now
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then
@@ -659,13 +662,20 @@ class PrometheusSource:
         needs history the selected pods may not have yet), a series without a sample at the
         growth's start counted whole when its ``_created`` is after ``born_after`` [unix s]
         (:func:`_growth`), and per model the pods × ``engine`` labels with counters (``e:``,
-        :attr:`engines`) and the pods in the output tokens' growth (``p:``, :attr:`instances`)."""
+        :attr:`engines`), the pods in the output tokens' growth (``p:``, :attr:`instances`) and
+        the pods × engines running requests at every sample of the range (``busy:``, :attr:`busy`)."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
         if self._counters:
             # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
                                   f"({self._counters_selector()}))"))
+        if r is not None and self._running is not None:
+            # the engines busy in the step (MODEL.md §7, per engine: analyzer._busy_in_step): the
+            # chip-time fit's coefficients are theirs as one machine, not every pod's
+            running = _preferred(f"min_over_time({{}}[{r}])", self._selector(self._running, ""))
+            queries.append(("busy:", f"count by (model_name) (count by (model_name, job, instance, engine) "
+                                     f"({running} > 0))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
     def _queries(self, f: Family, r: str | None, born_after: float | None) -> list[tuple[str, str]]:

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -417,6 +418,37 @@ def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engine
     assert m_pod.tpm_observed[("delivered", "gpu")] == instance
     assert m_fleet.warnings["data_parallel"].startswith("2 engines (pods x data-parallel engines) summed over the fleet's pods")
     assert "data_parallel" not in m_pod.warnings
+
+
+def test_a_fleet_with_one_of_two_pods_busy_has_one_pod_s_ttft_and_two_pods_capacity(fake):
+    # the busy: rows count the engines running requests throughout the range (MODEL.md §7's busy
+    # step, per engine). The sums are one pod's work: the fit's coefficients are that pod's, so a
+    # request's TTFT is the pod's own, and at full load both pods deliver: the instance TPM 2x the
+    # pod's, per GPU the pod's. (Taken as both pods' machine, the TTFT read 2x, the TPM 1x.)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=Clock(1000.0))
+    src.fetch()  # the baseline: no range
+    assert "busy:" not in fake.forms[-1]["query"]
+    fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "2"), _row("busy:", "1")])
+    src.fetch()
+    assert src.busy == {"m": 1} and src.engines == {"m": 2}
+    assert ('"busy:"' in fake.forms[-1]["query"]
+            and '(min_over_time({__name__=~"vllm:num_requests_running"}[5000ms]) or '
+                'min_over_time({__name__=~"vllm_num_requests_running"}[5000ms])) > 0' in fake.forms[-1]["query"])
+    sc = replace(simulate.preset("sweep", noise=0.0), model_name=MODEL)  # h varied: the TTFT is identifiable
+    env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in simulate.SIM_GEOMETRY.items()}
+    env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = str(simulate.Truth.load_bandwidth)
+    cfg = replace(load_config(None, environ=env), interval=sc.interval)
+    fleet, pod = (Runner(cfg, "http://prometheus:9090", clock=lambda: 0.0, scope="fleet"),
+                  Runner(cfg, "http://prometheus:9090", clock=lambda: 0.0))
+    for t, text, _ in simulate.generate(sc):
+        assert fleet.ingest_text(t, text, engine_counts={MODEL: 2}, busy_counts={MODEL: 1}) and pod.ingest_text(t, text)
+    m_fleet, m_pod = fleet.current()[0].models[MODEL], pod.current()[0].models[MODEL]
+    assert m_fleet.predictions.keys() == {"current", "target"}
+    for which in ("current", "target"):
+        f, p = m_fleet.predictions[which], m_pod.predictions[which]
+        assert f.ttft_service == pytest.approx(p.ttft_service, rel=1e-9) and p.ttft_service > 0
+        assert f.tpm_delivered == pytest.approx(2.0 * p.tpm_delivered, rel=1e-9)
+        assert f.tpm_delivered_per_gpu == pytest.approx(p.tpm_delivered_per_gpu, rel=1e-9)
 
 
 def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens(fake):
@@ -1249,6 +1281,28 @@ def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, 
                                  "matchers select") == 1, caplog.text  # once, not at every poll
     finally:
         _stop([pod], procs)
+
+
+def test_the_engines_busy_throughout_a_range_are_counted_per_model(tmp_path):
+    # MODEL.md §7's busy step is per engine: pod a runs 3 requests at every scrape, pod b none;
+    # both have counters. Fleet mode told only all engines (2), and the chip-time fit's
+    # coefficients, one busy pod's, were read as two pods' (TTFT 2x, full-load TPM 1x).
+    def body(running: int) -> str:
+        return _counters("vllm:prefix_cache_queries", 100.0) + f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+    pods, procs = {"a": _pod(lambda: body(3)), "b": _pod(lambda: body(0))}, Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, pods)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:num_requests_running[10s]) >= 3")) == 2,
+                 30, "three samples of each pod")
+        src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("num_requests_running", "gauge")),
+                               interval=2.0)
+        src.fetch()  # the baseline: no range, no count of busy engines
+        assert src.engines == {"m": 2} and src.busy == {}
+        time.sleep(2.5)
+        src.fetch()
+        assert src.engines == {"m": 2} and src.busy == {"m": 1}
+    finally:
+        _stop(pods.values(), procs)
 
 
 def test_a_pod_new_since_the_last_poll_adds_its_whole_value_and_an_older_one_only_its_growth(tmp_path):
