@@ -512,11 +512,14 @@ class _Plan:
         b = _Builder()
         if repr(_parse(lines, truncated, reference.timestamp, _read_lines, b)) != repr(reference):
             return None
-        prefixes = [lines[i].rpartition(" ")[0] + " " for i in sample_pos]
+        keys = [_sample_key(lines[i]) for i in sample_pos]
+        prefixes = [key + " " for key, _ in keys]
         # every value the readers check (non_finite, out_of_range, negative), whether or not a leaf
         # reads it: e.g. prompt_tokens_by_source{source="local_cache_hit"} is read and checked, never summed
         needed = sorted(b.values)
         if len(comment_pos) < 2 or len(needed) < 2 or "" in (p.strip() for p in prefixes):
+            return None
+        if any(keys[k][1] for k in needed):  # a value followed by a timestamp: the full path reads it
             return None
         # leaves renumbered to positions in ``needed``: the values are then a plain list
         position = {k: i for i, k in enumerate(needed)}
@@ -557,6 +560,15 @@ class _Plan:
             if not all(map(_consistent, maps[i].values())):
                 return None
         return snap
+
+
+def _sample_key(line: str) -> tuple[str, bool]:
+    """(a clean sample line's key: its name and labels, whether a timestamp follows its value).
+    The key ends at the labels' closing brace, or is a bare name without a space."""
+    key = line.rpartition(" ")[0]
+    if key.endswith("}") or " " not in key:
+        return key, False
+    return key.rpartition(" ")[0], True  # "key value timestamp": the value was cut as the timestamp
 
 
 def _map_leaves(recipe: Snapshot, fn) -> Snapshot:

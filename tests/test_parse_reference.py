@@ -146,6 +146,31 @@ def test_hot_path_declines_what_it_cannot_prove():
     assert hot is None and "'non_finite': 1" in ref
 
 
+def test_hot_path_reads_bodies_with_sample_timestamps_as_the_reference_does():
+    # Prometheus /federate and re-exporters write "key value timestamp". The plan took the value
+    # for part of the key and read the timestamp as the value: an idle body scraped again read
+    # queries and hits of 1.8e12 (adversarial review). By hand: the hits line's own value.
+    _, text = load_trace(TRACE).snapshots[200]
+    hits = next(x for x in text.split("\n") if x.startswith("vllm:prefix_cache_hits_total{"))
+    value = float(hits.rsplit(" ", 1)[1])
+
+    def stamped(ms: int, body: str = text) -> str:
+        return "\n".join(x if not x or x[0] == "#" else f"{x} {ms}" for x in body.split("\n"))
+    model = parse.parse_exposition(text, 1.0).models
+    name = next(iter(model))
+    for body in (stamped(1796333008066), stamped(1796333010066, text.replace(hits, hits.rsplit(" ", 1)[0] + " 12345"))):
+        hot, ref = _hot(stamped(1796333006066), body)
+        assert hot is None or repr(hot) == ref
+        got = parse.Parser()
+        got.parse(stamped(1796333006066), 0.0)
+        want = 12345.0 if " 12345 " in body else value
+        assert got.parse(body, 1.0).models[name].counters["hits"] == want
+    # timestamps on lines kvhit does not read leave the hot path to the lines it reads
+    unread = "\n".join(f"{x} 1796333008066" if x.startswith("process_") and x[0] != "#" else x for x in text.split("\n"))
+    hot, ref = _hot(unread, unread.replace(hits, hits.rsplit(" ", 1)[0] + " 12345"))
+    assert hot is not None and repr(hot) == ref and hot.models[name].counters["hits"] == 12345.0
+
+
 from test_fuzz_exposition import FIXTURES, garbage_values, mutated  # noqa: E402  (the issue-7 mutations)
 
 _VALUE_LINE = re.compile(r"^([^#\s].*) (\S+)$")
