@@ -557,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kvhit %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
     stdout = sys.stdout
-    sys.stdout = _PipeSafe(stdout)
+    if stdout is not None:  # None: started with stdout closed (`>&-`), nothing is printed
+        sys.stdout = _PipeSafe(stdout)
     try:
         return args.func(args)
     except ConfigError as exc:
@@ -570,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         print("kvhit: interrupted", file=sys.stderr)
         return 130
     finally:
-        sys.stdout.flush()
+        if stdout is not None:
+            sys.stdout.flush()
         sys.stdout = stdout
 
 

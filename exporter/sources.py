@@ -18,6 +18,7 @@ import re
 import secrets
 import socket
 import stat
+import sys
 import tarfile
 import threading
 import time
@@ -955,18 +956,29 @@ class Trace:
     meta: dict
 
 
+_STDOUT_PATHS = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")  # write_atomic: this process' stdout
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     """Write ``data`` (str as UTF-8) to ``path`` whole or not at all: into a temporary file beside
     it, synced and renamed over it with the old file's mode, so a full disk or an interrupt never
     leaves a cut file in place of a good one, and a reader (kvhit replay of a recording in
-    progress) never sees half a file. A symlink's target is written; a path that is not a regular
-    file (``/dev/stdout``, a FIFO) is written directly.
+    progress) never sees half a file. A symlink's target is written; ``/dev/stdout`` is written
+    through this process' stdout, after what it printed; another path that is not a regular file
+    (a FIFO, a device) is written directly.
 
     Raises:
         OSError: ``"cannot write PATH: why"``; ``path`` is then as it was before.
     """
-    path = Path(os.path.realpath(path))  # a symlink's target is written, the link stays
     data = data.encode() if isinstance(data, str) else data
+    if os.fspath(path) in _STDOUT_PATHS:  # after what was printed (a pipe, `> file`), not in its place
+        if sys.stdout is None:
+            raise OSError(f"cannot write {path}: stdout is closed")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    path = Path(os.path.realpath(path))  # a symlink's target is written, the link stays
     tmp = None
     try:
         try:

@@ -476,6 +476,26 @@ def test_a_replay_whose_reader_leaves_still_writes_its_files(tmp_path):
     assert len(json.loads(out.read_text())["steps"]) > 300  # every scrape of the trace, as below
 
 
+def test_metrics_out_dev_stdout_follows_the_printed_summary_and_a_closed_stdout_is_no_error(tmp_path):
+    # README: --metrics-out /dev/stdout. It resolved to the file or pipe behind fd 1 and replaced
+    # that file (the printed summary lost) or failed on a pipe ("cannot write /proc/…/pipe:[…]");
+    # a replay started with stdout closed (>&-) failed in the pipe guard (diff review)
+    texts, _, stamps = _trace_texts()
+    for text, ms in zip(texts[:40], stamps[:40]):
+        (tmp_path / f"{ms}.prom").write_text(text)
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        done = subprocess.run([*KVHIT, "replay", str(tmp_path), "--quiet", "--metrics-out", "/dev/stdout"],
+                              stdout=f, stderr=subprocess.PIPE, text=True, env=clean_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert 0 <= text.index("final fit") < text.index("# HELP kvhit_build_info")
+    done = subprocess.run([*KVHIT, "replay", str(tmp_path), "--quiet"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=clean_env(), timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 0 and not done.stderr, done.stderr
+
+
 def test_replay_json_outputs(replayed):
     _, out = replayed
     doc = json.loads(out["json"].read_text())
