@@ -240,6 +240,7 @@ class _Pending:
     delta: Delta
     obs: Observation
     busy: int  # engines busy in the step (_busy_in_step)
+    running: int  # engines running requests at either end of it (_busy_in_step, either)
     went_back: bool
     doubtful: bool
     rates: dict[str, float]  # _rates(delta)
@@ -306,7 +307,7 @@ class Analyzer:
                 if p.suspect or learned is not None:
                     self.windows.mark_spike(model, p.delta.t1, learned is not None)
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
-                    _fit_step_rows(st, p.delta, p.obs, p.busy)
+                    _fit_step_rows(st, p.delta, p.obs, p.busy, p.running)
                     _raise_peak(st.peak, p.rates)
                 else:
                     self.last_dropped[model] = p.obs
@@ -314,7 +315,8 @@ class Analyzer:
             if suspect:
                 self.windows.mark_spike(model, delta.t1)
             engines = _engine_count(snap, model)
-            st.pending = _Pending(delta, obs, _busy_in_step(prev, snap, model, engines), went_back,
+            st.pending = _Pending(delta, obs, _busy_in_step(prev, snap, model, engines),
+                                  _busy_in_step(prev, snap, model, engines, either=True), went_back,
                                   p is not None and p.went_back,
                                   rates, suspect)
             out[model] = obs
@@ -497,7 +499,8 @@ class Analyzer:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
-        fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines)
+        fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines,
+                              _busy_engines(st, engines))
         if (fits["load_aware"].ok or fits["overlap"].ok) and (
                 problem := _prefill_unidentified(fitted, st.latency.extreme_points())):
             if fits["load_aware"].ok:
@@ -616,7 +619,7 @@ class Analyzer:
     def _fitted(self, coef: ChipTimeCoefficients, cov: tuple[tuple[float, ...], ...] | None,
                 steps_per_request: float | None, fits: dict[str, FitResult], wobs: Observation,
                 load_share: float | None, kv: float | None, bandwidth: tuple[float, str] | None,
-                engines: int) -> FittedModel:
+                engines: int, busy: float) -> FittedModel:
         cfg = self.config
         la, chip = fits["load_aware"], fits["chip_time"]
         running = wobs.running
@@ -626,7 +629,8 @@ class Analyzer:
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
             hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
-            gpus=cfg.model.gpus * engines, engines=engines, p_miss=cfg.prices.p_miss, p_hit=cfg.prices.p_hit,
+            gpus=cfg.model.gpus * engines, engines=engines, busy_engines=busy, p_miss=cfg.prices.p_miss,
+            p_hit=cfg.prices.p_hit,
             p_out=cfg.prices.p_out,
             collinear=chip.extra.get("collinear"),
             chip_covariance=[list(row) for row in cov] if cov else None)
@@ -847,19 +851,22 @@ def _tpot_histogram(d: Delta):
     return None, None
 
 
-def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: int) -> int:
+def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: int,
+                  either: bool = False) -> int:
     """Engines of ``model`` running requests at both ends of the step from ``prev`` to ``snap``
-    (MODEL.md §7's busy step, per engine), at least 1: as the source told (fleet mode: at every
-    sample of the range); ``engines`` (all of them) when nothing tells them apart (fleet mode's
-    sums without a count of busy ones, one engine)."""
+    (MODEL.md §7's busy step, per engine), or at ``either`` end (the engines a step's mean
+    running requests are on), at least 1: fleet mode's busy ones as the source told (at every
+    sample of the range; ``either``: all); ``engines`` (all of them) when nothing tells them
+    apart (fleet mode's sums without a count of busy ones, one engine)."""
     if model in snap.engine_counts:
-        return max(1, min(engines, snap.busy_counts.get(model, engines)))
+        return engines if either else max(1, min(engines, snap.busy_counts.get(model, engines)))
     now = snap.models[model].engines
     before = {} if prev is None or model not in prev.models else prev.models[model].engines
     if len(now) < 2:
         return engines
-    busy = sum(1 for e, sig in now.items() if sig.gauges.get("running", 0.0) > 0
-               and e in before and before[e].gauges.get("running", 0.0) > 0)
+    ends = any if either else all
+    busy = sum(1 for e, sig in now.items()
+               if ends((sig.gauges.get("running", 0.0) > 0, e in before and before[e].gauges.get("running", 0.0) > 0)))
     return max(1, busy)
 
 
@@ -924,19 +931,19 @@ def _raise_peak(peak: dict[str, float], rates: Mapping[str, float]) -> None:
             peak[name] = rate
 
 
-def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, busy: int) -> None:
+def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, busy: int, running: int) -> None:
     """Feed one step to every fitter of the model (one scrape after it was taken: ``pending``)."""
     if st.chip.update(obs):
         st.busy.add(busy)
     st.slope.update(obs)
     st.latency.update(obs)
-    _update_seed3(st, d, obs, busy)
+    _update_seed3(st, d, obs, running)
 
 
-def _update_seed3(st: _ModelState, d: Delta, obs: Observation, busy: int) -> None:
+def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
     """Feed one step to the 24 h hit rollup and the TPOT-vs-concurrency fitter (MODEL.md §5);
-    the fitter's concurrency is per engine (``--max-num-seqs`` is), running / ``busy``, the
-    engines running requests in the step (:func:`_busy_in_step`: an idle one decodes none)."""
+    the fitter's concurrency is per engine (``--max-num-seqs`` is), running / ``engines``, those
+    running requests at either end of the step (an idle one decodes none)."""
     hits = None
     if obs.hit_tokens_device is not None and obs.hit_tokens_loaded is not None:
         hits = obs.hit_tokens_device + obs.hit_tokens_loaded
@@ -945,7 +952,7 @@ def _update_seed3(st: _ModelState, d: Delta, obs: Observation, busy: int) -> Non
     st.rollup.update(d.t0, d.t1, obs.queried_tokens, hits, (pre.sum, pre.count) if both else None,
                      (dec.sum, dec.count) if both else None, d.end.get("kv_usage"))
     tpot, source = _tpot_histogram(d)
-    running = None if obs.running is None else obs.running / busy
+    running = None if obs.running is None else obs.running / engines
     if tpot is not None and not obs.anomaly_hint and st.tpot.update(obs.t, running, tpot.buckets, tpot.count):
         st.tpot_source = source
 

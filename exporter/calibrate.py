@@ -431,8 +431,8 @@ def calibrated_parameters(m: ModelAnalysis) -> dict[str, dict]:
         out[key] = _est(e.value if e else None, e.stderr if e else None, status,
                         chip.reason or (e.reason if e else ""), unit)
     if m.fitted is not None and chip.ok and "fixed_time" not in m.unknown:
-        se = chip.params["t_step"].stderr
-        out["t_fixed"] = _est(m.fitted.t_fixed, se * m.fitted.steps_per_request if math.isfinite(se) else None,
+        se = m.fitted.t_fixed_stderr  # the full-load machine's, as T_fixed
+        out["t_fixed"] = _est(m.fitted.t_fixed, se if se is not None and math.isfinite(se) else None,
                               unit="s", reason=f"t_step x {m.fitted.steps_per_request:.2f} engine steps per "
                                                 f"request (last publish window)")
     else:

@@ -112,7 +112,8 @@ CHIP_COEF_STDERR = _m("kvhit_chip_time_coefficient_stderr_seconds", "Standard er
                       "[s per unit of the term, as the coefficient].", MODEL + ("term",), section="§7")
 FIXED_TIME = _m("kvhit_fixed_time_seconds", "T_fixed of the per-request chip time t_chip (TPM, chip_time bathtub): "
                 "hit-independent chip time per request, T_step x observed engine steps per request in the publish "
-                "window, prefill and decode steps; the service TTFT counts the prefill's one step, T_step; absent while T_step "
+                "window, prefill and decode steps, of all engines at full load as the predicted TPM (T_step x the "
+                "engines busy in the fit's steps / all engines); the service TTFT counts the prefill's one step, T_step; absent while T_step "
                 "is not identifiable as its own term (kvhit_unknown_info says why) [s].",
                 section="§7")
 FIXED_TIME_STDERR = _m("kvhit_fixed_time_stderr_seconds", "Standard error of T_fixed: T_step's x the observed engine "

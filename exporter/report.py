@@ -304,7 +304,7 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
     t0 = steps[0].t - steps[0].dt
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7.5, 7.0))
     if fitted is not None:
-        coef = fitted.coefficients
+        coef = fitted.fit_coefficients  # the busy engines' machine the steps ran on, not the full-load one
         ts, res = [], []
         for o in busy:
             try:

@@ -63,9 +63,10 @@ _FIELD_RANGES = (
     *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
     ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
     ("engines", lambda v: v >= 1, "a number >= 1"),
+    ("busy_engines", lambda v: v >= 1, "a number >= 1"),
 )
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
-            "hit_load_share"}
+            "hit_load_share", "busy_engines"}
 
 
 def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: ChipTimeCoefficients,
@@ -142,6 +143,8 @@ class FittedModel:
             (data-parallel engines, a fleet's pods; MODEL.md §7; kvhit gives all of them at full
             load): throughput (TPM, revenue) is the machine's, a request's latency (TTFT) one
             engine's, with the coefficients × E (:meth:`ChipTimeCoefficients.per_engine`).
+        busy_engines: the engines busy in the chip-time fit's steps (their harmonic mean), whose
+            machine its own coefficients describe (:attr:`fit_coefficients`); None: ``engines``.
         collinear: the chip-time fit's terms it could not tell apart, {dropped term: {kept term:
             c}} (its extra "collinear"; None when it identified every term): predictions hold only
             where a request keeps those relations (:meth:`unidentified`).
@@ -171,6 +174,7 @@ class FittedModel:
     collinear: dict[str, dict[str, float]] | None = None
     chip_covariance: list[list[float]] | None = None
     engines: float = 1.0
+    busy_engines: float | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -180,6 +184,14 @@ class FittedModel:
     def t_fixed(self) -> float | None:
         """T_fixed = T_step × steps per request [s] (MODEL.md §7); None when the steps are unknown."""
         return None if self.steps_per_request is None else steps_fixed_time(self.t_step, self.steps_per_request)
+
+    @property
+    def fit_coefficients(self) -> ChipTimeCoefficients:
+        """The chip-time fit's own coefficients, the engines busy in its steps as one machine
+        (MODEL.md §7): what a step's busy time is predicted with; the full-load ones × engines /
+        busy_engines."""
+        busy = self.engines if self.busy_engines is None else self.busy_engines
+        return self.coefficients.per_engine(self.engines / busy)
 
     @property
     def t_fixed_stderr(self) -> float | None:

@@ -210,6 +210,20 @@ def test_max_num_seqs_levels_count_the_busy_engines_only():
     assert m.fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]
 
 
+def test_max_num_seqs_levels_of_a_draining_step_count_the_engines_running_at_either_end():
+    # two engines drain together: running 4 each, then 0 in the step from 1000 to 1010 s; its mean
+    # running is (8 + 0)/2 = 4 over the 2 engines that ran, level 2 (over engines running at both
+    # ends, none, it read 4: diff review)
+    def two(k: int, running: int) -> str:
+        body = scrape(k).replace(f"num_requests_running{{{L}}} 4", f"num_requests_running{{{L}}} {running}")
+        return body + "\n".join(ln.replace('engine="0"', 'engine="1"') for ln in body.splitlines()
+                                if 'engine="0"' in ln and "cache_config_info" not in ln) + "\n"
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for i, (k, running) in enumerate(((0, 4), (1, 0), (1, 0))):
+        a.ingest(parse_exposition(two(k, running), 1000.0 + 10 * i))
+    assert [level for level, *_ in a.analysis().models["m"].fits["max_num_seqs"].extra["levels"]] == [2]
+
+
 def test_an_absent_p95_and_jitter_say_why():
     # the scrapes export TTFT and the per-request TPOT histograms, no inter-token latency: the
     # ITL P95 is absent and kvhit_unknown_info says which histogram is missing; one 10-s window

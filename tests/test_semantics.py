@@ -462,9 +462,10 @@ def test_data_parallel_engines_keep_delta_and_the_capacity_counts_every_engine_b
     # load is all three's: Θ and the predicted TPM 3× one engine's, per GPU one engine's, δ one
     # engine's (the busy engine's coefficients taken as the 3 engines' read δ/3, Θ and TPM 1×,
     # per-GPU TPM 1/3×: physics audit).
-    bound, tpm, fixed = {}, {}, {}
+    bound, tpm, fixed, fitted = {}, {}, {}, {}
     for engines, idle in ((1, 0), (2, 0), (3, 2)):
-        pub = published(_simulated_engines("sweep", engines, idle))
+        pub = published(runner := _simulated_engines("sweep", engines, idle))
+        fitted[engines] = runner.current()[0].models["sim-model"]
         assert series(pub, "kvhit_load_compute_ratio")[(("model_name", "sim-model"),)] == pytest.approx(delta, rel=1e-3)
         bound[engines] = series(pub, "kvhit_capacity_bound_tokens_per_second")
         tpm[engines] = {k: v for k, v in series(pub, "kvhit_tpm_tokens_per_minute").items()
@@ -480,6 +481,12 @@ def test_data_parallel_engines_keep_delta_and_the_capacity_counts_every_engine_b
         assert tpm[3][k] == pytest.approx(v * (1.0 if ("per", "gpu") in k else 3.0), rel=1e-3), k
     # T_fixed of the 3 engines as one machine: a third of one engine's, its standard error too
     assert fixed[3] == pytest.approx([x / 3.0 for x in fixed[1]], rel=1e-3) and fixed[1][1] > 0
+    # the fit's own coefficients (what the report's residuals predict busy steps with) are the one
+    # busy engine's; calibrate's report gives T_fixed's error as published (it gave 3x)
+    from exporter.calibrate import calibrated_parameters
+    one, three = fitted[1].fitted, fitted[3].fitted
+    assert three.fit_coefficients.as_tuple() == pytest.approx(one.coefficients.as_tuple(), rel=1e-3)
+    assert calibrated_parameters(fitted[3])["t_fixed"]["stderr"] == pytest.approx(fixed[3][1], rel=1e-9)
 
 
 def test_observed_tpm_is_carried_to_the_target_hit_ratio_by_the_hit_to_hit_correction():
