@@ -229,8 +229,9 @@ class Snapshot:
             exposition's own ``engine`` labels tell.
         instance_counts: model_name → instances (pods) its signals sum, when the source told it
             (fleet mode); {}: one.
-        busy_counts: model_name → of its ``engine_counts``, those running requests throughout the
-            step that ends here, when the source told it (fleet mode); absent: not told.
+        busy_counts, active_counts: model_name → of its ``engine_counts``, those running requests
+            throughout the step that ends here, and at some point of it, when the source told it
+            (fleet mode); absent: not told.
     """
 
     timestamp: float
@@ -245,6 +246,7 @@ class Snapshot:
     engine_counts: Mapping[str, int] = field(default_factory=dict)
     instance_counts: Mapping[str, int] = field(default_factory=dict)
     busy_counts: Mapping[str, int] = field(default_factory=dict)
+    active_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def supported(self) -> bool:
@@ -501,7 +503,7 @@ class _Plan:
         None when the body is not clean or has more than PLAN_MAX_LINES lines."""
         if reference.quirks or reference.engine not in ("vllm_v1", "vllm") or not reference.models:
             return None  # a cut body is a quirk (truncated)
-        if text.count("\n") > PLAN_MAX_LINES:
+        if text.count("\n") > PLAN_MAX_LINES or "\t" in text:  # a tab: _sample_key splits at spaces
             return None
         lines, truncated = _body_lines(text)
         raw = text.split("\n")

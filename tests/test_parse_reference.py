@@ -165,6 +165,12 @@ def test_hot_path_reads_bodies_with_sample_timestamps_as_the_reference_does():
         got.parse(stamped(1796333006066), 0.0)
         want = 12345.0 if " 12345 " in body else value
         assert got.parse(body, 1.0).models[name].counters["hits"] == want
+    # a tab before the value hid the timestamp from the key's split at spaces (third review)
+    tabbed = "\n".join(x if not x or x[0] == "#" else x.replace("} ", "}\t", 1) + " 1796333008066"
+                        for x in text.split("\n"))
+    got = parse.Parser()
+    got.parse(tabbed, 0.0)
+    assert got.parse(tabbed.replace(" 1796333008066", " 1796333010066"), 1.0).models[name].counters["hits"] == value
     # timestamps on lines kvhit does not read leave the hot path to the lines it reads
     unread = "\n".join(f"{x} 1796333008066" if x.startswith("process_") and x[0] != "#" else x for x in text.split("\n"))
     hot, ref = _hot(unread, unread.replace(hits, hits.rsplit(" ", 1)[0] + " 12345"))
