@@ -33,7 +33,7 @@ from exporter.report import is_analysis, load_source, render
 from exporter.runner import Runner
 from exporter.server import config_error_app, serve, serve_app
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
-from exporter.sources import Family, LiveSource, PrometheusSource, load_trace, write_atomic
+from exporter.sources import STDOUT_PATHS, Family, LiveSource, PrometheusSource, load_trace, write_atomic
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
@@ -247,7 +247,7 @@ def _check_output(path: str | None, flag: str, directory: bool = False) -> None:
     """Refuse an output path before the work rather than after it. Raises ValueError
     ``"FLAG PATH: why"`` for a directory where a file goes (or the reverse), a missing or
     unwritable parent directory; a missing ``directory`` is fine (it is created)."""
-    if not path:
+    if not path or path in STDOUT_PATHS:  # written through stdout (write_atomic), not as a file in /dev
         return
     p = Path(path)
     if directory:

@@ -535,6 +535,7 @@ class PrometheusSource:
         self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
         self.instances: dict[str, int] = {}  # model → pods (Prometheus targets) in the last answer's output tokens
         self.busy: dict[str, int] = {}  # model → pods × engines running requests throughout the last range
+        self.active: dict[str, int] = {}  # model → pods × engines running requests at some sample of it
         self._counters = tuple(f for f in self.families if f.kind == "counter")  # _latest's and e:'s families
         self._running = next((f for f in self.families if f.name == "num_requests_running"), None)  # busy:'s
 
@@ -573,17 +574,18 @@ class PrometheusSource:
         rows = _vector(self._query(query, t, deadline), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
         # output tokens this range's sum holds (p:), not those with a sample at t
-        engines, instances, busy = ({labels.get("model_name", ""): int(value) for labels, value in rows
-                                     if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf}
-                                    for qid in ("e:", "p:", "busy:"))
+        counts = ("e:", "p:", "busy:", "active:")
+        engines, instances, busy, active = ({labels.get("model_name", ""): int(value) for labels, value in rows
+                                             if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf}
+                                            for qid in counts)
         kept = dict(self._totals), dict(self._seen), self._partial
         try:
-            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in ("e:", "p:", "busy:")], t)
+            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in counts], t)
         except Exception as exc:  # an answer no Prometheus gives (a label that is no UTF-8 text): none of it stays
             self._totals, self._seen, self._partial = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.engines, self.instances, self.busy = engines, instances, busy
+        self.engines, self.instances, self.busy, self.active = engines, instances, busy, active
         self._end, self.answer_delay = t, t - now
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then
@@ -664,19 +666,22 @@ class PrometheusSource:
         growth's start counted whole when its ``_created`` is after ``born_after`` [unix s]
         (:func:`_growth`), and per model the pods × ``engine`` labels with counters (``e:``,
         :attr:`engines`), the pods in the output tokens' growth (``p:``, :attr:`instances`) and
-        the pods × engines running requests at every sample of the range (``busy:``, :attr:`busy`)."""
+        the pods × engines running requests at every sample of the range (``busy:``, :attr:`busy`)
+        and at some sample of it (``active:``, :attr:`active`)."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
         if self._counters:
-            # the engines each model's sums add up: per-GPU TPM and the per-engine concurrency divide by them
+            # the engines each model's sums add up: per-GPU TPM divides by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
                                   f"({self._counters_selector()}))"))
         if r is not None and self._running is not None:
-            # the engines busy in the step (MODEL.md §7, per engine: analyzer._busy_in_step): the
-            # chip-time fit's coefficients are theirs as one machine, not every pod's
-            running = _preferred(f"min_over_time({{}}[{r}])", self._selector(self._running, ""))
-            queries.append(("busy:", f"count by (model_name) (count by (model_name, job, instance, engine) "
-                                     f"({running} > 0))"))
+            # the engines busy throughout the step (MODEL.md §7, per engine: analyzer._busy_in_step),
+            # whose machine the chip-time fit's coefficients are, and those running requests at some
+            # point of it, which the per-engine concurrency (max-num-seqs) divides by
+            for qid, fn in (("busy:", "min_over_time"), ("active:", "max_over_time")):
+                running = _preferred(f"{fn}({{}}[{r}])", self._selector(self._running, ""))
+                queries.append((qid, f"count by (model_name) (count by (model_name, job, instance, engine) "
+                                      f"({running} > 0))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
     def _queries(self, f: Family, r: str | None, born_after: float | None) -> list[tuple[str, str]]:
@@ -956,7 +961,7 @@ class Trace:
     meta: dict
 
 
-_STDOUT_PATHS = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")  # write_atomic: this process' stdout
+STDOUT_PATHS = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")  # write_atomic: this process' stdout
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
@@ -971,11 +976,12 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
         OSError: ``"cannot write PATH: why"``; ``path`` is then as it was before.
     """
     data = data.encode() if isinstance(data, str) else data
-    if os.fspath(path) in _STDOUT_PATHS:  # after what was printed (a pipe, `> file`), not in its place
+    if os.fspath(path) in STDOUT_PATHS:  # after what was printed (a pipe, `> file`), not in its place
         if sys.stdout is None:
             raise OSError(f"cannot write {path}: stdout is closed")
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
+        # as text through sys.stdout: kvhit's pipe guard (cli._PipeSafe) sees a reader that left;
+        # a record of its own line (the JSON ends without a newline)
+        sys.stdout.write(data.decode("utf-8", errors="replace") + ("" if data.endswith(b"\n") else "\n"))
         sys.stdout.flush()
         return
     path = Path(os.path.realpath(path))  # a symlink's target is written, the link stays

@@ -494,6 +494,31 @@ def test_metrics_out_dev_stdout_follows_the_printed_summary_and_a_closed_stdout_
                           stderr=subprocess.PIPE, text=True, env=clean_env(), timeout=120,
                           preexec_fn=lambda: os.close(1))
     assert done.returncode == 0 and not done.stderr, done.stderr
+    # two outputs on stdout: each its own lines, so the exposition after the JSON still parses
+    done = subprocess.run([*KVHIT, "replay", str(tmp_path), "--quiet", "--json", "/dev/stdout", "--metrics-out",
+                           "/dev/fd/1"], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    exposition = done.stdout[done.stdout.index("# HELP kvhit_build_info"):]
+    assert "kvhit_up" in {f.name for f in text_string_to_metric_families(exposition)}
+    # the reader leaves while the JSON is written (larger than a pipe's buffer): the fit is still saved
+    proc = subprocess.Popen([*KVHIT, "replay", str(tmp_path), "--quiet", "--json", "/dev/stdout", "--save-fit",
+                             str(tmp_path / "fit.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env())
+    assert proc.stdout.read(200)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert json.loads((tmp_path / "fit.json").read_text())["schema_version"] >= 1
+
+
+def test_an_output_to_stdout_is_not_refused_for_its_directory(monkeypatch):
+    # a user who may not write /dev was refused --metrics-out /dev/stdout ("not writable": third review)
+    from exporter import cli
+    monkeypatch.setattr(cli.os, "access", lambda *a, **k: False)
+    for path in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
+        cli._check_output(path, "--metrics-out")
+    with pytest.raises(ValueError, match="not writable"):
+        cli._check_output("/tmp/kvhit-metrics.prom", "--metrics-out")
 
 
 def test_replay_json_outputs(replayed):
