@@ -855,11 +855,12 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
                   either: bool = False) -> int:
     """Engines of ``model`` running requests at both ends of the step from ``prev`` to ``snap``
     (MODEL.md §7's busy step, per engine), or at ``either`` end (the engines a step's mean
-    running requests are on), at least 1: fleet mode's busy ones as the source told (at every
-    sample of the range; ``either``: all); ``engines`` (all of them) when nothing tells them
-    apart (fleet mode's sums without a count of busy ones, one engine)."""
+    running requests are on), at least 1: fleet mode's as the source told (at every sample of the
+    range; ``either``: at some sample); ``engines`` (all of them) when nothing tells them apart
+    (fleet mode's sums without a count of them, one engine)."""
     if model in snap.engine_counts:
-        return engines if either else max(1, min(engines, snap.busy_counts.get(model, engines)))
+        told = snap.active_counts if either else snap.busy_counts
+        return max(1, min(engines, told.get(model, engines)))
     now = snap.models[model].engines
     before = {} if prev is None or model not in prev.models else prev.models[model].engines
     if len(now) < 2:

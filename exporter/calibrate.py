@@ -433,8 +433,9 @@ def calibrated_parameters(m: ModelAnalysis) -> dict[str, dict]:
     if m.fitted is not None and chip.ok and "fixed_time" not in m.unknown:
         se = m.fitted.t_fixed_stderr  # the full-load machine's, as T_fixed
         out["t_fixed"] = _est(m.fitted.t_fixed, se if se is not None and math.isfinite(se) else None,
-                              unit="s", reason=f"t_step x {m.fitted.steps_per_request:.2f} engine steps per "
-                                                f"request (last publish window)")
+                              unit="s", reason=f"t_step of all engines at full load x "
+                                                f"{m.fitted.steps_per_request:.2f} engine steps per request (last "
+                                                f"publish window)")
     else:
         step = out["t_step"]["status"]  # withheld for T_step's status, or (T_step ok) for the steps
         out["t_fixed"] = _est(None, status="unknown" if step == "ok" else step,

@@ -105,12 +105,13 @@ class Runner:
     def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None,
                     clock_offset: float = 0.0, engine_counts: Mapping[str, int] | None = None,
                     asked: float | None = None, instance_counts: Mapping[str, int] | None = None,
-                    busy_counts: Mapping[str, int] | None = None) -> bool:
+                    busy_counts: Mapping[str, int] | None = None,
+                    active_counts: Mapping[str, int] | None = None) -> bool:
         """Parse one exposition and feed it to the analyzer. Returns True on success; never raises.
         ``clock_offset``: ``timestamp`` minus the wall clock then (parse.Snapshot.clock_offset);
-        ``engine_counts``, ``instance_counts``, ``busy_counts``: what the source told of the engines
-        and instances summed and of the engines busy (parse.Snapshot.engine_counts, instance_counts,
-        busy_counts);
+        ``engine_counts``, ``instance_counts``, ``busy_counts``, ``active_counts``: what the source
+        told of the engines and instances summed and of the engines busy (parse.Snapshot's fields
+        of these names);
         ``asked``: when the scrape was asked for, its health's last success when later than
         ``timestamp`` (fleet mode dates data where it ends, before the query: no stale scrape).
 
@@ -123,9 +124,10 @@ class Runner:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
             snap = self.parser.parse(text, timestamp)
-            if clock_offset or engine_counts or instance_counts or busy_counts:
+            if clock_offset or engine_counts or instance_counts or busy_counts or active_counts:
                 snap = replace(snap, clock_offset=clock_offset, engine_counts=dict(engine_counts or {}),
-                               instance_counts=dict(instance_counts or {}), busy_counts=dict(busy_counts or {}))
+                               instance_counts=dict(instance_counts or {}), busy_counts=dict(busy_counts or {}),
+                               active_counts=dict(active_counts or {}))
         except ParseError as exc:
             self.record_failure("parse", str(exc), duration)
             return False
@@ -209,7 +211,8 @@ class Runner:
         finally:
             self._polled = self.clock()
         return self.ingest_text(stamp, text, time.monotonic() - start, offset, getattr(source, "engines", None), asked,
-                                getattr(source, "instances", None), getattr(source, "busy", None))
+                                getattr(source, "instances", None), getattr(source, "busy", None),
+                                getattr(source, "active", None))
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer

@@ -428,9 +428,9 @@ def test_a_fleet_with_one_of_two_pods_busy_has_one_pod_s_ttft_and_two_pods_capac
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=Clock(1000.0))
     src.fetch()  # the baseline: no range
     assert "busy:" not in fake.forms[-1]["query"]
-    fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "2"), _row("busy:", "1")])
+    fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "2"), _row("busy:", "1"), _row("active:", "1")])
     src.fetch()
-    assert src.busy == {"m": 1} and src.engines == {"m": 2}
+    assert src.busy == src.active == {"m": 1} and src.engines == {"m": 2}
     assert ('"busy:"' in fake.forms[-1]["query"]
             and '(min_over_time({__name__=~"vllm:num_requests_running"}[5000ms]) or '
                 'min_over_time({__name__=~"vllm_num_requests_running"}[5000ms])) > 0' in fake.forms[-1]["query"])
@@ -1300,7 +1300,7 @@ def test_the_engines_busy_throughout_a_range_are_counted_per_model(tmp_path):
         assert src.engines == {"m": 2} and src.busy == {}
         time.sleep(2.5)
         src.fetch()
-        assert src.engines == {"m": 2} and src.busy == {"m": 1}
+        assert src.engines == {"m": 2} and src.busy == {"m": 1} and src.active == {"m": 1}
     finally:
         _stop(pods.values(), procs)
 

@@ -224,6 +224,20 @@ def test_max_num_seqs_levels_of_a_draining_step_count_the_engines_running_at_eit
     assert [level for level, *_ in a.analysis().models["m"].fits["max_num_seqs"].extra["levels"]] == [2]
 
 
+def test_max_num_seqs_levels_in_fleet_mode_count_the_engines_the_source_saw_running():
+    # fleet mode: the two engines of the test above are 2 of 4 engines summed, the 2 others idle
+    # in the range (active: 2): 8 running over 2, level 4 (over all 4 it read 2: third review)
+    def two(k: int) -> str:
+        body = scrape(k)
+        return body + "\n".join(ln.replace('engine="0"', 'engine="1"') for ln in body.splitlines()
+                                if 'engine="0"' in ln and "cache_config_info" not in ln) + "\n"
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for k in range(3):
+        snap = parse_exposition(two(k), 1000.0 + 10 * k)
+        a.ingest(replace(snap, engine_counts={"m": 4}, busy_counts={"m": 2}, active_counts={"m": 2}))
+    assert a.analysis().models["m"].fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]
+
+
 def test_an_absent_p95_and_jitter_say_why():
     # the scrapes export TTFT and the per-request TPOT histograms, no inter-token latency: the
     # ITL P95 is absent and kvhit_unknown_info says which histogram is missing; one 10-s window
