@@ -460,7 +460,8 @@ class Analyzer:
         # the fit's coefficients are the engines busy in its steps as one machine; what is predicted
         # from them is the capacity at full load, all ``engines`` busy: × busy / engines (engines
         # idle in the fit's steps, a fleet scaled up since: the busy ones' read as all engines')
-        full = _busy_engines(st, engines) / engines
+        busy = _busy_engines(st, engines)
+        full = busy / engines
         coef = None if coef is None else coef.per_engine(full)
         cov = None if chip.covariance is None else tuple(tuple(full * full * c for c in row) for row in chip.covariance)
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": _overlap_identified(mf.overlap, chip),
@@ -499,8 +500,7 @@ class Analyzer:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
-        fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines,
-                              _busy_engines(st, engines))
+        fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines, busy)
         if (fits["load_aware"].ok or fits["overlap"].ok) and (
                 problem := _prefill_unidentified(fitted, st.latency.extreme_points())):
             if fits["load_aware"].ok:

@@ -991,7 +991,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
             old = path.stat()
         except FileNotFoundError:
             old = None
-        if old is not None and not stat.S_ISREG(old.st_mode):  # /dev/stdout, a FIFO: no file to replace
+        if old is not None and not stat.S_ISREG(old.st_mode):  # a FIFO, a device: no file to replace
             with open(path, "wb") as f:
                 f.write(data)
             return
