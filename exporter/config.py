@@ -74,11 +74,13 @@ does not depend on: they are rejected with a message saying so.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import math
 import os
 import re
 import signal
+import socket
 import ssl
 import stat
 import threading
@@ -517,12 +519,27 @@ def listen_address(listen: str, key: str, any_port: bool = False) -> tuple[str, 
     interface); port 1-65535, or 0 (any free port) with ``any_port``.
 
     Raises:
-        ConfigError: not of that form; the message starts with ``key``.
+        ConfigError: not of that form, an IPv6 ADDR not in brackets, or an ADDR that is not an
+            address and does not resolve; the message starts with ``key``.
     """
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
         raise ConfigError(f"{key}: expected ADDR:PORT, got {listen!r}")
-    return host.strip("[]"), int(port)
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ConfigError(f"{key}: {host} is not an IPv6 address, in {listen!r}") from None
+        return host[1:-1], int(port)
+    if ":" in host or "[" in host or "]" in host:
+        raise ConfigError(f"{key}: expected ADDR:PORT (an IPv6 ADDR in brackets), got {listen!r}")
+    if host:
+        try:  # a name that does not resolve is refused here, as a bad key, not when binding
+            socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise ConfigError(f"{key}: cannot resolve {host!r} ({getattr(exc, 'strerror', None) or exc}), "
+                              f"in {listen!r}") from None
+    return host, int(port)
 
 
 def listening(bind: Callable[[], T], where: str) -> T:
