@@ -170,7 +170,8 @@ class LiveSource:
     awaited, and the body's deadline is checked after every socket read, each waiting at most
     the time left; a redirect's body too), ``http_<status>`` (any status but 200 after
     redirects), ``redirect`` (more than ``max_redirects``), ``too_large`` (over ``max_bytes``, by Content-Length before reading or
-    while reading, counted after gzip decoding so a gzip bomb is cut at the cap), ``encoding``
+    while reading, counted after gzip decoding so a gzip bomb is cut at the cap; or headers over
+    http.client's limits: more than 100 lines, a line over 64 KiB), ``encoding``
     (a Content-Encoding other than gzip/deflate/identity, or a corrupt one), ``incomplete``
     (the connection broke inside the body), ``error`` (anything else).
 
@@ -296,6 +297,9 @@ class LiveSource:
             # urllib3 wraps a connection that was made and then lost in ProtocolError; a refused
             # or unresolvable one in MaxRetryError(NewConnectionError)
             if any(isinstance(a, ProtocolError) for a in exc.args):
+                if "got more than" in str(exc):  # http.client's words for its header limits (LineTooLong too)
+                    raise ScrapeError("too_large", f"{where} answered with headers over http.client's limits (100 "
+                                                   "lines, 64 KiB a line): not a /metrics answer") from None
                 raise ScrapeError("no_answer", f"{where} accepted the connection and closed it without an HTTP "
                                                "answer") from None
             # first: a proxy's own failure wraps a refused connection or an unresolved name, its own

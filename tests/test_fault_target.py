@@ -192,6 +192,17 @@ class Target:
             pass
         h.close_connection = True
 
+    def mode_many_headers(self, h) -> None:  # over http.client's 100 header lines
+        h.send_response(200)
+        for i in range(101):
+            h.send_header(f"X-Many-{i}", "1")
+        h.end_headers()
+
+    def mode_long_header(self, h) -> None:  # one header line over http.client's 64 KiB
+        h.send_response(200)
+        h.send_header("X-Long", "x" * 70000)
+        h.end_headers()
+
     def mode_oversize(self, h) -> None:
         line = f'vllm:num_requests_running{{engine="0",model_name="{SECRET}"}} 1.0\n'.encode()
         self.send(h, 200, line * (CAP // len(line) + 10))
@@ -405,6 +416,8 @@ FAULTS = {
     "oversize": "too_large",
     "oversize_chunked": "too_large",
     "gzip_bomb": "too_large",
+    "many_headers": "too_large",  # was no_answer: "closed it without an HTTP answer"
+    "long_header": "too_large",
     "cut": "incomplete",
     "hangup": "no_answer",
     "brotli": "encoding",
