@@ -666,6 +666,11 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
     if w.spikes:
         unknown.setdefault("hit_ratio", SPIKE_IN_WINDOW)
         return out
+    if w.rescaled:
+        unknown.setdefault("hit_ratio", "the model's data-parallel engines changed inside the publish window (an "
+                                        "engine label appeared or went: DP scaled, or one body lacked an engine): no "
+                                        "increases across that step, unknown until it leaves the window")
+        return out
     if "hit_ratio" not in unknown and not {"queries", "hits"} <= set(w.counters):
         unknown["hit_ratio"] = ("prefix_cache_queries/hits missing at a scrape inside the publish window (a cut or "
                                 "bad body): unknown until that scrape leaves the window")

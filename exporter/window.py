@@ -127,6 +127,8 @@ class Delta:
         spikes: number of steps inside the interval in which a token counter rose over its peak
             by exporter/analyzer.py SPIKE_FACTOR (marked by the analyzer: :meth:`Windows.mark_spike`,
             on arrival, cleared when the next step shows traffic).
+        rescaled: number of steps inside the interval across which the model's set of
+            data-parallel engines changed (no increases: :func:`step_delta`).
         instance_seconds: Σ instances × step length over the interval [instance·s], each step's
             instances those its end snapshot's sums came from (:attr:`Snapshot.instance_counts`:
             fleet mode's pods); None when a step's snapshot did not tell them.
@@ -146,6 +148,7 @@ class Delta:
     partial: frozenset[str] = frozenset()
     spikes: int = 0
     instance_seconds: float | None = None
+    rescaled: int = 0
 
     @property
     def dt(self) -> float:
@@ -210,7 +213,7 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     running = None if r0 is None or r1 is None else (r0 + r1) / 2.0 * (t1 - t0)
     if prev.engines and cur.engines:
         if set(prev.engines) != set(cur.engines):
-            return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, resets=0, running_seconds=running)
+            return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, rescaled=1, running_seconds=running)
         parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset, known)
                  for e in sorted(cur.engines)]
     else:
@@ -299,6 +302,7 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
                  glitches=sum(d.glitches for d in deltas), spikes=sum(d.spikes for d in deltas),
+                 rescaled=sum(d.rescaled for d in deltas),
                  running_seconds=None if None in running else math.fsum(running),
                  instance_seconds=None if None in instances else math.fsum(instances),
                  # a counter's presence changes only across a step, which lists it

@@ -242,6 +242,19 @@ def test_missing_hit_counters_are_unknown_never_zero():
         pytest.approx(3960.0)
 
 
+def test_an_engine_appearing_says_so_instead_of_blaming_a_cut_body():
+    # engine 1 appears at the second scrape (DP scaled up): that step has no increases, so h is
+    # unknown; the reason said "missing at a scrape … (a cut or bad body)", which no body was.
+    line = 'vllm:prefix_cache_{kind}_total{{engine="{e}",model_name="m"}} {v}\n'
+
+    def body(*engines: str) -> str:
+        return "".join(line.format(kind=k, e=e, v=v) for e in engines for k, v in (("queries", 1000.0), ("hits", 500.0)))
+    pub = published(run(body("0"), body("0", "1")))
+    assert series(pub, "kvhit_hit_ratio") == {}
+    reason = info(pub, "kvhit_unknown_info", "signal")["hit_ratio"]
+    assert reason.startswith("the model's data-parallel engines changed inside the publish window"), reason
+
+
 def test_physical_tpm_without_local_compute_counter_uses_the_window_hit_ratio():
     # vLLM < 0.16 (no prompt_tokens_by_source): the miss prompt tokens are prompt·(1 − h) of the
     # window (MODEL.md §3.4 physical). Δq = 1000, Δk = 400 (no connector: h_load 0) → h = 0.4;

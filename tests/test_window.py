@@ -591,7 +591,7 @@ def test_engine_set_changed_step_has_no_increases():
     two = dp(5, 150, 900, 0, 0)
     # engine 1 appears with a lifetime total of 900: adding it would inflate the step by 900
     d = step_delta(one, two, 0.0, 5.0)
-    assert d.counters == {} and d.histograms == {} and d.resets == 0
+    assert d.counters == {} and d.histograms == {} and d.resets == 0 and d.rescaled == 1
 
 
 def test_cut_body_is_neither_a_restart_nor_a_partial_sum():
