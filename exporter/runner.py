@@ -52,6 +52,8 @@ _STEP_NOTES = ("the engine restarted (every _created moved, or a counter went do
                "stayed up): that step is kept from the fits and the 24 h rollup")
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
 DEFAULT_MAX_SERIES = 64
+# a source's counts (PrometheusSource.counts) → the Snapshot field each sets
+_COUNTS = {"engines": "engine_counts", "instances": "instance_counts", "busy": "busy_counts", "active": "active_counts"}
 
 
 class SteadyClock:
@@ -103,15 +105,13 @@ class Runner:
     # --- input -----------------------------------------------------------------------------
 
     def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None,
-                    clock_offset: float = 0.0, engine_counts: Mapping[str, int] | None = None,
-                    asked: float | None = None, instance_counts: Mapping[str, int] | None = None,
-                    busy_counts: Mapping[str, int] | None = None,
-                    active_counts: Mapping[str, int] | None = None) -> bool:
+                    clock_offset: float = 0.0, asked: float | None = None,
+                    counts: Mapping[str, Mapping[str, int]] | None = None) -> bool:
         """Parse one exposition and feed it to the analyzer. Returns True on success; never raises.
         ``clock_offset``: ``timestamp`` minus the wall clock then (parse.Snapshot.clock_offset);
-        ``engine_counts``, ``instance_counts``, ``busy_counts``, ``active_counts``: what the source
-        told of the engines and instances summed and of the engines busy (parse.Snapshot's fields
-        of these names);
+        ``counts``: what the source told of each model (model → count): "engines" and "instances"
+        summed, "busy" and "active" engines (parse.Snapshot's ``engine_counts``, ``instance_counts``,
+        ``busy_counts``, ``active_counts``; fleet mode: PrometheusSource.counts);
         ``asked``: when the scrape was asked for, its health's last success when later than
         ``timestamp`` (fleet mode dates data where it ends, before the query: no stale scrape).
 
@@ -124,10 +124,9 @@ class Runner:
             if isinstance(text, bytes):
                 text = text.decode("utf-8", errors="replace")
             snap = self.parser.parse(text, timestamp)
-            if clock_offset or engine_counts or instance_counts or busy_counts or active_counts:
-                snap = replace(snap, clock_offset=clock_offset, engine_counts=dict(engine_counts or {}),
-                               instance_counts=dict(instance_counts or {}), busy_counts=dict(busy_counts or {}),
-                               active_counts=dict(active_counts or {}))
+            if clock_offset or counts:
+                snap = replace(snap, clock_offset=clock_offset,
+                               **{field: dict((counts or {}).get(kind, {})) for kind, field in _COUNTS.items()})
         except ParseError as exc:
             self.record_failure("parse", str(exc), duration)
             return False
@@ -210,9 +209,7 @@ class Runner:
             return False
         finally:
             self._polled = self.clock()
-        return self.ingest_text(stamp, text, time.monotonic() - start, offset, getattr(source, "engines", None), asked,
-                                getattr(source, "instances", None), getattr(source, "busy", None),
-                                getattr(source, "active", None))
+        return self.ingest_text(stamp, text, time.monotonic() - start, offset, asked, getattr(source, "counts", None))
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer

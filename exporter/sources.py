@@ -536,10 +536,10 @@ class PrometheusSource:
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self._unwatched = False  # some pod's up was not selected at the last poll (logged when it changes)
-        self.engines: dict[str, int] = {}  # model → pods × data-parallel engines of the last answer
-        self.instances: dict[str, int] = {}  # model → pods (Prometheus targets) in the last answer's output tokens
-        self.busy: dict[str, int] = {}  # model → pods × engines running requests throughout the last range
-        self.active: dict[str, int] = {}  # model → pods × engines running requests at some sample of it
+        # what the last answer told of each model (model → count): "engines", pods × data-parallel
+        # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
+        # running requests throughout the range; "active", at some sample of it
+        self.counts: dict[str, dict[str, int]] = {}
         self._counters = tuple(f for f in self.families if f.kind == "counter")  # _latest's and e:'s families
         self._running = next((f for f in self.families if f.name == "num_requests_running"), None)  # busy:'s
 
@@ -578,18 +578,18 @@ class PrometheusSource:
         rows = _vector(self._query(query, t, deadline), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
         # output tokens this range's sum holds (p:), not those with a sample at t
-        counts = ("e:", "p:", "busy:", "active:")
-        engines, instances, busy, active = ({labels.get("model_name", ""): int(value) for labels, value in rows
-                                             if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf}
-                                            for qid in counts)
+        queries = {"e:": "engines", "p:": "instances", "busy:": "busy", "active:": "active"}
+        counts = {kind: {labels.get("model_name", ""): int(value) for labels, value in rows
+                         if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf}
+                  for qid, kind in queries.items()}
         kept = dict(self._totals), dict(self._seen), self._partial
         try:
-            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in counts], t)
+            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in queries], t)
         except Exception as exc:  # an answer no Prometheus gives (a label that is no UTF-8 text): none of it stays
             self._totals, self._seen, self._partial = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.engines, self.instances, self.busy, self.active = engines, instances, busy, active
+        self.counts = counts
         self._end, self.answer_delay = t, t - now
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then

@@ -405,12 +405,12 @@ def test_per_gpu_tpm_and_the_per_engine_concurrency_divide_by_the_fleet_s_engine
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
     fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "3")])
     t, text = src.fetch()
-    assert src.engines == {"m": 3} and "e:" not in text and "kvhit_query" not in text
+    assert src.counts["engines"] == {"m": 3} and "e:" not in text and "kvhit_query" not in text
     sc = simulate.Scenario(schedule=(simulate.Segment("step", 120.0, 0.5),), model_name=MODEL)
     fleet, pod = (Runner(Config(), "http://prometheus:9090", clock=lambda: sc.start + 120.0, scope="fleet"),
                   Runner(Config(), "http://prometheus:9090", clock=lambda: sc.start + 120.0))
     for t, text, _ in simulate.generate(sc):
-        assert fleet.ingest_text(t, text, engine_counts={MODEL: 2}) and pod.ingest_text(t, text)
+        assert fleet.ingest_text(t, text, counts={"engines": {MODEL: 2}}) and pod.ingest_text(t, text)
     m_fleet, m_pod = fleet.current()[0].models[MODEL], pod.current()[0].models[MODEL]
     instance = m_fleet.tpm_observed[("delivered", "instance")]
     assert instance == m_pod.tpm_observed[("delivered", "instance")] > 0
@@ -430,7 +430,7 @@ def test_a_fleet_with_one_of_two_pods_busy_has_one_pod_s_ttft_and_two_pods_capac
     assert "busy:" not in fake.forms[-1]["query"]
     fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "2"), _row("busy:", "1"), _row("active:", "1")])
     src.fetch()
-    assert src.busy == src.active == {"m": 1} and src.engines == {"m": 2}
+    assert src.counts["busy"] == src.counts["active"] == {"m": 1} and src.counts["engines"] == {"m": 2}
     assert ('"busy:"' in fake.forms[-1]["query"]
             and '(min_over_time({__name__=~"vllm:num_requests_running"}[5000ms]) or '
                 'min_over_time({__name__=~"vllm_num_requests_running"}[5000ms])) > 0' in fake.forms[-1]["query"])
@@ -441,7 +441,7 @@ def test_a_fleet_with_one_of_two_pods_busy_has_one_pod_s_ttft_and_two_pods_capac
     fleet, pod = (Runner(cfg, "http://prometheus:9090", clock=lambda: 0.0, scope="fleet"),
                   Runner(cfg, "http://prometheus:9090", clock=lambda: 0.0))
     for t, text, _ in simulate.generate(sc):
-        assert fleet.ingest_text(t, text, engine_counts={MODEL: 2}, busy_counts={MODEL: 1}) and pod.ingest_text(t, text)
+        assert fleet.ingest_text(t, text, counts={"engines": {MODEL: 2}, "busy": {MODEL: 1}}) and pod.ingest_text(t, text)
     m_fleet, m_pod = fleet.current()[0].models[MODEL], pod.current()[0].models[MODEL]
     assert m_fleet.predictions.keys() == {"current", "target"}
     for which in ("current", "target"):
@@ -462,7 +462,7 @@ def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens
     src = PrometheusSource(fake.url, FAMILIES + (Family("generation_tokens", "counter"),), interval=5.0, clock=clock)
     fake.answer([_row("c:generation_tokens", "100"), _row("n:generation_tokens", "4"), _row("p:", "3"), _row("e:", "8")])
     t, text = src.fetch()
-    assert src.instances == {"m": 3} and src.engines == {"m": 8} and "p:" not in text
+    assert src.counts["instances"] == {"m": 3} and src.counts["engines"] == {"m": 8} and "p:" not in text
 
     def sample(text: str, name: str) -> float:
         return float(re.search(rf"^vllm:{name}\{{[^}}]*\}} (\S+)$", text, re.M).group(1))
@@ -485,7 +485,7 @@ def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens
     for pods in (lambda i: 4, lambda i: 2 if i < len(frames) - 6 else 6):
         fleet = Runner(cfg, "http://prometheus:9090", clock=lambda: frames[-1][0], scope="fleet")
         for i, (t, text, _) in enumerate(frames):
-            assert fleet.ingest_text(t, scaled(text, 4), engine_counts={MODEL: 4}, instance_counts={MODEL: pods(i)})
+            assert fleet.ingest_text(t, scaled(text, 4), counts={"engines": {MODEL: 4}, "instances": {MODEL: pods(i)}})
         cost = fleet.current()[0].models[MODEL].slo_cost
         # by hand: SLOs no request misses (pass 1), one pod's output tokens over the 60 s window (its
         # 12 steps of 5 s); the pods, 4 throughout, or 2 for 6 steps and 6 for the last 6: 4 on average
@@ -497,7 +497,7 @@ def test_a_fleet_s_cost_per_million_slo_tokens_is_its_pods_price_over_its_tokens
     # the pods unknown (the source told none): no cost, and why
     blind = Runner(cfg, "http://prometheus:9090", clock=lambda: frames[-1][0], scope="fleet")
     for t, text, _ in frames:
-        blind.ingest_text(t, scaled(text, 4), engine_counts={MODEL: 4})
+        blind.ingest_text(t, scaled(text, 4), counts={"engines": {MODEL: 4}})
     m = blind.current()[0].models[MODEL]
     assert m.slo_cost.cost_lower is None and "pods the model's output tokens come from" in m.unknown[
         "cost_per_million_slo_output_tokens_lower"]
@@ -601,7 +601,7 @@ def test_an_answer_kvhit_cannot_render_adds_nothing_to_the_totals(fake):
     # the growth since 2000 (both ranges); an engine count of +Inf is none (it raised OverflowError)
     fake.answer([_row("c:prefix_cache_queries", "200"), ({"kvhit_query": "e:", "model_name": "m"}, "+Inf")])
     assert dict(parse_exposition(src.fetch()[1], 2010.0).models["m"].counters) == {"queries": 1200.0}
-    assert src.engines == {}
+    assert src.counts["engines"] == {}
 
 
 def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, caplog):
@@ -1297,10 +1297,10 @@ def test_the_engines_busy_throughout_a_range_are_counted_per_model(tmp_path):
         src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("num_requests_running", "gauge")),
                                interval=2.0)
         src.fetch()  # the baseline: no range, no count of busy engines
-        assert src.engines == {"m": 2} and src.busy == {}
+        assert src.counts["engines"] == {"m": 2} and src.counts["busy"] == {}
         time.sleep(2.5)
         src.fetch()
-        assert src.engines == {"m": 2} and src.busy == {"m": 1} and src.active == {"m": 1}
+        assert src.counts["engines"] == {"m": 2} and src.counts["busy"] == {"m": 1} and src.counts["active"] == {"m": 1}
     finally:
         _stop(pods.values(), procs)
 
@@ -1380,7 +1380,7 @@ def test_the_pods_priced_are_those_with_output_tokens_in_the_range_idle_or_busy_
         poll = _poller(src, [])
         for step in range(5):
             poll()
-            seen.append(dict(src.instances))
+            seen.append(dict(src.counts["instances"]))
             if step == 2:
                 discover(("a", "c"))  # b scaled down: Prometheus drops its target, marks its series stale
                 wait_for(lambda: not prometheus_query(prom, 'up{pod="b"}'), 30, "b's target gone")
