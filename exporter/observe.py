@@ -142,6 +142,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     r0, r1 = delta.start.get("running"), delta.end.get("running")
     busy = bool(r0 and r1 and r0 > 0 and r1 > 0 and steps > 0 and delta.resets == 0 and not ctx.unobserved)
     prefill = delta.histograms.get("prefill_time")
+    ttft = delta.histograms.get("ttft")
     hint = ""
     if delta.resets:
         hint = "counter reset"
@@ -165,6 +166,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
         prefill_time_mean=histogram_mean(delta, "prefill_time"),
         queue_time_mean=histogram_mean(delta, "queue_time"),
         ttft_mean=histogram_mean(delta, "ttft"),
+        ttft_count=ttft.count if ttft is not None else 0.0,
         running=None if delta.running_seconds is None or delta.dt <= 0 else delta.running_seconds / delta.dt,
         waiting=delta.end.get("waiting"),
         anomaly_hint=hint,

@@ -160,13 +160,14 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
         others = [o for o in steps if id(o) not in ids]
         ttft, ttft_pred = phase_ttft(inside, others, coef)
         tps = [o.miss_tps for o in busy if o.miss_tps is not None]
-        prefill = [o.prefill_time_mean for o in inside if o.prefill_time_mean is not None]
+        # means of the phase's requests, ΣΔsum / ΣΔcount (MODEL.md §2), not of its steps' means
+        prefill = _weighted([(o.requests_finished, o.prefill_time_mean) for o in inside if o.prefill_time_mean is not None])
         out.append(PhaseSummary(
             name=phase.get("name", "?"), designed_hit_ratio=phase.get("intended_hit_ratio"),
             steps=len(inside), busy_steps=len(busy), hit_ratio=h, busy_seconds=busy_s,
             predicted_busy_seconds=predicted, busy_error=err,
             miss_tps=sum(tps) / len(tps) if tps else None,
-            prefill_seconds=sum(prefill) / len(prefill) if prefill else None,
+            prefill_seconds=prefill,
             ttft_seconds=ttft, predicted_ttft_seconds=ttft_pred,
             ttft_error=ttft_pred / ttft - 1.0 if ttft_pred is not None and ttft else None,
         ))
@@ -181,17 +182,18 @@ def phase_ttft(inside: list[Observation], others: list[Observation],
     mean queue time + c(running)·(t_step + T_compute(h)) + visible load, with c = c0 + c1·running
     fitted by :func:`fitters.latency.fit_latency` on ``others`` (the steps outside the phase)
     with ``coef`` (the chip-time fit without the phase). Both means are over the same steps —
-    those with finished requests, known TTFT, queue time, running, ISL and h and no anomaly —
-    weighted by finished requests. The observed mean is over every step with a TTFT when no
-    prediction is possible (no chip-time fit, load-aware fit not ok, a step needs α).
+    those with finished requests (a queue time), known TTFT, running, ISL and h and no anomaly —
+    weighted by first tokens: the observed one is then ΣΔsum / ΣΔcount of the TTFT histogram over
+    those steps (MODEL.md §2). When no prediction is possible (no chip-time fit, load-aware fit
+    not ok, a step needs α), the observed mean is over every step of the phase with a TTFT.
     """
-    usable = [o for o in inside if o.requests_finished > 0 and o.ttft_mean is not None and not o.anomaly_hint]
-    observed = _weighted([(o.requests_finished, o.ttft_mean) for o in usable])
+    observed = _weighted([(o.ttft_count, o.ttft_mean) for o in inside if o.ttft_mean is not None])
     if coef is None:
         return observed, None
     la, _ = fit_latency([s for o in others if (s := LatencySample.from_observation(o)) is not None], coef, None, None)
     if not la.ok:
         return observed, None
+    usable = [o for o in inside if o.requests_finished > 0 and o.ttft_mean is not None and not o.anomaly_hint]
     c0, c1 = la.params["c0"].value, la.params["c1"].value if la.params["c1"].ok else 0.0
     pairs = []
     for o in usable:
@@ -203,7 +205,7 @@ def phase_ttft(inside: list[Observation], others: list[Observation],
             latency = None
         if latency is None:
             return observed, None
-        pairs.append((o.requests_finished, o.ttft_mean, o.queue_time_mean + latency))
+        pairs.append((o.ttft_count, o.ttft_mean, o.queue_time_mean + latency))
     if not pairs:
         return observed, None
     return _weighted([(n, y) for n, y, _ in pairs]), _weighted([(n, p) for n, _, p in pairs])

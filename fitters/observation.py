@@ -33,6 +33,7 @@ class Observation:
         prefill_time_mean: mean ``request_prefill_time_seconds`` of requests finished in the step [s].
         queue_time_mean: mean ``request_queue_time_seconds`` of those requests [s].
         ttft_mean: mean ``time_to_first_token_seconds`` observed in the step [s].
+        ttft_count: Δcount of ``time_to_first_token_seconds``: first tokens in the step [1].
         running: time-averaged ``num_requests_running`` over the interval (the trapezoid of its
             scrapes; of a step: the mean of its two scrapes) [1].
         waiting: ``num_requests_waiting`` at the later scrape [1].
@@ -57,6 +58,7 @@ class Observation:
     prefill_time_mean: float | None = None
     queue_time_mean: float | None = None
     ttft_mean: float | None = None
+    ttft_count: float = 0.0
     running: float | None = None
     waiting: float | None = None
     anomaly_hint: str = ""

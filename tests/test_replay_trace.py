@@ -68,6 +68,9 @@ def raw():
             "queries": _series_sum(text, "vllm:prefix_cache_queries_total"),
             "running": _series_sum(text, "vllm:num_requests_running"),
             "iter_count": _series_sum(text, "vllm:iteration_tokens_total_count"),
+            **{f"{key}_{part}": _series_sum(text, f"vllm:{name}_{part}")
+               for key, name in (("prefill", "request_prefill_time_seconds"), ("ttft", "time_to_first_token_seconds"))
+               for part in ("sum", "count")},
         })
     assert len(phases) == 12
     return rows, phases
@@ -113,6 +116,27 @@ def test_phase_hit_ratio_is_measured_delta_ratio(raw, result):
         differs.append(abs(s.hit_ratio - phase["intended_hit_ratio"]) > 1e-3)
     # Measured, not designed: whole blocks and the never-hit last token move it off the design.
     assert any(differs), [(s.name, s.hit_ratio, s.designed_hit_ratio) for s in summaries]
+
+
+def test_phase_prefill_and_ttft_are_the_means_of_the_phase_requests(raw, result):
+    # MODEL.md §2: a mean is ΣΔsum / ΣΔcount, over the phase's requests. kvhit averaged its
+    # steps' prefill means (A0 read 1.045 s for 1.087 s) and weighted the steps' TTFT means by
+    # finished requests, not by first tokens (A0 −4 %).
+    rows, phases = raw
+    for phase, s in zip(phases, result.phases[MODEL_NAME]):
+        inside = _inside(rows, phase)
+        first, last = inside[0], inside[-1]
+        n = last["prefill_count"] - first["prefill_count"]
+        assert n > 0, phase["name"]
+        assert s.prefill_seconds == pytest.approx((last["prefill_sum"] - first["prefill_sum"]) / n, rel=1e-9), \
+            phase["name"]
+        # the observed TTFT compared with the prediction: the steps in which requests finished
+        # (their queue time is known; no step of this trace lacks h, ISL or running)
+        pairs = [(b["ttft_sum"] - a["ttft_sum"], b["ttft_count"] - a["ttft_count"]) for a, b in zip(inside, inside[1:])
+                 if b["prefill_count"] > a["prefill_count"] and b["ttft_count"] > a["ttft_count"]]
+        assert s.predicted_ttft_seconds is not None, phase["name"]
+        assert s.ttft_seconds == pytest.approx(math.fsum(x for x, _ in pairs) / math.fsum(c for _, c in pairs),
+                                               rel=1e-9), phase["name"]
 
 
 # ---- busy time: independent busy seconds, leave-one-phase-out prediction ----------------------
