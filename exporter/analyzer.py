@@ -19,7 +19,7 @@ from exporter.engines import missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               kv_capacity_tokens, observe, request_isl, window_notes)
 from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
-from exporter.window import Delta, HistogramDelta, Windows
+from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import ChipTimeFitter, observed_regressors
@@ -997,7 +997,8 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     p95 = {}
     for key, family in (("ttft", "ttft"), ("tpot_request", "request_tpot"), ("itl", "itl")):
         h = w.histograms.get(family)
-        q = None if h is None else quantile(h.buckets, h.count, P95)
+        # buckets that disagree with _sum (vLLM 0.5.1's TTFT: all in le=0.001, a mean of 1.5 s) give no quantile
+        q = None if h is None or h.problem == SUM_DISAGREES else quantile(h.buckets, h.count, P95)
         if q is not None:
             p95[key] = q
         else:
@@ -1005,6 +1006,8 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
                 snap.engine, snap.name_prefix, HISTOGRAMS[family],
                 "no {} histogram with buckets in the publish window" if h is None or not h.buckets
                 else "no observation in the publish window (no data, not 0)" if h.count <= 0
+                else "{}: " + SUM_DISAGREES + " in the publish window (which is wrong cannot be told)"
+                if h.problem == SUM_DISAGREES
                 else "{}: the P95 lies above every finite bucket edge"))
     out["p95"] = p95
     ttft_slo, tpot_slo = cfg.slo.ttft_seconds, cfg.slo.tpot_seconds
@@ -1014,6 +1017,9 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     elif ttft is None or tpot is None:
         unknown.setdefault("slo_pass_ratio", "no time_to_first_token or TPOT/inter-token latency histogram with "
                                              "buckets in the publish window")
+    elif SUM_DISAGREES in (ttft.problem, tpot.problem):
+        unknown.setdefault("slo_pass_ratio", f"the {'TTFT' if ttft.problem == SUM_DISAGREES else 'TPOT'} histogram's "
+                                             f"{SUM_DISAGREES} in the publish window (which is wrong cannot be told)")
     else:
         a, b = slo_shares(ttft.buckets, ttft.count, ttft_slo), slo_shares(tpot.buckets, tpot.count, tpot_slo)
         if a is None or b is None:

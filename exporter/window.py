@@ -99,7 +99,7 @@ class HistogramDelta(Buckets):
             hi = math.inf
         tol = 1e-6 * max(abs(self.sum), lo, 1e-12)
         if self.sum < lo - tol or self.sum > hi + tol:
-            return "_sum disagrees with the buckets"
+            return SUM_DISAGREES
         return ""
 
 
@@ -331,6 +331,7 @@ class ModelWindow:
         return add_deltas(list(self.steps), counters, histograms)
 
 
+SUM_DISAGREES = "_sum disagrees with the buckets"  # HistogramDelta.problem: one of them is wrong, which is unknown
 KNOWN_PROCESSES = 16  # processes remembered per model (_step_kind's known: a URL reaching several pods)
 
 

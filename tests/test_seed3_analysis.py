@@ -73,6 +73,21 @@ def _series(analysis) -> dict:
     return out
 
 
+def test_a_ttft_sum_the_buckets_cannot_hold_gives_no_p95_and_no_slo_pass_ratio():
+    # 10 first tokens in the window: 6 ≤ 0.5 s, 3 ≤ 1 s, 1 ≤ 2 s, so Δsum ≤ 6·0.5 + 3·1 + 1·2 = 8 s;
+    # a _sum of 60 s per 10 cannot be: the buckets gave P95 1.5 s and p_ttft ∈ [0.9, 1] anyway
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for k in range(3):
+        text = scrape(k)
+        line = next(ln for ln in text.splitlines() if ln.startswith("vllm:time_to_first_token_seconds_sum"))
+        a.ingest(parse_exposition(text.replace(line, f"{line.rpartition(' ')[0]} {60.0 * k}"), 1000.0 + 10 * k))
+    m = a.analysis().models["m"]
+    assert "ttft" not in m.p95 and m.p95["tpot_request"] == pytest.approx(0.0875, rel=1e-12)
+    assert "_sum disagrees with the buckets" in m.unknown["observed_p95_ttft"]
+    assert m.slo_cost is None
+    assert m.unknown["slo_pass_ratio"].startswith("the TTFT histogram's _sum disagrees with the buckets")
+
+
 def test_window_cost_pass_bounds_caching_and_sizing_by_hand():
     m = _analysis().models["m"]
     c = m.slo_cost

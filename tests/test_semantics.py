@@ -310,6 +310,12 @@ def test_ttft_sum_disagreeing_with_buckets_is_unknown_with_the_reason():
     assert series(pub, "kvhit_observed_ttft_seconds") == {}
     assert info(pub, "kvhit_unknown_info", "signal")["observed_ttft"] == \
         "vllm:time_to_first_token_seconds: _sum disagrees with the buckets in the publish window"
+    # nor is a P95 read from those buckets (0.95 ms was published beside a mean of 0.5 s), nor
+    # the SLO pass ratio they would give (100 % under any TTFT SLO)
+    assert not [k for k in series(pub, "kvhit_observed_p95_seconds") if ("quantity", "ttft") in k]
+    assert info(pub, "kvhit_unknown_info", "signal")["observed_p95_ttft"] == \
+        "vllm:time_to_first_token_seconds: _sum disagrees with the buckets in the publish window (which is wrong " \
+        "cannot be told)"
     # a _sum the buckets allow (0.104 s ≤ 208 · 0.001): mean 0.104/208 = 0.0005 s
     pub = published(run(TTFT.format(n=0.0, s=0.0), TTFT.format(n=208.0, s=0.104)))
     assert series(pub, "kvhit_observed_ttft_seconds")[(("model_name", "m"),)] == pytest.approx(0.0005)
