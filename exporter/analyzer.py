@@ -653,6 +653,10 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
     if problem:
         unknown.setdefault("hit_ratio", problem)
         return out
+    if ctx.hit_unit == "blocks" and ctx.block_size is None:
+        unknown.setdefault("hit_ratio", "prefix_cache_queries/hits count KV blocks (vLLM 0.7-0.8) and no cache_config_info "
+                                        "gives block_size: the tokens they stand for cannot be counted")
+        return out
     if w.foreign:
         unknown.setdefault("hit_ratio", "scrapes from two processes inside the publish window (_created moved to before "
                                         "the previous scrape: does the target URL reach several pods?): unknown until "

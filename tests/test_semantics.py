@@ -82,6 +82,16 @@ def test_block_counters_say_so_and_scale_by_block_size():
     assert "block-level" in info(pub, "kvhit_warning_info", "warning")["hit_unit_blocks"]
 
 
+def test_block_counters_without_a_block_size_say_why_h_is_unknown():
+    # no cache_config_info: blocks cannot become tokens; h was withheld without a word
+    no_config = lambda s: "".join(ln + "\n" for ln in s.splitlines() if "cache_config_info" not in ln)  # noqa: E731
+    pub = published(run(no_config(BLOCKS.format(unit="blocks", q=12.0, k=3.0)),
+                        no_config(BLOCKS.format(unit="blocks", q=22.0, k=8.0))))
+    assert series(pub, "kvhit_hit_ratio") == {}
+    assert info(pub, "kvhit_unknown_info", "signal")["hit_ratio"].startswith(
+        "prefix_cache_queries/hits count KV blocks (vLLM 0.7-0.8) and no cache_config_info gives block_size")
+
+
 def test_same_counters_with_token_help_have_no_block_warning():
     pub = published(run(BLOCKS.format(unit="tokens", q=12.0, k=3.0), BLOCKS.format(unit="tokens", q=22.0, k=8.0)))
     assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "device"))] == pytest.approx(0.5)
