@@ -209,7 +209,8 @@ VERDICT = _m("kvhit_prefix_cache_verdict", "Seed 003 prefix-caching verdict, val
              "24 h [1].", MODEL + ("state", "provisional"), section="§5")
 HISTORY_SECONDS = _m("kvhit_prefix_cache_history_seconds", "Time covered by the verdict's per-minute rollup, "
                      "from its first step to its last, outages included: the part of a day it has seen (at most "
-                     "24 h) [s].", section="§5")
+                     "24 h); a step enters it when the next scrape confirms it, one scrape after the publish window "
+                     "[s].", section="§5")
 HISTORY_HIT_RATIO = _m("kvhit_prefix_cache_history_hit_ratio", "Token hit ratio over the verdict's history, "
                        "sum of hits / sum of queries (up to 24 h) [ratio].", section="§5")
 HIT_JITTER = _m("kvhit_hit_ratio_jitter", "Population standard deviation of the per-minute token hit ratio over "

@@ -245,6 +245,8 @@ def verdict(rollup: HitRollup) -> CachingVerdict:
     h_hist, share = rollup.hit_ratio(), rollup.prefill_share()
     h_recent, jit, kv = rollup.hit_ratio(RECENT_MINUTES), rollup.jitter(), rollup.kv_usage_max()
     state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial(), rollup.hits_partial())
+    if not len(rollup):  # an empty history is no history of zero queries
+        reason = "no step in the history yet (a step enters it when the scrape after it confirms it)"
     return CachingVerdict(state, reason, rollup.provisional(), rollup.span_seconds(), h_hist, share,
                           h_recent, jit, kv)
 

@@ -153,3 +153,11 @@ def test_a_kv_usage_outside_0_1_is_no_usage_never_a_thrash_verdict():
     assert r.kv_usage_max() is None
     r.update(300.0, 360.0, 1000.0, 900.0, kv_usage=0.5)
     assert r.kv_usage_max() == 0.5
+
+
+def test_an_empty_history_says_it_is_empty_not_without_queries():
+    # two scrapes: the publish window has its step, the history not yet (the next scrape confirms
+    # it); the verdict said "no prefix-cache queries in the history" beside a published h
+    v = verdict(HitRollup())
+    assert v.state is None and v.history_seconds == 0
+    assert v.reason == "no step in the history yet (a step enters it when the scrape after it confirms it)"
