@@ -582,6 +582,9 @@ class PrometheusSource:
         counts = {kind: {labels.get("model_name", ""): int(value) for labels, value in rows
                          if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf}
                   for qid, kind in queries.items()}
+        if "busy:" in query:  # asked: a model neither lists had no engine running throughout (busy) or ever (active)
+            for kind in ("busy", "active"):
+                counts[kind] = {m: counts[kind].get(m, 0) for m in counts["engines"]}
         kept = dict(self._totals), dict(self._seen), self._partial
         try:
             text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in queries], t)

@@ -431,6 +431,12 @@ def test_a_fleet_with_one_of_two_pods_busy_has_one_pod_s_ttft_and_two_pods_capac
     fake.answer([_row("c:prefix_cache_queries", "100"), _row("e:", "2"), _row("busy:", "1"), _row("active:", "1")])
     src.fetch()
     assert src.counts["busy"] == src.counts["active"] == {"m": 1} and src.counts["engines"] == {"m": 2}
+    # asked, and no row: no engine ran requests throughout the range (busy 0 → the fit's machine is
+    # one engine at least), not unknown (all engines were assumed: a 2-pod fleet's fit read as 2 pods')
+    src.clock.t += 5.0
+    fake.answer([_row("c:prefix_cache_queries", "150"), _row("e:", "2")])
+    src.fetch()
+    assert src.counts["busy"] == src.counts["active"] == {"m": 0} and src.counts["engines"] == {"m": 2}
     assert ('"busy:"' in fake.forms[-1]["query"]
             and '(min_over_time({__name__=~"vllm:num_requests_running"}[5000ms]) or '
                 'min_over_time({__name__=~"vllm_num_requests_running"}[5000ms])) > 0' in fake.forms[-1]["query"])
