@@ -23,7 +23,8 @@ prometheus_bearer_token_file              file whose token is sent as ``Authoriz
                                           user:password in the URL
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes, 0.1 to 86400 (5)
-timeout                                   scrape timeout, seconds, at most 86400 (3)
+timeout                                   scrape timeout, seconds, at most 86400 (3, or interval
+                                          when shorter, as Prometheus' scrape_timeout)
 window_seconds                            publish window, seconds, at most 3600 and 720 × interval (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
@@ -436,6 +437,8 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     cfg = _build(Config, data)
     cfg = replace(cfg, model=_with_hf_config(cfg.model))
     validate(cfg)
+    if "timeout" not in data:  # as Prometheus' scrape_timeout: the default, but never over the interval
+        cfg = replace(cfg, timeout=min(cfg.timeout, cfg.interval))
     _check_hf_geometry(cfg.model)
     if cfg.web_config:
         load_web_config(cfg.web_config)

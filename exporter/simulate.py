@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
-from exporter.config import (MAX_INTERVAL, MIN_INTERVAL, Config, ConfigError, bounded, listen_address, listening,
+from exporter.config import (MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening,
                              stop_event)
 from fitters.model import attention_work, decode_context_per_token, kv_bytes_per_token
 
@@ -564,15 +564,12 @@ def add_arguments(p) -> None:
 def kvhit_run_command(truth: Truth, url: str, interval: float) -> str:
     """The ``kvhit run`` command line that analyses the simulator at ``url`` with its truth's S_kv
     and B_load (so α can be fitted) at its scrape interval; the geometry is :data:`SIM_GEOMETRY`
-    when the truth keeps its default S_kv, else left out (α then needs it configured). An interval
-    below kvhit's default timeout comes with a timeout of the interval (kvhit warns of a timeout
-    longer than the interval)."""
+    when the truth keeps its default S_kv, else left out (α then needs it configured)."""
     env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()} \
         if truth.kv_bytes_per_token == Truth.kv_bytes_per_token else {}
     env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = f"{truth.load_bandwidth:g}"
-    timeout = ["--timeout", f"{interval:g}"] if interval < Config.timeout else []
     return " ".join([*(f"{k}={v}" for k, v in env.items()), "kvhit run", "--target", url,
-                     "--interval", f"{interval:g}", *timeout, "--listen", "127.0.0.1:9471"])
+                     "--interval", f"{interval:g}", "--listen", "127.0.0.1:9471"])
 
 
 def cmd_simulate(args) -> int:

@@ -208,3 +208,13 @@ def test_a_config_file_or_hf_config_too_large_to_be_one_is_refused_before_it_is_
         load_config(None, environ={}, flags={"model": {"hf_config": str(big)}})
     with pytest.raises(ConfigError, match=f"config file {big}: over {MAX_FILE_BYTES} bytes: not a configuration"):
         load_config(str(big), environ={})
+
+
+@pytest.mark.parametrize("settings, timeout", [
+    ({"interval": 1.0}, 1.0),  # the default 3 s over a 1-s interval warned at every start
+    ({"interval": 10.0}, 3.0),
+    ({"interval": 1.0, "timeout": 2.0}, 2.0),  # one the user set stays, with its warning
+])
+def test_the_default_timeout_is_never_over_the_interval(settings, timeout):
+    from exporter.config import load_config
+    assert load_config(None, environ={}, flags=settings).timeout == timeout
