@@ -59,15 +59,24 @@ _COUNTS = {"engines": "engine_counts", "instances": "instance_counts", "busy": "
 class SteadyClock:
     """Unix time that never steps: the wall clock at construction + monotonic time elapsed since."""
 
+    STEP_SECONDS = 0.01  # a wall-clock step smaller than this is read as none (NTP slews both clocks alike)
+
     def __init__(self) -> None:
         self._wall0, self._mono0 = time.time(), time.monotonic()
+        self._offset = 0.0
 
     def __call__(self) -> float:
         return self._wall0 + (time.monotonic() - self._mono0)
 
     def offset(self) -> float:
-        """This clock minus the wall clock now [s]: 0 until the wall clock steps (NTP, an operator)."""
-        return self() - time.time()
+        """This clock minus the wall clock [s]: 0 until the wall clock steps (NTP, an operator), then
+        the step, held until the next: the two clocks, read one after the other, differ by a few
+        microseconds each time, and a time published with the offset taken off moved at every render
+        (kvhit_last_success_timestamp_seconds: changes() counted 86 in an outage without a success)."""
+        now = self() - time.time()
+        if abs(now - self._offset) >= self.STEP_SECONDS:
+            self._offset = now
+        return self._offset
 
 
 class Runner:

@@ -867,6 +867,22 @@ def test_the_last_success_timestamp_stays_on_the_wall_clock_after_it_steps(snaps
     assert wall[0] - value(expo, "kvhit_last_success_timestamp_seconds") == pytest.approx(2.0)
 
 
+def test_the_last_success_timestamp_holds_still_between_successes(snapshots, monkeypatch):
+    # the two clocks read one after the other differ by microseconds each time: the published
+    # stamp moved at every render while no scrape succeeded (changes() counted 86 in 4 minutes)
+    wall, mono = [2_000_000_000.0], [100.0]
+    monkeypatch.setattr(time, "time", lambda: wall[0])
+    monkeypatch.setattr(time, "monotonic", lambda: mono[0])
+    runner = Runner(Config(interval=5.0), "http://vllm:8000/metrics")  # default: SteadyClock
+    assert runner.ingest_text(runner.clock(), snapshots[0])
+    seen = set()
+    for jitter in (3e-6, -2e-6, 5e-6, 0.0, -4e-6):
+        mono[0] += 1.0
+        wall[0] += 1.0 + jitter
+        seen.add(value(exposition(runner), "kvhit_last_success_timestamp_seconds"))
+    assert seen == {2_000_000_000.0}
+
+
 def test_the_analysis_time_is_published_apart_from_the_scrape_and_logged_when_over_the_interval(snapshots,
                                                                                                  caplog):
     # A body that takes longer to analyse than to fetch: the parser is slowed by 0.3 s of real time
