@@ -51,6 +51,7 @@ DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # pod, in its own namespace (README "Fleet mode").
 SEL = 'namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"'
 HEALTH = 'namespace=~"$namespace", pod=~"$pod"'
+VLLM_SERIES = "namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m"  # a recording rule: vLLM's namespaces and models
 MODEL = 'namespace=~"$namespace", model_name=~"$model_name"'
 RI = "$__rate_interval"
 Z95 = 1.96  # two-sided 95 % normal quantile for the ±σ bands
@@ -156,15 +157,18 @@ def variables(one_model: bool = False) -> list:
 
     out = [
         DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        label_var("namespace", "Namespace", "label_values(kvhit_up, namespace)", multi=not one_model),
-        label_var("model_name", "Model", 'label_values(kvhit_window_seconds{namespace=~"$namespace"}, model_name)',
+        # kvhit's namespaces (build_info: every kvhit, a refused config too) and vLLM's (a fleet kvhit
+        # lives in its own: its vLLM's namespace could not be picked)
+        label_var("namespace", "Namespace", f'label_values({{__name__=~"kvhit_build_info|{VLLM_SERIES}"}}, namespace)',
                   multi=not one_model),
+        label_var("model_name", "Model", f'label_values({{__name__=~"kvhit_window_seconds|{VLLM_SERIES}", '
+                  'namespace=~"$namespace"}, model_name)', multi=not one_model),
         # the pods analysing the selected models, and the kvhit pods analysing none (a target down or
         # never up, a config refused): the health panels the runbooks point to. By namespace too: a
         # StatefulSet's vllm-0 in two namespaces is two pods
         label_var("pod", "Pod" if one_model else "Pod (Pods in the valley)",
                   'query_result(max by (namespace, pod) (kvhit_window_seconds{namespace=~"$namespace", '
-                  'model_name=~"$model_name"}) or (max by (namespace, pod) (kvhit_up{namespace=~"$namespace"}) '
+                  'model_name=~"$model_name"}) or (max by (namespace, pod) (kvhit_build_info{namespace=~"$namespace"}) '
                   'unless on (namespace, pod) max by (namespace, pod) (kvhit_window_seconds{namespace=~"$namespace"})))',
                   regex='/pod="([^"]+)"/'),
     ]
@@ -425,15 +429,20 @@ def model_dashboard() -> Dashboard:
            "kvhit's scrape of vLLM: age of the last successful scrape (kvhit's data age), duration of the "
            "last one and the time kvhit took to analyse the last successful one (parse, windows, fits: near "
            "the interval, kvhit falls behind); kvhit_up (right axis) is 0 while the target is down "
-           "(KvhitTargetDown), kvhit_stale 1 while the values shown are not from the latest attempt.")
+           "(KvhitTargetDown), kvhit_stale 1 while the values shown are not from the latest attempt, "
+           "kvhit_config_last_load_successful 0 while its configuration is refused (KvhitConfigInvalid: it analyses "
+           "nothing).")
         .with_target(q("B", f"kvhit_scrape_duration_seconds{{{HEALTH}}}", "scrape duration {{pod}}"))
         .with_target(q("C", f"kvhit_up{{{HEALTH}}}", "up {{pod}}"))
         .with_target(q("D", f"kvhit_data_age_seconds{{{HEALTH}}}", "data age {{pod}}"))
         .with_target(q("E", f"kvhit_stale{{{HEALTH}}}", "stale {{pod}}"))
         .with_target(q("F", f"kvhit_analysis_duration_seconds{{{HEALTH}}}", "analysis duration {{pod}}"))
+        .with_target(q("G", f"kvhit_config_last_load_successful{{{HEALTH}}}", "config loaded {{pod}}"))
         .override_by_query("C", [prop("unit", "none"), prop("custom.axisPlacement", "right"), prop("min", 0),
                                  prop("max", 1)])
         .override_by_query("E", [prop("unit", "none"), prop("custom.axisPlacement", "right"), prop("min", 0),
+                                 prop("max", 1)])
+        .override_by_query("G", [prop("unit", "none"), prop("custom.axisPlacement", "right"), prop("min", 0),
                                  prop("max", 1)]))
     d = d.with_panel(
         ts(ids, "Scrape errors", SCRAPES, "Failed scrapes of vLLM per second by reason (refused, timeout, http_<code>, ...).")
