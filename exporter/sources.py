@@ -423,6 +423,7 @@ _PRICED_BY = "generation_tokens"  # the family whose pods a fleet's cost prices 
 _PREFIX = "vllm[:_]"  # every spelling parse reads (exporter/parse.py), as a regex
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
+DOWN_WAIT_SECONDS = 60.0  # how long polls wait for a pod Prometheus cannot scrape before leaving it out
 TOTALS_TTL_SECONDS = 3600.0  # fleet mode forgets a running total no answer held for an hour
 # How far a pod's clock (its _created stamps) may be from Prometheus' (its sample times) for a new
 # pod's whole value to be counted only once (PrometheusSource.fetch)
@@ -508,7 +509,8 @@ class PrometheusSource:
     ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
     an instant vector of ``[time, "value"]`` samples); ``catching_up`` (no sample of some pod since
-    the last range: above).
+    the last range: above; or a pod Prometheus cannot scrape now, ``up == 0``, for less than
+    DOWN_WAIT_SECONDS: after it the polls go on without it until it is back).
     """
 
     # a fleet snapshot is the query's time t, however late the answer: t − (now − delay) ≤ 0, the
@@ -536,6 +538,8 @@ class PrometheusSource:
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self._unwatched = False  # some pod's up was not selected at the last poll (logged when it changes)
+        self._down_since: float | None = None  # t some pod was first seen down (up == 0) in a row of polls …
+        self._left_out = False  # … and whether polls have gone on without it since (DOWN_WAIT_SECONDS)
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
         # running requests throughout the range; "active", at some sample of it
@@ -554,11 +558,22 @@ class PrometheusSource:
         now = min(self.clock(), time.time()) - self.delay
         deadline = time.monotonic() + self._http.timeout  # one for the poll's two queries
         latest, history, down = self._latest(now, deadline)
-        if down:
-            raise ScrapeError("catching_up", f"{self._where}: {down:.0f} pod(s) with vLLM counters in the last "
-                              f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
-                              "unseen, and would land in one later step; the next range will cover the wait (a pod "
-                              f"down longer than {LOOKBACK} is left out as gone)", costly=False)
+        if not down:
+            if self._left_out:
+                log.info("fleet mode: every pod Prometheus scrapes is up again")
+            self._down_since, self._left_out = None, False
+        else:
+            self._down_since = now if self._down_since is None else self._down_since
+            if now - self._down_since < DOWN_WAIT_SECONDS:
+                raise ScrapeError("catching_up", f"{self._where}: {down:.0f} pod(s) with vLLM counters in the last "
+                                  f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
+                                  "unseen, and would land in one later step; the next range will cover the wait (after "
+                                  f"{DOWN_WAIT_SECONDS:.0f} s such pods are left out)", costly=False)
+            if not self._left_out:  # one pod crash-looping held every model's analysis back for 5 min a time
+                self._left_out = True
+                log.warning("fleet mode: %.0f pod(s) Prometheus cannot scrape (up == 0) for %.0f s are left out of the "
+                            "sums until they are back: a restarted pod then adds its counts since its start, one that "
+                            "was only unscrapeable its growth since, in one step", down, now - self._down_since)
         if latest is not None and self._end is not None and latest <= self._end:
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "

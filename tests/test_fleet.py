@@ -1112,6 +1112,35 @@ def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_inte
     assert not fake.forms  # no range query was sent
 
 
+def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(fake, caplog):
+    # A crash-looping pod (up 20 s, down 200 s) held every model's analysis back: each poll failed
+    # catching_up for up to 5 min, kvhit_up 0 (KvhitTargetDown: "cannot scrape its vLLM target").
+    # After DOWN_WAIT_SECONDS the polls go on without it.
+    from exporter.sources import DOWN_WAIT_SECONDS
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    down = (200, fake.vector([({"kvhit_query": "down:"}, "1")]))
+    fake.latest += [(200, fake.vector([]))] + [down] * 3 + [(200, fake.vector([]))]
+    fake.answer([_row("c:prefix_cache_queries", "0")])
+    src.fetch()  # the baseline, every pod up
+    for dt in (0.0, DOWN_WAIT_SECONDS - 1.0):  # the pod went down (first seen at 1005): wait for it
+        clock.t = 1005.0 + dt
+        with pytest.raises(ScrapeError) as err:
+            src.fetch()
+        assert err.value.reason == "catching_up"
+    assert len(fake.forms) == 1  # no range asked while waiting
+    clock.t = 1005.0 + DOWN_WAIT_SECONDS
+    fake.answer([_row("c:prefix_cache_queries", "600")])
+    with caplog.at_level("INFO", logger="kvhit"):
+        t, text = src.fetch()  # a minute on: the others' range, the pod left out
+        assert t == clock.t and dict(parse_exposition(text, t).models["m"].counters) == {"queries": 600.0}
+        clock.t += 5.0
+        fake.answer([_row("c:prefix_cache_queries", "50")])
+        src.fetch()  # back
+    assert caplog.text.count("are left out of the sums until they are back") == 1, caplog.text
+    assert "every pod Prometheus scrapes is up again" in caplog.text
+
+
 def test_a_running_total_no_answer_held_for_an_hour_is_forgotten(fake):
     # model names churning (LoRA adapters) left a running total per name forever (review: 180k after
     # 20k polls, 78 MB). A total back within the hour goes on (100 + 50); one back after it starts
