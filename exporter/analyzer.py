@@ -337,7 +337,7 @@ class Analyzer:
 
     def _context(self, snap: Snapshot, model: str, st: _ModelState, unobserved: bool = False) -> Context:
         sig = snap.models[model]
-        return Context(hit_unit=sig.hit_unit or "tokens", block_size=cache_config_number(snap.cache_config, "block_size"),
+        return Context(hit_unit=sig.hit_unit or "tokens", block_size=cache_config_number(snap.cache_config_of(model), "block_size"),
                        unknown=sig.unknown, isl=st.isl, osl=st.osl, excludes_preempted=snap.excludes_preempted,
                        unobserved=unobserved)
 
@@ -423,17 +423,17 @@ class Analyzer:
             bandwidth = load_bandwidth if load_bandwidth is not None else self.config.load_bandwidth_bytes_per_second
             # the latency layer is fitted under these coefficients: its errors include theirs (read
             # when its statistics are built: the chip-time fit's own are lazy between refits)
-            load_aware, overlap = st.latency.result(coef.per_engine(engines), self._kv_bytes_per_token(), bandwidth,
+            load_aware, overlap = st.latency.result(coef.per_engine(engines), self._kv_bytes_per_token(model), bandwidth,
                                                     lambda: _prefill_covariance(chip, engines))
         else:
             load_aware = overlap = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
         return ModelFits(chip, coef, slope, load_aware, overlap)
 
-    def _kv_bytes_per_token(self) -> float | None:
-        """S_kv [bytes/token] of the configured geometry stored as the latest snapshot's engine stores
-        KV (cache_config_info cache_dtype, :meth:`~exporter.config.Geometry.element_bytes`)."""
+    def _kv_bytes_per_token(self, model: str) -> float | None:
+        """S_kv [bytes/token] of the configured geometry stored as the latest snapshot's engine of
+        ``model`` stores KV (cache_config_info cache_dtype, :meth:`~exporter.config.Geometry.element_bytes`)."""
         last = self._last
-        return self.config.model.kv_bytes_per_token(None if last is None else last.cache_config.get("cache_dtype"))
+        return self.config.model.kv_bytes_per_token(None if last is None else last.cache_config_of(model).get("cache_dtype"))
 
     # --- assembly ------------------------------------------------------------------------
 
@@ -451,7 +451,7 @@ class Analyzer:
         isl_w, osl_w = histogram_mean(w, ISL_HISTOGRAM), histogram_mean(w, OSL_HISTOGRAM)
         engines = _engine_count(snap, model)
         tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines, unknown)
-        kv = self._kv_bytes_per_token()
+        kv = self._kv_bytes_per_token(model)
         if kv is None:
             unknown.setdefault("kv_bytes_per_token", "model geometry (model.layers, kv_heads, head_dim or "
                                                      "model.hf_config) not configured")
@@ -470,7 +470,7 @@ class Analyzer:
 
         warnings = window_notes(w, ctx, hit, isl_w)
         _absent_means(snap, w, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
-        if note := cfg.model.dtype_note(snap.cache_config.get("cache_dtype")):
+        if note := cfg.model.dtype_note(snap.cache_config_of(model).get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
         if engines > 1:
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
@@ -1062,7 +1062,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
                            + (" (SGLang exports neither)" if snap.engine == "sglang" else ""))
     out["prefill_share"] = share
     v = verdict(st.rollup)
-    if prefix_caching_off(snap.cache_config):  # a history of hits from before it was turned off is no verdict now
+    if prefix_caching_off(snap.cache_config_of(model)):  # a history of hits from before it was turned off is no verdict now
         v = replace(v, state=None, reason=f"{PREFIX_CACHING_OFF} now: no verdict and no hit-ratio history until it "
                                           "is on again", history_hit_ratio=None, recent_hit_ratio=None, jitter=None)
         unknown.setdefault("hit_ratio_jitter", PREFIX_CACHING_OFF)
@@ -1080,7 +1080,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     out["caching_speedup"] = sp
 
     # KV capacity, concurrency ceiling, peak KV (§3.6)
-    cap = kv_capacity_tokens(snap.cache_config, snap.models[model].gauges)
+    cap = kv_capacity_tokens(snap.cache_config_of(model), snap.models[model].gauges)
     if cap is None:
         unknown.setdefault("kv_capacity_tokens", "no cache_config_info (num_gpu_blocks, block_size or "
                                                  "kv_cache_size_tokens) or SGLang max_total_num_tokens")

@@ -217,6 +217,9 @@ class Snapshot:
         reason: why the engine is unsupported / why nothing could be read ("" when fine).
         models: model_name → :class:`ModelSignals` (empty for unsupported engines).
         cache_config: labels of ``vllm:cache_config_info`` (first engine), {} when absent.
+        model_cache_config: model_name → the labels of its own ``cache_config_info`` (one with a
+            ``model_name`` label: fleet mode's, one per model from that model's pods); a model
+            not in it has ``cache_config`` (:meth:`cache_config_of`).
         quirks: quirk (see :data:`QUIRKS`) → how many lines/series it affected in this body.
         since: lowest vLLM version the sampled families prove, () when none does.
         clock_offset: ``timestamp`` minus the host's wall clock when it was stamped [s]: 0 until
@@ -241,6 +244,7 @@ class Snapshot:
     cache_config: Mapping[str, str] = field(default_factory=dict)
     quirks: Mapping[str, int] = field(default_factory=dict)
     since: tuple[int, ...] = ()
+    model_cache_config: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     clock_offset: float = 0.0
     name_prefix: str = "vllm:"
     engine_counts: Mapping[str, int] = field(default_factory=dict)
@@ -251,6 +255,10 @@ class Snapshot:
     @property
     def supported(self) -> bool:
         return self.engine.startswith("vllm") or self.engine in engines.TRANSLATED
+
+    def cache_config_of(self, model: str) -> Mapping[str, str]:
+        """``model``'s ``cache_config_info`` labels (its own, else the exposition's), {} when absent."""
+        return self.model_cache_config.get(model, self.cache_config)
 
     @property
     def excludes_preempted(self) -> bool:
@@ -360,6 +368,7 @@ class _Builder:
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
         self.cache_config: dict[str, str] = {}
+        self.model_cache_config: dict[str, dict[str, str]] = {}  # from cache_config_info with a model_name
         self.quirks: dict[str, int] = {}
         self.other: list[tuple[str, dict[str, str], float]] = []  # samples of a translated engine
         self.prefixes: dict[str, str] = {}  # translated engine → its prefix as first written
@@ -745,7 +754,9 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
         return True
     kind, base, part = what
     if kind == "info":
-        if not b.cache_config or labels.get("engine", "0") == "0":
+        if "model_name" in labels:  # fleet mode: each model's pods' configuration (vLLM's own has none)
+            b.model_cache_config[labels["model_name"]] = {k: v for k, v in labels.items() if k != "model_name"}
+        elif not b.cache_config or labels.get("engine", "0") == "0":
             b.cache_config = dict(labels)
     elif kind == "hist" and part == "bucket":
         le = labels.pop("le", None)
@@ -890,7 +901,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         unit = hit_unit.get(model, "")
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
         unknown = _unknown_reasons(era, since, counters, v0_no_data, unit, acc.incomplete.get(model, set()),
-                                   b.cache_config, "lmcache" in b.families, _external_exposed(b, model))
+                                   b.model_cache_config.get(model, b.cache_config), "lmcache" in b.families,
+                                   _external_exposed(b, model))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
                  "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
         if len(per_engine) == 1:  # one engine: the model's maps are that engine's (evaluated once)
@@ -905,7 +917,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         if acc.incomplete or b.quirks.get("histogram_inconsistent"):
             reason += " complete for every data-parallel engine"
     b.recipe = Snapshot(timestamp, era, reason, models, MappingProxyType(b.cache_config),
-                        MappingProxyType(dict(b.quirks)), since)
+                        MappingProxyType(dict(b.quirks)), since,
+                        model_cache_config=MappingProxyType({m: MappingProxyType(c) for m, c in b.model_cache_config.items()}))
     return _compile(b.recipe)[0](b.values, timestamp)[0]
 
 

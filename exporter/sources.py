@@ -725,7 +725,10 @@ class PrometheusSource:
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
             return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]
-        return [(f"i:{f.name}", f"count by ({', '.join(f.labels)}) ({self._selector(f, '')})")]
+        # per pod: each model's (_metrics) from its own pods, joined here by (job, instance) with the pods' models
+        # (pm:) — vLLM's info has no model_name, and one fleet-wide row gave every model the most pods' config
+        return [(f"i:{f.name}", f"count by (job, instance, {', '.join(f.labels)}) ({self._selector(f, '')})"),
+                ("pm:", f"count by (job, instance, model_name) ({self._counters_selector()})")]
 
     def _selector(self, f: Family, suffix: str) -> str:
         # vllm: or vllm_ prefix, counters with or without _total: every spelling parse reads
@@ -815,13 +818,19 @@ class PrometheusSource:
             for labels, value in rows:
                 fam.add_metric([labels.get(k, "") for k in names], value)
             return [fam] if rows else []
-        rows = by_query.get(f"i:{f.name}", [])
-        if not rows:
-            return []
-        labels, _ = max(rows, key=lambda row: (row[1], sorted(row[0].items())))  # most pods, then by labels
-        fam = GaugeMetricFamily(name, _FLEET_HELP, labels=sorted(labels))
-        fam.add_metric([labels[k] for k in sorted(labels)], 1.0)
-        return [fam]
+        models: dict[tuple[str, str], list[str]] = {}  # (job, instance) → the models of its counters
+        for labels, _ in by_query.get("pm:", []):
+            models.setdefault((labels.get("job", ""), labels.get("instance", "")), []).append(labels.get("model_name", ""))
+        pods: dict[str, dict[tuple[tuple[str, str], ...], int]] = {}  # model → its pods' label sets → pods
+        for labels, _ in by_query.get(f"i:{f.name}", []):
+            config = tuple(sorted((k, v) for k, v in labels.items() if k not in ("job", "instance")))
+            for model in models.get((labels.get("job", ""), labels.get("instance", "")), ()):
+                pods.setdefault(model, {})[config] = pods.get(model, {}).get(config, 0) + 1
+        fam = GaugeMetricFamily(name, _FLEET_HELP)
+        for model, configs in sorted(pods.items()):
+            config = max(configs, key=lambda c: (configs[c], c))  # the most pods', then by labels
+            fam.add_sample(name, {"model_name": model, **dict(config)}, 1.0)
+        return [fam] if fam.samples else []
 
     def _histogram(self, f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> list[Metric]:
         """Buckets ascending by ``le`` ending at +Inf (whose total is ``_count``); a model without

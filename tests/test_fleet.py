@@ -352,7 +352,9 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}))' in q0
     assert f'sum by (model_name) ({pref("max without (pid) ({})", "num_requests_running")})' in q0
     assert f'max by (model_name) ({pref("max without (pid) ({})", "kv_cache_usage_perc")})' in q0
-    assert f'count by (block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
+    assert f'count by (job, instance, block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
+    assert 'count by (job, instance, model_name) ({__name__=~"vllm[:_](?:prefix_cache_queries|prefix_cache_hits)(_total)?", ' \
+        f'{sel}}})' in q0  # each pod's models, whose configuration its info row is
     # how many series each counter and histogram sum covers (_coverage)
     pods = "count by (model_name) (count by (model_name, job, instance) ({}))"
     assert pods.format(f'(0 * {{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}})') in q0
@@ -375,7 +377,7 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # per model, the pods × engine labels its counters come from (the engines its sums add up)
     assert (f'label_replace(count by (model_name) (count by (model_name, job, instance, engine) ({counters})), '
             f'"kvhit_query", "e:", "", "")') in q0
-    assert q0.count('label_replace(') == 11  # one request: 11 subqueries, 6 families
+    assert q0.count('label_replace(') == 12  # one request: 12 subqueries, 6 families (and the pods' models)
 
 
 def test_a_new_pod_counts_whole_only_when_created_after_the_baseline_and_the_last_poll_less_5_min(fake):
@@ -561,8 +563,11 @@ def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknow
                  _row("b:request_prompt_tokens", "3", le="100.0"), _row("b:request_prompt_tokens", "10", le="+Inf"),
                  _row("s:request_prompt_tokens", "1200"),
                  _row("g:num_requests_running", "7"), _row("g:kv_cache_usage_perc", "0.5"),
-                 ({"kvhit_query": "i:cache_config_info", "block_size": "16", "num_gpu_blocks": "100"}, "3"),
-                 ({"kvhit_query": "i:cache_config_info", "block_size": "32", "num_gpu_blocks": "50"}, "1")])
+                 *[({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": f"p{i}", "block_size": "16",
+                     "num_gpu_blocks": "100"}, "1") for i in range(3)],
+                 ({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": "p3", "block_size": "32",
+                   "num_gpu_blocks": "50"}, "1"),
+                 *[({"kvhit_query": "pm:", "job": "vllm", "instance": f"p{i}", "model_name": "m"}, "1") for i in range(4)]])
     fake.answer([_row("c:prefix_cache_queries", "600"), _row("c:prefix_cache_hits", "450"),
                  _row("b:request_prompt_tokens", "1", le="100.0"), _row("b:request_prompt_tokens", "2", le="+Inf"),
                  _row("s:request_prompt_tokens", "300"), _row("g:num_requests_running", "4"),
@@ -576,7 +581,7 @@ def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknow
     clock.t = 2010.0
     s3 = parse_exposition(src.fetch()[1], 2010.0)
 
-    assert s1.engine == "vllm_v1" and s1.cache_config == {"block_size": "16", "num_gpu_blocks": "100"}
+    assert s1.engine == "vllm_v1" and s1.cache_config_of("m") == {"block_size": "16", "num_gpu_blocks": "100"}  # 3 pods of 4
     m1, m2, m3 = s1.models["m"], s2.models["m"], s3.models["m"]
     assert dict(m1.counters) == {"queries": 1000.0, "hits": 250.0}
     assert dict(m2.counters) == {"queries": 1600.0, "hits": 700.0}  # 1000 + 600, 250 + 450
@@ -584,7 +589,7 @@ def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknow
     assert (m2.histograms["request_prompt_tokens"].count, m2.histograms["request_prompt_tokens"].sum) == (12.0, 1500.0)
     assert dict(m1.gauges) == {"running": 7.0, "kv_usage": 0.5}
     assert dict(m2.gauges) == {"running": 4.0}  # a NaN is no value: absent, never carried over
-    assert s2.cache_config == {}  # not in this answer: absent
+    assert s2.cache_config_of("m") == {}  # not in this answer: absent
     # Hits absent from Prometheus: absent here (unknown, never 0); queries keep their running total.
     assert dict(m3.counters) == {"queries": 2000.0} and "hit_ratio" in m3.unknown
 
@@ -649,7 +654,9 @@ def test_loaded_hits_from_fewer_pods_than_the_model_has_are_unknown_not_0(fake):
     fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "300"),
                  _row("c:external_prefix_cache_hits", "400"), _row("n:prefix_cache_queries", "2"),
                  _row("n:prefix_cache_hits", "2"), _row("n:external_prefix_cache_hits", "1"),
-                 ({"kvhit_query": "i:cache_config_info", "block_size": "16", "num_gpu_blocks": "100"}, "2")])
+                 *[({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": f"p{i}", "block_size": "16",
+                     "num_gpu_blocks": "100"}, "1") for i in range(2)],
+                 *[({"kvhit_query": "pm:", "job": "vllm", "instance": f"p{i}", "model_name": "m"}, "1") for i in range(2)]])
     m = parse_exposition(src.fetch()[1], 6000.0).models["m"]
     assert dict(m.counters) == {"queries": 1000.0, "hits": 300.0}
     assert "not from every pod" in m.unknown["hit_ratio_loaded"], m.unknown
@@ -673,13 +680,38 @@ def test_a_family_left_out_for_one_model_says_nothing_of_another_nor_of_the_vllm
                  *[({**labels, "model_name": "B"}, v) for labels, v in (
                      _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"),
                      _row("n:prefix_cache_queries", "2"), _row("n:prefix_cache_hits", "2"))],
-                 ({"kvhit_query": "i:cache_config_info", "block_size": "16", "num_gpu_blocks": "100",
-                   "kv_offloading_size": "None"}, "4")])
+                 *[({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": f"p{i}", "block_size": "16",
+                     "num_gpu_blocks": "100", "kv_offloading_size": "None"}, "1") for i in range(4)],
+                 *[({"kvhit_query": "pm:", "job": "vllm", "instance": f"p{i}", "model_name": "m" if i < 2 else "B"}, "1")
+                   for i in range(4)]])
     snap = parse_exposition(src.fetch()[1], 6000.0)
     assert "hit_ratio_loaded" not in snap.models["B"].unknown, snap.models["B"].unknown
     assert "not from every pod" in snap.models["m"].unknown["hit_ratio_loaded"], snap.models["m"].unknown
     assert "external_queries" not in snap.models["m"].counters
     assert snap.since < (0, 11, 1) and not snap.excludes_preempted
+
+
+def test_each_model_has_its_own_pods_cache_config(fake):
+    # vLLM's cache_config_info has no model_name: fleet mode rendered the row of the most pods for
+    # every model. m1 (1 pod, caching on, 8192 blocks) then read m2's (2 pods, caching off, 2048):
+    # h withheld as "prefix caching is off" and a KV capacity 4x too low (helper's repro).
+    info = Family("cache_config_info", "info", ("block_size", "num_gpu_blocks", "enable_prefix_caching"))
+    src = PrometheusSource(fake.url, (*FAMILIES[:2], info), interval=5.0, clock=Clock(6000.0))
+    pods = {"a": ("m1", "8192", "True"), "b": ("m2", "2048", "False"), "c": ("m2", "2048", "False")}
+    fake.answer([*[({**labels, "model_name": m}, v) for m in ("m1", "m2") for labels, v in (
+                     _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"))],
+                 *[({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": pod, "block_size": "16",
+                     "num_gpu_blocks": blocks, "enable_prefix_caching": on}, "1") for pod, (_, blocks, on) in pods.items()],
+                 *[({"kvhit_query": "pm:", "job": "vllm", "instance": pod, "model_name": m}, "1")
+                   for pod, (m, _, _) in pods.items()]])
+    snap = parse_exposition(src.fetch()[1], 6000.0)
+    assert snap.cache_config_of("m1") == {"block_size": "16", "num_gpu_blocks": "8192", "enable_prefix_caching": "True"}
+    assert snap.cache_config_of("m2") == {"block_size": "16", "num_gpu_blocks": "2048", "enable_prefix_caching": "False"}
+    assert "hit_ratio" not in snap.models["m1"].unknown
+    assert snap.models["m2"].unknown["hit_ratio"].startswith("prefix caching is off")
+    # m1's KV capacity: 8192 blocks x 16 tokens (observe.kv_capacity_tokens)
+    from exporter.observe import kv_capacity_tokens
+    assert kv_capacity_tokens(snap.cache_config_of("m1"), snap.models["m1"].gauges) == 8192 * 16
 
 
 def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(fake):
