@@ -338,7 +338,7 @@ class Analyzer:
     def _context(self, snap: Snapshot, model: str, st: _ModelState, unobserved: bool = False) -> Context:
         sig = snap.models[model]
         return Context(hit_unit=sig.hit_unit or "tokens", block_size=cache_config_number(snap.cache_config_of(model), "block_size"),
-                       unknown=sig.unknown, isl=st.isl, osl=st.osl, excludes_preempted=snap.excludes_preempted,
+                       unknown=sig.unknown, isl=st.isl, osl=st.osl, excludes_preempted=snap.excludes_preempted(model),
                        unobserved=unobserved)
 
     def analysis(self) -> Analysis:

@@ -27,7 +27,7 @@ class Context:
         isl, osl: latest known mean prompt/output length [tokens], used when no request
             finished inside the step.
         excludes_preempted: the exposition proves a vLLM whose prefix-cache counters leave
-            resumed preempted requests out (parse.Snapshot.excludes_preempted).
+            resumed preempted requests out (parse.Snapshot.excludes_preempted of the model).
         unobserved: scrapes failed inside the step: whether the engine worked through all of its
             time is unknown (stopped, frozen, cut off), so it is never busy time (MODEL.md §7).
     """

@@ -222,6 +222,8 @@ class Snapshot:
             not in it has ``cache_config`` (:meth:`cache_config_of`).
         quirks: quirk (see :data:`QUIRKS`) → how many lines/series it affected in this body.
         since: lowest vLLM version the sampled families prove, () when none does.
+        model_since: model_name → the lowest vLLM version its own samples prove (:meth:`since_of`):
+            fleet mode's body holds every model's pods, each of its own version.
         clock_offset: ``timestamp`` minus the host's wall clock when it was stamped [s]: 0 until
             the wall clock steps (kvhit's live clock never steps, exporter/runner.py
             SteadyClock); the engine stamps ``_created`` on the wall clock (exporter/window.py).
@@ -245,6 +247,7 @@ class Snapshot:
     quirks: Mapping[str, int] = field(default_factory=dict)
     since: tuple[int, ...] = ()
     model_cache_config: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    model_since: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     clock_offset: float = 0.0
     name_prefix: str = "vllm:"
     engine_counts: Mapping[str, int] = field(default_factory=dict)
@@ -260,11 +263,14 @@ class Snapshot:
         """``model``'s ``cache_config_info`` labels (its own, else the exposition's), {} when absent."""
         return self.model_cache_config.get(model, self.cache_config)
 
-    @property
-    def excludes_preempted(self) -> bool:
-        """Whether the families prove a vLLM ≥ :data:`PREEMPTION_FIX`, whose prefix-cache counters
-        leave resumed preempted requests out (the external-hit counters prove it too, per model)."""
-        return self.since >= PREEMPTION_FIX
+    def since_of(self, model: str) -> tuple[int, ...]:
+        """The lowest vLLM version ``model``'s samples (and the families kvhit does not read) prove."""
+        return self.model_since.get(model, self.since)
+
+    def excludes_preempted(self, model: str) -> bool:
+        """Whether ``model``'s families prove a vLLM ≥ :data:`PREEMPTION_FIX`, whose prefix-cache
+        counters leave resumed preempted requests out (the external-hit counters prove it too)."""
+        return self.since_of(model) >= PREEMPTION_FIX
 
 
 def _strip_prefix(name: str) -> tuple[str, str]:
@@ -364,7 +370,8 @@ class _Builder:
         self.declared: set[str] = set()  # vLLM family names seen (with or without samples)
         self.sampled: set[str] = set()  # … of them, those with a sample line (a version's proof: _since)
         self.model_samples: set[tuple[str, str]] = set()  # (exposed base, model) of every sample read, usable or not
-        self.usable: set[str] = set()  # exposed bases read with a usable value
+        self.usable: set[str] = set()  # exposed bases read with a usable value …
+        self.usable_models: set[tuple[str, str]] = set()  # … and (base, model) of each
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
         self.cache_config: dict[str, str] = {}
@@ -407,6 +414,7 @@ class _Builder:
             self.quirk("negative")  # a counter or an observation count is never below zero
             return
         self.usable.add(base)
+        self.usable_models.add((base, labels.get("model_name", "")))
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "pid"))
         slot = self.series.setdefault((kind, base, part), {})
         self.values[self.line] = value
@@ -842,7 +850,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                 done.add(model)
                 acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
                 if canon == "queries":
-                    hit_unit[model] = _hit_unit(b, exposed)
+                    hit_unit[model] = _hit_unit(b, exposed, model)
     for canon, (exposed, label, value) in LABELLED_COUNTERS.items():
         for model, per in _split(b.series.get(("counter", exposed, ""), {}), {label: value}).items():
             acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
@@ -900,7 +908,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                 created=created.get(model, {}).get(e, {}), hit_unit=hit_unit.get(model, ""))
         unit = hit_unit.get(model, "")
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
-        unknown = _unknown_reasons(era, since, counters, v0_no_data, unit, acc.incomplete.get(model, set()),
+        unknown = _unknown_reasons(era, _since(b, model), counters, v0_no_data, unit, acc.incomplete.get(model, set()),
                                    b.model_cache_config.get(model, b.cache_config), "lmcache" in b.families,
                                    _external_exposed(b, model))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
@@ -918,7 +926,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
             reason += " complete for every data-parallel engine"
     b.recipe = Snapshot(timestamp, era, reason, models, MappingProxyType(b.cache_config),
                         MappingProxyType(dict(b.quirks)), since,
-                        model_cache_config=MappingProxyType({m: MappingProxyType(c) for m, c in b.model_cache_config.items()}))
+                        model_cache_config=MappingProxyType({m: MappingProxyType(c) for m, c in b.model_cache_config.items()}),
+                        model_since=MappingProxyType({m: _since(b, m) for m in models}))
     return _compile(b.recipe)[0](b.values, timestamp)[0]
 
 
@@ -937,12 +946,12 @@ def _translated(b: _Builder, engine: str, timestamp: float) -> Snapshot:
                    quirks=MappingProxyType(quirks), since=(), name_prefix=b.prefixes.get(engine, engine + ":"))
 
 
-def _hit_unit(b: _Builder, exposed: str) -> str:
-    """Unit of the prefix-cache counters: the HELP text says it; else what the version implies."""
+def _hit_unit(b: _Builder, exposed: str, model: str) -> str:
+    """Unit of ``model``'s prefix-cache counters: the HELP text says it; else what its version implies."""
     doc = b.docs.get(exposed, "").lower()
     if "block" in doc:
         return "blocks"
-    if "token" in doc or exposed == "prefix_cache_queries" or _since(b) >= (0, 9, 2):
+    if "token" in doc or exposed == "prefix_cache_queries" or _since(b, model) >= (0, 9, 2):
         return "tokens"
     return "unknown"  # gpu_prefix_cache_* without HELP: 0.7–0.8 counted blocks, 0.9+ tokens
 
@@ -965,11 +974,14 @@ def _era(b: _Builder) -> str:
     return "vllm"  # a partial exposition that names no era
 
 
-def _since(b: _Builder) -> tuple[int, ...]:
+def _since(b: _Builder, model: str | None = None) -> tuple[int, ...]:
     # a family kvhit reads proves its version by a usable value only (fleet mode renders a family
-    # it left out, some pods lacking it, as NaN); a family it does not read, by any sample line
-    unusable = {base for base, _ in b.model_samples} - b.usable
-    proven = [v for name, v in _SINCE.items() if name in b.sampled and name not in unusable]
+    # it left out, some pods lacking it, as NaN), of ``model`` when given (fleet mode's body holds
+    # every model's pods, each of its own version: one model's newer families proved every
+    # model new); a family it does not read, by any sample line
+    read = {base for base, _ in b.model_samples}
+    proven = [v for name, v in _SINCE.items() if name in b.sampled and (
+        name not in read or (name in b.usable if model is None else (name, model) in b.usable_models))]
     return max(proven) if proven else ()
 
 

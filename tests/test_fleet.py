@@ -688,7 +688,8 @@ def test_a_family_left_out_for_one_model_says_nothing_of_another_nor_of_the_vllm
     assert "hit_ratio_loaded" not in snap.models["B"].unknown, snap.models["B"].unknown
     assert "not from every pod" in snap.models["m"].unknown["hit_ratio_loaded"], snap.models["m"].unknown
     assert "external_queries" not in snap.models["m"].counters
-    assert snap.since < (0, 11, 1) and not snap.excludes_preempted
+    assert snap.since_of("m") < (0, 11, 1) and not snap.excludes_preempted("m")
+    assert not snap.excludes_preempted("B")
 
 
 def test_each_model_has_its_own_pods_cache_config(fake):
@@ -712,6 +713,28 @@ def test_each_model_has_its_own_pods_cache_config(fake):
     # m1's KV capacity: 8192 blocks x 16 tokens (observe.kv_capacity_tokens)
     from exporter.observe import kv_capacity_tokens
     assert kv_capacity_tokens(snap.cache_config_of("m1"), snap.models["m1"].gauges) == 8192 * 16
+
+
+def test_each_model_s_vllm_version_is_proven_by_its_own_samples(fake):
+    # m1's pod is a vLLM >= 0.11.1 (external_prefix_cache_*), m2's a 0.10 without them and without
+    # offloading: its loaded hits are 0 (MODEL.md §2). The version was proven over the whole body,
+    # so m2 read "no external_prefix_cache_* counters from a vLLM >= 0.11.1": h_loaded and h withheld.
+    fams = {f.name: f for f in fleet_families()}
+    info = Family("cache_config_info", "info", ("block_size", "kv_offloading_size"))
+    src = PrometheusSource(fake.url, (*FAMILIES[:2], fams["external_prefix_cache_queries"],
+                                      fams["external_prefix_cache_hits"], info), interval=5.0, clock=Clock(6000.0))
+    fake.answer([*[({**labels, "model_name": m}, v) for m in ("m1", "m2") for labels, v in (
+                     _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"))],
+                 _row("c:external_prefix_cache_queries", "500", model_name="m1"),
+                 _row("c:external_prefix_cache_hits", "0", model_name="m1"),
+                 *[({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": pod, "block_size": "16",
+                     "kv_offloading_size": "None"}, "1") for pod in ("a", "b")],
+                 *[({"kvhit_query": "pm:", "job": "vllm", "instance": pod, "model_name": m}, "1")
+                   for pod, m in (("a", "m1"), ("b", "m2"))]])
+    snap = parse_exposition(src.fetch()[1], 6000.0)
+    assert snap.since_of("m1") >= (0, 11, 1) and snap.since_of("m2") < (0, 11, 1)
+    assert snap.excludes_preempted("m1") and not snap.excludes_preempted("m2")
+    assert "hit_ratio_loaded" not in snap.models["m2"].unknown, snap.models["m2"].unknown
 
 
 def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(fake):
