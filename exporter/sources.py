@@ -754,6 +754,13 @@ class PrometheusSource:
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         self._partial = self._coverage(by_query)
+        if self._counters:  # a model no counter grew for (its pods new to Prometheus, not counted whole) is left
+            # out whole: its gauges alone made a snapshot whose next step had counters at one end only (h and
+            # TPM unknown for a whole window, "a cut or bad body")
+            counted = {labels.get("model_name", "") for qid, rows in by_query.items() if qid[:2] == "c:"
+                       for labels, _ in rows}
+            for qid in [q for q in by_query if q[:2] == "g:"]:
+                by_query[qid] = [row for row in by_query[qid] if row[0].get("model_name", "") in counted]
         for qid, rows in by_query.items():  # a partial sum: its counter, bucket and sum rows
             if qid[:2] in ("c:", "b:", "s:"):
                 by_query[qid] = [row for row in rows if (qid[2:], row[0].get("model_name", "")) not in self._partial]

@@ -737,6 +737,17 @@ def test_each_model_s_vllm_version_is_proven_by_its_own_samples(fake):
     assert "hit_ratio_loaded" not in snap.models["m2"].unknown, snap.models["m2"].unknown
 
 
+def test_a_model_no_counter_grew_for_is_left_out_not_rendered_with_gauges_alone(fake):
+    # Prometheus restarted on empty storage, or a pod scraped once: no growth for the model's
+    # counters yet, but its gauges are instant. Rendered alone they made a snapshot whose next step
+    # had counters at one end only: h and TPM unknown for a whole window ("a cut or bad body").
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=Clock(6000.0))
+    fake.answer([_row("c:prefix_cache_queries", "1000"), _row("g:num_requests_running", "3"),
+                 _row("g:num_requests_running", "2", model_name="new")])
+    snap = parse_exposition(src.fetch()[1], 6000.0)
+    assert set(snap.models) == {"m"} and dict(snap.models["m"].gauges) == {"running": 3.0}
+
+
 def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(fake):
     # vLLM 0.32 creates kv_offload_load_* at an engine's first KV load: a pod that has not loaded
     # has none, and its share is 0, not missing. B_load = Δbytes/Δseconds of the pod that loaded.
