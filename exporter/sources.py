@@ -577,7 +577,8 @@ class PrometheusSource:
         if latest is not None and self._end is not None and latest <= self._end:
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
-                              "down or restarted?), or the pod is gone; the next range will cover the wait",
+                              "down or restarted?), or the pod is gone; the next range will cover the wait (every few "
+                              "polls: --interval is below Prometheus' scrape interval, and should be twice it)",
                               costly=False)
         t = now if latest is None else min(now, latest)
         # A clock that stepped back restarts the ranges instead of querying an empty one.

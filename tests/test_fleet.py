@@ -536,7 +536,7 @@ def test_a_range_ends_where_every_pod_s_samples_end(fake):
     _latest(fake, 998.0, 999.0)
     with pytest.raises(ScrapeError) as err:
         src.fetch()
-    assert err.value.reason == "catching_up" and "its latest is 7 s old" in str(err.value)
+    assert err.value.reason == "catching_up" and "its latest is 7 s old" in str(err.value) and "should be twice it" in str(err.value)
     assert len(fake.forms) == 1  # no range query: the range waits
     clock.t = 1010.0
     _latest(fake, 1008.0, 1009.0)  # scraped again
