@@ -47,8 +47,8 @@ CACHE_CONFIG_LABELS = ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "
                        "enable_prefix_caching", "cache_dtype")
 
 
-def _config(args: argparse.Namespace, **flags) -> Config:
-    return load_config(getattr(args, "config", None), flags=flags)
+def _config(args: argparse.Namespace, live: bool = False, **flags) -> Config:
+    return load_config(getattr(args, "config", None), flags=flags, live=live)
 
 
 # --- run --------------------------------------------------------------------------------
@@ -84,7 +84,7 @@ def pipeline(cfg: Config) -> tuple[Runner, LiveSource | PrometheusSource]:
 
 def _run_config(args: argparse.Namespace) -> tuple[Config, WebConfig]:
     """``kvhit run``'s configuration and web configuration; raises ConfigError."""
-    cfg = _config(args, target=args.target, prometheus=args.prometheus, selector=args.selector,
+    cfg = _config(args, live=True, target=args.target, prometheus=args.prometheus, selector=args.selector,
                   interval=args.interval, timeout=args.timeout, listen=args.listen,
                   web_config=getattr(args, "web_config", None))
     if not (cfg.target or cfg.prometheus):

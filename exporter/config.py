@@ -414,7 +414,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
 
 
 def load_config(path: str | None = None, environ: Mapping[str, str] | None = None,
-                flags: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None) -> Config:
+                flags: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None,
+                live: bool = False) -> Config:
     """Build and validate the configuration (defaults < YAML < env < flags).
 
     Args:
@@ -423,6 +424,9 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
         flags: command-line values already named by key (None values are ignored).
         defaults: a command's own defaults, by key, in place of :class:`Config`'s (e.g. ``kvhit
             demo`` serves on 127.0.0.1 unless told otherwise).
+        live: the configuration of ``kvhit run``, which scrapes and serves: a timeout no layer sets
+            is at most the interval (as Prometheus' scrape_timeout), and the ``listen`` host must
+            resolve (an IPv4 name: the server binds IPv6 only to a bracketed address).
     Raises:
         ConfigError: unknown key, wrong type, out-of-range value, unreadable file.
     """
@@ -437,8 +441,10 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     cfg = _build(Config, data)
     cfg = replace(cfg, model=_with_hf_config(cfg.model))
     validate(cfg)
-    if "timeout" not in data:  # as Prometheus' scrape_timeout: the default, but never over the interval
-        cfg = replace(cfg, timeout=min(cfg.timeout, cfg.interval))
+    if live:
+        listen_address(cfg.listen, "config key listen", resolve=True)
+        if "timeout" not in data:  # as Prometheus' scrape_timeout: the default, but never over the interval
+            cfg = replace(cfg, timeout=min(cfg.timeout, cfg.interval))
     _check_hf_geometry(cfg.model)
     if cfg.web_config:
         load_web_config(cfg.web_config)
@@ -517,13 +523,14 @@ def bounded(lo: float, hi: float = math.inf, integer: bool = False, open_low: bo
     return parse
 
 
-def listen_address(listen: str, key: str, any_port: bool = False) -> tuple[str, int]:
+def listen_address(listen: str, key: str, any_port: bool = False, resolve: bool = False) -> tuple[str, int]:
     """(host, port) of ``ADDR:PORT`` or ``[v6 address]:PORT`` (host "" when ADDR is empty: every
-    interface); port 1-65535, or 0 (any free port) with ``any_port``.
+    interface); port 1-65535, or 0 (any free port) with ``any_port``; with ``resolve``, an ADDR
+    outside brackets must resolve to an IPv4 address (the server binds it so).
 
     Raises:
-        ConfigError: not of that form, an IPv6 ADDR not in brackets, or an ADDR that is not an
-            address and does not resolve; the message starts with ``key``.
+        ConfigError: not of that form, an IPv6 ADDR not in brackets, or (``resolve``) an ADDR
+            that does not resolve to IPv4; the message starts with ``key``.
     """
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
@@ -536,12 +543,12 @@ def listen_address(listen: str, key: str, any_port: bool = False) -> tuple[str, 
         return host[1:-1], int(port)
     if ":" in host or "[" in host or "]" in host:
         raise ConfigError(f"{key}: expected ADDR:PORT (an IPv6 ADDR in brackets), got {listen!r}")
-    if host:
+    if host and resolve:
         try:  # a name that does not resolve is refused here, as a bad key, not when binding
-            socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            socket.getaddrinfo(host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         except (socket.gaierror, UnicodeError) as exc:
-            raise ConfigError(f"{key}: cannot resolve {host!r} ({getattr(exc, 'strerror', None) or exc}), "
-                              f"in {listen!r}") from None
+            raise ConfigError(f"{key}: cannot resolve {host!r} to an IPv4 address ({getattr(exc, 'strerror', None) or exc}; "
+                              f"an IPv6 one goes in brackets), in {listen!r}") from None
     return host, int(port)
 
 
