@@ -963,7 +963,8 @@ def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> 
                      (dec.sum, dec.count) if both else None, d.end.get("kv_usage"))
     tpot, source = _tpot_histogram(d)
     running = None if obs.running is None else obs.running / engines
-    if tpot is not None and not obs.anomaly_hint and st.tpot.update(obs.t, running, tpot.buckets, tpot.count):
+    if (tpot is not None and tpot.problem != SUM_DISAGREES and not obs.anomaly_hint  # buckets _sum refutes: no P95
+            and st.tpot.update(obs.t, running, tpot.buckets, tpot.count)):
         st.tpot_source = source
 
 

@@ -88,6 +88,22 @@ def test_a_ttft_sum_the_buckets_cannot_hold_gives_no_p95_and_no_slo_pass_ratio()
     assert m.unknown["slo_pass_ratio"].startswith("the TTFT histogram's _sum disagrees with the buckets")
 
 
+def test_a_tpot_sum_the_buckets_cannot_hold_feeds_no_max_num_seqs_level():
+    # 10 TPOTs: 5 ≤ 0.02 s, 3 ≤ 0.05 s, 2 ≤ 0.1 s, so Δsum ≤ 0.45 s; a _sum of 40 s per 10 refutes the
+    # buckets, whose P95 is withheld: the TPOT-vs-concurrency fit read them all the same
+    def analysis(tpot_sum: float):
+        a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+        for k in range(3):
+            text = scrape(k)
+            line = next(ln for ln in text.splitlines()
+                        if ln.startswith("vllm:request_time_per_output_token_seconds_sum"))
+            a.ingest(parse_exposition(text.replace(line, f"{line.rpartition(' ')[0]} {tpot_sum * k}"), 1000.0 + 10 * k))
+        return a.analysis().models["m"]
+    assert analysis(0.4).fits["max_num_seqs"].extra.get("tpot_source") == "request"  # the step was read
+    m = analysis(40.0)
+    assert "tpot_source" not in m.fits["max_num_seqs"].extra and "tpot_request" not in m.p95
+
+
 def test_window_cost_pass_bounds_caching_and_sizing_by_hand():
     m = _analysis().models["m"]
     c = m.slo_cost
