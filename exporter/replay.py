@@ -185,15 +185,15 @@ def phase_ttft(inside: list[Observation], others: list[Observation],
     those with finished requests (a queue time), known TTFT, running, ISL and h and no anomaly —
     weighted by first tokens: the observed one is then ΣΔsum / ΣΔcount of the TTFT histogram over
     those steps (MODEL.md §2). When no prediction is possible (no chip-time fit, load-aware fit
-    not ok, a step needs α), the observed mean is over every step of the phase with a TTFT.
+    not ok, a step needs α), the observed mean is over the same steps but for running, ISL and h.
     """
-    observed = _weighted([(o.ttft_count, o.ttft_mean) for o in inside if o.ttft_mean is not None])
+    usable = [o for o in inside if o.requests_finished > 0 and o.ttft_mean is not None and not o.anomaly_hint]
+    observed = _weighted([(o.ttft_count, o.ttft_mean) for o in usable])
     if coef is None:
         return observed, None
     la, _ = fit_latency([s for o in others if (s := LatencySample.from_observation(o)) is not None], coef, None, None)
     if not la.ok:
         return observed, None
-    usable = [o for o in inside if o.requests_finished > 0 and o.ttft_mean is not None and not o.anomaly_hint]
     c0, c1 = la.params["c0"].value, la.params["c1"].value if la.params["c1"].ok else 0.0
     pairs = []
     for o in usable:
