@@ -419,7 +419,7 @@ class Family:
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
-_PRICED_BY = "generation_tokens"  # the family whose pods a fleet's cost prices (PrometheusSource.instances)
+_PRICED_BY = "generation_tokens"  # the family whose pods a fleet's cost prices (PrometheusSource.counts["instances"])
 _PREFIX = "vllm[:_]"  # every spelling parse reads (exporter/parse.py), as a regex
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
@@ -474,8 +474,9 @@ class PrometheusSource:
       summed step counts the fits see), the max for KV-cache usage and the other per-pool values
       (a fraction of one pod's pool does not add up, and an average would hide the full pool, the
       one that evicts).
-    * ``cache_config_info``: the set of labels kvhit reads that most pods report (pods of one
-      model normally share it).
+    * ``cache_config_info``: per model, the set of labels kvhit reads that most of its pods report
+      (vLLM's has no ``model_name``: each pod's row is joined to the models of its counters,
+      ``pm:``, by ``job`` and ``instance``), rendered with the model's ``model_name``.
 
     A sample that is no value (NaN, ±Inf, beyond MAX_VALUE) or, for a counter or bucket, no
     increase (below 0) is rendered as it came and never added to a total (a total would keep it
@@ -538,8 +539,9 @@ class PrometheusSource:
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self._unwatched = False  # some pod's up was not selected at the last poll (logged when it changes)
-        self._down_since: float | None = None  # t some pod was first seen down (up == 0) in a row of polls …
-        self._left_out = False  # … and whether polls have gone on without it since (DOWN_WAIT_SECONDS)
+        self._down_since: dict[tuple[str, str], float] = {}  # (job, instance) down (up == 0) → t first seen so …
+        self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
+        self._leaving_out = False  # the last poll went on without some pod (its return is logged)
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
         # running requests throughout the range; "active", at some sample of it
@@ -558,22 +560,26 @@ class PrometheusSource:
         now = min(self.clock(), time.time()) - self.delay
         deadline = time.monotonic() + self._http.timeout  # one for the poll's two queries
         latest, history, down = self._latest(now, deadline)
-        if not down:
-            if self._left_out:
-                log.info("fleet mode: every pod Prometheus scrapes is up again")
-            self._down_since, self._left_out = None, False
-        else:
-            self._down_since = now if self._down_since is None else self._down_since
-            if now - self._down_since < DOWN_WAIT_SECONDS:
-                raise ScrapeError("catching_up", f"{self._where}: {down:.0f} pod(s) with vLLM counters in the last "
-                                  f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
-                                  "unseen, and would land in one later step; the next range will cover the wait (after "
-                                  f"{DOWN_WAIT_SECONDS:.0f} s such pods are left out)", costly=False)
-            if not self._left_out:  # one pod crash-looping held every model's analysis back for 5 min a time
-                self._left_out = True
-                log.warning("fleet mode: %.0f pod(s) Prometheus cannot scrape (up == 0) for %.0f s are left out of the "
-                            "sums until they are back: a restarted pod then adds its counts since its start, one that "
-                            "was only unscrapeable its growth since, in one step", down, now - self._down_since)
+        self._down_since = {pod: self._down_since.get(pod, now) for pod in down}
+        # each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out in the last
+        # LOOKBACK is not waited for again (a crash-looping pod held every model back at each crash)
+        waiting = [pod for pod in down if pod not in self._left_out and now - self._down_since[pod] < DOWN_WAIT_SECONDS]
+        if waiting:
+            raise ScrapeError("catching_up", f"{self._where}: {len(waiting)} pod(s) with vLLM counters in the last "
+                              f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
+                              "unseen, and would land in one later step; the next range will cover the wait (after "
+                              f"{DOWN_WAIT_SECONDS:.0f} s such pods are left out)", costly=False)
+        new = [pod for pod in down if pod not in self._left_out]
+        if new:
+            log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) for %.0f s or more are left out of the "
+                        "sums until they are back (%s): a restarted pod then adds its counts since its start, one that "
+                        "was only unscrapeable its growth since, in one step", len(new), DOWN_WAIT_SECONDS,
+                        ", ".join(f"{job}/{instance}" for job, instance in sorted(new)))
+        elif self._leaving_out and not down:
+            log.info("fleet mode: every pod Prometheus scrapes is up again")
+        self._leaving_out = bool(down)
+        self._left_out = {pod: t for pod, t in self._left_out.items() if pod not in down and t > now - LOOKBACK_SECONDS}
+        self._left_out.update(dict.fromkeys(down, now))
         if latest is not None and self._end is not None and latest <= self._end:
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
@@ -598,7 +604,8 @@ class PrometheusSource:
         counts = {kind: {labels.get("model_name", ""): int(value) for labels, value in rows
                          if labels.get(_QUERY_LABEL) == qid and 1 <= value < math.inf}
                   for qid, kind in queries.items()}
-        if "busy:" in query:  # asked: a model neither lists had no engine running throughout (busy) or ever (active)
+        if self._baseline is not None and self._running is not None:  # busy: and active: were asked (promql):
+            # a model neither lists had no engine running throughout the range (busy) or ever (active)
             for kind in ("busy", "active"):
                 counts[kind] = {m: counts[kind].get(m, 0) for m in counts["engines"]}
         kept = dict(self._totals), dict(self._seen), self._partial
@@ -615,26 +622,26 @@ class PrometheusSource:
             self._baseline = t
         return t, text
 
-    def _latest(self, t: float, deadline: float) -> tuple[float | None, bool, float]:
+    def _latest(self, t: float, deadline: float) -> tuple[float | None, bool, set[tuple[str, str]]]:
         """(the oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
         — one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
         series of one pod would collide —; whether Prometheus has a counter sample of the selected
         pods within LOOKBACK before the last fetch's t: its history, which a restart on empty
-        storage or a fresh replica lost; the pods with counter samples within LOOKBACK whose target
-        is down at t: ``up == 0``, their series stale, which timestamp() does not see, while
+        storage or a fresh replica lost; the pods, (job, instance), with counter samples within
+        LOOKBACK whose target is down at t: ``up == 0``, their series stale, which timestamp() does not see, while
         last_over_time() would read their growth as 0 and the whole gap's in one step when they
         return — a pod gone from service discovery has no ``up`` and is not counted). Logs a warning
         when pods scraped now have no ``up`` the matchers select (their being down would go unseen)."""
         if not self._counters:
-            return None, False, 0.0
+            return None, False, set()
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
         # up with the selector's matchers too: another cluster's target at the same job and address
         # (Thanos) is none of the fleet's (a matcher on a label up lacks finds no down pod)
         up = "up{" + ", ".join(self.matchers) + "}"
-        queries.append(("down:", f"count(count by (job, instance) (last_over_time({self._counters_selector()}"
-                                  f"[{LOOKBACK}])) and on (job, instance) ({up} == 0))"))
+        queries.append(("down:", f"count by (job, instance) (last_over_time({self._counters_selector()}"
+                                  f"[{LOOKBACK}])) and on (job, instance) ({up} == 0)"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
         queries.append(("unwatched:", f"count(count by (job, instance) ({self._counters_selector()}) "
                                       f"unless on (job, instance) {up})"))
@@ -646,8 +653,9 @@ class PrometheusSource:
         stamps = [v for labels, v in rows
                   if labels.get(_QUERY_LABEL) not in ("history:", "down:", "unwatched:") and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
-        down, unwatched = (sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == q and math.isfinite(v))
-                           for q in ("down:", "unwatched:"))
+        down = {(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
+                if labels.get(_QUERY_LABEL) == "down:"}
+        unwatched = sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == "unwatched:" and math.isfinite(v))
         if bool(unwatched) != self._unwatched:
             self._unwatched = bool(unwatched)
             if unwatched:
@@ -688,9 +696,9 @@ class PrometheusSource:
         needs history the selected pods may not have yet), a series without a sample at the
         growth's start counted whole when its ``_created`` is after ``born_after`` [unix s]
         (:func:`_growth`), and per model the pods × ``engine`` labels with counters (``e:``,
-        :attr:`engines`), the pods in the output tokens' growth (``p:``, :attr:`instances`) and
-        the pods × engines running requests at every sample of the range (``busy:``, :attr:`busy`)
-        and at some sample of it (``active:``, :attr:`active`)."""
+        :attr:`counts` "engines"), the pods in the output tokens' growth (``p:``, "instances") and
+        the pods × engines running requests at every sample of the range (``busy:``, "busy") and at
+        some sample of it (``active:``, "active")."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
         if self._counters:

@@ -369,8 +369,8 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert "history:" not in fake.latest_forms[0]["query"]
     # the selected pods that Prometheus cannot scrape now: up with the selector's matchers (another
     # cluster's target at the same job and address is none of the fleet's: review)
-    assert (f'label_replace(count(count by (job, instance) (last_over_time({counters}[5m])) and on (job, instance) '
-            f'(up{{{sel}}} == 0)), "kvhit_query", "down:", "", "")') in fake.latest_forms[0]["query"]
+    assert (f'label_replace(count by (job, instance) (last_over_time({counters}[5m])) and on (job, instance) '
+            f'(up{{{sel}}} == 0), "kvhit_query", "down:", "", "")') in fake.latest_forms[0]["query"]
     assert (f'label_replace(count(last_over_time({counters}[5m] offset 3250ms)), "kvhit_query", "history:", "", "")'
             in fake.latest_forms[1]["query"])
     assert len(fake.latest_forms) == 4  # the failed fetch's range query too
@@ -1181,29 +1181,40 @@ def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_inte
 def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(fake, caplog):
     # A crash-looping pod (up 20 s, down 200 s) held every model's analysis back: each poll failed
     # catching_up for up to 5 min, kvhit_up 0 (KvhitTargetDown: "cannot scrape its vLLM target").
-    # After DOWN_WAIT_SECONDS the polls go on without it.
+    # Each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out lately is not
+    # waited for again when it goes down anew (review: one switch for the fleet let a second pod
+    # in unwaited and unlogged, and waited again at each crash of the first).
     from exporter.sources import DOWN_WAIT_SECONDS
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
-    down = (200, fake.vector([({"kvhit_query": "down:"}, "1")]))
-    fake.latest += [(200, fake.vector([]))] + [down] * 3 + [(200, fake.vector([]))]
-    fake.answer([_row("c:prefix_cache_queries", "0")])
-    src.fetch()  # the baseline, every pod up
-    for dt in (0.0, DOWN_WAIT_SECONDS - 1.0):  # the pod went down (first seen at 1005): wait for it
-        clock.t = 1005.0 + dt
-        with pytest.raises(ScrapeError) as err:
+
+    def down(*pods: str) -> tuple[int, bytes]:
+        return 200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2") for p in pods])
+
+    def poll(t: float, *pods: str) -> str:
+        """'ok' or 'wait' (catching_up) of a poll at ``t`` with ``pods`` down."""
+        clock.t = t
+        fake.latest.append(down(*pods))
+        fake.answer([_row("c:prefix_cache_queries", "100")])
+        try:
             src.fetch()
-        assert err.value.reason == "catching_up"
-    assert len(fake.forms) == 1  # no range asked while waiting
-    clock.t = 1005.0 + DOWN_WAIT_SECONDS
-    fake.answer([_row("c:prefix_cache_queries", "600")])
+        except ScrapeError as err:
+            assert err.reason == "catching_up"
+            fake.answers.pop()  # no range was asked
+            return "wait"
+        return "ok"
+
+    w = DOWN_WAIT_SECONDS
     with caplog.at_level("INFO", logger="kvhit"):
-        t, text = src.fetch()  # a minute on: the others' range, the pod left out
-        assert t == clock.t and dict(parse_exposition(text, t).models["m"].counters) == {"queries": 600.0}
-        clock.t += 5.0
-        fake.answer([_row("c:prefix_cache_queries", "50")])
-        src.fetch()  # back
-    assert caplog.text.count("are left out of the sums until they are back") == 1, caplog.text
+        assert poll(1000.0) == "ok"  # the baseline, every pod up
+        assert [poll(1005.0, "a"), poll(1005.0 + w - 1, "a"), poll(1005.0 + w, "a")] == ["wait", "wait", "ok"]
+        assert poll(1070.0, "a", "b") == "wait"  # b just went down: its own wait
+        assert poll(1070.0 + w, "a", "b") == "ok"
+        assert poll(1200.0) == "ok"  # both back
+        assert poll(1220.0, "a") == "ok"  # a crashes again within 5 min: left out at once
+    assert [ln for ln in caplog.text.splitlines() if "are left out of the sums" in ln] and \
+        caplog.text.count("are left out of the sums until they are back (vllm/a)") == 1 and \
+        caplog.text.count("are left out of the sums until they are back (vllm/b)") == 1, caplog.text
     assert "every pod Prometheus scrapes is up again" in caplog.text
 
 
