@@ -23,8 +23,8 @@ prometheus_bearer_token_file              file whose token is sent as ``Authoriz
                                           user:password in the URL
 listen                                    address:port kvhit serves on (0.0.0.0:9471)
 interval                                  seconds between scrapes, 0.1 to 86400 (5)
-timeout                                   scrape timeout, seconds, at most 86400 (3, or interval
-                                          when shorter, as Prometheus' scrape_timeout)
+timeout                                   scrape timeout, seconds, at most 86400 (3; kvhit run:
+                                          at most interval, as Prometheus' scrape_timeout)
 window_seconds                            publish window, seconds, at most 3600 and 720 × interval (60)
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
