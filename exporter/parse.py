@@ -370,8 +370,7 @@ class _Builder:
         self.declared: set[str] = set()  # vLLM family names seen (with or without samples)
         self.sampled: set[str] = set()  # … of them, those with a sample line (a version's proof: _since)
         self.model_samples: set[tuple[str, str]] = set()  # (exposed base, model) of every sample read, usable or not
-        self.usable: set[str] = set()  # exposed bases read with a usable value …
-        self.usable_models: set[tuple[str, str]] = set()  # … and (base, model) of each
+        self.usable: set[tuple[str, str]] = set()  # (exposed base, model) read with a usable value
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
         self.cache_config: dict[str, str] = {}
@@ -413,8 +412,7 @@ class _Builder:
         if value < 0 and (kind == "counter" or (kind == "hist" and part != "sum")):
             self.quirk("negative")  # a counter or an observation count is never below zero
             return
-        self.usable.add(base)
-        self.usable_models.add((base, labels.get("model_name", "")))
+        self.usable.add((base, labels.get("model_name", "")))
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "pid"))
         slot = self.series.setdefault((kind, base, part), {})
         self.values[self.line] = value
@@ -892,6 +890,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
             created.setdefault(model, {}).setdefault(labels.get("engine", ""), {})[f"{base}{{{rest}}}"] = value
 
     models = {}
+    since_of: dict[str, tuple[int, ...]] = {}  # model → what its own samples prove (Snapshot.model_since)
     for model, fields_ in acc.model.items():
         counters = fields_.get("counters", {})
         hists = fields_.get("histograms", {})
@@ -908,7 +907,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                 created=created.get(model, {}).get(e, {}), hit_unit=hit_unit.get(model, ""))
         unit = hit_unit.get(model, "")
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
-        unknown = _unknown_reasons(era, _since(b, model), counters, v0_no_data, unit, acc.incomplete.get(model, set()),
+        since_of[model] = _since(b, model)
+        unknown = _unknown_reasons(era, since_of[model], counters, v0_no_data, unit, acc.incomplete.get(model, set()),
                                    b.model_cache_config.get(model, b.cache_config), "lmcache" in b.families,
                                    _external_exposed(b, model))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
@@ -927,7 +927,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
     b.recipe = Snapshot(timestamp, era, reason, models, MappingProxyType(b.cache_config),
                         MappingProxyType(dict(b.quirks)), since,
                         model_cache_config=MappingProxyType({m: MappingProxyType(c) for m, c in b.model_cache_config.items()}),
-                        model_since=MappingProxyType({m: _since(b, m) for m in models}))
+                        model_since=MappingProxyType(since_of))
     return _compile(b.recipe)[0](b.values, timestamp)[0]
 
 
@@ -980,8 +980,8 @@ def _since(b: _Builder, model: str | None = None) -> tuple[int, ...]:
     # every model's pods, each of its own version: one model's newer families proved every
     # model new); a family it does not read, by any sample line
     read = {base for base, _ in b.model_samples}
-    proven = [v for name, v in _SINCE.items() if name in b.sampled and (
-        name not in read or (name in b.usable if model is None else (name, model) in b.usable_models))]
+    usable = {base for base, m in b.usable if model is None or m == model}
+    proven = [v for name, v in _SINCE.items() if name in b.sampled and (name not in read or name in usable)]
     return max(proven) if proven else ()
 
 

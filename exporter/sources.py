@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.parse
 import zlib
+from collections import Counter, defaultdict
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -578,8 +579,8 @@ class PrometheusSource:
         elif self._leaving_out and not down:
             log.info("fleet mode: every pod Prometheus scrapes is up again")
         self._leaving_out = bool(down)
-        self._left_out = {pod: t for pod, t in self._left_out.items() if pod not in down and t > now - LOOKBACK_SECONDS}
-        self._left_out.update(dict.fromkeys(down, now))
+        self._left_out = ({pod: t for pod, t in self._left_out.items() if t > now - LOOKBACK_SECONDS}
+                          | dict.fromkeys(down, now))
         if latest is not None and self._end is not None and latest <= self._end:
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
@@ -837,11 +838,11 @@ class PrometheusSource:
         models: dict[tuple[str, str], list[str]] = {}  # (job, instance) → the models of its counters
         for labels, _ in by_query.get("pm:", []):
             models.setdefault((labels.get("job", ""), labels.get("instance", "")), []).append(labels.get("model_name", ""))
-        pods: dict[str, dict[tuple[tuple[str, str], ...], int]] = {}  # model → its pods' label sets → pods
+        pods: dict[str, Counter] = defaultdict(Counter)  # model → its pods' label sets → pods
         for labels, _ in by_query.get(f"i:{f.name}", []):
             config = tuple(sorted((k, v) for k, v in labels.items() if k not in ("job", "instance")))
             for model in models.get((labels.get("job", ""), labels.get("instance", "")), ()):
-                pods.setdefault(model, {})[config] = pods.get(model, {}).get(config, 0) + 1
+                pods[model][config] += 1
         fam = GaugeMetricFamily(name, _FLEET_HELP)
         for model, configs in sorted(pods.items()):
             config = max(configs, key=lambda c: (configs[c], c))  # the most pods', then by labels
