@@ -29,6 +29,8 @@ Choices where MODEL.md is silent: token counters are continuous (rendered with 6
 decimals), finished-request counts are integers (fractional requests carried to the next
 scrape); every request of a step has the same ISL, OSL and h, so each histogram's observations
 of a step fall into one bucket; num_requests_running is the schedule's concurrency, waiting is 0.
+A request's decode is OSL engine steps of the batch; its inter-token latency (OSL − 1 per request)
+and per-request TPOT are one such step, decode / OSL (vLLM ≥ 0.11 names, its bucket edges).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ _TTFT_EDGES = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                40.0, 80.0, 160.0, 640.0, 2560.0)
 _TOKEN_EDGES = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
                 50000.0, 100000.0)
+_TPOT_EDGES = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _ITER_EDGES = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 
 
@@ -258,6 +261,8 @@ _HISTS = (
     ("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", _TIME_EDGES),
     ("request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", _TIME_EDGES),
     ("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _TIME_EDGES),
+    ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _TPOT_EDGES),
+    ("request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", _TPOT_EDGES),
 )
 
 
@@ -343,6 +348,9 @@ class Engine:
             hs["time_to_first_token_seconds"].observe(queue + prefill, done)
             hs["request_decode_time_seconds"].observe(decode, done)
             hs["e2e_request_latency_seconds"].observe(queue + prefill + decode, done)
+            # one engine step between two output tokens: OSL − 1 gaps per request, its mean TPOT the same
+            hs["inter_token_latency_seconds"].observe(decode / tr.osl, done * max(int(round(tr.osl)) - 1, 0))
+            hs["request_time_per_output_token_seconds"].observe(decode / tr.osl, done)
         self.t += dt
         return StepTruth(t=sc.start + self.t, dt=dt, h=h, h_load=h_load, running=running, requests=n,
                          miss_tps=tr.miss_tps(h, running), dip=dip, restart=restart)

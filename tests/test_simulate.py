@@ -72,6 +72,49 @@ def test_latency_histograms_follow_the_unified_ttft():
     assert decode == pytest.approx(tr.osl * t_chip / (tr.osl / 10 + 1), rel=1e-9) and decode > tr.osl * tr.k_dec
 
 
+def test_tpot_histograms_are_one_engine_step_and_kvhit_reads_p95_slo_pass_and_cost_from_them():
+    # No noise, 10 requests running, h = 0.6: a request's chip time by hand (MODEL.md §7), its
+    # decode OSL steps of t_chip / (OSL/running + 1) each: ITL and per-request TPOT are one step
+    from exporter.config import Config, Slo
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    tr = Truth(alpha=0.5, load_share=1.0)
+    sc = Scenario(truth=tr, schedule=(Segment("step", 120.0, 0.6),), noise=0.0, running=(10.0, 10.0))
+    m, hh = 0.4 * 2048, 0.6 * 2048
+    t_chip = tr.t_step * (128 / 10 + 1) + tr.k_ffn * m + tr.k_attn * (m * hh + m * m / 2) + 128 * tr.k_dec
+    step = t_chip / (128 / 10 + 1)
+    assert 0.01 < step < 0.025  # 16.3 ms: every observation in the bucket (0.01, 0.025]
+    frames = list(generate(sc))
+    a, b = frames[1][1], frames[-1][1]
+    done = _counter(b, "request_success_total") - _counter(a, "request_success_total")
+    for name, per_request in (("request_time_per_output_token_seconds", 1), ("inter_token_latency_seconds", 127)):
+        n = _counter(b, f"{name}_count") - _counter(a, f"{name}_count")
+        assert done > 0 and n == per_request * done
+        assert (_counter(b, f"{name}_sum") - _counter(a, f"{name}_sum")) / n == pytest.approx(step, rel=1e-9)
+
+    def analysed(slo: Slo):
+        clock = TraceClock()
+        runner = Runner(Config(interval=sc.interval, slo=slo, instance_hour_price=3.6), "sim", clock=clock)
+        for t, text, _ in frames:
+            clock.t = t
+            assert runner.ingest_text(t, text)
+        return runner.current()[0].models[sc.model_name]
+
+    got = analysed(Slo(ttft_seconds=5.0, tpot_seconds=0.025))
+    # histogram_quantile inside the one bucket: 0.01 + 0.95 × (0.025 − 0.01)
+    assert got.p95["tpot_request"] == pytest.approx(0.02425) and got.p95["itl"] == pytest.approx(0.02425)
+    assert got.tpot_source == "request"
+    # every TTFT (< 1 s) and TPOT under its SLO: all pass; cost = $3.6/h over the output tokens,
+    # OSL per t_chip of busy time: 1e6 × (3.6 / 3600) / (128 / t_chip) per 1M tokens
+    cost = got.slo_cost
+    assert (cost.pass_lower, cost.pass_upper) == (1.0, 1.0)
+    assert cost.cost_lower == pytest.approx(1e6 * 0.001 * t_chip / 128, rel=1e-6)
+    assert cost.cost_upper == pytest.approx(cost.cost_lower)
+    cost = analysed(Slo(ttft_seconds=5.0, tpot_seconds=0.01)).slo_cost  # every TPOT above it: none passes
+    assert (cost.pass_lower, cost.pass_upper) == (0.0, 0.0) and cost.cost_lower is None
+
+
 def test_expositions_parse_as_vllm_v1_with_every_signal_and_restarts_change_created():
     sc = replace(preset("diurnal"), noise=0.1)
     stamps, prev = [], None
