@@ -46,7 +46,8 @@ class BathtubCurve:
             None when no covariance was given.
         h_star: valley bottom; None when there is no valley (R'(0) ≥ 0).
         h_even: the h > h_star where R climbs back to R(0); None when no valley or no exit.
-        exit: when a valley exists, whether R climbs back to R(0) before h_max; None otherwise.
+        exit: when a valley exists, whether R climbs back to R(0) before h_max (the linear form: before
+            h = 1, where its R grows without bound when ρ < a < 1, past its curve's last point); None otherwise.
         valley_active: slope_now < 0 and the upper end of slope_ci < 0 (False when slope_ci is None).
         curve: ((h, R(h)), ...) on the grid, for dashboards.
     """
@@ -64,13 +65,25 @@ class BathtubCurve:
     curve: tuple[tuple[float, float], ...]
 
 
-def _grid(grid: int | Sequence[float], h_max: float) -> np.ndarray:
-    """An int means that many evenly spaced points on [0, h_max]; a sequence is used as given."""
+def _grid(grid: int | Sequence[float], h_max: float, below: float | None = None) -> np.ndarray:
+    """An int means that many evenly spaced points on [0, h_max]; a sequence is used as given, each
+    point in [0, h_max] (or in [0, ``below``) when given). Raises ValueError otherwise."""
     if isinstance(grid, (int, np.integer)):
         if grid < 2:
             raise ValueError("grid must have at least 2 points")
         return np.linspace(0.0, h_max, grid)
-    return np.asarray(grid, dtype=float)
+    hs = np.asarray(grid, dtype=float)
+    inside = (hs >= 0.0) & ((hs < below) if below is not None else (hs <= h_max))
+    if hs.ndim != 1 or not inside.all():
+        raise ValueError(f"grid points must be hit ratios in [0, {h_max if below is None else below}"
+                         f"{']' if below is None else ')'}")
+    return hs
+
+
+def _finite(**values: float) -> None:
+    bad = [name for name, v in values.items() if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must be finite numbers")
 
 
 def _cov(cov, n: int) -> np.ndarray | None:
@@ -131,10 +144,14 @@ def bathtub_linear(
     never turns back up inside [0, 1), so h_star and h_even are None and exit is False.
     slope_ci: delta method with the exact gradient of R'(h_now) in (tps0, a) (R' is bilinear in them).
 
-    Raises ValueError if h_now is outside [0, 1) or cov is not 2×2.
+    Raises ValueError if h_now is outside [0, 1), tps0, a, p_miss or rho is not finite,
+    TPS0·P_miss ≤ 0, a grid point is outside [0, 1), or cov is not 2×2.
     """
     if not 0.0 <= h_now < 1.0:
         raise ValueError("h_now must be in [0, 1) for the linear form")
+    _finite(tps0=tps0, a=a, p_miss=p_miss, rho=rho)
+    if not tps0 * p_miss > 0.0:  # the valley test below reads R'(0) < 0 as a > ρ
+        raise ValueError("TPS0·P_miss must be > 0")
     c = _cov(cov, 2)
 
     def slope(x: np.ndarray) -> float:
@@ -153,7 +170,7 @@ def bathtub_linear(
         h_star = valley_bottom_linear(a, rho)
         h_even = breakeven_linear(a, rho)
         exit_ = h_even is not None
-    hs = _grid(grid, LINEAR_H_MAX)
+    hs = _grid(grid, LINEAR_H_MAX, below=1.0)
     curve = tuple((float(h), float(revenue_linear(float(h), tps0, a, p_miss, rho))) for h in hs)
     return BathtubCurve(
         form="linear",
@@ -233,9 +250,14 @@ def bathtub_chip_time(
     otherwise exit is False and h_even None ("the valley has no exit").
     slope_ci: delta method, numerical gradient of R'(h_now) in the 5 coefficients × cov.
 
-    Raises ValueError if isl ≤ 0, h_max is not in (0, 1], h_now is not in [0, h_max], cov is not
-    5×5, or t_chip ≤ 0 anywhere on [0, h_max].
+    Raises ValueError if isl ≤ 0, h_max is not in (0, 1], h_now is not in [0, h_max], a price or
+    coefficient is not a finite number ≥ 0 (the bottom's search needs R unimodal), a grid point is
+    outside [0, h_max], cov is not 5×5, or t_chip ≤ 0 anywhere on [0, h_max].
     """
+    _finite(p_miss=p_miss, p_hit=p_hit, p_out=p_out, t_fixed=t_fixed, osl=osl,
+            **dict(zip(CHIP_TIME_TERMS, coef.as_tuple())))
+    if min(p_miss, p_hit, p_out, *coef.as_tuple()) < 0.0:
+        raise ValueError("prices and chip-time coefficients must be ≥ 0")
     if isl <= 0:
         raise ValueError("isl must be > 0 tokens")
     if h_max is None:

@@ -49,14 +49,18 @@ def load_time(h_load: float, isl: float, kv_bytes_per_token: float, load_bandwid
 
 
 def overlap_time(overlap: float, t_load: float, t_compute: float) -> float:
-    """T_overlap = α·min(T_load, T_compute) [s] (MODEL.md §3.2)."""
+    """T_overlap = α·min(T_load, T_compute) [s] (MODEL.md §3.2). Raises ValueError for α outside
+    [0, 1] (MODEL.md §1: more overlap than the shorter part is no overlap, NaN no α)."""
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap α must be in [0, 1], got {overlap!r}")
     return overlap * min(t_load, t_compute)
 
 
 def ttft_unified(t_fixed: float, t_load: float, t_compute: float, overlap: float) -> float:
     """TTFT = T_fixed + T_load + T_compute - α·min(T_load, T_compute) [s] (MODEL.md §3.2).
 
-    α = 0 gives the sum, α = 1 gives T_fixed + max(T_load, T_compute).
+    α = 0 gives the sum, α = 1 gives T_fixed + max(T_load, T_compute). Raises ValueError for α
+    outside [0, 1] (:func:`overlap_time`).
     """
     return t_fixed + t_load + t_compute - overlap_time(overlap, t_load, t_compute)
 
@@ -177,13 +181,24 @@ def steps_fixed_time(t_step: float, steps_per_request: float) -> float:
 # --- §3.4 / §3.5: TPM --------------------------------------------------------------------
 
 
+def _per_request_chip_time(t_chip: float) -> None:
+    if not 0.0 < t_chip < math.inf:
+        raise ValueError(f"t_chip must be a finite time > 0 s per request, got {t_chip!r}")
+
+
 def tpm_delivered(isl: float, osl: float, t_chip: float) -> float:
-    """Delivered TPM = (ISL + OSL)·60 / t_chip [tokens/min]; cached input counts (MODEL.md §3.4)."""
+    """Delivered TPM = (ISL + OSL)·60 / t_chip [tokens/min]; cached input counts (MODEL.md §3.4).
+    Raises ValueError unless 0 < t_chip < ∞."""
+    _per_request_chip_time(t_chip)
     return (isl + osl) * 60.0 / t_chip
 
 
 def tpm_physical(isl: float, osl: float, h: float, t_chip: float) -> float:
-    """Physical TPM = (ISL·(1-h) + OSL)·60 / t_chip [tokens/min]: what the hardware computed (§3.4)."""
+    """Physical TPM = (ISL·(1-h) + OSL)·60 / t_chip [tokens/min]: what the hardware computed (§3.4).
+    Raises ValueError unless 0 < t_chip < ∞ and 0 ≤ h ≤ 1."""
+    _per_request_chip_time(t_chip)
+    if not 0.0 <= h <= 1.0:
+        raise ValueError(f"h must be in [0, 1], got {h!r}")
     return (isl * (1.0 - h) + osl) * 60.0 / t_chip
 
 

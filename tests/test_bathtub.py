@@ -99,6 +99,14 @@ def test_linear_rejects_bad_input():
         bathtub_linear(TPS0, A_, None, 1.0, P_MISS, RHO)
     with pytest.raises(ValueError):
         bathtub_linear(TPS0, A_, np.eye(3), 0.3, P_MISS, RHO)
+    # a NaN or a non-positive TPS0·P_miss gave a valley bottom of 2/3 with R'(0) > 0 or NaN
+    for tps0, a, p_miss, rho in ((math.nan, A_, P_MISS, RHO), (TPS0, math.nan, P_MISS, RHO),
+                                 (TPS0, A_, 0.0, RHO), (-TPS0, A_, P_MISS, RHO), (TPS0, A_, P_MISS, math.nan)):
+        with pytest.raises(ValueError):
+            bathtub_linear(tps0, a, None, 0.3, p_miss, rho)
+    for grid in ([0.0, 0.5, 1.0], [-0.1, 0.5]):  # h = 1 divided by 0; h < 0 is no hit ratio
+        with pytest.raises(ValueError, match="grid points"):
+            bathtub_linear(TPS0, A_, None, 0.3, P_MISS, RHO, grid=grid)
 
 
 # --- chip-time form: no exit, linear-over-linear --------------------------------------------
@@ -251,6 +259,12 @@ def test_chip_time_rejects_bad_input():
         bathtub_chip_time(FFN_ONLY, None, 0.1, 1000, 0, 0.9995, 1e-6, 1e-7, 0.0)
     with pytest.raises(ValueError):  # t_chip = 0 at h=1 (nothing but miss work)
         bathtub_chip_time(FFN_ONLY, None, 0.0, 1000, 0, 0.3, 1e-6, 1e-7, 0.0, h_max=1.0)
+    with pytest.raises(ValueError, match="finite"):
+        bathtub_chip_time(FFN_ONLY, None, 0.1, 1000, 0, 0.3, math.nan, 1e-7, 0.0)
+    with pytest.raises(ValueError, match="≥ 0"):  # a negative k_attn breaks the unimodal R the bottom's search needs
+        bathtub_chip_time(ChipTimeCoefficients(0.0, 1e-4, -1e-9, 0.0, 0.0), None, 0.1, 1000, 0, 0.3, 1e-6, 1e-7, 0.0)
+    with pytest.raises(ValueError, match="grid points"):  # h = 1.5 read R = −0.91
+        bathtub_chip_time(FFN_ONLY, None, 0.1, 1000, 0, 0.3, 1e-6, 1e-7, 0.0, grid=[0.0, 1.5])
 
 
 # --- derived a ------------------------------------------------------------------------------
