@@ -211,7 +211,10 @@ class Runner:
             _, text = source.fetch()
             stamp += source.answer_delay  # when the body was generated (LiveSource)
         except ScrapeError as exc:
-            self.record_failure(exc.reason, str(exc), time.monotonic() - start, costly=exc.costly)
+            if exc.unchanged and not self._failures and self._health.last_success is not None:
+                self._unchanged(str(exc), time.monotonic() - start, asked)
+            else:
+                self.record_failure(exc.reason, str(exc), time.monotonic() - start, costly=exc.costly)
             return False
         except Exception as exc:
             self.record_failure("error", f"scrape failed: {type(exc).__name__}", time.monotonic() - start)
@@ -219,6 +222,18 @@ class Runner:
         finally:
             self._polled = self.clock()
         return self.ingest_text(stamp, text, time.monotonic() - start, offset, asked, getattr(source, "counts", None))
+
+    def _unchanged(self, message: str, duration: float, asked: float) -> None:
+        """A poll that found the source holding nothing newer (ScrapeError.unchanged) while every
+        attempt before it succeeded: a success without a step. The analysis shown is of the newest
+        data there is, so it is neither down nor stale, and its health is dated at the poll; logged
+        at most once per STEP_NOTE_SECONDS."""
+        with self._lock:
+            h = self._health
+            self._health = replace(h, up=True, duration=duration, last_success=max(h.last_success, asked))
+        if asked - self._noted.get("unchanged", -math.inf) >= STEP_NOTE_SECONDS:
+            self._noted["unchanged"] = asked
+            log.info("nothing new to analyse (not counted as a failure): %s", message)
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer

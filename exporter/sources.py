@@ -60,12 +60,15 @@ class ScrapeError(Exception):
     The message names the URL (credentials removed) and the kind of failure, never the body.
     """
 
-    def __init__(self, reason: str, message: str, costly: bool = True) -> None:
+    def __init__(self, reason: str, message: str, costly: bool = True, unchanged: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
         # False: the attempt cost the target nothing, so the next comes after an interval, not
         # backed off (nothing listened; a fleet poll found a pod not scraped yet: one small query)
         self.costly = costly
+        # True: the source answered and holds nothing newer than the last snapshot yet (a fleet
+        # poll between two of Prometheus' scrapes): no failure while no other is pending (Runner.poll)
+        self.unchanged = unchanged
 
 
 class _Authorization(AuthBase):
@@ -425,6 +428,9 @@ _PREFIX = "vllm[:_]"  # every spelling parse reads (exporter/parse.py), as a reg
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
 DOWN_WAIT_SECONDS = 60.0  # how long polls wait for a pod Prometheus cannot scrape before leaving it out
+# A pod's latest sample younger than this, yet no newer than the last poll's range: Prometheus has not
+# scraped it again yet (its scrape interval, ≤ 60 s in common setups, above kvhit's --interval)
+FRESH_SAMPLE_SECONDS = 60.0
 TOTALS_TTL_SECONDS = 3600.0  # fleet mode forgets a running total no answer held for an hour
 # How far a pod's clock (its _created stamps) may be from Prometheus' (its sample times) for a new
 # pod's whole value to be counted only once (PrometheusSource.fetch)
@@ -456,7 +462,8 @@ class PrometheusSource:
       t is the oldest of the pods' latest counter samples (:meth:`_latest`), so the snapshot is
       stamped where the data ends; with no sample of some pod since the last fetch's t, the fetch
       fails ``catching_up`` (Prometheus has not scraped since it came back; a pod gone while
-      Prometheus was down keeps its last sample for its 5-min lookback). A failed fetch does not
+      Prometheus was down keeps its last sample for its 5-min lookback), ``unchanged`` (nothing new
+      yet, no failure: Runner.poll) while that sample is under FRESH_SAMPLE_SECONDS old. A failed fetch does not
       move t: the next difference covers the gap. A pod new since the last fetch adds its whole
       value (a counter starts from 0) when its ``_created`` is after both the first fetch and the
       last fetch's t − 5 min + CREATED_SKEW_SECONDS (the pod's clock against Prometheus'; then
@@ -582,10 +589,14 @@ class PrometheusSource:
         self._left_out = ({pod: t for pod, t in self._left_out.items() if t > now - LOOKBACK_SECONDS}
                           | dict.fromkeys(down, now))
         if latest is not None and self._end is not None and latest <= self._end:
+            if now - latest < FRESH_SAMPLE_SECONDS:
+                raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last poll (its "
+                                  f"latest is {now - latest:.0f} s old): Prometheus scrapes it less often than "
+                                  "--interval, which should be at least twice its scrape interval; the next range "
+                                  "covers the wait", costly=False, unchanged=True)
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
-                              "down or restarted?), or the pod is gone; the next range will cover the wait (every few "
-                              "polls: --interval is below Prometheus' scrape interval, and should be twice it)",
+                              "down or restarted?), or the pod is gone; the next range will cover the wait",
                               costly=False)
         t = now if latest is None else min(now, latest)
         # A clock that stepped back restarts the ranges instead of querying an empty one.
