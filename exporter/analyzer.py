@@ -1020,8 +1020,10 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     if ttft_slo is None or tpot_slo is None:
         unknown.setdefault("slo_pass_ratio", "slo.ttft_seconds and slo.tpot_seconds must both be configured")
     elif ttft is None or tpot is None:
-        unknown.setdefault("slo_pass_ratio", "no time_to_first_token or TPOT/inter-token latency histogram with "
-                                             "buckets in the publish window")
+        unknown.setdefault("slo_pass_ratio", "no " + " and no ".join(
+            what for what, absent in (("time_to_first_token", ttft is None),
+                                      ("request TPOT or inter-token latency", tpot is None)) if absent)
+            + " histogram with buckets in the publish window")
     elif SUM_DISAGREES in (ttft.problem, tpot.problem):
         unknown.setdefault("slo_pass_ratio", f"the {'TTFT' if ttft.problem == SUM_DISAGREES else 'TPOT'} histogram's "
                                              f"{SUM_DISAGREES} in the publish window (which is wrong cannot be told)")

@@ -220,7 +220,7 @@ def describe_model(m: ModelAnalysis) -> str:
         lines.append(f"  observed TTFT (window mean) {m.observed_ttft:.3f}s")
     for form, b in m.bathtubs.items():
         lines.append(f"  bathtub {form:9s} R'(h)={b.slope_now:.3g} h*={fmt(b.h_star)} h_even={fmt(b.h_even)} "
-                     f"exit={b.exit} valley_active={b.valley_active}")
+                     f"exit={'-' if b.exit is None else b.exit} valley_active={b.valley_active}")
     return "\n".join(lines)
 
 
@@ -358,6 +358,8 @@ def _demo_withheld(m: ModelAnalysis) -> list[tuple[str, str]]:
                                                                 "predicted_current") if k in m.unknown), "")))
     if slope.value("a") is None:
         out.append(("a_direct", slope.reason))
+    if not m.miss_slope_derived:
+        out.append(("a_derived", m.unknown.get("miss_slope_derived", "")))
     if not m.valley_form:
         out.append(("valley", m.unknown.get("bathtub_chip_time") or ("" if slope.ok else slope.reason)))
     return [(f, why) for f, why in out if why]

@@ -115,6 +115,26 @@ def test_tpot_histograms_are_one_engine_step_and_kvhit_reads_p95_slo_pass_and_co
     assert (cost.pass_lower, cost.pass_upper) == (0.0, 0.0) and cost.cost_lower is None
 
 
+def test_slo_pass_ratio_names_the_histogram_that_is_missing():
+    # a newcomer's vLLM without TPOT histograms read "no time_to_first_token or TPOT/inter-token
+    # latency histogram" beside a published TTFT P95
+    from exporter.config import Config, Slo
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = Scenario(truth=Truth(), schedule=(Segment("step", 60.0, 0.5),), noise=0.0, running=(10.0, 10.0))
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval, slo=Slo(ttft_seconds=5.0, tpot_seconds=0.05)), "sim", clock=clock)
+    for t, text, _ in generate(sc):
+        clock.t = t
+        assert runner.ingest_text(t, "\n".join(ln for ln in text.split("\n") if "per_output_token" not in ln
+                                               and "inter_token" not in ln))
+    m = runner.current()[0].models[sc.model_name]
+    assert "ttft" in m.p95 and m.slo_cost is None
+    assert m.unknown["slo_pass_ratio"] == ("no request TPOT or inter-token latency histogram with buckets in the "
+                                           "publish window")
+
+
 def test_expositions_parse_as_vllm_v1_with_every_signal_and_restarts_change_created():
     sc = replace(preset("diurnal"), noise=0.1)
     stamps, prev = [], None
