@@ -657,23 +657,9 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
         unknown.setdefault("hit_ratio", "prefix_cache_queries/hits count KV blocks (vLLM 0.7-0.8) and no cache_config_info "
                                         "gives block_size: the tokens they stand for cannot be counted")
         return out
-    if w.foreign:
-        unknown.setdefault("hit_ratio", "scrapes from two processes inside the publish window (_created moved to before "
-                                        "the previous scrape: does the target URL reach several pods?): unknown until "
-                                        "that step leaves the window")
-        return out
-    if w.glitches:
-        unknown.setdefault("hit_ratio", "a counter went down inside the publish window while its _created stamps did "
-                                        "not all change (a glitched scrape, not a restart): unknown until that step "
-                                        "leaves the window")
-        return out
-    if w.spikes:
-        unknown.setdefault("hit_ratio", SPIKE_IN_WINDOW)
-        return out
-    if w.rescaled:
-        unknown.setdefault("hit_ratio", "the model's data-parallel engines changed inside the publish window (an "
-                                        "engine label appeared or went: DP scaled, or one body lacked an engine): no "
-                                        "increases across that step, unknown until it leaves the window")
+    why = _counts_off(w)
+    if why:
+        unknown.setdefault("hit_ratio", why)
         return out
     if "hit_ratio" not in unknown and not {"queries", "hits"} <= set(w.counters):
         unknown["hit_ratio"] = ("prefix_cache_queries/hits missing at a scrape inside the publish window (a cut or "
@@ -693,12 +679,41 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
     return out
 
 
+def _no_increases(w: Delta) -> str | None:
+    """Why a step inside the publish window ``w`` has no increases at all, so that every sum over
+    the window is unknown (window.step_delta); None when every step has them."""
+    if w.foreign:
+        return ("scrapes from two processes inside the publish window (_created moved to before the previous "
+                "scrape: does the target URL reach several pods?): unknown until that step leaves the window")
+    if w.glitches:
+        return ("a counter went down inside the publish window while its _created stamps did not all change (a "
+                "glitched scrape, not a restart): unknown until that step leaves the window")
+    if w.rescaled:
+        return ("the model's data-parallel engines changed inside the publish window (an engine label appeared or "
+                "went: DP scaled, or one body lacked an engine): no increases across that step, unknown until it "
+                "leaves the window")
+    return None
+
+
+def _counts_off(w: Delta) -> str | None:
+    """Why the token counts over the publish window ``w`` cannot be trusted (a step without
+    increases, a spike, a scrape in doubt), None when they can."""
+    if w.spikes:
+        return SPIKE_IN_WINDOW
+    if w.doubted:
+        return ("a counter went down at the latest scrape while its _created stamps did not change: the scrape "
+                "before it read high or this one low, which the next scrape tells (this one is skipped); unknown "
+                "until then")
+    return _no_increases(w)
+
+
 def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, str]) -> dict[tuple[str, str], float]:
     """Observed TPM over the window (MODEL.md §3.4 basis="observed"); why physical TPM is not
     known goes into ``unknown["tpm_observed_physical"]``."""
     prompt, gen = w.counters.get("prompt_tokens"), w.counters.get("generation_tokens")
-    if w.spikes:
-        unknown.setdefault("tpm_observed", SPIKE_IN_WINDOW)
+    why = _counts_off(w)
+    if why:
+        unknown.setdefault("tpm_observed", why)
         return {}
     if prompt is None or gen is None or w.dt <= 0:
         return {}
@@ -983,6 +998,7 @@ def _absent_means(snap: Snapshot, w: Delta, unknown: dict[str, str], published: 
         if signal in published and published[signal] is None:
             hd = w.histograms.get(canon)
             unknown.setdefault(signal, f"{none} in the publish window (no data, not 0)" if hd is not None and hd.count <= 0
+                               else _no_increases(w) if hd is None and _no_increases(w)
                                else missing_histogram(snap.engine, snap.name_prefix, HISTOGRAMS[canon],
                                                       "no complete {} histogram at both ends of the publish window"
                                                       if hd is None else "{}: " + hd.problem + " in the publish window"))
@@ -1061,8 +1077,8 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         share["history"] = hist_share
     if "window" not in share:
         unknown.setdefault("prefill_share", "no request finished in the publish window" if pre is not None
-                           and dec is not None else "no request_prefill_time/request_decode_time histograms"
-                           + (" (SGLang exports neither)" if snap.engine == "sglang" else ""))
+                           and dec is not None else _no_increases(w) or "no request_prefill_time/request_decode_time "
+                           "histograms" + (" (SGLang exports neither)" if snap.engine == "sglang" else ""))
     out["prefill_share"] = share
     v = verdict(st.rollup)
     if prefix_caching_off(snap.cache_config_of(model)):  # a history of hits from before it was turned off is no verdict now

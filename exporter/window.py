@@ -19,7 +19,8 @@ Bad days, each handled as a kind:
   lifetime total taken for a restart's increase.
 * A scrape in which a value went down while every ``_created`` stayed the same (a glitched read,
   not a restart) is skipped for that model: the next step is taken from the scrape before it, so
-  a scrape that read low costs nothing. Still down at the next scrape (the skipped one had read
+  a scrape that read low costs the fits nothing; the step ending at the scrape before is in doubt
+  until the next scrape tells (``doubted``). Still down at the next scrape (the skipped one had read
   high), that step has no increases (``glitches``) and counting starts afresh from it.
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
   go down are dropped, never clamped to 0; a Δsum outside what the bucket deltas allow
@@ -132,6 +133,9 @@ class Delta:
         instance_seconds: Σ instances × step length over the interval [instance·s], each step's
             instances those its end snapshot's sums came from (:attr:`Snapshot.instance_counts`:
             fleet mode's pods); None when a step's snapshot did not tell them.
+        doubted: number of steps inside the interval whose end scrape the next one contradicted
+            (a value went down after it: it read high, or the next one low, which the scrape
+            after tells; marked by :meth:`Windows.push` until then).
     """
 
     t0: float
@@ -149,6 +153,7 @@ class Delta:
     spikes: int = 0
     instance_seconds: float | None = None
     rescaled: int = 0
+    doubted: int = 0
 
     @property
     def dt(self) -> float:
@@ -302,7 +307,7 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
                  glitches=sum(d.glitches for d in deltas), spikes=sum(d.spikes for d in deltas),
-                 rescaled=sum(d.rescaled for d in deltas),
+                 rescaled=sum(d.rescaled for d in deltas), doubted=sum(d.doubted for d in deltas),
                  running_seconds=None if None in running else math.fsum(running),
                  instance_seconds=None if None in instances else math.fsum(instances),
                  # a counter's presence changes only across a step, which lists it
@@ -407,14 +412,19 @@ class Windows:
                 _remember(known, cur)
             if model in snap.instance_counts:
                 d = replace(d, instance_seconds=snap.instance_counts[model] * d.dt)
+            w = self._models.get(model)
             if d.glitches and model not in held:
                 # A value went down with _created unchanged: this scrape read low, or the last one
                 # high. This scrape is skipped once: the next step is taken from before it, so a
-                # dip costs nothing; still down then, that step (no increases) starts afresh.
+                # dip costs nothing; still down then, that step (no increases) starts afresh. Until
+                # the next scrape tells, the step ending at the last one is in doubt.
                 self._held[model] = (t0, before)
                 self.skipped += 1
+                if w is not None and w.steps:
+                    w.steps[-1] = replace(w.steps[-1], doubted=1)
                 continue
-            w = self._models.get(model)
+            if model in held and w is not None and w.steps:
+                w.steps[-1] = replace(w.steps[-1], doubted=0)  # told: a glitch step follows it, or it stood
             if w is None:
                 w = self._models[model] = ModelWindow(self.window_seconds)
             w.push(d)

@@ -294,7 +294,9 @@ def test_a_trace_scraped_every_15_s_keeps_its_model_across_one_skipped_scrape(ga
     trace = Trace([(2000.0 + 15 * i, _COUNTERS.format(q=q, h=h)) for i, (q, h) in enumerate(counts)], [], {})
     analysis = replay(trace, Config(gap_seconds=gap_seconds), "t").runner.current()[0]
     assert list(analysis.models) == ["m"]
-    assert analysis.models["m"].hit_ratio["device"] == pytest.approx((540 - 500) / (1080 - 1000))
+    m = analysis.models["m"]
+    # which of the last two scrapes is wrong only the next one tells: h waits for it
+    assert m.hit_ratio == {} and m.unknown["hit_ratio"].startswith("a counter went down at the latest scrape")
 
 
 def test_a_gap_threshold_below_the_recording_s_interval_is_refused_not_every_step_a_gap(tmp_path, capsys):

@@ -611,10 +611,18 @@ def test_a_scrape_that_read_high_leaves_the_fits_as_they_were(factor):
     model = preset("valley").model_name
     spike = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * factor!r}", text)  # noqa: E731
     for i, runner, clean in _beside_a_clean_run("valley", 100, spike):
+        m = runner.current()[0].models.get(model)
         if i == 101:
             assert runner.analyzer.windows.skipped == 1
+            # 100 read high or 101 low: h and TPM wait for 102 (a newcomer saw queries and hits × 3
+            # then back published as h 0.39 for 0.93 over both scrapes)
+            assert m.hit_ratio == {} and m.unknown["hit_ratio"].startswith("a counter went down at the latest")
         if i == 102:
             assert runner.analyzer.windows.window(model).glitches == 1
+            # every window sum is unknown, and the means say why (they named missing histograms)
+            why = m.unknown["hit_ratio"]
+            assert why.startswith("a counter went down inside the publish window")
+            assert all(m.unknown[k] == why for k in ("tpm_observed", "isl", "osl", "observed_ttft", "prefill_share"))
     _assert_fits_as_clean(runner, clean, model)
 
 
@@ -801,6 +809,13 @@ def test_a_scrape_that_read_low_costs_nothing():
     model = preset("valley").model_name
     dip = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 0.5!r}", text)  # noqa: E731
     for i, runner, clean in _beside_a_clean_run("valley", 100, dip):
+        m = runner.current()[0].models.get(model)
+        if i == 100:  # the dip: it read low, or scrape 99 high, which scrape 101 tells (a review: a read
+            # ×3 then back was published as h for two scrapes, 0.37 for 0.90)
+            assert m.hit_ratio == {} and m.unknown["hit_ratio"].startswith("a counter went down at the latest")
+            assert not m.tpm_observed and m.unknown["tpm_observed"] == m.unknown["hit_ratio"]
+        if i == 101:  # told: 99 stood, and the step from it to 101 is exact
+            assert m.hit_ratio and "hit_ratio" not in m.unknown
         if i == 112:  # the first publish window without scrape 100 at its base: Δhits/Δqueries as served
             h, h_clean = (r.current()[0].models[model].hit_ratio for r in (runner, clean))
             assert h == pytest.approx(h_clean, rel=1e-9)  # the same increases, summed over other steps
