@@ -431,18 +431,19 @@ def _slug(name: str, used: set[str]) -> str:
 
 def render(data: ReportData, out_dir: Path) -> Path:
     """Write ``report.html`` and the PNGs into ``out_dir``; returns the HTML path. The PNGs of a
-    report written there before (named in its ``report.html``) are removed first: a plot of
-    another source must not lie beside this report. Raises ReportError when no model was analysed
+    report written there before (named in its ``report.html``) that this one does not write are
+    removed once it is written: a plot of another source must not lie beside this report, and a
+    report that fails half-way leaves the one before whole. Raises ReportError when no model was analysed
     (the message carries the analysis' engine reason, e.g. no successful scrape yet)."""
     plt = _pyplot()
     if not data.doc.get("models"):  # a page without a model would look like a report of nothing wrong
         why = data.doc.get("engine_reason") or "fewer than two scrapes of one model"
         raise ReportError(f"{data.source}: no model analysed ({why}): nothing to report")
     out_dir.mkdir(parents=True, exist_ok=True)
-    previous = out_dir / "report.html"
-    if previous.is_file():
-        for fname in re.findall(r"data-file='([\w.-]+\.png)'", previous.read_text(encoding="utf-8", errors="replace")):
-            (out_dir / fname).unlink(missing_ok=True)
+    path = out_dir / "report.html"
+    old = set(re.findall(r"data-file='([\w.-]+\.png)'", path.read_text(encoding="utf-8", errors="replace"))
+              if path.is_file() else ())
+    written: set[str] = set()
     doc = data.doc
     parts = [f"<h1>kvhit capacity report</h1><p>source <code>{html.escape(data.source)}</code> · engine "
              f"<code>{html.escape(str(doc.get('engine')))}</code>"
@@ -473,6 +474,7 @@ def render(data: ReportData, out_dir: Path) -> Path:
                 continue
             fname = f"{slug}-{key}.png"
             write_atomic(out_dir / fname, png)
+            written.add(fname)
             b64 = base64.b64encode(png).decode()
             parts.append(f"<h3>{title}</h3><img alt='{html.escape(title)}' data-file='{fname}' "
                          f"src='data:image/png;base64,{b64}'>")
@@ -481,6 +483,7 @@ def render(data: ReportData, out_dir: Path) -> Path:
             "table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;"
             "font-size:90%}th{background:#f4f4f4;font-weight:normal}img{max-width:100%;display:block}"
             ".na{color:#888}</style></head><body>" + "\n".join(parts) + _SCRIPT + "</body></html>")
-    path = out_dir / "report.html"
     write_atomic(path, page)
+    for fname in old - written:
+        (out_dir / fname).unlink(missing_ok=True)
     return path

@@ -105,7 +105,7 @@ def test_report_from_a_running_kvhit_url(cfg, replayed, tmp_path):
     assert "needs per-step observations" in page
 
 
-def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, capsys):
+def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, capsys, monkeypatch):
     doc = analysis_to_dict(*replayed.runner.current())
     saved = tmp_path / "analysis.json"
     saved.write_text(json.dumps(doc))
@@ -121,6 +121,19 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, caps
     assert not (trace_dir / "tiny-diagnostics.png").exists() and (trace_dir / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in trace_dir.iterdir()) == sorted(
         ["report.html", "notes.txt"] + [p.name for p in (tmp_path / "json").glob("*.png")])
+    # a report that fails half-way leaves the one before whole: its plots were removed first
+    from exporter import report
+    (trace_dir / "report.html").write_text("<img data-file='tiny-diagnostics.png' src=''>")
+    (trace_dir / "tiny-diagnostics.png").write_bytes(b"old plot")
+
+    def broken(*args):
+        raise RuntimeError("plot failed")
+    monkeypatch.setattr(report, "PLOTS", report.PLOTS[:1] + (("ttft", "TTFT", broken),))
+    with pytest.raises(RuntimeError):
+        report.render(report.load_source(str(saved), cfg), trace_dir)
+    assert (trace_dir / "tiny-diagnostics.png").read_bytes() == b"old plot"
+    assert (trace_dir / "report.html").read_text() == "<img data-file='tiny-diagnostics.png' src=''>"
+    monkeypatch.undo()
     # a vLLM /metrics URL is not a kvhit analysis: refused with exit code 2 naming the argument
     with pytest.raises(ConfigError, match="PATH\\|URL"):
         load_source("http://127.0.0.1:8000/metrics", cfg)
