@@ -696,15 +696,9 @@ def _no_increases(w: Delta) -> str | None:
 
 
 def _counts_off(w: Delta) -> str | None:
-    """Why the token counts over the publish window ``w`` cannot be trusted (a step without
-    increases, a spike, a scrape in doubt), None when they can."""
-    if w.spikes:
-        return SPIKE_IN_WINDOW
-    if w.doubted:
-        return ("a counter went down at the latest scrape while its _created stamps did not change: the scrape "
-                "before it read high or this one low, which the next scrape tells (this one is skipped); unknown "
-                "until then")
-    return _no_increases(w)
+    """Why the token counts over the publish window ``w`` cannot be trusted (a spike, a step
+    without increases), None when they can."""
+    return SPIKE_IN_WINDOW if w.spikes else _no_increases(w)
 
 
 def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, str]) -> dict[tuple[str, str], float]:
@@ -1016,6 +1010,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     tpot, source = _tpot_histogram(w)
     out["tpot_source"] = source
     p95 = {}
+    no_increases = _no_increases(w)  # a step without increases: every histogram is absent from w
     for key, family in (("ttft", "ttft"), ("tpot_request", "request_tpot"), ("itl", "itl")):
         h = w.histograms.get(family)
         # buckets that disagree with _sum (vLLM 0.5.1's TTFT: all in le=0.001, a mean of 1.5 s) give no quantile
@@ -1023,7 +1018,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         if q is not None:
             p95[key] = q
         else:
-            unknown.setdefault(f"observed_p95_{key}", missing_histogram(
+            unknown.setdefault(f"observed_p95_{key}", no_increases if h is None and no_increases else missing_histogram(
                 snap.engine, snap.name_prefix, HISTOGRAMS[family],
                 "no {} histogram with buckets in the publish window" if h is None or not h.buckets
                 else "no observation in the publish window (no data, not 0)" if h.count <= 0
@@ -1035,6 +1030,8 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     ttft = w.histograms.get("ttft")
     if ttft_slo is None or tpot_slo is None:
         unknown.setdefault("slo_pass_ratio", "slo.ttft_seconds and slo.tpot_seconds must both be configured")
+    elif (ttft is None or tpot is None) and no_increases:
+        unknown.setdefault("slo_pass_ratio", no_increases)
     elif ttft is None or tpot is None:
         unknown.setdefault("slo_pass_ratio", "no " + " and no ".join(
             what for what, absent in (("time_to_first_token", ttft is None),

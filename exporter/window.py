@@ -20,7 +20,8 @@ Bad days, each handled as a kind:
 * A scrape in which a value went down while every ``_created`` stayed the same (a glitched read,
   not a restart) is skipped for that model: the next step is taken from the scrape before it, so
   a scrape that read low costs the fits nothing; the step ending at the scrape before is in doubt
-  until the next scrape tells (``doubted``). Still down at the next scrape (the skipped one had read
+  until the next scrape tells (``doubted``), and the publish window ends before it meanwhile.
+  Still down at the next scrape (the skipped one had read
   high), that step has no increases (``glitches``) and counting starts afresh from it.
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
   go down are dropped, never clamped to 0; a Δsum outside what the bucket deltas allow
@@ -133,9 +134,9 @@ class Delta:
         instance_seconds: Σ instances × step length over the interval [instance·s], each step's
             instances those its end snapshot's sums came from (:attr:`Snapshot.instance_counts`:
             fleet mode's pods); None when a step's snapshot did not tell them.
-        doubted: number of steps inside the interval whose end scrape the next one contradicted
-            (a value went down after it: it read high, or the next one low, which the scrape
-            after tells; marked by :meth:`Windows.push` until then).
+        doubted: 1 for a step whose end scrape the next one contradicted (a value went down
+            after it: it read high, or the next one low, which the scrape after tells; marked by
+            :meth:`Windows.push` until then): the publish window ends before it meanwhile.
     """
 
     t0: float
@@ -307,7 +308,7 @@ def add_deltas(deltas: list[Delta], counters: Collection[str] | None = None,
     return Delta(first.t0, last.t1, sums, hists, first.start, last.end,
                  resets=sum(d.resets for d in deltas), foreign=sum(d.foreign for d in deltas), steps=len(deltas),
                  glitches=sum(d.glitches for d in deltas), spikes=sum(d.spikes for d in deltas),
-                 rescaled=sum(d.rescaled for d in deltas), doubted=sum(d.doubted for d in deltas),
+                 rescaled=sum(d.rescaled for d in deltas),
                  running_seconds=None if None in running else math.fsum(running),
                  instance_seconds=None if None in instances else math.fsum(instances),
                  # a counter's presence changes only across a step, which lists it
@@ -330,10 +331,14 @@ class ModelWindow:
 
     def total(self, counters: Collection[str] | None = None, histograms: Collection[str] | None = None) -> Delta | None:
         """The publish-window delta (of only ``counters`` / ``histograms`` when given, as
-        :func:`add_deltas`), or None before two snapshots exist."""
-        if not self.steps:
+        :func:`add_deltas`), ending before a last step in doubt (:attr:`Delta.doubted`); None
+        before two snapshots exist, or while the one step there is in doubt."""
+        steps = list(self.steps)
+        if steps and steps[-1].doubted:  # its end scrape may have read high: the window ends before it
+            steps.pop()
+        if not steps:
             return None
-        return add_deltas(list(self.steps), counters, histograms)
+        return add_deltas(steps, counters, histograms)
 
 
 SUM_DISAGREES = "_sum disagrees with the buckets"  # HistogramDelta.problem: one of them is wrong, which is unknown
