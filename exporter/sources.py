@@ -589,7 +589,7 @@ class PrometheusSource:
         self._left_out = ({pod: t for pod, t in self._left_out.items() if t > now - LOOKBACK_SECONDS}
                           | dict.fromkeys(down, now))
         if latest is not None and self._end is not None and latest <= self._end:
-            if now - latest < FRESH_SAMPLE_SECONDS:
+            if self._end < now and now - latest < FRESH_SAMPLE_SECONDS:  # not a wall clock stepped back
                 raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last poll (its "
                                   f"latest is {now - latest:.0f} s old): Prometheus scrapes it less often than "
                                   "--interval, which should be at least twice its scrape interval; the next range "
@@ -1134,9 +1134,15 @@ def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
 _PHASES_SEEN = "\0phases.json"  # phases_doc's key of the phases.json read (a "{}" one too), not a field
 
 
+def trace_file(name: str) -> bool:
+    """Whether :func:`load_trace` reads a file of this name (path) in a trace directory: a
+    ``<unix_ms>.prom`` snapshot or a ``phases.json``."""
+    return bool(_PROM_FILE.search(name)) or name.endswith("phases.json")
+
+
 def _take(name: str, size: int, read, files: dict, phases_doc: dict, max_bytes: int) -> None:
     m = _PROM_FILE.search(name)
-    if (m or name.endswith("phases.json")) and size > max_bytes:
+    if trace_file(name) and size > max_bytes:
         raise ValueError(f"{name}: {size} bytes, over the cap of {max_bytes} bytes per file (max_body_bytes)")
     if m:
         t = int(m.group(1)) / 1000.0

@@ -1203,6 +1203,13 @@ def test_a_poll_between_two_prometheus_scrapes_is_no_failure_and_one_a_minute_af
     assert runner.poll(src) is False
     health = runner.current()[1]
     assert not health.up and health.errors["catching_up"] == 2 and health.last_success == 1095.0
+    clock.t = 1100.0
+    _latest(fake, 1099.0)
+    fake.answer([_row("c:prefix_cache_queries", "320"), _row("c:prefix_cache_hits", "128")])
+    assert runner.poll(src) and runner.current()[1].up
+    clock.t = 1060.0  # the clock stepped back 45 s: a 1-s-old sample behind the last range's end is
+    _latest(fake, 1059.0)  # no "nothing new yet" (a review: up, ready and age 0 for as long as the step)
+    assert runner.poll(src) is False and runner.current()[1].errors["catching_up"] == 3
 
 
 def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_interval(fake):
