@@ -57,7 +57,7 @@ from exporter.config import ConfigError, load_config
 from exporter.jsonapi import analysis_to_dict
 from exporter.parse import ParseError, parse_exposition, prefix_caching_off
 from exporter.replay import PhaseSummary, fmt, replay
-from exporter.sources import LiveSource, ScrapeError, load_trace, write_atomic
+from exporter.sources import LiveSource, ScrapeError, load_trace, trace_file, write_atomic
 
 log = logging.getLogger("kvhit")
 
@@ -635,6 +635,10 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
         if not existing.is_dir() or not os.access(existing, os.W_OK):
             raise ConfigError(f"{flag} {path}: {existing} is not a writable directory")
     report_path = Path(args.report) if args.report else out_dir / "report.json"
+    where = report_path.resolve()
+    if out_dir.resolve() in where.parents and (trace_file(str(where)) or where.parent == out_dir.resolve()
+                                               and where.name in ("requests.jsonl", "fit.json")):
+        raise ConfigError(f"--report {args.report}: is a file of the recording written to --out {out_dir}")
 
     # A first look at the endpoint, a probe, then the recording: a refusal leaves nothing behind,
     # and the probe's load falls before the recording's first scrape.

@@ -33,7 +33,7 @@ from exporter.report import is_analysis, load_source, render
 from exporter.runner import Runner
 from exporter.server import config_error_app, serve, serve_app
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
-from exporter.sources import STDOUT_PATHS, Family, LiveSource, PrometheusSource, load_trace, write_atomic
+from exporter.sources import STDOUT_PATHS, Family, LiveSource, PrometheusSource, load_trace, trace_file, write_atomic
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
@@ -273,8 +273,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     check_t_load(cfg)
     for flag, path in (("--json", args.json), ("--metrics-out", args.metrics_out), ("--save-fit", args.save_fit)):
         _check_output(path, flag)
-        if path and Path(path).resolve() == Path(args.path).resolve():  # the recording, written over
-            raise ValueError(f"{flag} {path}: is the trace being replayed")
+        trace = Path(args.path).resolve()
+        if path and (Path(path).resolve() == trace  # the recording, or a file of it, written over
+                     or trace.is_dir() and trace in Path(path).resolve().parents and trace_file(str(path))):
+            raise ValueError(f"{flag} {path}: is the trace being replayed" if Path(path).resolve() == trace
+                             else f"{flag} {path}: would replace a file of the trace being replayed")
     trace = load_trace(args.path, cfg.max_body_bytes)
     t0 = trace.snapshots[0][0]
     if not args.quiet:

@@ -258,6 +258,16 @@ def test_bad_arguments_exit_2_naming_the_flag(argv, needle, capsys, tmp_path):
     assert len(err) == 1 and needle in err[0]
 
 
+@pytest.mark.parametrize("name", ["phases.json", "requests.jsonl", "fit.json", "sub/1796000000000.prom"])
+def test_a_report_that_would_replace_a_file_of_the_recording_is_refused(name, capsys, tmp_path):
+    # --report OUT/phases.json wrote the report over the recording's phases: replay then showed no phase
+    report = tmp_path / "rec" / name
+    assert main(["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path / "rec"),
+                 "--report", str(report)]) == 2
+    assert f"--report {report}: is a file of the recording" in capsys.readouterr().err
+    assert not (tmp_path / "rec").exists()
+
+
 def test_refuses_to_mix_recordings(capsys, tmp_path):
     (tmp_path / "1796000000000.prom").write_text("")
     assert main(["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--out", str(tmp_path)]) == 2

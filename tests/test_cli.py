@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -848,6 +849,18 @@ def test_replay_refuses_to_write_over_its_trace_and_a_failed_write_keeps_the_old
     assert main(["replay", str(trace), "--quiet", "--save-fit", str(trace)]) == 1
     assert f"--save-fit {trace}: is the trace being replayed" in capsys.readouterr().err
     assert trace.read_bytes() == Path(TRACE).read_bytes()
+    # nor over a file of a trace directory: a snapshot or phases.json (the next replay failed on it)
+    texts, _, stamps = _trace_texts()
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    for stamp, text in zip(stamps[:3], texts):
+        (folder / f"{stamp}.prom").write_text(text)
+    for flag, name in (("--json", f"{stamps[1]}.prom"), ("--metrics-out", "phases.json")):
+        assert main(["replay", str(folder), "--quiet", flag, str(folder / name)]) == 1
+        assert f"{flag} {folder / name}: would replace a file of the trace being replayed" in capsys.readouterr().err
+    assert (folder / f"{stamps[1]}.prom").read_text() == texts[1] and not (folder / "phases.json").exists()
+    assert main(["replay", str(folder), "--quiet", "--json", str(folder / "out.json")]) == 0  # any other name
+    shutil.rmtree(folder)
     # a full disk: the new fit.json not all written; the good one stays whole, no temporary is left
     good = tmp_path / "fit.json"
     good.write_text('{"kept": true}')
