@@ -95,6 +95,10 @@ def test_ttft_overlap_extremes_and_middle():
     assert m.ttft_unified(0.1, 0.3, 0.5, 1.0) == pytest.approx(0.6)
     # α=0.5: 0.9 - 0.5·min(0.3, 0.5) = 0.9 - 0.15 = 0.75
     assert m.ttft_unified(0.1, 0.3, 0.5, 0.5) == pytest.approx(0.75)
+    # load-bound, α=1: 0.1 + max(0.8, 0.2) = 0.9
+    assert m.ttft_unified(0.1, 0.8, 0.2, 1.0) == pytest.approx(0.9)
+    # overlap term itself: 0.25·min(0.8, 0.2) = 0.05
+    assert m.overlap_time(0.25, 0.8, 0.2) == pytest.approx(0.05)
     for alpha in (1.5, -0.1, math.nan):  # α = 1.5 read 0.6 − 0.15 = 0.45 s, below T_fixed + max = 0.6 s
         with pytest.raises(ValueError, match="α"):
             m.ttft_unified(0.1, 0.3, 0.5, alpha)
@@ -106,10 +110,6 @@ def test_tpm_rejects_a_chip_time_that_is_no_time_and_h_outside_0_1():
             m.tpm_delivered(1000, 100, t_chip)
     with pytest.raises(ValueError, match="h must be"):
         m.tpm_physical(1000, 100, 1.2, 0.5)
-    # load-bound, α=1: 0.1 + max(0.8, 0.2) = 0.9
-    assert m.ttft_unified(0.1, 0.8, 0.2, 1.0) == pytest.approx(0.9)
-    # overlap term itself: 0.25·min(0.8, 0.2) = 0.05
-    assert m.overlap_time(0.25, 0.8, 0.2) == pytest.approx(0.05)
 
 
 # --- §3.3 first-order capacity ------------------------------------------------------------
