@@ -716,6 +716,10 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
             progress.draw(final=True)
     _write_phases(out_dir, records, args, metrics_url, block, seed_base)
     if not records:
+        if interrupted:  # Ctrl-C: 130, as after completed phases (README's exit codes), not a failure
+            print(f"interrupted before any phase completed: nothing to analyse (the scrapes so far are in {out_dir})",
+                  file=err)
+            return 130
         raise CalibrationError("no phase completed")
 
     trace = load_trace(out_dir)

@@ -394,6 +394,19 @@ def test_an_unwritable_report_path_is_refused_before_any_load(fake, tmp_path, ca
     assert not out.exists() and fake.posts == []
 
 
+def test_ctrl_c_before_any_phase_completed_exits_130(fake, tmp_path, capsys, monkeypatch):
+    # it exited 1, "no phase completed", as a failure (README: 130 after Ctrl-C)
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("exporter.calibrate.Driver.run_phase", interrupted)
+    out = tmp_path / "rec"
+    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
+                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 130
+    assert "interrupted before any phase completed: nothing to analyse" in capsys.readouterr().err
+    assert not (out / "report.json").exists()
+
+
 def test_ctrl_c_after_the_last_phase_still_analyses_every_phase(fake, tmp_path, capsys, monkeypatch):
     # Ctrl-C during the wait for the scrape after the last phase lost report.json and fit.json
     def interrupted(interval):
