@@ -329,14 +329,21 @@ def test_the_probe_is_shaped_like_the_phases_requests_and_comes_before_the_recor
     assert len(logged) == len(fake.posts) - 1
 
 
-def test_ctrl_c_during_the_probe_leaves_nothing(fake, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("during", ["probe", "run_phase"])
+def test_ctrl_c_before_any_phase_completed_exits_130_and_the_probe_s_leaves_nothing(during, fake, tmp_path, capsys,
+                                                                                      monkeypatch):
+    # during the first phase it exited 1, "no phase completed", as a failure (README: 130 after Ctrl-C)
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr("exporter.calibrate.Driver.probe", interrupted)
+    monkeypatch.setattr(f"exporter.calibrate.Driver.{during}", interrupted)
     out = tmp_path / "rec"
     assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
                  "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 130
-    assert not out.exists()
+    if during == "probe":
+        assert not out.exists()
+    else:
+        assert "interrupted before any phase completed: nothing to analyse" in capsys.readouterr().err
+        assert not (out / "report.json").exists()
 
 
 def test_the_recording_s_first_step_is_one_interval_not_two_scrapes_in_a_row(fake, tmp_path, capsys):
@@ -392,19 +399,6 @@ def test_an_unwritable_report_path_is_refused_before_any_load(fake, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"kvhit: --report {tmp_path / 'file' / 'r.json'}: {tmp_path / 'file'} is not a writable directory"]
     assert not out.exists() and fake.posts == []
-
-
-def test_ctrl_c_before_any_phase_completed_exits_130(fake, tmp_path, capsys, monkeypatch):
-    # it exited 1, "no phase completed", as a failure (README: 130 after Ctrl-C)
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr("exporter.calibrate.Driver.run_phase", interrupted)
-    out = tmp_path / "rec"
-    assert main(["calibrate", "--endpoint", fake.url, "--model", "fake", "--isl", "200", "--osl", "4",
-                 "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 130
-    assert "interrupted before any phase completed: nothing to analyse" in capsys.readouterr().err
-    assert not (out / "report.json").exists()
 
 
 def test_ctrl_c_after_the_last_phase_still_analyses_every_phase(fake, tmp_path, capsys, monkeypatch):
