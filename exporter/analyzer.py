@@ -342,10 +342,11 @@ class Analyzer:
                        unobserved=unobserved)
 
     def analysis(self) -> Analysis:
-        """The analysis at the latest snapshot (cached until the next ingest). A model whose publish
-        window ends more than two intervals plus the timeout before it is left out, as the runner
+        """The analysis at the latest snapshot (cached until the next ingest). A model whose latest
+        step ends more than two intervals plus the timeout before it is left out, as the runner
         leaves out every model of a scrape that old: its scrape was skipped (exporter/window.py: a
-        value went down, ``_created`` unchanged), and after an outage that window ended before it."""
+        value went down, ``_created`` unchanged), and after an outage that step ended before it. A
+        publish window that ends a step earlier, before a step in doubt, is as fresh as that step."""
         if self._cache is not None:
             return self._cache
         snap = self._last
@@ -355,7 +356,7 @@ class Analyzer:
         oldest = snap.timestamp - self.config.max_value_age
         for model in self.windows.models():
             w = self.windows.window(model)
-            if w is not None and model in snap.models and w.t1 >= oldest:
+            if w is not None and model in snap.models and self.windows.end(model) >= oldest:
                 try:
                     models[model] = self._model_analysis(snap, model, w)
                 except Exception as exc:  # one model's failure (a bug, an absurd input) costs no other model

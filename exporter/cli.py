@@ -275,7 +275,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         _check_output(path, flag)
         trace = Path(args.path).resolve()
         if path and (Path(path).resolve() == trace  # the recording, or a file of it, written over
-                     or trace.is_dir() and trace in Path(path).resolve().parents and trace_file(str(path))):
+                     or trace.is_dir() and trace in Path(path).resolve().parents
+                     and trace_file(str(Path(path).resolve()))):  # resolved: a symlink, "/." or a trailing "/"
             raise ValueError(f"{flag} {path}: is the trace being replayed" if Path(path).resolve() == trace
                              else f"{flag} {path}: would replace a file of the trace being replayed")
     trace = load_trace(args.path, cfg.max_body_bytes)

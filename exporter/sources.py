@@ -596,7 +596,8 @@ class PrometheusSource:
                                   "covers the wait", costly=False, unchanged=True)
             raise ScrapeError("catching_up", f"{self._where}: no new sample of some pod since the last range ended "
                               f"(its latest is {now - latest:.0f} s old): Prometheus has not scraped it since (it was "
-                              "down or restarted?), or the pod is gone; the next range will cover the wait",
+                              "down or restarted?), the pod is gone, or the wall clock stepped back; the next range "
+                              "will cover the wait",
                               costly=False)
         t = now if latest is None else min(now, latest)
         # A clock that stepped back restarts the ranges instead of querying an empty one.

@@ -20,7 +20,8 @@ Bad days, each handled as a kind:
 * A scrape in which a value went down while every ``_created`` stayed the same (a glitched read,
   not a restart) is skipped for that model: the next step is taken from the scrape before it, so
   a scrape that read low costs the fits nothing; the step ending at the scrape before is in doubt
-  until the next scrape tells (``doubted``), and the publish window ends before it meanwhile.
+  until the next scrape tells (``doubted``), and the publish window ends before it meanwhile
+  (unless it is the window's only step).
   Still down at the next scrape (the skipped one had read
   high), that step has no increases (``glitches``) and counting starts afresh from it.
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
@@ -331,10 +332,10 @@ class ModelWindow:
 
     def total(self, counters: Collection[str] | None = None, histograms: Collection[str] | None = None) -> Delta | None:
         """The publish-window delta (of only ``counters`` / ``histograms`` when given, as
-        :func:`add_deltas`), ending before a last step in doubt (:attr:`Delta.doubted`); None
-        before two snapshots exist, or while the one step there is in doubt."""
+        :func:`add_deltas`), ending before a last step in doubt (:attr:`Delta.doubted`) unless it
+        is the only one; None before two snapshots exist."""
         steps = list(self.steps)
-        if steps and steps[-1].doubted:  # its end scrape may have read high: the window ends before it
+        if len(steps) > 1 and steps[-1].doubted:  # its end scrape may have read high: the window ends before it
             steps.pop()
         if not steps:
             return None
@@ -456,9 +457,15 @@ class Windows:
     def window(self, model: str, counters: Collection[str] | None = None,
                histograms: Collection[str] | None = None) -> Delta | None:
         """Publish-window delta of ``model`` (of only ``counters`` / ``histograms`` when given; None
-        when fewer than two snapshots exist)."""
+        when fewer than two snapshots exist): :meth:`ModelWindow.total`."""
         w = self._models.get(model)
         return None if w is None else w.total(counters, histograms)
+
+    def end(self, model: str) -> float | None:
+        """The end [unix s] of ``model``'s latest step, in doubt or not (how fresh its data is); None
+        without one."""
+        w = self._models.get(model)
+        return w.steps[-1].t1 if w is not None and w.steps else None
 
     def models(self) -> list[str]:
         return sorted(self._models)

@@ -855,9 +855,14 @@ def test_replay_refuses_to_write_over_its_trace_and_a_failed_write_keeps_the_old
     folder.mkdir()
     for stamp, text in zip(stamps[:3], texts):
         (folder / f"{stamp}.prom").write_text(text)
-    for flag, name in (("--json", f"{stamps[1]}.prom"), ("--metrics-out", "phases.json")):
-        assert main(["replay", str(folder), "--quiet", flag, str(folder / name)]) == 1
-        assert f"{flag} {folder / name}: would replace a file of the trace being replayed" in capsys.readouterr().err
+    (tmp_path / "link.json").symlink_to(folder / f"{stamps[2]}.prom")
+    for flag, path in (("--json", f"{folder}/{stamps[1]}.prom"), ("--metrics-out", f"{folder}/phases.json"),
+                       ("--json", f"{folder}/{stamps[1]}.prom/"), ("--save-fit", f"{folder}/phases.json/."),
+                       ("--json", str(tmp_path / "link.json"))):  # the last three written through (review)
+        assert main(["replay", str(folder), "--quiet", flag, path]) == 1
+        assert f"{flag} {path}: would replace a file of the trace being replayed" in capsys.readouterr().err
+    assert (folder / f"{stamps[2]}.prom").read_text() == texts[2]
+    (tmp_path / "link.json").unlink()
     assert (folder / f"{stamps[1]}.prom").read_text() == texts[1] and not (folder / "phases.json").exists()
     assert main(["replay", str(folder), "--quiet", "--json", str(folder / "out.json")]) == 0  # any other name
     shutil.rmtree(folder)

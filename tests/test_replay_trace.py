@@ -288,7 +288,7 @@ vllm:prefix_cache_hits_created{{engine="0",model_name="m"}} 1000.0
 @pytest.mark.parametrize("gap_seconds", [None, 300.0])
 def test_a_trace_scraped_every_15_s_keeps_its_model_across_one_skipped_scrape(gap_seconds):
     # the last scrape read hits low with _created unchanged: skipped (exporter/window.py), so the
-    # model's window ends one 15-s step before it, 15 s < 2·15 + 3. Against the default 5-s
+    # model's latest step ends one 15-s step before it, 15 s < 2·15 + 3 (its window one more before). Against the default 5-s
     # interval (2·5 + 3 = 13 s) the model was dropped whenever gap_seconds was set.
     counts = [(1000, 500), (1040, 520), (1080, 540), (1120, 530)]
     trace = Trace([(2000.0 + 15 * i, _COUNTERS.format(q=q, h=h)) for i, (q, h) in enumerate(counts)], [], {})

@@ -605,6 +605,33 @@ def _h_device(lo: int, hi: int) -> float:
     return d["prefix_cache_hits_total"] / d["prefix_cache_queries_total"]
 
 
+def test_a_dip_after_a_failed_scrape_or_in_a_one_step_window_keeps_the_model():
+    # The window ending before the step in doubt was two scrapes old: after one failed scrape its
+    # 15 s passed the 2·5 + 3 s a published value may be, and every series of the model went for
+    # a scrape that succeeded; so did a window of one step (window_seconds = interval). Review.
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("valley")
+    dip = lambda text: _QUERIES.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * 0.5!r}", text)  # noqa: E731
+    frames = list(generate(sc))
+    for window_seconds, lost in ((60.0, 99), (5.0, None)):
+        clock = TraceClock()
+        runner = Runner(Config(interval=sc.interval, window_seconds=window_seconds), "sim", clock=clock)
+        for i, (t, text, _) in enumerate(frames[:102]):
+            clock.t = t
+            if i == lost:
+                runner.record_failure("timeout", "a scrape that failed")
+                continue
+            runner.ingest_text(t, dip(text) if i == 101 else text)
+        m = runner.current()[0].models[sc.model_name]
+        if lost:  # the window ends at 98 (before the step 98 → 100 in doubt), its base the step from 88
+            assert m.hit_ratio["device"] == pytest.approx(_h_device(88, 98), rel=1e-9)
+        else:  # its one step, from 99 to 100: nothing earlier to end at
+            assert m.hit_ratio["device"] == pytest.approx(_h_device(99, 100), rel=1e-9)
+
+
 @pytest.mark.parametrize("factor", [1.1, 2.0])
 def test_a_scrape_that_read_high_leaves_the_fits_as_they_were(factor):
     # prefix_cache_queries_total × factor at one scrape of the valley scenario, right again at the
