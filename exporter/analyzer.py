@@ -989,11 +989,12 @@ _MEANS = {
 def _absent_means(snap: Snapshot, w: Delta, unknown: dict[str, str], published: dict[str, float | None]) -> None:
     """Adds to ``unknown`` why each window mean in ``published`` that is None (isl, osl,
     observed_ttft) is absent, naming the histogram as ``snap``'s engine exposes it (issue 7)."""
+    no_increases = _no_increases(w)  # a step without increases: every histogram is absent from w
     for signal, (canon, none) in _MEANS.items():
         if signal in published and published[signal] is None:
             hd = w.histograms.get(canon)
             unknown.setdefault(signal, f"{none} in the publish window (no data, not 0)" if hd is not None and hd.count <= 0
-                               else _no_increases(w) if hd is None and _no_increases(w)
+                               else no_increases if hd is None and no_increases
                                else missing_histogram(snap.engine, snap.name_prefix, HISTOGRAMS[canon],
                                                       "no complete {} histogram at both ends of the publish window"
                                                       if hd is None else "{}: " + hd.problem + " in the publish window"))
@@ -1075,7 +1076,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         share["history"] = hist_share
     if "window" not in share:
         unknown.setdefault("prefill_share", "no request finished in the publish window" if pre is not None
-                           and dec is not None else _no_increases(w) or "no request_prefill_time/request_decode_time "
+                           and dec is not None else no_increases or "no request_prefill_time/request_decode_time "
                            "histograms" + (" (SGLang exports neither)" if snap.engine == "sglang" else ""))
     out["prefill_share"] = share
     v = verdict(st.rollup)

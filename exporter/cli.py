@@ -271,14 +271,14 @@ def _check_output(path: str | None, flag: str, directory: bool = False) -> None:
 def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _config(args, window_seconds=args.window_seconds)
     check_t_load(cfg)
+    trace = Path(args.path).resolve()
     for flag, path in (("--json", args.json), ("--metrics-out", args.metrics_out), ("--save-fit", args.save_fit)):
         _check_output(path, flag)
-        trace = Path(args.path).resolve()
-        if path and (Path(path).resolve() == trace  # the recording, or a file of it, written over
-                     or trace.is_dir() and trace in Path(path).resolve().parents
-                     and trace_file(str(Path(path).resolve()))):  # resolved: a symlink, "/." or a trailing "/"
-            raise ValueError(f"{flag} {path}: is the trace being replayed" if Path(path).resolve() == trace
-                             else f"{flag} {path}: would replace a file of the trace being replayed")
+        where = Path(path).resolve() if path else None  # resolved: a symlink, "/." or a trailing "/"
+        if where == trace:  # the recording, or a file of it, written over
+            raise ValueError(f"{flag} {path}: is the trace being replayed")
+        if where is not None and trace.is_dir() and trace in where.parents and trace_file(str(where)):
+            raise ValueError(f"{flag} {path}: would replace a file of the trace being replayed")
     trace = load_trace(args.path, cfg.max_body_bytes)
     t0 = trace.snapshots[0][0]
     if not args.quiet:

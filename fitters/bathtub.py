@@ -254,10 +254,10 @@ def bathtub_chip_time(
     coefficient is not a finite number ≥ 0 (the bottom's search needs R unimodal), a grid point is
     outside [0, h_max], cov is not 5×5, or t_chip ≤ 0 anywhere on [0, h_max].
     """
-    _finite(p_miss=p_miss, p_hit=p_hit, p_out=p_out, t_fixed=t_fixed, osl=osl,
-            **dict(zip(CHIP_TIME_TERMS, coef.as_tuple())))
-    if min(p_miss, p_hit, p_out, *coef.as_tuple()) < 0.0:
-        raise ValueError("prices and chip-time coefficients must be ≥ 0")
+    _finite(p_miss=p_miss, p_hit=p_hit, p_out=p_out, t_fixed=t_fixed, osl=osl)
+    if min(p_miss, p_hit, p_out) < 0.0:
+        raise ValueError("prices must be ≥ 0")
+    coef.check(*CHIP_TIME_TERMS)
     if isl <= 0:
         raise ValueError("isl must be > 0 tokens")
     if h_max is None:

@@ -348,10 +348,7 @@ def _stderr(cov: np.ndarray, i: int) -> float:
 
 
 def _check_inputs(coef: ChipTimeCoefficients, kv: float | None, bw: float | None) -> None:
-    for name in ("t_step", "k_ffn", "k_attn"):
-        v = getattr(coef, name)
-        if not (math.isfinite(v) and v >= 0):
-            raise ValueError(f"chip-time coefficient {name} must be finite and ≥ 0, got {v!r}")
+    coef.check("t_step", "k_ffn", "k_attn")
     if kv is not None and not (math.isfinite(kv) and kv > 0):
         raise ValueError(f"kv_bytes_per_token must be finite and > 0 bytes, got {kv!r}")
     if bw is not None and not (math.isfinite(bw) and bw > 0):

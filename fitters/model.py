@@ -144,6 +144,14 @@ class ChipTimeCoefficients:
     def as_tuple(self) -> tuple[float, ...]:
         return (self.t_step, self.k_ffn, self.k_attn, self.k_dec, self.k_ctx)
 
+    def check(self, *names: str) -> None:
+        """Raises ValueError unless each named coefficient (CHIP_TIME_TERMS) is finite and ≥ 0, as
+        the chip-time fit's bounds make them."""
+        for name in names:
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"chip-time coefficient {name} must be finite and ≥ 0, got {v!r}")
+
     def per_engine(self, engines: float) -> "ChipTimeCoefficients":
         """One engine's coefficients when these were fitted on ``engines`` busy engines summed as
         one machine (their summed steps and tokens against wall-clock busy time, §7): every term × E,
