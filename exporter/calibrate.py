@@ -56,7 +56,7 @@ from exporter.analyzer import ModelAnalysis
 from exporter.config import ConfigError, load_config
 from exporter.jsonapi import analysis_to_dict
 from exporter.parse import ParseError, parse_exposition, prefix_caching_off
-from exporter.replay import PhaseSummary, fmt, replay
+from exporter.replay import PhaseSummary, fmt, phase_footnotes, replay
 from exporter.sources import LiveSource, ScrapeError, load_trace, trace_file, write_atomic
 
 log = logging.getLogger("kvhit")
@@ -495,6 +495,8 @@ def print_report(report: dict, out: TextIO | None = None) -> None:
           f"{fmt(p.get('predicted_busy_seconds'), '.1f'):>8s} {_pct(p.get('busy_error')):>7s} "
           f"{fmt(p.get('ttft_seconds'), '.4f'):>8s} {fmt(p.get('predicted_ttft_seconds'), '.4f'):>8s} "
           f"{_pct(p.get('ttft_error')):>7s}{flag}\n")
+    for line in phase_footnotes(report["phases"]):
+        w(f"  {line}\n")
     w("(h measured = Δhits/Δqueries inside the phase; busy and TTFT predicted by models fitted without the phase)\n")
     w("\ncalibrated model (value ± standard error):\n")
     for name, e in report["parameters"].items():

@@ -14,7 +14,7 @@ import ssl
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, 
                              load_config, load_web_config, redact_url, selector_matchers, stop_event)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, read_doc, what_if, why_unread
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
-from exporter.replay import PhaseSummary, ReplayResult, fmt, replay
+from exporter.replay import PhaseSummary, ReplayResult, fmt, phase_footnotes, replay
 from exporter.report import is_analysis, load_source, render
 from exporter.runner import Runner
 from exporter.server import config_error_app, serve, serve_app
@@ -197,6 +197,8 @@ def print_phases(model: str, phases: list[PhaseSummary]) -> None:
               f"{p.steps:5d} {p.busy_steps:4d} {p.busy_seconds:8.1f} {fmt(p.predicted_busy_seconds, '.1f'):>8s} "
               f"{'-' if p.busy_error is None else f'{100 * p.busy_error:+.1f}%':>7s} "
               f"{fmt(p.miss_tps, '.0f'):>8s} {fmt(p.prefill_seconds):>10s}")
+    for line in phase_footnotes([asdict(p) for p in phases]):
+        print(f"  {line}")
 
 
 def describe_model(m: ModelAnalysis) -> str:

@@ -37,6 +37,10 @@ class PhaseSummary:
             the busy steps the model can read (all five regressors known: not the busy step
             before the first request finished, whose ISL is unknown).
         busy_error: predicted/observed − 1 over those same steps (None when not computable).
+        predicted_steps, predicted_over_seconds: how many busy steps the prediction covers and
+            their observed Σ Δt [s] (what ``busy_error`` compares with; below ``busy_steps`` /
+            ``busy_seconds`` when some busy step cannot be read).
+        unpredicted: why ``predicted_busy_seconds`` is None ("" when it is not).
         miss_tps: mean TPS_miss over busy steps [tokens/s].
         prefill_seconds: mean observed request_prefill_time_seconds of the phase [s].
         ttft_seconds: observed mean TTFT of the phase [s]: step means of
@@ -59,6 +63,27 @@ class PhaseSummary:
     ttft_seconds: float | None = None
     predicted_ttft_seconds: float | None = None
     ttft_error: float | None = None
+    predicted_steps: int = 0
+    predicted_over_seconds: float = 0.0
+    unpredicted: str = ""
+
+
+def phase_footnotes(rows: list[dict]) -> list[str]:
+    """Lines under a phase table (``rows``: :class:`PhaseSummary` fields as a dict) for the
+    phases whose ``pred[s]`` does not cover its ``busy[s]``: over fewer busy steps (and which
+    seconds it compares with), or withheld (why)."""
+    out = []
+    for p in rows:
+        if "busy_steps" not in p:  # a phase without a summary (calibrate: no step inside it)
+            continue
+        if p.get("predicted_busy_seconds") is None:
+            if p.get("unpredicted"):
+                out.append(f"{p['name']}: pred[s] - : {p['unpredicted']}")
+        elif p.get("predicted_steps", 0) < p["busy_steps"]:
+            out.append(f"{p['name']}: pred[s] and err over the {p['predicted_steps']} of {p['busy_steps']} busy steps "
+                       f"the model can read ({p['predicted_over_seconds']:.1f} s of busy[s]; "
+                       "each other lacks a regressor: engine steps, h, ISL or OSL)")
+    return out
 
 
 @dataclass
@@ -153,9 +178,14 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
         predicted = err = None
         coef = ChipTimeCoefficients(*(fit.params[k].value for k in fit.params)) if fit.ok else None
         readable = [o for o in busy if None not in observed_regressors(o)]
-        if coef is not None and readable:
+        seen = sum(o.dt for o in readable)
+        if coef is None:
+            why = f"the chip-time fit without the phase is {fit.status.value}" + (f" ({fit.reason})" if fit.reason else "")
+        elif not readable:
+            why = "no busy step the model can read (each lacks a regressor: engine steps, h, ISL or OSL)" if busy else "no busy step"
+        else:
+            why = ""
             predicted = sum(predict_busy_time(coef, o) for o in readable)
-            seen = sum(o.dt for o in readable)
             err = predicted / seen - 1.0 if seen > 0 else None
         others = [o for o in steps if id(o) not in ids]
         ttft, ttft_pred = phase_ttft(inside, others, coef)
@@ -170,6 +200,8 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
             prefill_seconds=prefill,
             ttft_seconds=ttft, predicted_ttft_seconds=ttft_pred,
             ttft_error=ttft_pred / ttft - 1.0 if ttft_pred is not None and ttft else None,
+            predicted_steps=len(readable) if predicted is not None else 0,
+            predicted_over_seconds=seen if predicted is not None else 0.0, unpredicted=why,
         ))
     return out
 

@@ -17,6 +17,8 @@ import tarfile
 from importlib import resources
 from pathlib import Path
 
+from dataclasses import asdict
+
 import pytest
 
 from exporter.config import Config, load_config
@@ -253,7 +255,7 @@ def test_a_busy_step_the_model_cannot_read_is_left_out_of_its_phase_s_prediction
     # W unknown): left out of the comparison, it no longer withholds the phase's prediction.
     import numpy as np
 
-    from exporter.replay import summarise_phases
+    from exporter.replay import phase_footnotes, summarise_phases
     from fitters.observation import Observation
 
     rng = np.random.default_rng(3)
@@ -274,6 +276,18 @@ def test_a_busy_step_the_model_cannot_read_is_left_out_of_its_phase_s_prediction
     busy_read = sum(o.dt for o in b[1:])
     assert summary["B"].busy_steps == 19 and summary["B"].predicted_busy_seconds == pytest.approx(busy_read, rel=1e-6)
     assert summary["B"].busy_error == pytest.approx(0.0, abs=1e-6)
+    # the table says which steps pred[s] covers, since busy[s] counts the unread one too
+    assert (summary["B"].predicted_steps, summary["B"].predicted_over_seconds) == (18, pytest.approx(busy_read))
+    assert summary["B"].busy_seconds == pytest.approx(busy_read + b[0].dt)
+    assert phase_footnotes([asdict(p) for p in summary.values()]) == [
+        f"B: pred[s] and err over the 18 of 19 busy steps the model can read ({busy_read:.1f} s of busy[s]; "
+        "each other lacks a regressor: engine steps, h, ISL or OSL)"]
+    # with 9 steps in phase A, the fit without phase B has too few (min 10): B's pred[s] is withheld and says why
+    summary = {p.name: p for p in summarise_phases(a[:9] + b, phases)}
+    assert summary["B"].predicted_busy_seconds is None and summary["B"].predicted_steps == 0
+    (line,) = phase_footnotes([asdict(summary["B"])])
+    assert line.startswith("B: pred[s] - : the chip-time fit without the phase is insufficient_data (too few usable busy "
+                           "steps, need at least 10"), line
 
 
 _COUNTERS = """# TYPE vllm:prefix_cache_queries counter
