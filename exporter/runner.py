@@ -5,7 +5,8 @@ of a crash or a lie:
 
 * **Never crashes**: a scrape failure, a body that is not exposition, an out-of-order snapshot
   and any exception inside the analysis are counted by reason (``kvhit_scrape_errors_total``),
-  logged once per change of reason (never with the body), and change nothing else.
+  logged once per change of reason or of message (its numbers aside; never with the body), and
+  change nothing else.
 * **Never lies**: ``kvhit_up`` is 0 after a failed attempt; ``kvhit_stale`` is 1 as soon as the
   values shown are not from the latest attempt (it failed, or none succeeded for more than
   interval + timeout); every per-model value is removed once the last good scrape is older than
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from dataclasses import replace
@@ -37,6 +39,7 @@ from exporter.config import Config, redact_url
 from exporter.parse import QUIRKS, ParseError, Parser, Snapshot
 from exporter.sources import LiveSource, PrometheusSource, ScrapeError
 
+_DIGITS = re.compile(r"\d+")
 log = logging.getLogger("kvhit")
 # Logged when a scrape's step was one of these (Windows.unusual_steps, Analyzer.spikes): restart, glitch,
 # two processes, a spike;
@@ -104,6 +107,7 @@ class Runner:
         self._backoff = 0  # consecutive failed attempts that cost the target (all but refused)
         self._costless = False  # the last failed attempt cost the target nothing
         self._last_reason = ""
+        self._logged_failure = ""  # the last failure logged: reason and message, digits masked
         self._engine_reason = ""  # the last snapshot's reason (:meth:`_reason`), logged when it changes
         self._read_failed_at: object = ()  # the snapshot stamp whose analysis last failed on a read
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
@@ -158,7 +162,7 @@ class Runner:
                 ingested = True
                 self.analyzer.fit_step()
                 failed, self._failures, self._backoff, self._costless = self._failures, 0, 0, False
-                self._last_reason = ""
+                self._last_reason = self._logged_failure = ""
                 took = time.monotonic() - began
                 self._health = replace(self._health, up=True, duration=duration, analysis_duration=took,
                                        last_success=timestamp if asked is None else max(timestamp, asked))
@@ -256,7 +260,10 @@ class Runner:
             self._failures += 1
             self._backoff += int(costly)
             self._costless = not costly
-            changed = reason != self._last_reason
+            # another message under the same reason (an empty body, then malformed lines) is news;
+            # the same one with other counts (5 then 6 lines malformed) is not
+            kind = f"{reason}: {_DIGITS.sub('#', message)}"
+            changed, self._logged_failure = kind != self._logged_failure, kind
             self._last_reason = reason
         if changed:
             log.warning("scrape failed (%s): %s", reason, message)

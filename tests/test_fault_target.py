@@ -522,6 +522,23 @@ def test_html_page_with_status_200_is_a_parse_error_not_a_crash(target, caplog):
     assert all(SECRET not in r.getMessage() for r in caplog.records)
 
 
+def test_a_parse_failure_of_another_kind_is_logged_the_same_counts_again_are_not(caplog):
+    # every failure here has the reason "parse": an empty body, then bodies of malformed lines
+    # (3 of 4, then 4 of 5: the same failure with other counts), then an empty body again
+    runner = Runner(Config(interval=5.0, timeout=TIMEOUT), "http://vllm:8000/metrics", clock=lambda: 1000.0)
+    line = 'vllm:num_requests_running{{model_name="m",engine="{}"}} {}\n'
+    bad = [line.format(0, 1)] + [line.format(e, "x") for e in range(1, 5)]
+    bodies = ["", "".join(bad[:4]), "".join(bad), ""]
+    with caplog.at_level(logging.WARNING, logger="kvhit"):
+        for i, body in enumerate(bodies):
+            assert runner.ingest_text(1000.0 + 5 * i, body) is False
+    assert runner.current()[1].errors == {"parse": 4}
+    assert [r.getMessage() for r in caplog.records] == [
+        "scrape failed (parse): empty body: nothing to read (not even a comment line)",
+        "scrape failed (parse): not Prometheus text exposition: 3 of 4 sample lines are malformed",
+        "scrape failed (parse): empty body: nothing to read (not even a comment line)"]
+
+
 def test_credentials_in_the_url_never_reach_labels_or_logs(target, caplog):
     url = target.url.replace("http://", "http://alice:s3cret@")
     runner = Runner(Config(interval=5.0, timeout=TIMEOUT), url, clock=lambda: 1000.0)
