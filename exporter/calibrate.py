@@ -45,7 +45,6 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -295,7 +294,7 @@ class Driver:
 
     def _log(self, phase: str, worker: int | str, rec: dict) -> None:
         with self._lock:
-            if self.requests_log is not None:
+            if self.requests_log is not None and not self.requests_log.closed:  # closed: after Ctrl-C
                 self.requests_log.write(json.dumps({"phase": phase, "worker": worker, **rec}) + "\n")
             if self.progress is not None and worker != "warmup":
                 if rec["ok"]:
@@ -351,32 +350,43 @@ class Driver:
         latencies: list[float] = []
         stagger = min(self.latency_estimate or 0.0, plan.duration_s / 2) / plan.concurrency
 
-        def worker(i: int) -> None:
-            if self.abort.wait(i * stagger):
-                return
-            with requests.Session() as session:
-                while time.time() < deadline and not self.abort.is_set():
-                    rec = self._send(session, prompts.prompt(), plan.output_tokens)
-                    self._log(plan.name, i, rec)
-                    with self._lock:
-                        counts["ok" if rec["ok"] else "failed"] += 1
-                        if rec["ok"]:
-                            latencies.append(rec["latency_s"])
-                        if not rec["ok"]:
-                            errors.append(f"{rec['error']} {rec.get('detail', '')}".strip())
-                            if counts["failed"] >= 5 and counts["failed"] > counts["ok"]:
-                                self.abort.set()
+        failures: list[BaseException] = []
 
-        pool = ThreadPoolExecutor(plan.concurrency, thread_name_prefix="kvhit-calibrate")
+        def worker(i: int) -> None:
+            try:
+                if self.abort.wait(i * stagger):
+                    return
+                with requests.Session() as session:
+                    while time.time() < deadline and not self.abort.is_set():
+                        rec = self._send(session, prompts.prompt(), plan.output_tokens)
+                        self._log(plan.name, i, rec)
+                        with self._lock:
+                            counts["ok" if rec["ok"] else "failed"] += 1
+                            if rec["ok"]:
+                                latencies.append(rec["latency_s"])
+                            if not rec["ok"]:
+                                errors.append(f"{rec['error']} {rec.get('detail', '')}".strip())
+                                if counts["failed"] >= 5 and counts["failed"] > counts["ok"]:
+                                    self.abort.set()
+            except BaseException as exc:  # raised again in the caller's thread
+                failures.append(exc)
+                self.abort.set()
+
+        # daemon threads: after Ctrl-C the caller goes on (and the process exits) without waiting
+        # for the requests in flight, up to --request-timeout each (a pool's workers were joined
+        # at exit, and a second Ctrl-C there ended in a traceback)
+        threads = [threading.Thread(target=worker, args=(i,), name=f"kvhit-calibrate-{i}", daemon=True)
+                   for i in range(plan.concurrency)]
         try:
-            futures = [pool.submit(worker, i) for i in range(plan.concurrency)]
-            for f in futures:
-                f.result()
-        except BaseException:  # Ctrl-C included: workers stop after their current request
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException:  # Ctrl-C: the workers stop after their current request, unwaited
             self.abort.set()
             raise
-        finally:
-            pool.shutdown(wait=True)
+        if failures:
+            raise failures[0]
         end = time.time()
         median = statistics.median(latencies) if latencies else None
         if median is not None:

@@ -101,6 +101,7 @@ class FakeVllm:
         self.block = block
         self.caching = "True"  # enable_prefix_caching in cache_config_info
         self.post_status = 200  # anything else: every POST answers it with an HTML error page
+        self.post_delay = 0.004  # [s] each POST takes
         self.posts: list[tuple[float, float, dict]] = []  # (received, answered [unix s], body) of every POST
         self.cached: set[int] = set()
         self.c = {"queries": 0, "hits": 0, "prompt": 0, "gen": 0, "steps": 0, "done": 0}
@@ -122,7 +123,7 @@ class FakeVllm:
                     hits = fake.lookup(ids)
                     fake.c["queries"] += len(ids)
                     fake.c["hits"] += hits
-                time.sleep(0.004)
+                time.sleep(fake.post_delay)
                 with fake.lock:
                     fake.running -= 1
                     fake.c["prompt"] += len(ids)
@@ -346,6 +347,26 @@ def test_ctrl_c_before_any_phase_completed_exits_130_and_the_probe_s_leaves_noth
     else:
         assert "interrupted before any phase completed: nothing to analyse" in capsys.readouterr().err
         assert not (out / "report.json").exists()
+
+
+def test_ctrl_c_in_a_phase_leaves_the_requests_in_flight_without_waiting_for_them(fake):
+    # The pool's workers were joined on Ctrl-C (each request in flight, up to --request-timeout)
+    # and again at interpreter exit, where a second Ctrl-C ended in a threading traceback.
+    import os
+    import signal
+
+    from exporter.calibrate import Driver
+    fake.post_delay = 30.0
+    driver = Driver(f"{fake.url}/v1/completions", "fake", (1000, 2000), request_timeout=60.0)
+    plan = PhasePlan("P0_hit0", 0.0, 0, 0.0, 32, 4, concurrency=3, duration_s=60.0, seed=1)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        driver.run_phase(plan, PromptFactory(plan, (1000, 2000)))
+    assert time.monotonic() - began < 5.0 and driver.abort.is_set()
+    workers = [t for t in threading.enumerate() if t.name.startswith("kvhit-calibrate-")]
+    assert len(workers) == 3 and all(t.daemon for t in workers)  # still in their request; exit does not wait
+    fake.post_delay = 0.0
 
 
 def test_the_recording_s_first_step_is_one_interval_not_two_scrapes_in_a_row(fake, tmp_path, capsys):
