@@ -299,8 +299,8 @@ def model_dashboard() -> Dashboard:
         .with_target(q("B", f'kvhit_tpm_tokens_per_minute{{per="gpu", {SEL}}}', "{{kind}} {{basis}} per GPU {{pod}}")))
     d = d.with_panel(
         ts(ids, "Queue depth", REQUESTS, "vLLM's waiting and running requests per pod (summed over engines).")
-        .with_target(q("A", f"sum by (pod) (vllm:num_requests_waiting{{{SEL}}})", "waiting {{pod}}"))
-        .with_target(q("B", f"sum by (pod) (vllm:num_requests_running{{{SEL}}})", "running {{pod}}")))
+        .with_target(q("A", f"sum by (pod) (max without (pid) (vllm:num_requests_waiting{{{SEL}}}))", "waiting {{pod}}"))
+        .with_target(q("B", f"sum by (pod) (max without (pid) (vllm:num_requests_running{{{SEL}}}))", "running {{pod}}")))
     d = d.with_panel(
         ts(ids, "KV cache usage", "percentunit",
            f"vLLM's KV-cache usage per pod (max over engines); at {THRASH_KV_USAGE:.0%} or above with a jittering "
