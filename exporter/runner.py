@@ -37,7 +37,7 @@ from exporter.analyzer import SPIKE_FACTOR, Analysis, Analyzer
 from exporter.collector import Health
 from exporter.config import Config, redact_url
 from exporter.parse import QUIRKS, ParseError, Parser, Snapshot
-from exporter.sources import LiveSource, PrometheusSource, ScrapeError
+from exporter.sources import FRESH_SAMPLE_SECONDS, LiveSource, PrometheusSource, ScrapeError
 
 _DIGITS = re.compile(r"\d+")
 log = logging.getLogger("kvhit")
@@ -214,6 +214,10 @@ class Runner:
         try:
             _, text = source.fetch()
             stamp += source.answer_delay  # when the body was generated (LiveSource)
+            if getattr(source, "lag", 0.0) > FRESH_SAMPLE_SECONDS:
+                # fleet data ending a minute or more before the time asked for (the first poll after
+                # Prometheus was down) is that old: health dated there, not at the poll (it read fresh)
+                asked -= source.lag
         except ScrapeError as exc:
             if exc.unchanged and not self._failures and self._health.last_success is not None:
                 self._unchanged(str(exc), time.monotonic() - start, asked)

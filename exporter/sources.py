@@ -522,9 +522,12 @@ class PrometheusSource:
     DOWN_WAIT_SECONDS: after it the polls go on without it until it is back).
     """
 
-    # a fleet snapshot is the query's time t, however late the answer: t − (now − delay) ≤ 0, the
-    # last range's end behind the clock (LiveSource's answer_delay; the runner adds it to its stamp)
+    # a fleet snapshot is the query's time t, however late the answer: t − (the clock at the
+    # query) ≤ 0, the last range's end behind the clock, the delay included (LiveSource's
+    # answer_delay; the runner adds it to its stamp); lag: t − that less the delay, how far the
+    # pods' samples end before the time asked for [s] (Runner.poll)
     answer_delay = 0.0
+    lag = 0.0
 
     def __init__(self, url: str, families: Sequence[Family], matchers: Sequence[str] = (), interval: float = 5.0,
                  delay: float = 0.0, timeout: float = 3.0, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -580,8 +583,8 @@ class PrometheusSource:
         new = [pod for pod in down if pod not in self._left_out]
         if new:
             log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) for %.0f s or more are left out of the "
-                        "sums until they are back (%s): a restarted pod then adds its counts since its start, one that "
-                        "was only unscrapeable its growth since, in one step", len(new), DOWN_WAIT_SECONDS,
+                        "sums until they are back (%s), and then count from their first sample back on (their growth "
+                        "while out is in no step)", len(new), DOWN_WAIT_SECONDS,
                         ", ".join(f"{job}/{instance}" for job, instance in sorted(new)))
         elif self._leaving_out and not down:
             log.info("fleet mode: every pod Prometheus scrapes is up again")
@@ -629,7 +632,8 @@ class PrometheusSource:
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
         self.counts = counts
-        self._end, self.answer_delay = t, t - now
+        # the stamp is t (it was t + delay: every step dated a delay late, review)
+        self._end, self.answer_delay, self.lag = t, t - (now + self.delay), now - t
         if self._baseline is None or not history:
             # after a loss a pod counted before may be scraped again only later, and look new then
             self._baseline = t
@@ -650,9 +654,7 @@ class PrometheusSource:
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
-        # up with the selector's matchers too: another cluster's target at the same job and address
-        # (Thanos) is none of the fleet's (a matcher on a label up lacks finds no down pod)
-        up = "up{" + ", ".join(self.matchers) + "}"
+        up = self._up
         queries.append(("down:", f"count by (job, instance) (last_over_time({self._counters_selector()}"
                                   f"[{LOOKBACK}])) and on (job, instance) ({up} == 0)"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
@@ -678,6 +680,12 @@ class PrometheusSource:
             else:
                 log.info("fleet mode: every pod's up series is selected again")
         return (min(stamps) if stamps else None), history, down
+
+    @property
+    def _up(self) -> str:
+        # up with the selector's matchers too: another cluster's target at the same job and address
+        # (Thanos) is none of the fleet's (a matcher on a label up lacks finds no down pod)
+        return "up{" + ", ".join(self.matchers) + "}"
 
     def _counters_selector(self) -> str:
         """Every counter family's series, every spelling, with the selector's matchers."""
@@ -732,7 +740,7 @@ class PrometheusSource:
         by = ", ".join(("model_name",) + f.labels)
         born = None if born_after is None else (self._selector(f, "_created"), born_after)
         if f.kind == "counter":
-            growth = _growth(self._selector(f, '(_total)?'), r, born)
+            growth = _growth(self._selector(f, '(_total)?'), r, born, self._up)
             out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth))]
             if f.name == _PRICED_BY and r is not None:
                 # the pods priced: in the tokens' sum with a real sample in the range (a gone pod's
@@ -741,9 +749,9 @@ class PrometheusSource:
                 out.append(("p:", _pods(f"({growth} and {present})")))
             return out
         if f.kind == "histogram":
-            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born)})"),
-                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born)})"),
-                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born)))]
+            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, self._up)})"),
+                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, self._up)})"),
+                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, self._up)))]
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
             return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]
@@ -890,7 +898,7 @@ class PrometheusSource:
         return [fam] if fam.samples else []
 
 
-def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = None) -> str:
+def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = None, up: str | None = None) -> str:
     """PromQL: per series, a counter's growth between its last sample at or before t − ``offset``
     and its last at or before t: the difference, or after a restart (a difference below 0) its
     value since plus its growth up to its last sample before the restart in the tile (a restart
@@ -905,7 +913,14 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     time (the caller's guarantee that none of its value was counted: a counter starts from 0 at
     its ``_created``; given only while Prometheus has samples at t − offset, not after it lost
     them with its storage: :meth:`PrometheusSource._latest`); else (no ``_created`` exported, or
-    older) nothing."""
+    older) nothing.
+
+    ``up`` (the pods' ``up`` selector): no growth of a pod Prometheus cannot scrape at t (``up ==
+    0``: one left out, DOWN_WAIT_SECONDS, whose stale series read as growth 0 — a model whose pods
+    were all down was published idle, TPM 0, not unknown), nor a difference from its sample at
+    t − ``offset`` while it could not be scraped then (its growth while left out, in one step of
+    the poll interval: fleet TPM +50 % for a window); a pod new since (no sample then) counts as
+    above."""
     if offset is None:
         return f"(0 * {selector})"
     # One series per label set, of its preferred spelling (_preferred): the arithmetic below refuses
@@ -918,11 +933,13 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     # the value since
     restarted = f"(clamp_min({_preferred(f'max_over_time({{}}[{offset}])', selector)} - {then}, 0) + {now})"
     grown = f"(({diff} >= 0) or {restarted})"
-    if born is None:
-        return grown
-    # a histogram's one _created per label set has no le
-    new = f"(({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))"
-    return f"({grown} or {new})"
+    if up is not None:
+        grown = f"({grown} unless on (job, instance) ({up} offset {offset} == 0))"
+    if born is not None:
+        # a histogram's one _created per label set has no le
+        new = f"(({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))"
+        grown = f"({grown} or {new})"
+    return grown if up is None else f"({grown} unless on (job, instance) ({up} == 0))"
 
 
 def _preferred(fn: str, selector: str) -> str:

@@ -342,12 +342,16 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # skew (1000 - 240 here), and only while Prometheus kept its samples (history:, the latest query)
     restarted = f'(clamp_min({pref("max_over_time({}[3250ms])", "prefix_cache_queries(_total)?")} - {then}, 0) + {now})'
     born = f'last_over_time({{__name__=~"vllm[:_]prefix_cache_queries_created", {sel}}}[5m]) > 1000.000'
-    grown = f"((({now} - {then}) >= 0) or {restarted})"
-    assert f"sum by (model_name) (({grown} or (({now} unless {then}) and ignoring(le) ({born}))))" in q1
+    # no growth of a pod Prometheus cannot scrape now, nor a difference from its sample at t - d while
+    # it could not be scraped then (its growth while left out, in one step: fleet review)
+    up = f"up{{{sel}}}"
+    grown = f"(((({now} - {then}) >= 0) or {restarted}) unless on (job, instance) ({up} offset 3250ms == 0))"
+    assert (f"sum by (model_name) ((({grown} or (({now} unless {then}) and ignoring(le) ({born}))) "
+            f"unless on (job, instance) ({up} == 0)))") in q1
     assert "[5m] offset 7250ms))) and ignoring(le) (last_over_time(" in q3 and "[5m]) > 1000.000)" in q3
     b_now = pref("last_over_time({}[5m])", "request_prompt_tokens_bucket")
     b_then = pref("last_over_time({}[5m] offset 3250ms)", "request_prompt_tokens_bucket")
-    assert f"sum by (model_name, le) ((((({b_now} - {b_then}) >= 0)" in q1
+    assert f"sum by (model_name, le) ((((((({b_now} - {b_then}) >= 0)" in q1
     assert f'ignoring(le) (last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
     assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}))' in q0
     assert f'sum by (model_name) ({pref("max without (pid) ({})", "num_requests_running")})' in q0
@@ -550,7 +554,9 @@ def test_a_range_ends_where_every_pod_s_samples_end(fake):
     delayed = PrometheusSource(fake.url, FAMILIES, interval=5.0, delay=30.0, clock=clock)
     _latest(fake, 1009.0)
     delayed.fetch()
-    assert fake.latest_forms[-1]["time"] == fake.forms[-1]["time"] == "980.000" and delayed.answer_delay == 0.0
+    # and the snapshot is stamped there, 30 s behind the clock (it was stamped at the clock: fleet review)
+    assert fake.latest_forms[-1]["time"] == fake.forms[-1]["time"] == "980.000" and delayed.answer_delay == -30.0
+    assert delayed.lag == 0.0  # no pod's samples end before the time asked for
     # no counter series at all: now (the answer has nothing to analyse)
     clock.t = 1015.0
     src.fetch()
@@ -1289,18 +1295,20 @@ def test_a_running_total_no_answer_held_for_an_hour_is_forgotten(fake):
     assert len(src._totals) <= 62  # a look inside: one total per name of the last hour
 
 
-def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch):
+@pytest.mark.parametrize("delay", [0.0, 5.0])
+def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch, delay):
     # the snapshot is stamped where its data ends (the pods' oldest latest sample, up to one scrape
     # interval behind the query): kvhit_stale then flapped to 1 before every poll with 5-s scrapes
-    # and a 10-s poll (third verification); the scrape itself is dated at the query
+    # and a 10-s poll (third verification); the scrape itself is dated at the query. With
+    # prometheus_delay the stamp was t + delay (fleet review: every step dated 5 s late).
     from exporter import runner as runner_module
     from exporter.cli import pipeline
     wall, mono = [5000.0], [100.0]
     monkeypatch.setattr(runner_module.time, "time", lambda: wall[0])
     monkeypatch.setattr(runner_module.time, "monotonic", lambda: mono[0])
-    runner, source = pipeline(Config(prometheus=fake.url, interval=10.0, timeout=3.0))
+    runner, source = pipeline(Config(prometheus=fake.url, interval=10.0, timeout=3.0, prometheus_delay=delay))
     for k in range(3):
-        _latest(fake, wall[0] - 8.0)  # the laggiest pod's latest sample is 8 s old
+        _latest(fake, wall[0] - 8.0)  # the laggiest pod's latest sample is 8 s old (not after now - delay)
         fake.answer([_row("c:prefix_cache_queries", str(1000 * (k + 1)))])
         assert runner.poll(source)
         assert runner.analyzer.windows.last.timestamp == pytest.approx(wall[0] - 8.0)  # the data's time
@@ -1308,6 +1316,18 @@ def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch):
         mono[0] += 9.9
         health = runner.current()[1]  # just before the next poll: 9.9 s after the query, 17.9 s of the data
         assert health.age == pytest.approx(9.9) and not health.stale
+    # Prometheus down for a minute from 2 s after the last range's end (wall - 9.9 - 8): the first
+    # poll after it ends at the pods' latest samples, 2 s after that end, now 60 + 15.9 = 75.9 s
+    # old. Its step is right, but its data is that old, not fresh (it was published with age 0)
+    end = wall[0] - 9.9 - 8.0
+    wall[0] += 60.0
+    mono[0] += 60.0
+    _latest(fake, end + 2.0)
+    fake.answer([_row("c:prefix_cache_queries", "4000")])
+    assert runner.poll(source)
+    analysis, health = runner.current()
+    assert runner.analyzer.windows.last.timestamp == pytest.approx(end + 2.0)
+    assert health.age == pytest.approx(75.9 - delay) and health.stale and not analysis.models
 
 
 # ---- pods whose growth by hand is exact: hand-written counters, one real Prometheus ----------------
@@ -1324,13 +1344,13 @@ def _pod(body):
     return serve(Pod)
 
 
-def _counters(name: str, value: float, created: float | None = None, hits: bool = False) -> str:
-    """Exposition of model m's prefix-cache queries (and hits, half of them) [, with _created]."""
+def _counters(name: str, value: float, created: float | None = None, hits: bool = False, model: str = "m") -> str:
+    """Exposition of ``model``'s prefix-cache queries (and hits, half of them) [, with _created]."""
     lines = []
     for family, v in ((name, value),) + (((name.replace("queries", "hits"), value // 2),) if hits else ()):
-        lines.append(f'{family}_total{{model_name="m"}} {v}')
+        lines.append(f'{family}_total{{model_name="{model}"}} {v}')
         if created is not None:
-            lines.append(f'{family}_created{{model_name="m"}} {created}')
+            lines.append(f'{family}_created{{model_name="{model}"}} {created}')
     return "\n".join(lines) + "\n"
 
 
@@ -1422,6 +1442,59 @@ def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_mark
         assert after and got == pytest.approx(by_hand, abs=1e-6), (totals, samples)
     finally:
         _stop([pod], procs)
+
+
+def test_a_pod_left_out_is_in_no_sum_while_down_nor_with_its_growth_while_out(tmp_path, monkeypatch):
+    # Pod b, model n's only pod, cannot be scraped (503) while its counters go on growing. Left
+    # out, its stale series read as growth 0: model n was published idle (TPM 0), not unknown
+    # (fleet review). Back, its growth over the whole time out came in one step of the poll
+    # interval (fleet TPM +50 % for a window). By hand: n absent while b is out and in the step it
+    # is back; then n's growth is b's own raw samples' difference between the two polls' ends.
+    monkeypatch.setattr(sources, "DOWN_WAIT_SECONDS", 1.0)  # left out after 1 s instead of 60
+    t0, state = time.time(), {"down": False}
+
+    def body(model: str) -> str | None:
+        if model == "n" and state["down"]:
+            return None
+        return _counters("vllm:prefix_cache_queries", round(100.0 * (time.time() - t0)), model=model)
+    a, b, procs = _pod(lambda: body("m")), _pod(lambda: body("n")), Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, {"a": a, "b": b})
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 2,
+                 30, "three samples of each pod")
+        src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0)
+
+        def poll() -> tuple[float, dict]:
+            for _ in range(5):
+                try:
+                    t, text = src.fetch()
+                    return t, {m: c.counters["queries"] for m, c in parse_exposition(text, t).models.items()}
+                except ScrapeError as exc:
+                    assert exc.reason == "catching_up", exc
+                    time.sleep(1.0)
+            raise AssertionError("no poll succeeded")
+        poll()  # the baseline
+        time.sleep(2.5)
+        _, models = poll()
+        assert set(models) == {"m", "n"}
+        n_before = models["n"]  # n's running total, which nothing may move while b is out
+        state["down"] = True
+        time.sleep(2.5)  # Prometheus fails to scrape b: up 0, b's series stale
+        _, models = poll()  # waited for 1 s (catching_up), then left out
+        assert set(models) == {"m"}, models
+        time.sleep(2.0)
+        assert set(poll()[1]) == {"m"}
+        state["down"] = False
+        time.sleep(2.5)  # scraped again
+        t_back, models = poll()  # the step from a poll while b was out: b in no sum
+        assert set(models) == {"m"}, models
+        time.sleep(2.5)
+        t, models = poll()
+        raw = _raw_at(prom, "vllm:prefix_cache_queries_total", t)
+        by_hand = raw("b", t) - raw("b", t_back)
+        assert by_hand > 0 and models["n"] - n_before == pytest.approx(by_hand), (models, by_hand)
+    finally:
+        _stop([a, b], procs)
 
 
 def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, caplog):
