@@ -90,6 +90,12 @@ def q(ref: str, expr: str, legend: str = "", *, instant: bool = False) -> Dataqu
     return d
 
 
+def now(ref: str, expr: str, legend: str = "") -> Dataquery:
+    """The value now (an instant query, time series format): a stat shows what kvhit serves, and a
+    series it withdrew is gone (a range query reduced to its last value showed it for hours)."""
+    return q(ref, expr, legend).instant()
+
+
 def prop(pid: str, value) -> DynamicConfigValue:
     return DynamicConfigValue(id_val=pid, value=value)
 
@@ -271,8 +277,8 @@ def model_dashboard() -> Dashboard:
                    "to R(0) before h = 1.", w=24, h=4)
         .mappings([ValueMap(options={"0": ValueMappingResult(text="no", color="green", index=0),
                                      "1": ValueMappingResult(text="ACTIVE", color="red", index=1)})])
-        .with_target(q("A", f"kvhit_valley_active{{{SEL}}}", "valley {{form}} {{pod}}"))
-        .with_target(q("B", f"kvhit_valley_exit{{{SEL}}}", "exit {{form}} {{pod}}"))
+        .with_target(now("A", f"kvhit_valley_active{{{SEL}}}", "valley {{form}} {{pod}}"))
+        .with_target(now("B", f"kvhit_valley_exit{{{SEL}}}", "exit {{form}} {{pod}}"))
         .override_by_query("B", [prop("mappings", [{"type": "value", "options": {
             "0": {"text": "no exit", "color": "red", "index": 0}, "1": {"text": "exits", "color": "green", "index": 1}}}])]))
 
@@ -360,12 +366,12 @@ def model_dashboard() -> Dashboard:
                    "KV capacity per engine and the concurrency it holds at the window's ISL+OSL, peak KV per GPU "
                    "for the configured sizing, the economic max-num-seqs (TPOT P95 at 80 % of the TPOT SLO), the "
                    "first-order capacity bound at the current and target h, and δ (KV load vs compute).", w=12, h=8)
-        .with_target(q("A", f"kvhit_kv_capacity_tokens{{{SEL}}}", "KV capacity {{pod}}"))
-        .with_target(q("B", f"kvhit_max_concurrency{{{SEL}}}", "max concurrency {{pod}}"))
-        .with_target(q("C", f"kvhit_kv_peak_bytes{{{SEL}}}", "peak KV per GPU {{pod}}"))
-        .with_target(q("D", f"kvhit_recommended_max_num_seqs{{{SEL}}}", "recommended max-num-seqs {{pod}}"))
-        .with_target(q("E", f"kvhit_capacity_bound_tokens_per_second{{{SEL}}}", "capacity bound at {{hit_ratio}} h {{pod}}"))
-        .with_target(q("F", f"kvhit_load_compute_ratio{{{SEL}}}", "δ load/compute {{pod}}"))
+        .with_target(now("A", f"kvhit_kv_capacity_tokens{{{SEL}}}", "KV capacity {{pod}}"))
+        .with_target(now("B", f"kvhit_max_concurrency{{{SEL}}}", "max concurrency {{pod}}"))
+        .with_target(now("C", f"kvhit_kv_peak_bytes{{{SEL}}}", "peak KV per GPU {{pod}}"))
+        .with_target(now("D", f"kvhit_recommended_max_num_seqs{{{SEL}}}", "recommended max-num-seqs {{pod}}"))
+        .with_target(now("E", f"kvhit_capacity_bound_tokens_per_second{{{SEL}}}", "capacity bound at {{hit_ratio}} h {{pod}}"))
+        .with_target(now("F", f"kvhit_load_compute_ratio{{{SEL}}}", "δ load/compute {{pod}}"))
         .override_by_query("A", [prop("unit", TOKENS)])
         .override_by_query("B", [prop("unit", REQUESTS)])
         .override_by_query("C", [prop("unit", "bytes")])
@@ -478,15 +484,15 @@ def model_dashboard() -> Dashboard:
                    "factor c(running), S_kv, B_load (measured or configured), the h range a "
                    "is fitted over, the direct miss slope's ISL bucket and its anomalous (tail-chunk) steps, and the "
                    "configured target hit ratio.", w=12, h=8)
-        .with_target(q("A", f"kvhit_fixed_time_seconds{{{SEL}}}", "T_fixed {{pod}}"))
-        .with_target(q("B", f"kvhit_contention_factor{{{SEL}}}", "c(running) {{pod}}"))
-        .with_target(q("C", f"kvhit_kv_bytes_per_token{{{SEL}}}", "S_kv {{pod}}"))
-        .with_target(q("D", f"kvhit_load_bandwidth_bytes_per_second{{{SEL}}}", "B_load {{source}} {{pod}}"))
-        .with_target(q("E", f"kvhit_miss_slope_isl_bucket_tokens{{{SEL}}}", "ISL bucket {{bound}} {{pod}}"))
-        .with_target(q("F", f"kvhit_miss_slope_anomalous_steps{{{SEL}}}", "anomalous steps {{pod}}"))
-        .with_target(q("G", f"kvhit_target_hit_ratio{{{SEL}}}", "target h {{pod}}"))
-        .with_target(q("H", f"kvhit_miss_slope_hit_ratio{{{SEL}}}", "a's h range {{bound}} {{pod}}"))
-        .with_target(q("I", f"kvhit_fixed_time_stderr_seconds{{{SEL}}}", "T_fixed stderr {{pod}}"))
+        .with_target(now("A", f"kvhit_fixed_time_seconds{{{SEL}}}", "T_fixed {{pod}}"))
+        .with_target(now("B", f"kvhit_contention_factor{{{SEL}}}", "c(running) {{pod}}"))
+        .with_target(now("C", f"kvhit_kv_bytes_per_token{{{SEL}}}", "S_kv {{pod}}"))
+        .with_target(now("D", f"kvhit_load_bandwidth_bytes_per_second{{{SEL}}}", "B_load {{source}} {{pod}}"))
+        .with_target(now("E", f"kvhit_miss_slope_isl_bucket_tokens{{{SEL}}}", "ISL bucket {{bound}} {{pod}}"))
+        .with_target(now("F", f"kvhit_miss_slope_anomalous_steps{{{SEL}}}", "anomalous steps {{pod}}"))
+        .with_target(now("G", f"kvhit_target_hit_ratio{{{SEL}}}", "target h {{pod}}"))
+        .with_target(now("H", f"kvhit_miss_slope_hit_ratio{{{SEL}}}", "a's h range {{bound}} {{pod}}"))
+        .with_target(now("I", f"kvhit_fixed_time_stderr_seconds{{{SEL}}}", "T_fixed stderr {{pod}}"))
         .override_by_query("A", [prop("unit", "s")])
         .override_by_query("I", [prop("unit", "s")])
         .override_by_query("C", [prop("unit", "bytes")])

@@ -259,3 +259,15 @@ def test_the_fleet_dashboard_counts_no_fleet_mode_verdict_as_a_pod():
     # a fleet-mode kvhit (scope="fleet") in the valley showed as one more pod in the valley
     raw = [e for uid, _, _, e in dashboard_targets() if uid == "kvhit-fleet" and re.search(r"(?<![:\w])kvhit_valley", e)]
     assert raw and all('scope!="fleet"' in e for e in raw), raw
+
+
+def test_stat_panels_show_the_value_now_never_a_withdrawn_one():
+    # A range query reduced to its last non-null value showed a series kvhit had withdrawn (its
+    # target down, a form no longer followed) as current for the whole time range (review of the
+    # dashboards): "ACTIVE" for two forms while kvhit served neither. An instant query has only
+    # the series kvhit serves now.
+    stats = [(uid, p) for uid, d in dashboards().items() for p in panels(d) if p["type"] == "stat"]
+    assert stats
+    for uid, p in stats:
+        for t in p["targets"]:
+            assert t.get("instant") is True and not t.get("range"), f"{uid} / {p['title']} / {t['refId']}"
