@@ -375,10 +375,16 @@ class Runner:
 
     def _reason(self, engine: str, reason: str, models: bool) -> str:
         """Why the target cannot be analysed, as a snapshot says, except for a fleet query that
-        succeeded and returned nothing: then the selector, not an exposition, is at fault."""
-        if self._health.scope == "fleet" and engine == "unknown" and not models:
-            return (f"Prometheus answered but no vLLM series matched the selector {self.config.selector or '{}'} "
-                    "(every selected pod down, or check --selector, and that Prometheus scrapes the vLLM pods)")
+        succeeded and returned nothing (then the selector, not an exposition, is at fault) or only
+        the pods' info series (their counters are there but none grew yet)."""
+        if self._health.scope == "fleet" and not models:
+            if engine == "unknown":
+                return (f"Prometheus answered but no vLLM series matched the selector {self.config.selector or '{}'} "
+                        "(every selected pod down, or check --selector, and that Prometheus scrapes the vLLM pods)")
+            if reason:  # its info series alone: the families are there, none grew (fleet mode renders no other)
+                return ("Prometheus has the selected pods' vLLM series, but no counter of theirs grew over the poll's "
+                        "range: each pod needs a sample at both ends of it (a Prometheus that just started, or pods "
+                        "new since the last poll)")
         return reason
 
     def fresh(self, age: float | None) -> bool:

@@ -823,6 +823,27 @@ def test_empty_answer_is_no_data_not_zero(fake, caplog):
     assert pod.current()[0].engine_reason == "no vLLM metrics in the exposition"
 
 
+def test_an_answer_with_no_counter_grown_yet_says_so_not_that_no_signal_is_read(fake, caplog):
+    # A Prometheus that just started: the pods' info series are there, no pod has a sample at both
+    # ends of the range yet, so no counter grew. The reason was the exposition's "vLLM samples
+    # present but none of the signals kvhit reads (...)", sending the operator after missing
+    # families (fleet review).
+    info = Family("cache_config_info", "info", ("block_size", "enable_prefix_caching"))
+    src = PrometheusSource(fake.url, (*FAMILIES[:2], info), interval=5.0, clock=Clock(6000.0))
+    fake.answer([({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": "a", "block_size": "16",
+                   "enable_prefix_caching": "True"}, "1"),
+                 ({"kvhit_query": "pm:", "job": "vllm", "instance": "a", "model_name": "m"}, "1")])
+    t, text = src.fetch()
+    runner = Runner(Config(selector='{namespace="llm"}'), fake.url, clock=Clock(6000.0), scope="fleet")
+    with caplog.at_level("WARNING", logger="kvhit"):
+        assert runner.ingest_text(t, text)
+    analysis = runner.current()[0]
+    assert analysis.models == {} and analysis.engine_reason == (
+        "Prometheus has the selected pods' vLLM series, but no counter of theirs grew over the poll's range: each "
+        "pod needs a sample at both ends of it (a Prometheus that just started, or pods new since the last poll)")
+    assert analysis.engine_reason in caplog.text and "none of the signals" not in caplog.text
+
+
 @pytest.mark.parametrize("status, body, reason", [
     (500, b'{"status":"error","errorType":"internal","error":"boom"}', "http_500"),
     (422, b'{"status":"error","errorType":"execution","error":"x"}', "http_422"),
