@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
@@ -553,6 +553,7 @@ class PrometheusSource:
         self._down_since: dict[tuple[str, str], float] = {}  # (job, instance) down (up == 0) → t first seen so …
         self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
         self._leaving_out = False  # the last poll went on without some pod (its return is logged)
+        self._out: set[tuple[str, str]] = set()  # the pods left out at the last fetch's t (its range's end)
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
         # running requests throughout the range; "active", at some sample of it
@@ -583,7 +584,7 @@ class PrometheusSource:
         new = [pod for pod in down if pod not in self._left_out]
         if new:
             log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) for %.0f s or more are left out of the "
-                        "sums until they are back (%s), and then count from their first sample back on (their growth "
+                        "sums until they are back (%s), and then count from the first poll after it on (their growth "
                         "while out is in no step)", len(new), DOWN_WAIT_SECONDS,
                         ", ".join(f"{job}/{instance}" for job, instance in sorted(new)))
         elif self._leaving_out and not down:
@@ -612,7 +613,11 @@ class PrometheusSource:
             # none at or before start (it would be within LOOKBACK): none of its value was counted — while
             # Prometheus still has the samples at start (history), not after it lost them
             born = max(self._baseline, start - LOOKBACK_SECONDS + CREATED_SKEW_SECONDS) if history else None
-            query = self.promql(t - start, born)
+            # no series of a pod left out now (its stale series read as growth 0: a model whose pods were all
+            # down was published idle, TPM 0, not unknown), nor of one left out at the range's start (its
+            # growth since its last sample before that, the time out included, in one step: fleet TPM +50 %);
+            # by the polls' own verdicts: up at t, before now, can be 0 for one failed scrape (review)
+            query = self.promql(t - start, born, down | self._out)
         rows = _vector(self._query(query, t, deadline), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
         # output tokens this range's sum holds (p:), not those with a sample at t
@@ -631,7 +636,7 @@ class PrometheusSource:
             self._totals, self._seen, self._partial = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.counts = counts
+        self.counts, self._out = counts, set(down)
         # the stamp is t (it was t + delay: every step dated a delay late, review)
         self._end, self.answer_delay, self.lag = t, t - (now + self.delay), now - t
         if self._baseline is None or not history:
@@ -654,7 +659,9 @@ class PrometheusSource:
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
-        up = self._up
+        # up with the selector's matchers too: another cluster's target at the same job and address
+        # (Thanos) is none of the fleet's (a matcher on a label up lacks finds no down pod)
+        up = "up{" + ", ".join(self.matchers) + "}"
         queries.append(("down:", f"count by (job, instance) (last_over_time({self._counters_selector()}"
                                   f"[{LOOKBACK}])) and on (job, instance) ({up} == 0)"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
@@ -681,12 +688,6 @@ class PrometheusSource:
                 log.info("fleet mode: every pod's up series is selected again")
         return (min(stamps) if stamps else None), history, down
 
-    @property
-    def _up(self) -> str:
-        # up with the selector's matchers too: another cluster's target at the same job and address
-        # (Thanos) is none of the fleet's (a matcher on a label up lacks finds no down pod)
-        return "up{" + ", ".join(self.matchers) + "}"
-
     def _counters_selector(self) -> str:
         """Every counter family's series, every spelling, with the selector's matchers."""
         names = "|".join(f.name for f in self._counters)
@@ -711,7 +712,8 @@ class PrometheusSource:
         except ValueError as exc:
             raise ScrapeError("credentials", str(exc)) from None
 
-    def promql(self, seconds: float | None, born_after: float | None = None) -> str:
+    def promql(self, seconds: float | None, born_after: float | None = None,
+               out: Iterable[tuple[str, str]] = ()) -> str:
         """The combined query for growths over ``seconds`` [s] (rounded to whole milliseconds; None:
         the first fetch's baseline, 0 for every series — only differences are read, and a growth
         needs history the selected pods may not have yet), a series without a sample at the
@@ -721,7 +723,11 @@ class PrometheusSource:
         the pods × engines running requests at every sample of the range (``busy:``, "busy") and at
         some sample of it (``active:``, "active")."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
-        queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after)]
+        # the pods ``out`` (job, instance) as a vector of their up series, for _growth to leave out
+        pods = " or ".join(f"up{{job={json.dumps(job, ensure_ascii=False)}, instance={json.dumps(inst, ensure_ascii=False)}}}"
+                           for job, inst in sorted(out))
+        queries = [(qid, expr) for f in self.families
+                   for qid, expr in self._queries(f, r, born_after, f"({pods})" if pods else None)]
         if self._counters:
             # the engines each model's sums add up: per-GPU TPM divides by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
@@ -736,11 +742,11 @@ class PrometheusSource:
                                       f"({running} > 0))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
-    def _queries(self, f: Family, r: str | None, born_after: float | None) -> list[tuple[str, str]]:
+    def _queries(self, f: Family, r: str | None, born_after: float | None, out: str | None) -> list[tuple[str, str]]:
         by = ", ".join(("model_name",) + f.labels)
         born = None if born_after is None else (self._selector(f, "_created"), born_after)
         if f.kind == "counter":
-            growth = _growth(self._selector(f, '(_total)?'), r, born, self._up)
+            growth = _growth(self._selector(f, '(_total)?'), r, born, out)
             out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth))]
             if f.name == _PRICED_BY and r is not None:
                 # the pods priced: in the tokens' sum with a real sample in the range (a gone pod's
@@ -749,9 +755,9 @@ class PrometheusSource:
                 out.append(("p:", _pods(f"({growth} and {present})")))
             return out
         if f.kind == "histogram":
-            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, self._up)})"),
-                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, self._up)})"),
-                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, self._up)))]
+            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, out)})"),
+                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, out)})"),
+                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out)))]
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
             return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]
@@ -898,7 +904,7 @@ class PrometheusSource:
         return [fam] if fam.samples else []
 
 
-def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = None, up: str | None = None) -> str:
+def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = None, out: str | None = None) -> str:
     """PromQL: per series, a counter's growth between its last sample at or before t − ``offset``
     and its last at or before t: the difference, or after a restart (a difference below 0) its
     value since plus its growth up to its last sample before the restart in the tile (a restart
@@ -915,12 +921,9 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     them with its storage: :meth:`PrometheusSource._latest`); else (no ``_created`` exported, or
     older) nothing.
 
-    ``up`` (the pods' ``up`` selector): no growth of a pod Prometheus cannot scrape at t (``up ==
-    0``: one left out, DOWN_WAIT_SECONDS, whose stale series read as growth 0 — a model whose pods
-    were all down was published idle, TPM 0, not unknown), nor a difference from its sample at
-    t − ``offset`` while it could not be scraped then (its growth while left out, in one step of
-    the poll interval: fleet TPM +50 % for a window); a pod new since (no sample then) counts as
-    above."""
+    ``out``: a vector of the pods (``job``, ``instance``) whose series this growth leaves out
+    (:meth:`PrometheusSource.fetch`: those left out now or at the range's start).
+    """
     if offset is None:
         return f"(0 * {selector})"
     # One series per label set, of its preferred spelling (_preferred): the arithmetic below refuses
@@ -933,13 +936,11 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     # the value since
     restarted = f"(clamp_min({_preferred(f'max_over_time({{}}[{offset}])', selector)} - {then}, 0) + {now})"
     grown = f"(({diff} >= 0) or {restarted})"
-    if up is not None:
-        grown = f"({grown} unless on (job, instance) ({up} offset {offset} == 0))"
     if born is not None:
         # a histogram's one _created per label set has no le
         new = f"(({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))"
         grown = f"({grown} or {new})"
-    return grown if up is None else f"({grown} unless on (job, instance) ({up} == 0))"
+    return grown if out is None else f"({grown} unless on (job, instance) {out})"
 
 
 def _preferred(fn: str, selector: str) -> str:

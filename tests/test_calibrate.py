@@ -359,11 +359,17 @@ def test_ctrl_c_in_a_phase_leaves_the_requests_in_flight_without_waiting_for_the
     fake.post_delay = 30.0
     driver = Driver(f"{fake.url}/v1/completions", "fake", (1000, 2000), request_timeout=60.0)
     plan = PhasePlan("P0_hit0", 0.0, 0, 0.0, 32, 4, concurrency=3, duration_s=60.0, seed=1)
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    def interrupt() -> None:  # Ctrl-C once the phase's requests are in flight (never before run_phase)
+        deadline = time.monotonic() + 30.0
+        while fake.running < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
     began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         driver.run_phase(plan, PromptFactory(plan, (1000, 2000)))
-    assert time.monotonic() - began < 5.0 and driver.abort.is_set()
+    assert fake.running == 3 and time.monotonic() - began < 5.0 and driver.abort.is_set()
     workers = [t for t in threading.enumerate() if t.name.startswith("kvhit-calibrate-")]
     assert len(workers) == 3 and all(t.daemon for t in workers)  # still in their request; exit does not wait
     fake.post_delay = 0.0
