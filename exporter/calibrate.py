@@ -647,11 +647,11 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO | None = None, err: Text
         if not existing.is_dir() or not os.access(existing, os.W_OK):
             raise ConfigError(f"{flag} {path}: {existing} is not a writable directory")
     report_path = Path(args.report) if args.report else out_dir / "report.json"
-    where = report_path.resolve()
-    if where == out_dir.resolve():  # --out not made yet: is_dir() above could not tell
+    where, recording = report_path.resolve(), out_dir.resolve()
+    if where == recording:  # --out not made yet: is_dir() above could not tell
         raise ConfigError(f"--report {args.report}: is the --out directory, not a file")
-    if out_dir.resolve() in where.parents and (trace_file(str(where)) or where.parent == out_dir.resolve()
-                                               and where.name in ("requests.jsonl", "fit.json")):
+    if recording in where.parents and (trace_file(str(where)) or where.parent == recording
+                                       and where.name in ("requests.jsonl", "fit.json")):
         raise ConfigError(f"--report {args.report}: is a file of the recording written to --out {out_dir}")
 
     # A first look at the endpoint, a probe, then the recording: a refusal leaves nothing behind,

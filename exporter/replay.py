@@ -68,6 +68,9 @@ class PhaseSummary:
     unpredicted: str = ""
 
 
+_REGRESSOR = "a regressor: engine steps, h, ISL or OSL"  # what a busy step the chip-time model cannot read lacks
+
+
 def phase_footnotes(rows: list[dict]) -> list[str]:
     """Lines under a phase table (``rows``: :class:`PhaseSummary` fields as a dict) for the
     phases whose ``pred[s]`` does not cover its ``busy[s]``: over fewer busy steps (and which
@@ -76,13 +79,13 @@ def phase_footnotes(rows: list[dict]) -> list[str]:
     for p in rows:
         if "busy_steps" not in p:  # a phase without a summary (calibrate: no step inside it)
             continue
-        if p.get("predicted_busy_seconds") is None:
-            if p.get("unpredicted"):
+        if p["predicted_busy_seconds"] is None:
+            if p["unpredicted"]:
                 out.append(f"{p['name']}: pred[s] - : {p['unpredicted']}")
-        elif p.get("predicted_steps", 0) < p["busy_steps"]:
+        elif p["predicted_steps"] < p["busy_steps"]:
             out.append(f"{p['name']}: pred[s] and err over the {p['predicted_steps']} of {p['busy_steps']} busy steps "
                        f"the model can read ({p['predicted_over_seconds']:.1f} s of busy[s]; "
-                       "each other lacks a regressor: engine steps, h, ISL or OSL)")
+                       f"each other lacks {_REGRESSOR})")
     return out
 
 
@@ -182,7 +185,7 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
         if coef is None:
             why = f"the chip-time fit without the phase is {fit.status.value}" + (f" ({fit.reason})" if fit.reason else "")
         elif not readable:
-            why = "no busy step the model can read (each lacks a regressor: engine steps, h, ISL or OSL)" if busy else "no busy step"
+            why = f"no busy step the model can read (each lacks {_REGRESSOR})" if busy else "no busy step"
         else:
             why = ""
             predicted = sum(predict_busy_time(coef, o) for o in readable)
