@@ -726,12 +726,15 @@ class PrometheusSource:
         # the pods ``out`` (job, instance) as a vector of their up series, for _growth to leave out
         pods = " or ".join(f"up{{job={json.dumps(job, ensure_ascii=False)}, instance={json.dumps(inst, ensure_ascii=False)}}}"
                            for job, inst in sorted(out))
-        queries = [(qid, expr) for f in self.families
-                   for qid, expr in self._queries(f, r, born_after, f"({pods})" if pods else None)]
+        left_out = f"({pods})" if pods else None
+        queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after, left_out)]
+        # the counts leave out the pods the sums leave out (a pod back counted in e: while not in the
+        # sums read per-GPU TPM n/(n+1) for a step)
+        unless = "" if left_out is None else f" unless on (job, instance) {left_out}"
         if self._counters:
             # the engines each model's sums add up: per-GPU TPM divides by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
-                                  f"({self._counters_selector()}))"))
+                                  f"({self._counters_selector()}{unless}))"))
         if r is not None and self._running is not None:
             # the engines busy throughout the step (MODEL.md §7, per engine: analyzer._busy_in_step),
             # whose machine the chip-time fit's coefficients are, and those running requests at some
@@ -739,7 +742,7 @@ class PrometheusSource:
             for qid, fn in (("busy:", "min_over_time"), ("active:", "max_over_time")):
                 running = _preferred(f"{fn}({{}}[{r}])", self._selector(self._running, ""))
                 queries.append((qid, f"count by (model_name) (count by (model_name, job, instance, engine) "
-                                      f"({running} > 0))"))
+                                      f"(({running} > 0){unless}))"))
         return " or ".join(f'label_replace({expr}, "{_QUERY_LABEL}", "{qid}", "", "")' for qid, expr in queries)
 
     def _queries(self, f: Family, r: str | None, born_after: float | None, out: str | None) -> list[tuple[str, str]]:

@@ -1519,8 +1519,11 @@ def test_a_pod_left_out_is_in_no_sum_while_down_nor_with_its_growth_while_out(tm
         time.sleep(2.5)  # scraped again
         t_back, models = poll()  # the step from a poll while b was out: b in no sum
         assert set(models) == {"m"}, models
+        # nor in the engines the sums add up (per-GPU TPM divided by one engine more for that step)
+        assert src.counts["engines"] == {"m": 1}, src.counts
         time.sleep(2.5)
         t, models = poll()
+        assert src.counts["engines"] == {"m": 1, "n": 1}, src.counts
         raw = _raw_at(prom, "vllm:prefix_cache_queries_total", t)
         by_hand = raw("b", t) - raw("b", t_back)
         assert by_hand > 0 and models["n"] - n_before == pytest.approx(by_hand), (models, by_hand)
