@@ -130,7 +130,10 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     miss = attn = None
     if q is not None and k is not None and e is not None:
         miss = max(0.0, q - k - e)
-        if isl and q > 0:
+        if q == 0:  # no prompt token prefilled: no attention work, whatever the ISL (a decode-only
+            # step, which pins k_dec, k_ctx and T_step, was dropped from the chip-time fit)
+            attn = 0.0
+        elif isl:
             h = (k + e) / q
             attn = (q / isl) * attention_work(isl, h)
     elif "prompt_local_compute" in delta.counters:

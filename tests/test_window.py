@@ -467,6 +467,28 @@ def test_observe_by_hand():
     assert o.anomaly_hint == ""
 
 
+def test_a_decode_only_step_is_a_chip_time_row_with_no_prefill_work():
+    # No prompt token queried (Δq = Δk = Δe = 0) while 3–5 requests decode: ΔM = 0 and ΔW_attn = 0
+    # (Σ over no prefilled request), not unknown: the row (50, 0, 0, 100, 102,500) pins k_dec, k_ctx
+    # and T_step (physics review: attention_work None dropped every such step from the fit).
+    # ISL and OSL: the recent ones (no request finished); ΔC_dec = 100·(1000 + 50/2) = 102,500
+    from fitters.chiptime import design_row
+    hists = {"iteration_tokens": HistogramDelta(100.0, 50.0), "request_prompt_tokens": HistogramDelta(0.0, 0.0),
+             "request_generation_tokens": HistogramDelta(0.0, 0.0)}
+    d = _busy_delta(counters={"queries": 0.0, "hits": 0.0, "external_hits": 0.0, "generation_tokens": 100.0},
+                    histograms=hists)
+    o = observe(d, Context(isl=1000.0, osl=50.0))
+    assert o.busy and (o.miss_tokens, o.attention_work) == (0.0, 0.0)
+    assert design_row(o).tolist() == [50.0, 0.0, 0.0, 100.0, 102_500.0]
+    # unknown ISL: no prefill, still no attention work; the decode context is unknown then
+    o = observe(d, Context())
+    assert o.attention_work == 0.0 and o.decode_context_tokens is None and design_row(o) is None
+    # queries without an ISL: the attention work of those prefills is unknown
+    d = _busy_delta(counters={"queries": 10.0, "hits": 0.0, "external_hits": 0.0, "generation_tokens": 100.0},
+                    histograms=hists)
+    assert observe(d, Context()).attention_work is None
+
+
 @pytest.mark.parametrize("start,end,steps", [
     ({"running": 0.0}, {"running": 5.0}, 50.0),  # idle at the first scrape
     ({"running": 3.0}, {"running": 0.0}, 50.0),  # idle at the second
