@@ -615,6 +615,11 @@ class Analyzer:
         if "h_even" in beyond:  # whether R climbs back to R(0) is read at h_even (a review saw exit 1 without it)
             unknown.setdefault("valley_exit_linear", unknown["valley_breakeven_linear"])
             beyond["exit"] = None
+        elif b.exit is False and hi < 1.0:  # "no exit" (a ≥ 1 or ρ = 0) reads the line up to h = 1
+            unknown.setdefault("valley_exit_linear", "beyond the h range the direct miss slope was fitted on: "
+                                                     "whether R climbs back to R(0) is read up to h = 1"
+                               + measured(f"h range [{lo:.3f}, {hi:.3f}]"))
+            beyond["exit"] = None
         return {"linear": replace(b, **beyond)}
 
     def _fitted(self, coef: ChipTimeCoefficients, cov: tuple[tuple[float, ...], ...] | None,

@@ -174,8 +174,8 @@ VALLEY_BREAKEVEN = _m("kvhit_valley_breakeven_hit_ratio", "h_even > h*, where R 
                       "when there is no valley or no exit, and for form=linear outside the direct slope's h range "
                       "[ratio].", MODEL + ("form",), section="§4")
 VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1, 0 when the valley has no "
-                 "exit; absent without a valley, and for form=linear when h_even lies outside the direct slope's h "
-                 "range.", MODEL + ("form",), section="§4")
+                 "exit; absent without a valley, and for form=linear when h_even (or, without one, h = 1) lies outside "
+                 "the direct slope's h range.", MODEL + ("form",), section="§4")
 VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper end of its 95 % interval below 0, "
                    "else 0; uses the chip_time form when its fit is ok and its bathtub is published, else linear (label form).",
                    MODEL + ("form",), section="§4")

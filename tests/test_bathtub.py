@@ -369,3 +369,24 @@ def test_derived_follows_the_steep_end_near_h_1_without_tilting():
 def test_derived_rejects_empty_range(lo, hi):
     with pytest.raises(ValueError):
         derived_miss_slope(ATT, None, 0.05, 1000, 0, lo, hi)
+
+
+@pytest.mark.parametrize("a,h_max,exit_", [
+    (1.2, 0.5, None),   # a ≥ 1: the line reaches TPS_miss 0 at h = 1/1.2; "no exit" reads it up to h = 1: withheld
+    (1.2, 1.0, False),  # a line fitted up to h = 1 says so itself
+    (0.5, 0.95, True),  # ρ = 0.1: h_even = (0.5 − 0.1)/(0.5·0.9) = 8/9 inside [0, 0.95]: exit
+])
+def test_the_analyzer_publishes_the_linear_exit_only_as_far_as_the_line_was_fitted(a, h_max, exit_):
+    # physics review: with a ≥ 1 kvhit published kvhit_valley_exit 0 ("R never climbs back to R(0)
+    # before h = 1") from a line fitted over h 0–0.5, while withholding h* and h_even beyond that range
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    from fitters.result import Estimate, FitResult, Status
+    slope = FitResult(Status.OK, params={"tps0": Estimate(1000.0, 1.0), "a": Estimate(a, 0.01)},
+                      extra={"h_min": 0.0, "h_max": h_max})
+    unknown: dict[str, str] = {}
+    b = Analyzer(Config())._linear_bathtub(slope, 0.3, unknown)["linear"]  # ρ = 0.1 (the default)
+    assert b.exit is exit_
+    assert ("valley_exit_linear" in unknown) == (exit_ is None)
+    if exit_ is None:
+        assert unknown["valley_exit_linear"].startswith("beyond the h range the direct miss slope was fitted on")
