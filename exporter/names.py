@@ -64,8 +64,9 @@ INPUT_QUIRKS = _m("kvhit_input_quirks_total", "Lines or series of the target's e
                   ("target", "quirk"), "counter")
 UNTRACKED_SERIES = _m("kvhit_untracked_series", "(model_name, engine) series of the last scrape not analysed "
                       "because max_series was reached [series].", ("target",))
-ENGINE_INFO = _m("kvhit_engine_info", "Engine detected in the target's exposition (value 1); reason says why "
-                 "it is unsupported or empty.", ("target", "engine", "reason"))
+ENGINE_INFO = _m("kvhit_engine_info", "Engine detected in the last exposition kvhit read from the target (value "
+                 "1; kept while scrapes fail: kvhit_up says whether it is current); reason says why it is unsupported "
+                 "or empty.", ("target", "engine", "reason"))
 UNKNOWN_INFO = _m("kvhit_unknown_info", "A signal kvhit cannot know for this model (value 1), with the reason; "
                   "the signal's own series is absent. The reason leaves out values measured this scrape (they are in "
                   "/api/v1/analysis), so the series stays one while they move.", MODEL + ("signal", "reason"))
