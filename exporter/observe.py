@@ -46,9 +46,16 @@ OSL_HISTOGRAM = "request_generation_tokens"
 
 
 def request_isl(delta: Delta, ctx: Context) -> float | None:
-    """ISL [tokens]: the mean prompt length of the requests finished in the delta, else ``ctx.isl``
-    (:func:`_mean_or_recent`)."""
-    return _mean_or_recent(delta, ISL_HISTOGRAM, ctx.isl)
+    """ISL [tokens]: the mean prompt length of the requests finished in the delta; when none
+    finished, Δprompt_tokens / Δcount of the TTFT histogram, the requests whose first token came
+    in it (vLLM counts a prompt's tokens in the step of its first token, as it observes its TTFT);
+    else ``ctx.isl`` (:func:`_mean_or_recent`). A burst of longer prompts read the ISL of the
+    traffic before it until one of them finished, and so did a restarted engine's first steps."""
+    started = None
+    prompt, ttft = delta.counters.get("prompt_tokens"), delta.histograms.get("ttft")
+    if prompt is not None and ttft is not None and ttft.count > 0 and prompt > 0:
+        started = prompt / ttft.count
+    return _mean_or_recent(delta, ISL_HISTOGRAM, started or ctx.isl)
 
 
 def _mean_or_recent(delta: Delta, hist: str, recent: float | None) -> float | None:

@@ -489,6 +489,25 @@ def test_a_decode_only_step_is_a_chip_time_row_with_no_prefill_work():
     assert observe(d, Context()).attention_work is None
 
 
+def test_a_step_where_no_request_finished_takes_its_isl_from_the_first_tokens_in_it():
+    # A burst of 2048-token prompts after traffic of 1024: no request finished in the step, 4 got
+    # their first token. ISL was the recent 1024 (live-vLLM review: the burst's busy steps went into
+    # the fits as ISL 1024). vLLM counts prompt tokens with the first token: 8192 / 4 = 2048.
+    # h = 0: n = 4, M̄ = 2048, ΔW_attn = 4·2048²/2 = 8,388,608
+    hists = {"iteration_tokens": HistogramDelta(8300.0, 40.0), "request_prompt_tokens": HistogramDelta(0.0, 0.0),
+             "request_generation_tokens": HistogramDelta(0.0, 0.0), "ttft": HistogramDelta(10.0, 4.0)}
+    counters = {"queries": 8192.0, "hits": 0.0, "external_hits": 0.0, "prompt_tokens": 8192.0,
+                "generation_tokens": 4.0}
+    o = observe(_busy_delta(counters=counters, histograms=hists), Context(isl=1024.0, osl=50.0))
+    assert o.isl == 2048.0 and o.attention_work == 8_388_608.0
+    # a finished request's mean comes first (the step's means, as MODEL.md §2 reads them)
+    hists["request_prompt_tokens"] = HistogramDelta(3000.0, 2.0)
+    assert observe(_busy_delta(counters=counters, histograms=hists), Context(isl=1024.0)).isl == 1500.0
+    # no first token either: the recent ISL
+    hists.update(request_prompt_tokens=HistogramDelta(0.0, 0.0), ttft=HistogramDelta(0.0, 0.0))
+    assert observe(_busy_delta(counters=counters, histograms=hists), Context(isl=1024.0)).isl == 1024.0
+
+
 @pytest.mark.parametrize("start,end,steps", [
     ({"running": 0.0}, {"running": 5.0}, 50.0),  # idle at the first scrape
     ({"running": 3.0}, {"running": 0.0}, 50.0),  # idle at the second
