@@ -763,8 +763,8 @@ def test_a_counter_that_jumped_once_and_stayed_up_is_not_fitted(jump, at, caplog
                 assert m.hit_ratio == pytest.approx(m_clean.hit_ratio, rel=1e-6)  # (+ jump) - (+ jump): rounding
                 assert m.tpm_observed == pytest.approx(m_clean.tpm_observed, rel=1e-6)
     assert clean.analyzer.spikes == 0 and runner.analyzer.spikes == 1
-    from exporter.runner import _STEP_NOTES
-    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == [_STEP_NOTES[3]]
+    from exporter.runner import _STEP_NOTES, STEP_NOTE_FORMAT
+    assert [r.args[0] for r in caplog.records if r.msg == STEP_NOTE_FORMAT] == [_STEP_NOTES[3]]
     _assert_fits_as_clean(runner, clean, sc.model_name)
     got, want = (r.current()[0].models[sc.model_name].caching for r in (runner, clean))
     assert got.state == want.state and abs(got.history_hit_ratio - want.history_hit_ratio) <= 0.01

@@ -833,13 +833,16 @@ def test_restarts_glitches_and_another_process_are_logged(caplog):
     with caplog.at_level(logging.INFO, logger="kvhit"):
         for i, (q, created) in enumerate(bodies):
             assert runner.ingest_text(1000.0 + 5 * i, EXPO.format(q=q, created=created))
-    from exporter.runner import _STEP_NOTES  # restart, glitch, another process: each once, in that order
-    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == list(_STEP_NOTES[:3])
+    from exporter.runner import _STEP_NOTES, STEP_NOTE_FORMAT  # restart, glitch, another process: each once, in that order
+    assert [r.args[0] for r in caplog.records if r.msg == STEP_NOTE_FORMAT] == list(_STEP_NOTES[:3])
+    # each with its scrape's time (a replay logged at the wall clock only): 1000 + 5·2 s, 1015 (skipped), 1025
+    assert [r.args[1] for r in caplog.records if r.msg == STEP_NOTE_FORMAT] == [
+        "1970-01-01 00:16:50", "1970-01-01 00:16:55", "1970-01-01 00:17:05"]
     # another process again at the next scrape (a load-balanced URL): not logged again for 10 minutes
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="kvhit"):
         assert runner.ingest_text(1030.0, EXPO.format(q=90.0, created=400.0))
-    assert runner.analyzer.windows.foreign == 2 and not [r for r in caplog.records if r.getMessage() in _STEP_NOTES]
+    assert runner.analyzer.windows.foreign == 2 and not [r for r in caplog.records if r.msg == STEP_NOTE_FORMAT]
 
 
 def test_a_restart_is_logged_when_the_fit_step_then_fails(caplog):
@@ -853,7 +856,7 @@ def test_a_restart_is_logged_when_the_fit_step_then_fails(caplog):
     runner.analyzer.fit_step = broken
     with caplog.at_level(logging.INFO, logger="kvhit"):
         assert not runner.ingest_text(1005.0, EXPO.format(q=20.0, created=1002.0))  # restarted at 1002
-    from exporter.runner import _STEP_NOTES
+    from exporter.runner import _STEP_NOTES, STEP_NOTE_FORMAT
     assert runner.analyzer.windows.unusual_steps[0] == 1
-    assert [r.getMessage() for r in caplog.records if r.getMessage() in _STEP_NOTES] == [_STEP_NOTES[0]]
+    assert [r.args[0] for r in caplog.records if r.msg == STEP_NOTE_FORMAT] == [_STEP_NOTES[0]]
     assert runner.current()[1].errors == {"internal": 1}
