@@ -501,7 +501,8 @@ class Analyzer:
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
-        fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines, busy)
+        fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines, busy,
+                              st.chip.length_ranges())
         if (fits["load_aware"].ok or fits["overlap"].ok) and (
                 problem := _prefill_unidentified(fitted, st.latency.extreme_points())):
             if fits["load_aware"].ok:
@@ -625,7 +626,8 @@ class Analyzer:
     def _fitted(self, coef: ChipTimeCoefficients, cov: tuple[tuple[float, ...], ...] | None,
                 steps_per_request: float | None, fits: dict[str, FitResult], wobs: Observation,
                 load_share: float | None, kv: float | None, bandwidth: tuple[float, str] | None,
-                engines: int, busy: float) -> FittedModel:
+                engines: int, busy: float,
+                lengths: tuple[tuple[float, float], tuple[float, float]] | None) -> FittedModel:
         cfg = self.config
         la, chip = fits["load_aware"], fits["chip_time"]
         running = wobs.running
@@ -639,7 +641,8 @@ class Analyzer:
             p_hit=cfg.prices.p_hit,
             p_out=cfg.prices.p_out,
             collinear=chip.extra.get("collinear"),
-            chip_covariance=[list(row) for row in cov] if cov else None)
+            chip_covariance=[list(row) for row in cov] if cov else None,
+            isl_range=list(lengths[0]) if lengths else None, osl_range=list(lengths[1]) if lengths else None)
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:

@@ -43,7 +43,7 @@ from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
 from exporter.config import FileTooLarge, bounded, number, read_bounded
 from fitters.result import Estimate, FitResult
-from fitters.whatif import NULLABLE, FittedModel
+from fitters.whatif import NULLABLE, STRUCTURED, FittedModel
 
 SCHEMA_VERSION = 1
 
@@ -236,15 +236,15 @@ def load_fit(doc, model_name: str | None = None, choose: str = "--model") -> tup
 
 
 def _check_fit(fit: dict, where: str) -> None:
-    """Every FittedModel field without a default present; every field but ``collinear`` and
-    ``chip_covariance`` a finite number (or null where it may be unknown, ``NULLABLE``). Raises
-    ValueError naming the fields."""
+    """Every FittedModel field without a default present; every field but the ``STRUCTURED`` ones
+    a finite number (or null where it may be unknown, ``NULLABLE``). Raises ValueError naming the
+    fields."""
     missing = [f.name for f in fields(FittedModel) if f.default is MISSING and f.name not in fit]
     if missing:
         raise ValueError(f"{where}: missing {', '.join(missing)}")
     for f in fields(FittedModel):
         v = fit.get(f.name)
-        if (v is None and f.name in NULLABLE) or f.name in ("collinear", "chip_covariance"):  # from_dict checks them
+        if (v is None and f.name in NULLABLE) or f.name in STRUCTURED:  # from_dict checks them
             continue
         if f.name in fit and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise ValueError(f"{where}.{f.name}: must be a finite number, got {json.dumps(v)[:40]}")

@@ -18,7 +18,8 @@ from scipy.optimize import nnls
 
 from .model import CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, relation_text
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, median, soft_l1_weight, solve_normal
+from .online import (REFIT_EVERY, AmortizedFit, LazyFitResult, RowBuffer, bounded_lsq, median, soft_l1_weight,
+                     solve_normal)
 from .result import Estimate, FitResult, Status, measured
 
 # Keep-order when columns are collinear: the simpler term survives (MODEL.md §6).
@@ -413,6 +414,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every, basis_width=len(CHIP_TIME_TERMS) + 1)
         self.capacity = capacity
         self.min_samples = min_samples
+        self._lengths = RowBuffer(capacity, 2)  # each row's (ISL, OSL), evicted with it
 
     def update(self, obs: Observation) -> bool:
         """Add one step; True if it was usable (see :func:`design_row`) and stored."""
@@ -420,7 +422,18 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         if row is None:
             return False
         self.append((*row, obs.dt))
+        self._lengths.append((obs.isl, obs.osl))  # known: ΔC_dec needs both
         return True
+
+    def length_ranges(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """((ISL min, max), (OSL min, max)) [tokens] of the buffered steps' requests, what the
+        coefficients were fitted on (beyond them a prediction extrapolates, MODEL.md §7); None
+        without a step."""
+        if not len(self._lengths):
+            return None
+        x = self._lengths.view()
+        lo, hi = x.min(axis=0).tolist(), x.max(axis=0).tolist()
+        return (lo[0], hi[0]), (lo[1], hi[1])
 
     def result(self) -> FitResult:
         """The fit over the buffered rows (class docstring); cached until new data."""

@@ -37,7 +37,8 @@ class Prediction:
 
     ttft_service / ttft_load_aware [s]; tpm_* [tokens/min] per instance and per GPU;
     revenue [price/s per machine] (chip_time form); t_chip [s per request]; unknown: output
-    name → why it is None.
+    name → why it is None; extrapolated: why every output reads the chip-time fit beyond the ISL
+    or OSL of its steps (None inside them).
     """
 
     hit_ratio: float
@@ -52,6 +53,7 @@ class Prediction:
     tpm_physical_per_gpu: float
     revenue: float
     unknown: dict[str, str] = field(default_factory=dict)
+    extrapolated: str | None = None
 
 
 # from_dict's checks: (field, accepts, what it must be); NULLABLE fields may also be None (unknown).
@@ -65,6 +67,8 @@ _FIELD_RANGES = (
     ("engines", lambda v: v >= 1, "a number >= 1"),
     ("busy_engines", lambda v: v >= 1, "a number >= 1"),
 )
+# fields of other shapes (mappings, lists), each checked by from_dict itself
+STRUCTURED = ("collinear", "chip_covariance", "isl_range", "osl_range")
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
             "hit_load_share", "busy_engines"}
 
@@ -151,6 +155,9 @@ class FittedModel:
         chip_covariance: the chip-time coefficients' covariance, 5×5 in CHIP_TIME_TERMS order
             (None: not known, as in fits saved before it was): a prefill whose chip time it leaves
             uncertain beyond PREFILL_REL_STDERR has no TTFT (:meth:`unidentified_prefill`).
+        isl_range, osl_range: [min, max] ISL and OSL [tokens] of the chip-time fit's steps
+            (:meth:`ChipTimeFitter.length_ranges`; None: not known, as in fits saved before
+            them): a what-if beyond them says so (``Prediction.extrapolated``).
     """
 
     t_step: float
@@ -175,6 +182,8 @@ class FittedModel:
     chip_covariance: list[list[float]] | None = None
     engines: float = 1.0
     busy_engines: float | None = None
+    isl_range: list[float] | None = None
+    osl_range: list[float] | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -285,6 +294,9 @@ class FittedModel:
             raise ValueError(f"the fit gives a chip time of {t_chip!r} s per request: not a usable fit")
         delivered = tpm_delivered(isl, osl, t_chip)
         physical = tpm_physical(isl, osl, hit_ratio, t_chip)
+        beyond = [f"{what} {x:g} outside the [{r[0]:g}, {r[1]:g}] tokens"
+                  for what, x, r in (("ISL", isl, self.isl_range), ("OSL", osl, self.osl_range))
+                  if r is not None and not r[0] <= x <= r[1]]
         return Prediction(
             hit_ratio=hit_ratio, isl=isl, osl=osl, t_chip=t_chip,
             ttft_service=ttft_s, ttft_load_aware=ttft_l,
@@ -292,6 +304,8 @@ class FittedModel:
             tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
             revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out),
             unknown=unknown,
+            extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps: its coefficients were never tested "
+                          "there (MODEL.md §7: another recording's lengths erred up to 15 %)") if beyond else None,
         )
 
     def to_dict(self) -> dict:
@@ -305,7 +319,8 @@ class FittedModel:
             ValueError: wrong schema version, missing fields, or a field out of its range (the
                 message names it): coefficients, steps per request, running, queue time and
                 prices finite and ≥ 0, c0/c1 ≥ 0, α and the loaded share in [0, 1], S_kv and
-                B_load > 0, gpus a whole number ≥ 1, collinear a mapping of chip-time terms.
+                B_load > 0, gpus a whole number ≥ 1, collinear a mapping of chip-time terms,
+                isl_range and osl_range [min, max] with 0 ≤ min ≤ max.
         """
         if data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"fit schema_version must be {SCHEMA_VERSION} (a fit saved by an older kvhit: save it "
@@ -334,4 +349,10 @@ class FittedModel:
                     not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c) for c in row)
                 for row in cov)):
             raise ValueError("fit field chip_covariance must be null or 5 rows of 5 finite numbers")
+        for name in ("isl_range", "osl_range"):
+            r = getattr(model, name)
+            if r is not None and not (isinstance(r, list) and len(r) == 2 and all(
+                    not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in r)
+                    and 0 <= r[0] <= r[1]):
+                raise ValueError(f"fit field {name} must be null or [min, max], finite numbers 0 <= min <= max")
         return model

@@ -517,3 +517,23 @@ def test_a_carried_term_s_reason_shows_the_dropped_term_s_whole_relation():
                                "decode context ≈ -4018 × engine steps + 3100 × decode tokens)"), est.reason
     est = _carrier("t_step", Estimate(0.002, 0.0001), {"k_ctx": {"t_step": 4018.0, "k_dec": -3100.0}})
     assert est.reason.endswith("decode context ≈ 4018 × engine steps - 3100 × decode tokens)"), est.reason
+
+
+def test_the_fitter_keeps_the_isl_and_osl_range_of_its_buffered_steps():
+    # what a what-if beyond them extrapolates from (fitters/whatif.py); an evicted step leaves the
+    # range with its row. Capacity 2: the 512-token step is evicted by the third.
+    from fitters.chiptime import ChipTimeFitter
+
+    def step(isl: float, osl: float) -> Observation:
+        return Observation(t=0.0, dt=2.0, busy=True, steps=100.0, queried_tokens=2 * isl, hit_tokens_device=0.0,
+                           hit_tokens_loaded=0.0, miss_tokens=2 * isl, attention_work=2 * isl * isl / 2,
+                           generation_tokens=64.0, decode_context_tokens=64 * (isl + osl / 2), isl=isl, osl=osl)
+    f = ChipTimeFitter(capacity=2)
+    assert f.length_ranges() is None
+    f.update(step(512.0, 32.0))
+    f.update(step(2048.0, 16.0))
+    assert f.length_ranges() == ((512.0, 2048.0), (16.0, 32.0))
+    f.update(step(1024.0, 64.0))
+    assert f.length_ranges() == ((1024.0, 2048.0), (16.0, 64.0))
+    assert not f.update(dataclasses.replace(step(99.0, 1.0), busy=False))  # not stored: no range change
+    assert f.length_ranges() == ((1024.0, 2048.0), (16.0, 64.0))

@@ -612,6 +612,9 @@ def test_predict_matches_hand_computation(replayed):
     assert f["steps_per_request"] == pytest.approx(steps_per_request, rel=1e-12)
     assert f["queue_time"] == pytest.approx(queue_time, rel=1e-9)
     assert f["running"] == pytest.approx(running, rel=1e-9)  # kvhit's step lengths: unix s, 0.2 µs resolution
+    # the window's ISL and OSL are lengths of the fit's own steps: no extrapolation said
+    assert f["isl_range"][0] <= isl <= f["isl_range"][1] and f["osl_range"][0] <= osl <= f["osl_range"][1]
+    assert p["extrapolated"] is None
     m, hh = (1 - h) * isl, h * isl
     t_compute = f["k_ffn"] * m + f["k_attn"] * (m * hh + m * m / 2)
     t_chip = (f["t_step"] * steps_per_request + t_compute + osl * (f["k_dec"] + f["k_ctx"] * (isl + osl / 2)))

@@ -139,3 +139,22 @@ def test_a_fit_of_two_engines_as_one_machine_predicts_one_engines_ttft_and_the_m
     assert p.ttft_service == pytest.approx(0.232, rel=1e-12)
     assert p.t_chip == pytest.approx(0.133, rel=1e-12)
     assert p.tpm_delivered == pytest.approx(60 * 1020 / 0.133, rel=1e-12)
+
+
+def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates():
+    # live-vLLM review: a fit on ISL 512–2048, OSL 32 predicted ISL 8192, OSL 512 with nothing said.
+    # The numbers stand (same chip time as without the ranges); the prediction names what it reads
+    # beyond. Inside (the bounds included) nothing is said; a fit saved without ranges says nothing.
+    fit = FittedModel(**FIT, isl_range=[512.0, 2048.0], osl_range=[32.0, 32.0])
+    far = fit.predict(0.5, 8192.0, 512.0)
+    assert far.t_chip == FittedModel(**FIT).predict(0.5, 8192.0, 512.0).t_chip
+    assert far.extrapolated.startswith("ISL 8192 outside the [512, 2048] tokens and OSL 512 outside the [32, 32] "
+                                       "tokens of the chip-time fit's steps")
+    assert fit.predict(0.5, 512.0, 32.0).extrapolated is None and fit.predict(0.5, 2048.0, 32.0).extrapolated is None
+    assert fit.predict(0.5, 1000.0, 33.0).extrapolated.startswith("OSL 33 outside the [32, 32] tokens")
+    assert FittedModel(**FIT).predict(0.5, 8192.0, 512.0).extrapolated is None
+    # a saved fit's ranges are checked as its other fields
+    for bad in ([2048.0, 512.0], [1.0], ["1", 2.0], [float("nan"), 1.0], [True, 2.0]):
+        with pytest.raises(ValueError, match="isl_range must be null or"):
+            FittedModel.from_dict({**fit.to_dict(), "isl_range": bad})
+    assert FittedModel.from_dict(fit.to_dict()) == fit
