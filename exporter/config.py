@@ -243,7 +243,11 @@ _SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
 
 def _coerce(key: str, value: Any, typ: str) -> Any:
     if value is None:
-        return None
+        if "None" in typ:
+            return None
+        # a YAML null (`interval:` with no value) is no setting: it crashed the checks, or passed
+        # them and failed every analysis while kvhit read healthy
+        raise ConfigError(f"config key {key}: expected {typ}, got null (leave the key out for its default)")
     if "dict" in typ:
         return _string_mapping(key, value)
     try:

@@ -83,6 +83,14 @@ CASES = {
                         "key 'target' twice (line 3)"),
     "nested key given twice": ("prices:\n  miss_per_million: 2\n  miss_per_million: 3\n",
                                "key 'miss_per_million' twice (line 3)"),
+    # a YAML null: a traceback (interval, timeout, window_seconds), or passed and failed every
+    # analysis while kvhit read healthy (prices, model.tp, max_series) (newcomer review)
+    "interval null": ("interval:\n", "config key interval: expected float, got null (leave the key out"),
+    "timeout null": ("timeout: null\n", "config key timeout: expected float, got null"),
+    "rho null": ("prices:\n  hit_price_ratio: null\n", "config key prices.hit_price_ratio: expected float, got null"),
+    "tp null": ("model:\n  tp: ~\n", "config key model.tp: expected int, got null"),
+    "max_series null": ("max_series: null\n", "config key max_series: expected int, got null"),
+    "max_body_bytes null": ("max_body_bytes: null\n", "config key max_body_bytes: expected int, got null"),
     # PyYAML recurses per level: a RecursionError traceback, exit 1, before (review)
     "nested too deeply": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply to be a configuration"),
 }
