@@ -137,10 +137,10 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     miss = attn = None
     if q is not None and k is not None and e is not None:
         miss = max(0.0, q - k - e)
-        if q == 0:  # no prompt token prefilled: no attention work, whatever the ISL (a decode-only
-            # step, which pins k_dec, k_ctx and T_step, was dropped from the chip-time fit)
+        if q == 0 and _decode_only(delta, k, e):  # no attention work, whatever the ISL (such a step,
+            # which pins k_dec, k_ctx and T_step, was dropped from the chip-time fit)
             attn = 0.0
-        elif isl:
+        elif q > 0 and isl:
             h = (k + e) / q
             attn = (q / isl) * attention_work(isl, h)
     elif "prompt_local_compute" in delta.counters:
@@ -181,6 +181,17 @@ def observe(delta: Delta, ctx: Context) -> Observation:
         waiting=delta.end.get("waiting"),
         anomaly_hint=hint,
     )
+
+
+def _decode_only(delta: Delta, k: float, e: float) -> bool:
+    """Whether a step without prefix-cache queries did no prefill either: vLLM queries a request
+    once, when first scheduled, so a chunked prefill's tail (prompt tokens and a first token),
+    a resumed preempted request (≥ 0.11.1 leaves it out of the queries) and hits without queries
+    all have Δq = 0 with prefill work in them (review). Needs prompt_tokens; TTFT and
+    preemptions when exported."""
+    ttft = delta.histograms.get("ttft")
+    return (k == 0 and e == 0 and delta.counters.get("prompt_tokens") == 0 and (ttft is None or ttft.count == 0)
+            and delta.counters.get("preemptions", 0.0) == 0)
 
 
 def cache_config_number(cache_config: Mapping[str, str], key: str) -> float | None:

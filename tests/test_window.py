@@ -475,8 +475,10 @@ def test_a_decode_only_step_is_a_chip_time_row_with_no_prefill_work():
     from fitters.chiptime import design_row
     hists = {"iteration_tokens": HistogramDelta(100.0, 50.0), "request_prompt_tokens": HistogramDelta(0.0, 0.0),
              "request_generation_tokens": HistogramDelta(0.0, 0.0)}
-    d = _busy_delta(counters={"queries": 0.0, "hits": 0.0, "external_hits": 0.0, "generation_tokens": 100.0},
-                    histograms=hists)
+    decode = {"queries": 0.0, "hits": 0.0, "external_hits": 0.0, "prompt_tokens": 0.0, "generation_tokens": 100.0,
+              "preemptions": 0.0}
+    hists["ttft"] = HistogramDelta(0.0, 0.0)
+    d = _busy_delta(counters=decode, histograms=hists)
     o = observe(d, Context(isl=1000.0, osl=50.0))
     assert o.busy and (o.miss_tokens, o.attention_work) == (0.0, 0.0)
     assert design_row(o).tolist() == [50.0, 0.0, 0.0, 100.0, 102_500.0]
@@ -484,9 +486,17 @@ def test_a_decode_only_step_is_a_chip_time_row_with_no_prefill_work():
     o = observe(d, Context())
     assert o.attention_work == 0.0 and o.decode_context_tokens is None and design_row(o) is None
     # queries without an ISL: the attention work of those prefills is unknown
-    d = _busy_delta(counters={"queries": 10.0, "hits": 0.0, "external_hits": 0.0, "generation_tokens": 100.0},
-                    histograms=hists)
+    d = _busy_delta(counters={**decode, "queries": 10.0}, histograms=hists)
     assert observe(d, Context()).attention_work is None
+    # Δq = 0 with prefill work in the step (diff review): vLLM queries a request once, when first
+    # scheduled. A chunked prefill's tail (16,384 prompt tokens, a first token), a resumed
+    # preempted request, hits without queries, or no prompt_tokens to tell: unknown, as before
+    tail = {"ttft": HistogramDelta(3.0, 1.0)}
+    for counters, more in (({**decode, "prompt_tokens": 16384.0}, tail), ({**decode, "preemptions": 3.0}, {}),
+                           ({**decode, "hits": 4096.0}, {}),
+                           ({k: v for k, v in decode.items() if k != "prompt_tokens"}, {})):
+        o = observe(_busy_delta(counters=counters, histograms={**hists, **more}), Context(isl=1000.0, osl=50.0))
+        assert o.attention_work is None and design_row(o) is None, counters
 
 
 def test_a_step_where_no_request_finished_takes_its_isl_from_the_first_tokens_in_it():
