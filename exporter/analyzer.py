@@ -445,8 +445,9 @@ class Analyzer:
         wobs = observe(w, ctx)
         unknown = dict(snap.models[model].unknown)
         hit = _window_hits(w, ctx, wobs, unknown)
-        # predictions use the latest known means (wobs falls back to the last step's when no
-        # request finished in the window); what is published as the window's means is the window's
+        # predictions use the latest known means (when no request finished in the window, wobs's
+        # ISL is its first tokens' or the last step's, observe.request_isl); what is published as
+        # the window's means is the window's
         # own, never that fallback (MODEL.md §2: window deltas; absent = no data)
         isl, osl = wobs.isl, wobs.osl
         isl_w, osl_w = histogram_mean(w, ISL_HISTOGRAM), histogram_mean(w, OSL_HISTOGRAM)

@@ -53,7 +53,8 @@ _STEP_NOTES = ("the engine restarted (every _created moved, or a counter went do
                "one target URL reaching several pods?): the step has no increases",
                f"a token counter rose over {SPIKE_FACTOR:g}x both the next step's rate and its peak (it jumped and "
                "stayed up): that step is kept from the fits and the 24 h rollup")
-STEP_NOTE_FORMAT = "%s (the scrape at %s UTC)"  # a _STEP_NOTES line and its scrape's time
+# a _STEP_NOTES line and the time of the scrape that told it (a jump is told a scrape after it)
+STEP_NOTE_FORMAT = "%s (told by the scrape at %s UTC)"
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
 DEFAULT_MAX_SERIES = 64
 # a source's counts (PrometheusSource.counts) → the Snapshot field each sets
@@ -202,7 +203,7 @@ class Runner:
         for before, now, what in zip(seen, self._unusual_steps(), _STEP_NOTES):
             if now > before and timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS:
                 self._noted[what] = timestamp
-                # the scrape's own time: a replay logs at the wall clock of the replay, not of the trace
+                # the scrape's time: a replay logs at the wall clock of the replay, not of the trace
                 log.info(STEP_NOTE_FORMAT, what, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(timestamp)))
 
     def poll(self, source: LiveSource | PrometheusSource) -> bool:

@@ -426,9 +426,10 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         return True
 
     def length_ranges(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
-        """((ISL min, max), (OSL min, max)) [tokens] of the buffered steps' requests, what the
-        coefficients were fitted on (beyond them a prediction extrapolates, MODEL.md §7); None
-        without a step."""
+        """((ISL min, max), (OSL min, max)) [tokens] of the buffered steps' mean ISL and OSL (each
+        step's, as its regressors took them): the lengths the coefficients were fitted at (beyond
+        them a prediction extrapolates, MODEL.md §7; a request of mixed traffic may be longer than
+        every step's mean); None without a step."""
         if not len(self._lengths):
             return None
         x = self._lengths.view()

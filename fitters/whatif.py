@@ -155,7 +155,7 @@ class FittedModel:
         chip_covariance: the chip-time coefficients' covariance, 5×5 in CHIP_TIME_TERMS order
             (None: not known, as in fits saved before it was): a prefill whose chip time it leaves
             uncertain beyond PREFILL_REL_STDERR has no TTFT (:meth:`unidentified_prefill`).
-        isl_range, osl_range: [min, max] ISL and OSL [tokens] of the chip-time fit's steps
+        isl_range, osl_range: [min, max] of the chip-time fit's steps' mean ISL and OSL [tokens]
             (:meth:`ChipTimeFitter.length_ranges`; None: not known, as in fits saved before
             them): a what-if beyond them says so (``Prediction.extrapolated``).
     """
@@ -304,8 +304,8 @@ class FittedModel:
             tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
             revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out),
             unknown=unknown,
-            extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps: its coefficients were never tested "
-                          "there (MODEL.md §7: another recording's lengths erred up to 15 %)") if beyond else None,
+            extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps' means: the prediction extrapolates its "
+                          "coefficients (MODEL.md §7: another recording's lengths erred up to 15 %)") if beyond else None,
         )
 
     def to_dict(self) -> dict:

@@ -219,8 +219,9 @@ def model_dashboard() -> Dashboard:
               "alert follows: from h = 0 to the valley bottom h*, where R'(h) < 0 (KvhitValley fires while h sits "
               "in it and the 95 % interval of R'(h) is below 0). Past h* R(h) climbs again and reaches R(0) at "
               "h_even (dashed; 1 when the valley has no exit): h in (0, h_even) earns less than no caching. In the "
-              "linear form an h* or h_even beyond the h range the miss slope was fitted on is withheld "
-              "(kvhit_unknown_info says why): then no band, while the alert may fire. One panel per selected pod.")
+              "linear form an h* beyond the h range the miss slope was fitted on is withheld (kvhit_unknown_info "
+              "says why): then no band, while the alert may fire (an h_even beyond it: no dashed line). One panel "
+              "per selected pod.")
            .min(0).max(1)
            .with_target(q("A", f'kvhit_hit_ratio{{source="all", {SEL}}}', "h {{pod}}"))
            .with_target(q("B", valley, "valley bottom h*"))

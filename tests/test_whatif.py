@@ -149,7 +149,7 @@ def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates
     far = fit.predict(0.5, 8192.0, 512.0)
     assert far.t_chip == FittedModel(**FIT).predict(0.5, 8192.0, 512.0).t_chip
     assert far.extrapolated.startswith("ISL 8192 outside the [512, 2048] tokens and OSL 512 outside the [32, 32] "
-                                       "tokens of the chip-time fit's steps")
+                                       "tokens of the chip-time fit's steps' means")
     assert fit.predict(0.5, 512.0, 32.0).extrapolated is None and fit.predict(0.5, 2048.0, 32.0).extrapolated is None
     assert fit.predict(0.5, 1000.0, 33.0).extrapolated.startswith("OSL 33 outside the [32, 32] tokens")
     assert FittedModel(**FIT).predict(0.5, 8192.0, 512.0).extrapolated is None
