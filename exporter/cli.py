@@ -274,6 +274,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _config(args, window_seconds=args.window_seconds)
     check_t_load(cfg)
     trace = Path(args.path).resolve()
+    named: dict[Path, str] = {}
     for flag, path in (("--json", args.json), ("--metrics-out", args.metrics_out), ("--save-fit", args.save_fit)):
         _check_output(path, flag)
         where = Path(path).resolve() if path else None  # resolved: a symlink, "/." or a trailing "/"
@@ -281,6 +282,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} {path}: is the trace being replayed")
         if where is not None and trace.is_dir() and trace in where.parents and trace_file(str(where)):
             raise ValueError(f"{flag} {path}: would replace a file of the trace being replayed")
+        if where in named:  # the later write replaced the earlier output, silently
+            raise ValueError(f"{flag} {path}: is the file {named[where]} writes too")
+        if where is not None:
+            named[where] = flag
     trace = load_trace(args.path, cfg.max_body_bytes)
     t0 = trace.snapshots[0][0]
     if not args.quiet:

@@ -834,6 +834,18 @@ def test_write_atomic_writes_a_symlink_s_target_keeps_the_mode_and_writes_a_devi
         write_atomic("/dev/full", "x")
 
 
+def test_replay_refuses_two_outputs_naming_one_file(tmp_path, capsys):
+    # the later write replaced the earlier output without a word: out.json held the exposition and
+    # the --json report was lost (newcomer review); ./same.json is same.json
+    from exporter.cli import main
+    out = tmp_path / "out.json"
+    for flags in (["--json", str(out), "--metrics-out", str(out)],
+                  ["--json", str(out), "--save-fit", f"{tmp_path}/./out.json"]):
+        assert main(["replay", str(TRACE), "--quiet", *flags]) == 1
+        assert f"{flags[2]} {flags[3]}: is the file --json writes too" in capsys.readouterr().err
+        assert not out.exists()  # refused before the replay: nothing written
+
+
 def test_replay_of_a_device_or_a_fifo_exits_1_instead_of_hanging(tmp_path, capsys):
     import os
     from exporter.cli import main
