@@ -449,7 +449,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     cfg = _config(args, window_seconds=args.window_seconds)
     _check_output(args.out, "--out", directory=True)
     data = load_source(args.source, cfg)
-    path = render(data, Path(args.out))
+    try:
+        path = render(data, Path(args.out))
+    except OSError as exc:  # what the checks cannot foresee (/proc, a full disk): say which flag
+        raise ValueError(f"--out {args.out}: cannot write the report ({exc.strerror or type(exc).__name__})") from None
     print(f"kvhit report: {path}")
     return 0
 

@@ -111,6 +111,10 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, caps
     saved.write_text(json.dumps(doc))
     assert main(["report", str(saved), "--out", str(tmp_path / "json")]) == 0
     assert (tmp_path / "json" / "report.html").read_text().count("<img ") == 3
+    capsys.readouterr()
+    # a directory the checks pass but nothing can be made in: one line naming --out, not a bare errno
+    assert main(["report", str(saved), "--out", "/proc/kvhit-report"]) == 1
+    assert capsys.readouterr().err.startswith("kvhit: --out /proc/kvhit-report: cannot write the report (")
     # written over a trace report: its per-step plot (not in this report) does not stay behind
     trace_dir = tmp_path / "json-over-trace"
     trace_dir.mkdir()
