@@ -115,7 +115,10 @@ def _fetch(url: str, timeout: float) -> dict:
     except requests.RequestException as exc:
         raise ReportError(f"cannot fetch {base}: {type(exc).__name__}") from None
     if resp.status_code != 200:
-        raise ReportError(f"HTTP {resp.status_code} from {base}")
+        # kvhit's own plain-text answer says why (a refused configuration: 503 for every path)
+        said = resp.text.split("\n", 1)[0][:200] if resp.headers.get("Content-Type", "").startswith("text/plain") else ""
+        said = "".join(c for c in said if c.isprintable()).strip()
+        raise ReportError(f"HTTP {resp.status_code} from {base}" + (f": {said}" if said else ""))
     try:
         doc = resp.json()
     except (ValueError, RecursionError):

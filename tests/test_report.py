@@ -229,3 +229,17 @@ def test_an_analysis_saved_while_idle_draws_no_empty_model_plots(cfg, replayed, 
     saved.write_text(json.dumps(doc))
     assert main(["report", str(saved), "--out", str(tmp_path / "idle")]) == 0
     assert sorted(p.name for p in (tmp_path / "idle").glob("*.png")) == ["tiny-bathtub.png"]
+
+
+def test_a_kvhit_whose_configuration_was_refused_is_named_as_such(tmp_path, capsys):
+    # the report said only "HTTP 503 from …/api/v1/analysis" (newcomer review): kvhit's own answer
+    # there says why, and the report repeats its first line
+    from exporter.server import config_error_app, serve_app
+    server, _ = serve_app(config_error_app(), "127.0.0.1:0", None)
+    try:
+        code = main(["report", f"http://127.0.0.1:{server.server_port}", "--out", str(tmp_path / "rep")])
+    finally:
+        server.shutdown()
+    assert code == 1
+    assert capsys.readouterr().err.strip().endswith(
+        "/api/v1/analysis: kvhit analyses nothing: its configuration was refused (kvhit's log says why)")
