@@ -188,10 +188,10 @@ def _decode_only(delta: Delta, k: float, e: float) -> bool:
     once, when first scheduled, so a chunked prefill's tail (prompt tokens and a first token),
     a resumed preempted request (≥ 0.11.1 leaves it out of the queries) and hits without queries
     all have Δq = 0 with prefill work in them (review). Needs prompt_tokens; TTFT and
-    preemptions when exported."""
+    preemptions when exported (a preemption count unknown for the step: not decode-only)."""
     ttft = delta.histograms.get("ttft")
     return (k == 0 and e == 0 and delta.counters.get("prompt_tokens") == 0 and (ttft is None or ttft.count == 0)
-            and delta.counters.get("preemptions", 0.0) == 0)
+            and delta.counters.get("preemptions", 0.0) == 0 and "preemptions" not in delta.partial)
 
 
 def cache_config_number(cache_config: Mapping[str, str], key: str) -> float | None:

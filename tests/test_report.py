@@ -115,6 +115,14 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, caps
     # a directory the checks pass but nothing can be made in: one line naming --out, not a bare errno
     assert main(["report", str(saved), "--out", "/proc/kvhit-report"]) == 1
     assert capsys.readouterr().err.startswith("kvhit: --out /proc/kvhit-report: cannot write the report (")
+    # a write that fails (a full disk): write_atomic's own message, the file and why, not "OSError" (review)
+    def full(*_):
+        raise OSError("cannot write /x/tiny-bathtub.png: No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr("exporter.cli.render", full)
+        assert main(["report", str(saved), "--out", str(tmp_path / "full")]) == 1
+    assert capsys.readouterr().err == (f"kvhit: --out {tmp_path / 'full'}: cannot write the report (cannot write "
+                                       "/x/tiny-bathtub.png: No space left on device)\n")
     # written over a trace report: its per-step plot (not in this report) does not stay behind
     trace_dir = tmp_path / "json-over-trace"
     trace_dir.mkdir()

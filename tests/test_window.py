@@ -497,6 +497,10 @@ def test_a_decode_only_step_is_a_chip_time_row_with_no_prefill_work():
                            ({k: v for k, v in decode.items() if k != "prompt_tokens"}, {})):
         o = observe(_busy_delta(counters=counters, histograms={**hists, **more}), Context(isl=1000.0, osl=50.0))
         assert o.attention_work is None and design_row(o) is None, counters
+    # preemptions exported at one scrape of the step only: unknown there, not 0 (review)
+    o = observe(_busy_delta(counters={k: v for k, v in decode.items() if k != "preemptions"}, histograms=hists,
+                            partial=frozenset({"preemptions"})), Context(isl=1000.0, osl=50.0))
+    assert o.attention_work is None
 
 
 def test_a_step_where_no_request_finished_takes_its_isl_from_the_first_tokens_in_it():
