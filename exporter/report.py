@@ -38,7 +38,7 @@ from pathlib import Path
 
 import requests
 
-from exporter.config import Config, ConfigError
+from exporter.config import Config, ConfigError, redact_url
 from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread
 from exporter.replay import replay
 from exporter.sources import load_trace, write_atomic
@@ -83,7 +83,7 @@ def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportDat
         ReportError: unreachable URL, not an analysis document, unreadable trace.
     """
     if is_url(source):
-        return ReportData(source, _fetch(source, timeout))
+        return ReportData(redact_url(source), _fetch(source, timeout))  # the page names it too
     path = Path(source)
     if path.suffix == ".json":
         try:
@@ -106,24 +106,25 @@ def load_source(source: str, config: Config, timeout: float = 10.0) -> ReportDat
 def _fetch(url: str, timeout: float) -> dict:
     base = url.rstrip("/")
     if base.endswith("/metrics"):
-        raise ConfigError(f"argument PATH|URL: {url} looks like a /metrics endpoint; give kvhit's base address "
+        raise ConfigError(f"argument PATH|URL: {redact_url(url)} looks like a /metrics endpoint; give kvhit's base address "
                           "(http://host:9471) or a recorded trace")
     if not base.endswith("/api/v1/analysis"):
         base += "/api/v1/analysis"
+    shown = redact_url(base)  # a user:password or ?token= in the URL stays out of messages
     try:
         resp = requests.get(base, timeout=timeout)
     except requests.RequestException as exc:
-        raise ReportError(f"cannot fetch {base}: {type(exc).__name__}") from None
+        raise ReportError(f"cannot fetch {shown}: {type(exc).__name__}") from None
     if resp.status_code != 200:
         # kvhit's own plain-text answer says why (a refused configuration: 503 for every path)
         said = resp.text.split("\n", 1)[0][:200] if resp.headers.get("Content-Type", "").startswith("text/plain") else ""
         said = "".join(c for c in said if c.isprintable()).strip()
-        raise ReportError(f"HTTP {resp.status_code} from {base}" + (f": {said}" if said else ""))
+        raise ReportError(f"HTTP {resp.status_code} from {shown}" + (f": {said}" if said else ""))
     try:
         doc = resp.json()
     except (ValueError, RecursionError):
-        raise ReportError(f"{base} did not answer JSON") from None
-    return _check_doc(doc, base)
+        raise ReportError(f"{shown} did not answer JSON") from None
+    return _check_doc(doc, shown)
 
 
 def _check_doc(doc, where: str) -> dict:
