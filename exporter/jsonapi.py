@@ -43,7 +43,7 @@ from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
 from exporter.config import FileTooLarge, bounded, number, read_bounded
 from fitters.result import Estimate, FitResult
-from fitters.whatif import NULLABLE, STRUCTURED, FittedModel
+from fitters.whatif import NULLABLE, STRUCTURED, FittedModel, finite_number
 
 SCHEMA_VERSION = 1
 
@@ -246,5 +246,5 @@ def _check_fit(fit: dict, where: str) -> None:
         v = fit.get(f.name)
         if (v is None and f.name in NULLABLE) or f.name in STRUCTURED:  # from_dict checks them
             continue
-        if f.name in fit and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+        if f.name in fit and not finite_number(v):
             raise ValueError(f"{where}.{f.name}: must be a finite number, got {json.dumps(v)[:40]}")

@@ -67,6 +67,13 @@ _FIELD_RANGES = (
     ("engines", lambda v: v >= 1, "a number >= 1"),
     ("busy_engines", lambda v: v >= 1, "a number >= 1"),
 )
+
+
+def finite_number(v: object) -> bool:
+    """Whether a saved fit's value is a finite number: an int or a float, not a bool (JSON's true)."""
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
 # fields of other shapes (mappings, lists), each checked by from_dict itself
 STRUCTURED = ("collinear", "chip_covariance", "isl_range", "osl_range")
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
@@ -335,24 +342,21 @@ class FittedModel:
             v = getattr(model, name)
             if v is None and name in NULLABLE:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+            if not finite_number(v) or not ok(v):
                 raise ValueError(f"fit field {name} must be {what}")
         relations = model.collinear or {}
         if not (isinstance(relations, dict) and all(
                 t in CHIP_TIME_TERMS and isinstance(r, dict) and all(
-                    k in CHIP_TIME_TERMS and not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c)
-                    for k, c in r.items()) for t, r in relations.items())):
+                    k in CHIP_TIME_TERMS and finite_number(c) for k, c in r.items()) for t, r in relations.items())):
             raise ValueError("fit field collinear must map chip-time terms to {term: finite number}")
         cov = model.chip_covariance
         if cov is not None and not (isinstance(cov, list) and len(cov) == len(CHIP_TIME_TERMS) and all(
-                isinstance(row, list) and len(row) == len(CHIP_TIME_TERMS) and all(
-                    not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c) for c in row)
+                isinstance(row, list) and len(row) == len(CHIP_TIME_TERMS) and all(map(finite_number, row))
                 for row in cov)):
             raise ValueError("fit field chip_covariance must be null or 5 rows of 5 finite numbers")
         for name in ("isl_range", "osl_range"):
             r = getattr(model, name)
-            if r is not None and not (isinstance(r, list) and len(r) == 2 and all(
-                    not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in r)
-                    and 0 <= r[0] <= r[1]):
+            if r is not None and not (isinstance(r, list) and len(r) == 2 and all(map(finite_number, r))
+                                      and 0 <= r[0] <= r[1]):
                 raise ValueError(f"fit field {name} must be null or [min, max], finite numbers 0 <= min <= max")
         return model
