@@ -50,7 +50,8 @@ retry_rate                                share of requests retried, in [0, 1): 
                                           cost / (1 - retry_rate) (0)
 sizing.batch / sizing.max_len             planned batch B and max length N_max [tokens] for the peak
                                           KV B·N_max·S_kv per GPU (unset: not computed; MODEL.md §3.6)
-target_hit_ratio                          what-if hit ratio for hit_ratio="target" predictions (0.9)
+target_hit_ratio                          what-if hit ratio for hit_ratio="target" predictions (0.9;
+                                          null: none, the target series are not published)
 ========================================  ======================================================
 
 Invalid configuration raises :class:`ConfigError` whose message names the key: an unknown key, a

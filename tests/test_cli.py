@@ -1483,3 +1483,19 @@ def test_ctrl_c_ends_demo_and_simulate_without_a_traceback(argv, ready, code, sa
         proc.kill()
     assert proc.returncode == code, out[-2000:]
     assert "Traceback" not in out and said in out, out[-2000:]
+
+
+def test_target_hit_ratio_null_publishes_no_target_series(tmp_path):
+    # README's config table: target_hit_ratio null means no what-if target; its series must be
+    # absent, not published at some other hit ratio (stop 40's list: it was accepted unannounced)
+    from exporter.cli import main
+    texts, _, stamps = _trace_texts()
+    for text, ms in zip(texts[:150], stamps[:150]):
+        (tmp_path / f"{ms}.prom").write_text(text)
+    target = re.compile(r'^kvhit_target_hit_ratio\{|hit_ratio="target"|basis="target"', re.M)
+    for config, found in (("", True), ("target_hit_ratio: null\n", False)):
+        (tmp_path / "kvhit.yaml").write_text(config + "interval: 5\n")
+        out = tmp_path / f"{found}.prom"
+        assert main(["replay", str(tmp_path), "--quiet", "--config", str(tmp_path / "kvhit.yaml"),
+                     "--metrics-out", str(out)]) == 0
+        assert bool(target.search(out.read_text())) is found
