@@ -229,7 +229,9 @@ MAX_NUM_SEQS = _m("kvhit_recommended_max_num_seqs", "Economic max-num-seqs (seed
 CAPACITY_BOUND = _m("kvhit_capacity_bound_tokens_per_second", "First-order capacity Theta(h) = Theta0 / "
                     "max(1-h, delta x h_load) with Theta0 = ISL/T0, T0 = the chip-time model's 0-hit prefill "
                     "compute time (full overlap, no fixed cost: an upper bound), of all data-parallel engines (a fleet's "
-                    "pods) as one machine at full load; hit_ratio=current or target [prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
+                    "pods) as one machine at full load; hit_ratio=current or target; h_load or its share "
+                    "of the hits unknown: every hit taken as loaded, the seed's delta x h, which can be below the "
+                    "bound [prompt tokens/s].", MODEL + ("hit_ratio",), section="§3.3")
 LOAD_COMPUTE = _m("kvhit_load_compute_ratio", "delta = ISL x S_kv / (B_load x T0): loading every prompt token's "
                   "KV vs computing them at h=0, a ratio of two times: above 1 when loading is the slower; with E "
                   "engines summed (data-parallel, fleet pods) T0 is theirs as one machine at full load and B_load "
