@@ -121,14 +121,16 @@ class Runner:
 
     def ingest_text(self, timestamp: float, text: str | bytes, duration: float | None = None,
                     clock_offset: float = 0.0, asked: float | None = None,
-                    counts: Mapping[str, Mapping[str, int]] | None = None) -> bool:
+                    counts: Mapping[str, Mapping[str, int]] | None = None, missed: bool = False) -> bool:
         """Parse one exposition and feed it to the analyzer. Returns True on success; never raises.
         ``clock_offset``: ``timestamp`` minus the wall clock then (parse.Snapshot.clock_offset);
         ``counts``: what the source told of each model (model → count): "engines" and "instances"
         summed, "busy" and "active" engines (parse.Snapshot's ``engine_counts``, ``instance_counts``,
         ``busy_counts``, ``active_counts``; fleet mode: PrometheusSource.counts);
         ``asked``: when the scrape was asked for, its health's last success when later than
-        ``timestamp`` (fleet mode dates data where it ends, before the query: no stale scrape).
+        ``timestamp`` (fleet mode dates data where it ends, before the query: no stale scrape);
+        ``missed``: scrapes are missing since the previous one although none failed here (a
+        replayed recording's gap), so the step is no busy time, as after failed scrapes.
 
         ``bytes`` are decoded as UTF-8 with replacement. A body that is not exposition, a
         timestamp not newer than the last snapshot, or an exception in the analysis counts as an
@@ -160,7 +162,7 @@ class Runner:
             # with its last_success (a fit_step that raises leaves the snapshot ingested, counted failed)
             with self._lock:
                 seen = self._unusual_steps()
-                self.analyzer.ingest(snap, unobserved=self._failures > 0)
+                self.analyzer.ingest(snap, unobserved=self._failures > 0 or missed)
                 ingested = True
                 self.analyzer.fit_step()
                 failed, self._failures, self._backoff, self._costless = self._failures, 0, 0, False

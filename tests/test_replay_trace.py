@@ -339,3 +339,19 @@ def test_a_trace_with_no_vllm_model_is_exit_1_with_its_outputs_written(tmp_path,
     assert main(["replay", str(tmp_path), "--quiet", "--metrics-out", str(out)]) == 1
     assert f"kvhit: {tmp_path}: no model analysed: {why}" in capsys.readouterr().err
     assert "kvhit_up" in out.read_text()  # what was analysed is still written
+
+
+def test_a_step_across_a_scrape_missing_from_the_recording_is_no_busy_time():
+    # kvhit calibrate's recorder skips a failed scrape, so the recording has a step twice its
+    # interval there; a live run calls a step across failed scrapes no busy time (the engine may
+    # have stood still through most of it: README, Troubleshooting), a replay fitted it (review).
+    # The bundled trace scrapes every 2 s: in a run of 7 busy steps, one scrape left out gives one
+    # 4-s step (1.5 × the median step or more: MISSED_STEPS), which is not busy; its neighbours are.
+    snaps = load_trace(TRACE).snapshots
+    full = [o for _, o in replay(Trace(snaps, [], {}), Config(), "trace").steps]  # full[k] ends at snaps[k + 1]
+    k = next(k for k in range(3, len(full) - 3) if all(o.busy for o in full[k - 3:k + 4]))
+    gap = [o for _, o in replay(Trace(snaps[:k + 1] + snaps[k + 2:], [], {}), Config(), "trace").steps]
+    assert [o.t for o in gap[k - 3:k + 3]] == [t for t, _ in snaps[k - 2:k + 1] + snaps[k + 2:k + 5]]
+    across = gap[k]
+    assert across.dt == pytest.approx(snaps[k + 2][0] - snaps[k][0]) and across.dt >= 3.0 and not across.busy
+    assert all(o.busy for o in gap[k - 3:k] + gap[k + 1:k + 3])
