@@ -531,9 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--isl", help="prompt tokens per request (default: the file's window mean)")
     pr.add_argument("--osl", help="output tokens per request (default: the file's window mean)")
     pr.add_argument("--steps-per-request", type=STEPS_PER_REQUEST, dest="steps_per_request",
-                    help="engine steps one request takes part in: T_fixed = T_step x this, and the request the "
-                         "identifiability check looks at (default: the file's window; it grows with OSL and "
-                         "shrinks with the batch a request shares)")
+                    help="a request's share of the engine steps, engine steps per finished request (> 0): T_fixed "
+                         "= T_step x this, and the request the identifiability check looks at (default: the "
+                         "file's window; it grows with OSL and shrinks with the batch a request shares, below 1 "
+                         "when the batch outnumbers a request's steps)")
     pr.add_argument("--model", help="model_name when the file holds several")
     pr.set_defaults(func=cmd_predict)
 

@@ -142,9 +142,11 @@ def analysis_to_dict(a: Analysis, health: Health) -> dict:
 
 
 MAX_TOKENS = 10_000_000  # ISL/OSL bound of a what-if [tokens], see :func:`what_if`
-# Engine steps one request of a what-if takes part in (T_fixed = T_step x this, MODEL.md §7): an
-# argparse type (``kvhit predict --steps-per-request``), its error a 400 over HTTP.
-STEPS_PER_REQUEST = bounded(1.0, 1e7)
+# A what-if request's share of the engine steps, engine steps per finished request (T_fixed =
+# T_step x this, MODEL.md §7; below 1 when a batch larger than a request's steps shares each step,
+# as the analysis measures it): an argparse type (``kvhit predict --steps-per-request``), its error
+# a 400 over HTTP.
+STEPS_PER_REQUEST = bounded(0.0, 1e7, open_low=True)
 
 
 def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:

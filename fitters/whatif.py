@@ -59,8 +59,10 @@ class Prediction:
 # from_dict's checks: (field, accepts, what it must be); NULLABLE fields may also be None (unknown).
 _FIELD_RANGES = (
     *((n, lambda v: v >= 0, "a finite number >= 0") for n in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx",
-                                                             "steps_per_request", "c0", "c1", "running",
-                                                             "queue_time", "p_miss", "p_hit", "p_out")),
+                                                             "c0", "c1", "running", "queue_time", "p_miss",
+                                                             "p_hit", "p_out")),
+    # a request's share of the engine steps: every prefill takes part in one (kvhit predict's bound)
+    ("steps_per_request", lambda v: 0 < v <= 1e7, "a number in (0, 1e7]"),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
     *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
     ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
@@ -324,8 +326,8 @@ class FittedModel:
 
         Raises:
             ValueError: wrong schema version, missing fields, or a field out of its range (the
-                message names it): coefficients, steps per request, running, queue time and
-                prices finite and ≥ 0, c0/c1 ≥ 0, α and the loaded share in [0, 1], S_kv and
+                message names it): coefficients, running, queue time and prices finite and ≥ 0,
+                steps per request in (0, 1e7], c0/c1 ≥ 0, α and the loaded share in [0, 1], S_kv and
                 B_load > 0, gpus a whole number ≥ 1, collinear a mapping of chip-time terms,
                 isl_range and osl_range [min, max] with 0 ≤ min ≤ max.
         """

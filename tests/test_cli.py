@@ -691,8 +691,17 @@ def test_predict_at_the_steps_per_request_of_the_traffic_asked_about(replayed):
                    "--steps-per-request", "8.24")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["prediction"]["t_chip"] == pytest.approx(t_chip, rel=1e-12)
-    bad = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--steps-per-request", "0.5")
-    assert bad.returncode == 2 and "--steps-per-request: must be in [1, 1e+07], got 0.5" in bad.stderr, bad.stderr
+    # a share of the engine steps: below 1 when a batch outnumbers a request's steps (the analysis
+    # measures Δsteps/Δrequests), 0 is none (review: 0 in a saved fit loaded, then failed as "collinear")
+    half = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--steps-per-request", "0.5")
+    assert half.returncode == 1 and "engine steps per request are the 0.5 given" in half.stderr, half.stderr  # judged, not refused
+    bad = run_cli("predict", "--fit", str(out["fit"]), "--hit-ratio", "0.5", "--steps-per-request", "0")
+    assert bad.returncode == 2 and "--steps-per-request: must be in (0, 1e+07], got 0" in bad.stderr, bad.stderr
+    fit = json.loads(out["fit"].read_text())
+    fit["models"][MODEL_NAME]["fit"]["steps_per_request"] = 0
+    out["fit"].with_name("zero.json").write_text(json.dumps(fit))
+    zero = run_cli("predict", "--fit", str(out["fit"].with_name("zero.json")), "--hit-ratio", "0.5")
+    assert zero.returncode == 1 and "fit field steps_per_request must be a number in (0, 1e7]" in zero.stderr, zero.stderr
 
 
 def test_replay_publishes_contention_and_both_predicted_ttfts_by_hand_and_no_t_fixed_carrying_decode(replayed):
@@ -1299,8 +1308,8 @@ def test_api_predict_at_the_steps_per_request_asked_about(sim_runner):
         assert status.startswith("200"), doc
         chip[steps] = doc["prediction"]["t_chip"]
     assert t_step > 0 and chip[50] - chip[10] == pytest.approx(40 * t_step, rel=1e-9)
-    status, doc = _api(sim_runner, "hit_ratio=0.5&steps_per_request=0.5")
-    assert status.startswith("400") and doc["error"] == "steps_per_request must be in [1, 1e+07], got 0.5", doc
+    status, doc = _api(sim_runner, "hit_ratio=0.5&steps_per_request=0")
+    assert status.startswith("400") and doc["error"] == "steps_per_request must be in (0, 1e+07], got 0", doc
 
 
 def test_an_idle_window_keeps_the_fit_for_what_ifs_and_says_why_each_window_value_is_absent():
