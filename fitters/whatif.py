@@ -247,7 +247,8 @@ class FittedModel:
             return problem
         chip = sum(k * x for k, x in zip(self.coefficients.as_tuple(), z))
         var = sum(x * c * y for x, row in zip(z, self.chip_covariance) for c, y in zip(row, z))
-        stderr = math.sqrt(max(var, 0.0))
+        # a sum that overflowed (inf - inf, a hand-edited covariance of 1e308s) is no bound at all
+        stderr = math.inf if math.isnan(var) else math.sqrt(max(var, 0.0))
         if stderr <= PREFILL_REL_STDERR * chip:
             return None
         return (f"not identifiable: the chip-time fit leaves a prefill's chip time uncertain by more than "

@@ -158,3 +158,11 @@ def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates
         with pytest.raises(ValueError, match="isl_range must be null or"):
             FittedModel.from_dict({**fit.to_dict(), "isl_range": bad})
     assert FittedModel.from_dict(fit.to_dict()) == fit
+
+
+def test_a_covariance_whose_quadratic_form_overflows_bounds_nothing():
+    # finite entries of 1e308 (a hand-edited fit.json): zᵀΣz overflows, inf − inf is nan, and the
+    # reason read "0.1245 ± nan s" (review); the prefill's chip time is then unbounded, not nan
+    big = [[1e308 * (1 if i == j else -1) for j in range(5)] for i in range(5)]
+    pred = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=big).predict(0.5, 1000.0, 20.0)
+    assert pred.ttft_service is None and "0.1245 ± inf s" in pred.unknown["ttft_service"]
