@@ -783,9 +783,10 @@ def _load_share(w: Delta, h_all: float | None, h_load: float | None) -> float | 
 
 
 def _steps_per_request(w: Delta) -> float | None:
-    """Engine steps per finished request over the window (T_fixed share, MODEL.md §7)."""
+    """Engine steps per finished request over the window (T_fixed share, MODEL.md §7); None when
+    unknown, also when requests finished in no counted step (a request's share is > 0)."""
     steps, done = w.histograms.get("iteration_tokens"), w.histograms.get("prefill_time")
-    if steps is None or done is None or done.count <= 0:
+    if steps is None or done is None or done.count <= 0 or steps.count <= 0:
         return None
     return steps.count / done.count
 

@@ -121,8 +121,8 @@ def replay(trace: Trace, config: Config, target: str,
     Returns the runner (for the final analysis), every step observation and per-phase
     summaries per model. ``config.interval`` is raised to the trace's median step, so that what
     follows the scrape interval (the default scrape-gap threshold, the age past which a model's
-    window is too old to publish) follows the recording. A step longer than MISSED_STEPS × the
-    median step lacks a scrape (a recorder skips failed ones, exporter/calibrate.py): like a step
+    window is too old to publish) follows the recording. A step of MISSED_STEPS × the (lower)
+    median step or longer lacks a scrape (a recorder skips failed ones, exporter/calibrate.py): like a step
     across failed scrapes of a live run it is no busy time.
 
     Raises:
@@ -133,9 +133,10 @@ def replay(trace: Trace, config: Config, target: str,
     # have every step taken for a scrape gap, nor a window one skipped scrape old for too old
     stamps = [t for t, _ in trace.snapshots]
     steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
-    median = steps[len(steps) // 2] if steps else math.inf
     if steps:
-        config = replace(config, interval=max(config.interval, median))
+        config = replace(config, interval=max(config.interval, steps[len(steps) // 2]))
+    # the lower median: of two steps, a 2-s one and a gap of 4 s, the gap must not set the scale
+    median = steps[(len(steps) - 1) // 2] if steps else math.inf
     if config.gap_seconds is not None and config.gap_seconds <= config.interval:
         raise ConfigError(f"config key gap_seconds: {config.gap_seconds:g} s is not above the recording's scrape "
                           f"interval ({config.interval:g} s, its median step): every step would be a gap")
@@ -146,7 +147,7 @@ def replay(trace: Trace, config: Config, target: str,
     result = ReplayResult(runner)
     for i, (t, text) in enumerate(trace.snapshots):
         clock.t = t
-        runner.ingest_text(t, text, missed=i > 0 and t - stamps[i - 1] > MISSED_STEPS * median)
+        runner.ingest_text(t, text, missed=i > 0 and t - stamps[i - 1] >= MISSED_STEPS * median)
         obs = runner.analyzer.last_observations
         result.steps.extend(obs.items())
         result.unfitted.update(id(o) for o in runner.analyzer.last_dropped.values())

@@ -355,3 +355,7 @@ def test_a_step_across_a_scrape_missing_from_the_recording_is_no_busy_time():
     across = gap[k]
     assert across.dt == pytest.approx(snaps[k + 2][0] - snaps[k][0]) and across.dt >= 3.0 and not across.busy
     assert all(o.busy for o in gap[k - 3:k] + gap[k + 1:k + 3])
+    # three scrapes, steps of 2 s and 4 s: the lower median (2 s) is the scale, not the gap
+    short = [o for _, o in replay(Trace([snaps[k - 1], snaps[k], snaps[k + 2]], [], {}), Config(), "trace").steps]
+    assert [o.dt for o in short] == pytest.approx([snaps[k][0] - snaps[k - 1][0], snaps[k + 2][0] - snaps[k][0]])
+    assert short[0].busy and not short[1].busy

@@ -166,3 +166,13 @@ def test_a_covariance_whose_quadratic_form_overflows_bounds_nothing():
     big = [[1e308 * (1 if i == j else -1) for j in range(5)] for i in range(5)]
     pred = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=big).predict(0.5, 1000.0, 20.0)
     assert pred.ttft_service is None and "0.1245 ± inf s" in pred.unknown["ttft_service"]
+
+
+def test_a_window_whose_finished_requests_were_in_no_counted_step_has_no_steps_per_request():
+    # Δcount(iteration_tokens) 0 with requests finished: the share is unknown (None, which a saved
+    # fit takes), not 0, which T_fixed = T_step × 0 would read as no fixed time and from_dict refuses
+    from types import SimpleNamespace as NS
+
+    from exporter.analyzer import _steps_per_request
+    assert _steps_per_request(NS(histograms={"iteration_tokens": NS(count=0.0), "prefill_time": NS(count=4.0)})) is None
+    assert _steps_per_request(NS(histograms={"iteration_tokens": NS(count=30.0), "prefill_time": NS(count=4.0)})) == 7.5
