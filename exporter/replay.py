@@ -27,6 +27,7 @@ from fitters.observation import Observation
 # skips a failed scrape (one missing doubles the step); a late answer moves time by less.
 MISSED_STEPS = 1.5
 
+
 @dataclass(frozen=True)
 class PhaseSummary:
     """One phase of a recorded trace (a step belongs to it when both scrapes fall inside).
