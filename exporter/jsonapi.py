@@ -43,7 +43,7 @@ from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
 from exporter.config import FileTooLarge, bounded, number, read_bounded
 from fitters.result import Estimate, FitResult
-from fitters.whatif import NULLABLE, STRUCTURED, FittedModel, finite_number
+from fitters.whatif import MAX_STEPS_PER_REQUEST, NULLABLE, STRUCTURED, FittedModel, finite_number
 
 SCHEMA_VERSION = 1
 
@@ -146,7 +146,7 @@ MAX_TOKENS = 10_000_000  # ISL/OSL bound of a what-if [tokens], see :func:`what_
 # T_step x this, MODEL.md §7; below 1 when a batch larger than a request's steps shares each step,
 # as the analysis measures it): an argparse type (``kvhit predict --steps-per-request``), its error
 # a 400 over HTTP.
-STEPS_PER_REQUEST = bounded(0.0, 1e7, open_low=True)
+STEPS_PER_REQUEST = bounded(0.0, MAX_STEPS_PER_REQUEST, open_low=True)
 
 
 def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:

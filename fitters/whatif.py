@@ -56,13 +56,15 @@ class Prediction:
     extrapolated: str | None = None
 
 
+# Most engine steps per request a what-if takes (kvhit predict, /api/v1/predict and a saved fit alike).
+MAX_STEPS_PER_REQUEST = 1e7
 # from_dict's checks: (field, accepts, what it must be); NULLABLE fields may also be None (unknown).
 _FIELD_RANGES = (
     *((n, lambda v: v >= 0, "a finite number >= 0") for n in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx",
                                                              "c0", "c1", "running", "queue_time", "p_miss",
                                                              "p_hit", "p_out")),
-    # a request's share of the engine steps: every prefill takes part in one (kvhit predict's bound)
-    ("steps_per_request", lambda v: 0 < v <= 1e7, "a number in (0, 1e7]"),
+    # a request's share of the engine steps, > 0: every prefill takes part in a step
+    ("steps_per_request", lambda v: 0 < v <= MAX_STEPS_PER_REQUEST, "a number in (0, 1e7]"),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
     *((n, lambda v: v > 0, "a finite number > 0") for n in ("kv_bytes_per_token", "load_bandwidth")),
     ("gpus", lambda v: v >= 1 and float(v).is_integer(), "a whole number >= 1"),
