@@ -306,9 +306,14 @@ def model_dashboard() -> Dashboard:
         .with_target(q("A", f'kvhit_tpm_tokens_per_minute{{per="instance", {SEL}}}', "{{kind}} {{basis}} {{pod}}"))
         .with_target(q("B", f'kvhit_tpm_tokens_per_minute{{per="gpu", {SEL}}}', "{{kind}} {{basis}} per GPU {{pod}}")))
     d = d.with_panel(
-        ts(ids, "Queue depth", REQUESTS, "vLLM's waiting and running requests per pod (summed over engines).")
-        .with_target(q("A", f"sum by (pod) (max without (pid) (vllm:num_requests_waiting{{{SEL}}}))", "waiting {{pod}}"))
-        .with_target(q("B", f"sum by (pod) (max without (pid) (vllm:num_requests_running{{{SEL}}}))", "running {{pod}}")))
+        ts(ids, "Queue depth", REQUESTS,
+           "vLLM's requests waiting for capacity, running, and deferred (vLLM 0.20+: waiting on something other "
+           "than a batch slot, which num_requests_waiting also counts) per pod, summed over engines.")
+        .with_target(q("A", f'sum by (pod) (max without (pid, reason) (vllm:num_requests_waiting_by_reason{{reason="capacity", {SEL}}}) '
+                            f"or max without (pid) (vllm:num_requests_waiting{{{SEL}}}))", "waiting {{pod}}"))
+        .with_target(q("B", f"sum by (pod) (max without (pid) (vllm:num_requests_running{{{SEL}}}))", "running {{pod}}"))
+        .with_target(q("C", f'sum by (pod) (max without (pid) (vllm:num_requests_waiting_by_reason{{reason="deferred", {SEL}}}))',
+                       "deferred {{pod}}")))
     d = d.with_panel(
         ts(ids, "KV cache usage", "percentunit",
            f"vLLM's KV-cache usage per pod (max over engines); at {THRASH_KV_USAGE:.0%} or above with a jittering "
@@ -569,7 +574,8 @@ def fleet_dashboard() -> Dashboard:
         .with_target(q("B", f'namespace_model_name:kvhit_predicted_ttft_seconds:max{{kind="load_aware", {MODEL}}}',
                        "{{namespace}}/{{model_name}} predicted at {{hit_ratio}} h")))
     d = d.with_panel(
-        ts(ids, "Queue depth per model", REQUESTS, "Waiting and running requests summed over pods.")
+        ts(ids, "Queue depth per model", REQUESTS,
+           "Requests waiting for capacity (vLLM 0.20+: deferred ones left out) and running, summed over pods.")
         .with_target(q("A", f"namespace_model_name:vllm_num_requests_waiting:sum{{{MODEL}}}", "{{namespace}}/{{model_name}} waiting"))
         .with_target(q("B", f"namespace_model_name:vllm_num_requests_running:sum{{{MODEL}}}", "{{namespace}}/{{model_name}} running")))
     d = d.with_panel(
