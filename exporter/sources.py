@@ -1100,7 +1100,8 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
     file, as of one live scrape (``max_body_bytes``).
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: not a readable directory or tar archive (cut short, even at a member's end, or a checksum of its
+        ValueError: not a readable directory or tar archive (a directory or file in it that cannot be
+            read, cut short, even at a member's end, or a checksum of its
             compression that fails), no ``<unix_ms>.prom`` file in it, a stamp before 2001 (a name
             in seconds, not milliseconds) or after 2200 (in microseconds), two files with the same
             stamp, a file over ``max_bytes``, a path that is neither a regular file nor a
@@ -1129,9 +1130,19 @@ def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
     if not (p.is_dir() or p.is_file()):  # /dev/zero read as an archive forever, a FIFO blocked
         raise ValueError("not a regular file or a directory")
     if p.is_dir():
-        for f in p.rglob("*"):
-            if f.is_file():
-                _take(str(f.relative_to(p)), f.stat().st_size, lambda f=f: f.read_bytes(), files, phases_doc, max_bytes)
+        def unreadable(exc: OSError) -> None:
+            raise exc
+
+        try:  # os.walk, not rglob: rglob passes over a folder it may not list, as if it were empty
+            for root, _, names in os.walk(p, onerror=unreadable):
+                for name in names:
+                    f = Path(root, name)
+                    if f.is_file():
+                        _take(str(f.relative_to(p)), f.stat().st_size, f.read_bytes, files, phases_doc, max_bytes)
+        except OSError as exc:
+            where = os.path.relpath(exc.filename, p) if exc.filename else "."
+            raise ValueError(f"cannot read {'it' if where == '.' else where} ({exc.strerror or type(exc).__name__})") \
+                from None
     else:
         try:
             with tarfile.open(p, "r:*") as tar:

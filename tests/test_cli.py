@@ -865,6 +865,29 @@ def test_replay_of_a_device_or_a_fifo_exits_1_instead_of_hanging(tmp_path, capsy
         assert f"{path}: not a regular file or a directory" in capsys.readouterr().err
 
 
+def test_replay_of_a_trace_it_may_not_read_says_permission_denied_not_empty(tmp_path, capsys, monkeypatch):
+    # a folder it may not list read as "no <unix_ms>.prom files in it", a file it may not read gave
+    # a bare "[Errno 13] …" (newcomer review). Root reads through chmod 000, so the OS's refusal is
+    # stood in for: listing the folder, then reading one file.
+    import os
+    from pathlib import Path
+    from exporter.cli import main
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    (trace / "1795997224790.prom").write_text("# nothing\n")
+    real_scandir = os.scandir
+
+    def refused(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(os, "scandir", refused)
+    assert main(["replay", str(trace), "--quiet"]) == 1
+    assert capsys.readouterr().err.strip() == f"kvhit: {trace}: cannot read it (Permission denied)"
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    monkeypatch.setattr(Path, "read_bytes", lambda self: refused(self))
+    assert main(["replay", str(trace), "--quiet"]) == 1
+    assert capsys.readouterr().err.strip() == f"kvhit: {trace}: cannot read 1795997224790.prom (Permission denied)"
+
+
 def test_replay_refuses_to_write_over_its_trace_and_a_failed_write_keeps_the_old_file(tmp_path, capsys,
                                                                                      monkeypatch):
     from exporter.cli import main
