@@ -150,6 +150,8 @@ class Analysis:
         slo_seconds: the configured latency SLOs, "ttft" / "tpot" → seconds (unset ones absent).
         failed: model_name → the exception type its analysis raised (logged; the model is left
             out, the others stand).
+        withdrawn: why every per-model value was removed as stale ("" when none was:
+            :meth:`without_models`).
     """
 
     timestamp: float | None
@@ -159,10 +161,11 @@ class Analysis:
     target_hit_ratio: float | None = None
     slo_seconds: dict[str, float] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    withdrawn: str = ""
 
-    def without_models(self) -> "Analysis":
-        """The same analysis with every per-model value removed (stale data is never shown)."""
-        return replace(self, models={})
+    def without_models(self, why: str) -> "Analysis":
+        """The same analysis with every per-model value removed, ``why`` (stale data is never shown)."""
+        return replace(self, models={}, withdrawn=why)
 
 
 @dataclass(frozen=True)

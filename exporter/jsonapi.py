@@ -4,6 +4,8 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
 
     {"schema_version": 1, "timestamp": unix s, "engine": str, "engine_reason": str,
      "target": str, "up": bool, "target_hit_ratio": float|null,
+     "withdrawn": str (why "models" is empty although models were analysed: their values are
+                  stale; "" when not),
      "models": {"<model_name>": {
         "window_seconds": s, "window_steps": int, "hit_ratio": {"all"|"device"|"loaded": ratio},
         "unknown": {"signal": "reason"}, "warnings": {"warning": "reason"}, "isl": tokens, "osl": tokens,
@@ -136,7 +138,7 @@ def analysis_to_dict(a: Analysis, health: Health) -> dict:
     return _clean({
         "schema_version": SCHEMA_VERSION, "timestamp": a.timestamp, "engine": a.engine,
         "engine_reason": a.engine_reason, "target": health.target, "up": health.up,
-        "target_hit_ratio": a.target_hit_ratio,
+        "target_hit_ratio": a.target_hit_ratio, "withdrawn": a.withdrawn,
         "models": {name: model_to_dict(m) for name, m in a.models.items()},
     })
 
@@ -211,10 +213,13 @@ def load_fit(doc, model_name: str | None = None, choose: str = "--model") -> tup
     Returns (model_name, FittedModel, the model's dict).
     Raises:
         ValueError: one line saying what is wrong in the document: not an analysis (schema 1
-            with a ``models`` object), no model or several and no ``model_name``, a model that
+            with a ``models`` object), its models withdrawn as stale (``withdrawn``), no model or
+            several and no ``model_name``, a model that
             is not an object, no usable fit, a fit with a missing or non-numeric field.
     """
     models = check_analysis_doc(doc)["models"]
+    if not models and isinstance(doc.get("withdrawn"), str) and doc["withdrawn"]:
+        raise ValueError(f"no current analysis: {doc['withdrawn']}")  # not "no model yet": the data is old
     if model_name is None:
         if not models:
             raise ValueError("no model analysed yet (a model appears once two scrapes have shown it)")

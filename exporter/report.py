@@ -441,6 +441,8 @@ def render(data: ReportData, out_dir: Path) -> Path:
     (the message carries the analysis' engine reason, e.g. no successful scrape yet)."""
     plt = _pyplot()
     if not data.doc.get("models"):  # a page without a model would look like a report of nothing wrong
+        if isinstance(data.doc.get("withdrawn"), str) and data.doc["withdrawn"]:
+            raise ReportError(f"{data.source}: no current analysis ({data.doc['withdrawn']}): nothing to report")
         why = data.doc.get("engine_reason") or "fewer than two scrapes of one model"
         raise ReportError(f"{data.source}: no model analysed ({why}): nothing to report")
     out_dir.mkdir(parents=True, exist_ok=True)

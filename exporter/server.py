@@ -251,10 +251,6 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
             raise ValueError(f"parameter {repeated[0]!r} given {len(given[repeated[0]])} times")
         if "hit_ratio" not in q:
             raise ValueError("hit_ratio is required")
-        if not analysis.models and health.age is not None and not runner.fresh(health.age):
-            # the models exist but their values were withdrawn as stale: say that, not "no model yet"
-            raise ValueError(f"no current analysis: the last successful scrape is {health.age:.0f} s old, more "
-                             f"than two scrape intervals plus the timeout (see kvhit_up and kvhit_scrape_errors_total)")
         name, fitted, m = load_fit(analysis_to_dict(analysis, health), q.get("model_name"),
                                    choose="the model_name= query parameter")
         isl, osl = q.get("isl", m.get("isl")), q.get("osl", m.get("osl"))

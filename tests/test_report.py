@@ -212,6 +212,36 @@ def test_a_kvhit_that_never_scraped_gives_an_error_not_an_empty_report(cfg, tmp_
     assert not (tmp_path / "rep" / "report.html").exists()
 
 
+def test_a_kvhit_whose_data_went_stale_says_so_not_that_it_never_analysed(cfg, tmp_path, capsys):
+    # the target stopped: 80 good scrapes, then "no model analysed (fewer than two scrapes of one
+    # model)" from the report and from kvhit predict --fit on the saved analysis (newcomer review).
+    # The simulator's sweep on a fake clock, then 14 s without a scrape: more than two 5-s
+    # intervals plus the 3-s timeout, so the per-model values are withdrawn.
+    from dataclasses import replace
+    from exporter.runner import Runner
+    from exporter.simulate import generate, preset
+    now = [0.0]
+    runner = Runner(replace(cfg, interval=5.0, timeout=3.0), "http://127.0.0.1:9/metrics", clock=lambda: now[0])
+    for t, text, _ in generate(preset("sweep", noise=0.0)):
+        now[0] = t
+        runner.ingest_text(t, text)
+    now[0] += 14.0
+    server, _ = serve(runner, "127.0.0.1:0")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        code = main(["report", url, "--out", str(tmp_path / "rep")])
+        saved = tmp_path / "analysis.json"
+        saved.write_text(json.dumps(load_source(url, cfg).doc))
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert code == 1 and "no current analysis (the last successful scrape is 14 s old" in err, err
+    assert not (tmp_path / "rep" / "report.html").exists()
+    assert main(["predict", "--fit", str(saved), "--hit-ratio", "0.5"]) != 0
+    err = capsys.readouterr().err
+    assert "no current analysis: the last successful scrape is 14 s old" in err and "no model analysed" not in err, err
+
+
 def test_a_report_without_a_bathtub_says_why(cfg, tmp_path):
     # The trace's first 16 scrapes are all at h = 0: attention work follows miss tokens, the
     # chip-time bathtub is not identifiable, and the miss slope has no h span: no bathtub at all.
