@@ -364,7 +364,7 @@ def read_bounded(path: str | os.PathLike) -> bytes:
 
 def _read_yaml(path: str, where: str) -> Any:
     """The YAML document in file ``path``; every problem is a ConfigError starting with ``where``:
-    unreadable, over MAX_FILE_BYTES, not UTF-8, not YAML (its type only: values can be secrets), a
+    unreadable, over MAX_FILE_BYTES, not UTF-8, not YAML (its place and type only: values can be secrets), a
     key given twice."""
     try:
         return yaml.load(read_bounded(path).decode("utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe)
@@ -376,8 +376,10 @@ def _read_yaml(path: str, where: str) -> Any:
         raise ConfigError(f"{where}: not UTF-8 text") from None
     except _DuplicateKey as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({type(exc).__name__})") from None
+    except yaml.YAMLError as exc:  # where, not what: the text there may be a secret
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{where}: not valid YAML{at} ({type(exc).__name__})") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply to be a configuration") from None
 

@@ -43,6 +43,8 @@ def run_with(tmp_path, capsys, monkeypatch, yaml_text: str | None = None, env: d
 # (yaml, the key the one line must name)
 CASES = {
     "unknown top-level key": ("intervall: 5\n", "config key intervall: unknown key"),
+    # where (1-based), not what: line 2's "[" is still open where the text ends, line 3 column 1
+    "not YAML": ("interval: 5\nprices: [1, 2\n", "kvhit.yaml: not valid YAML at line 3, column 1 (ParserError)"),
     "unknown nested key": ("prices:\n  hit_price: 0.1\n", "config key prices.hit_price: unknown key"),
     "wrong type, number": ("interval: fast\n", "config key interval: expected float"),
     "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
