@@ -546,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--config", help="YAML config file (prices, SLOs, instance_hour_price, geometry, sizing)")
     rep.add_argument("--window-seconds", type=float, dest="window_seconds", help=f"publish window in seconds (default: the config's window_seconds, {Config.window_seconds:g})")
     rep.set_defaults(func=cmd_report)
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)
     return p
 
 
@@ -580,7 +582,9 @@ class _PipeSafe:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kvhit %(levelname)s %(message)s")
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # said by the command's own parser ("kvhit run: …"), not the top one's ("kvhit: …")
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     stdout = sys.stdout
     if stdout is not None:  # None: started with stdout closed (`>&-`), nothing is printed
         sys.stdout = _PipeSafe(stdout)

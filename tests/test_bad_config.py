@@ -153,6 +153,12 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
     monkeypatch.delenv("KVHIT_PRICES_HIT_PRICE_RATIO")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--interval", "-5"])
     assert code == 2 and "config key interval: must be in [0.1, 86400] seconds" in err
+    # a misspelt flag is the command's: "kvhit: unrecognized arguments" did not say which command's
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--targt", "http://127.0.0.1:9/metrics"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "kvhit run: unrecognized arguments: --targt http://127.0.0.1:9/metrics (see kvhit run --help)"
 
 
 WEB = {
