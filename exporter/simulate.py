@@ -604,9 +604,12 @@ def cmd_simulate(args) -> int:
               f"running 10: TPS0={tps0:.1f} tokens/s a={a:.4f}; truth: {truth}", flush=True)
         # kvhit scrapes once per served step: every interval / speed wall seconds (at least MIN_INTERVAL)
         every = min(max(sc.interval / args.speed, MIN_INTERVAL), MAX_INTERVAL)
-        print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', every)}"
-              + ("" if args.speed == 1 else " (fitted times are in wall seconds: at --speed "
-                 f"{args.speed:g} they come out {args.speed:g}x too small)"), flush=True)
+        # the command alone on its line: it is pasted into a shell
+        print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', every)}",
+              flush=True)
+        if args.speed != 1:
+            print(f"kvhit simulate: fitted times are in wall seconds: at --speed {args.speed:g} they come out "
+                  f"{args.speed:g}x too small", flush=True)
 
     stop = stop_event()  # Ctrl-C or SIGTERM: a clean stop, as kvhit run's
     serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready, stop=stop)

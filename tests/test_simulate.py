@@ -293,7 +293,10 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     # one scrape per served step: 5 s / 1e6 wall seconds, at kvhit's shortest interval 0.1 s
     # (no --timeout: the default timeout is never over the interval, as Prometheus' scrape_timeout)
     assert "kvhit run --target http://127.0.0.1:" in line and "--interval 0.1 --listen" in line
-    assert "1e+06x too small" in out  # --speed 1e6: the wall-second warning
+    assert "1e+06x too small" in out  # --speed 1e6: the wall-second warning …
+    # … on a line of its own: the command is pasted into a shell, where its "(…)" broke it
+    import subprocess
+    assert subprocess.run(["bash", "-n", "-c", line]).returncode == 0 and "too small" not in line
     from exporter.config import load_config
     cfg = load_config(None, environ=env)
     assert cfg.model.kv_bytes_per_token() == Truth().kv_bytes_per_token == 2 * 32 * 32 * 128 * 2
