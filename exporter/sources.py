@@ -474,7 +474,9 @@ class PrometheusSource:
       nothing until its second fetch. A series spelled both vllm: and vllm_ is read as vllm:
       (:func:`_preferred`).
       Each sum comes with the count of pods in it (:func:`_pods`; of ``_count`` for histograms):
-      a sum over fewer pods than the model's best-covered family is left out (:meth:`_coverage`).
+      a sum over fewer pods than the model's best-covered family is left out (:meth:`_coverage`),
+      as is one a pod still scraped no longer has in its latest scrape at either end, its growth
+      read 0 there (:meth:`_unscraped`).
     * gauges, the value at t after ``max without (pid)`` (vLLM 0.9.2–0.11.0 repeats a gauge per
       API-server process: one value, never a sum), then combined over pods as MODEL.md §2
       combines data-parallel engines (``Family.agg``, parse's aggregation): summed for requests
@@ -659,9 +661,8 @@ class PrometheusSource:
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
-        # up with the selector's matchers too: another cluster's target at the same job and address
-        # (Thanos) is none of the fleet's (a matcher on a label up lacks finds no down pod)
-        up = "up{" + ", ".join(self.matchers) + "}"
+        # up with the selector's matchers too (_up; a matcher on a label up lacks finds no down pod)
+        up = self._up()
         queries.append(("down:", f"count by (job, instance) (last_over_time({self._counters_selector()}"
                                   f"[{LOOKBACK}])) and on (job, instance) ({up} == 0)"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
@@ -748,9 +749,12 @@ class PrometheusSource:
     def _queries(self, f: Family, r: str | None, born_after: float | None, out: str | None) -> list[tuple[str, str]]:
         by = ", ".join(("model_name",) + f.labels)
         born = None if born_after is None else (self._selector(f, "_created"), born_after)
+        # a family's series some pod's latest scrape lacked (x:, _coverage); a lazy family's absence is its 0
+        unscraped = [] if r is None or f.lazy else [
+            (f"x:{f.name}", self._unscraped(self._selector(f, '(_total)?' if f.kind == "counter" else '_count'), r))]
         if f.kind == "counter":
             growth = _growth(self._selector(f, '(_total)?'), r, born, out)
-            out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth))]
+            out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth)), *unscraped]
             if f.name == _PRICED_BY and r is not None:
                 # the pods priced: in the tokens' sum with a real sample in the range (a gone pod's
                 # growth reads 0 for the 5-min lookback; a staleness marker is no sample)
@@ -760,7 +764,7 @@ class PrometheusSource:
         if f.kind == "histogram":
             return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, out)})"),
                     (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, out)})"),
-                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out)))]
+                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))), *unscraped]
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
             return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]
@@ -768,6 +772,29 @@ class PrometheusSource:
         # (pm:) — vLLM's info has no model_name, and one fleet-wide row gave every model the most pods' config
         return [(f"i:{f.name}", f"count by (job, instance, {', '.join(f.labels)}) ({self._selector(f, '')})"),
                 ("pm:", f"count by (job, instance, model_name) ({self._counters_selector()})")]
+
+    def _unscraped(self, selector: str, offset: str) -> str:
+        """PromQL: per model, the pods with series of ``selector`` within LOOKBACK none of which their
+        latest scrape at t, or at t − ``offset`` (the range's start), held while it succeeded
+        (``up == 1``): the family dropped (``metric_relabel_configs``) or no longer exposed. Such a
+        series is marked stale, and a growth's ends, its last samples within LOOKBACK
+        (:func:`_growth`), read its last value at both for 5 min: a growth of 0. A scrape's samples
+        and its ``up`` share its time: no matter of scrape-interval jitter. Not counted: a pod whose
+        latest scrape failed (``up`` 0: all its series stale, a restart's missed scrape; its last
+        samples are its counters), one still holding some of the family's series of the model (an
+        engine gone at a restart with fewer: the gone one's growth is 0), a series in either
+        spelling (:func:`_preferred`), one gone without a staleness marker (Prometheus restarted)."""
+        up, ends = self._up(), []
+        for at in ("", f" offset {offset}"):
+            last = _preferred(f"last_over_time({{}}[{LOOKBACK}]{at})", selector)
+            ends.append(f"(({last} and on (job, instance) ({up}{at} == 1)) "
+                        f"unless on (job, instance, model_name) {selector}{at})")
+        return _pods(" or ".join(ends))
+
+    def _up(self) -> str:
+        """The pods' ``up`` series, with the selector's matchers: another cluster's target at the
+        same job and address (Thanos) is none of the fleet's."""
+        return "up{" + ", ".join(self.matchers) + "}"
 
     def _selector(self, f: Family, suffix: str) -> str:
         # vllm: or vllm_ prefix, counters with or without _total: every spelling parse reads
@@ -812,17 +839,26 @@ class PrometheusSource:
         """(family, model) pairs summed over fewer pods than the model's best-covered counter or
         histogram family (:attr:`Family.lazy` ones aside) this fetch (``n:`` rows: pods with a
         growth, i.e. a sample at both ends): pods without the family (another vLLM version, a name
-        it does not export) or without its sample at one end. Such a sum is not the fleet's (hits from some pods over
+        it does not export) or without its sample at one end; and pairs some pod's latest scrape at
+        either end of the range lacked though the pod had them (``x:`` rows, :meth:`_unscraped`: their
+        growth read 0, a fleet h of 0 where it is unknown). Such a sum is not the fleet's (hits from some pods over
         queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
         total (a counter: rendered NaN for the model, :meth:`_metrics`); a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
                   for f in self.families if not f.lazy for labels, value in by_query.get(f"n:{f.name}", [])}
+        unscraped = {(f.name, labels.get("model_name", "")): value for f in self.families if not f.lazy
+                     for labels, value in by_query.get(f"x:{f.name}", []) if value > 0}
         most: dict[str, float] = {}
         for (_, model), n in counts.items():
             most[model] = max(most.get(model, 0.0), n)
-        partial = {key for key, n in counts.items() if n < most[key[1]]}
+        partial = {key for key, n in counts.items() if n < most[key[1]]} | set(unscraped)
         if partial != self._partial:
             for name, model in sorted(partial - self._partial):
+                if (name, model) in unscraped:
+                    log.warning("fleet mode: %s of model %r is missing from the latest scrape of %d pod(s) Prometheus "
+                                "scrapes, which had it (dropped by metric_relabel_configs, or no longer exposed?): "
+                                "left out, unknown", name, model, unscraped[(name, model)])
+                    continue
                 log.warning("fleet mode: %s of model %r comes from %d of %d pods this range (pods of another vLLM "
                             "version or without it, or new since the last poll): left out, unknown",
                             name, model, counts[(name, model)], most[model])

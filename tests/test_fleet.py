@@ -360,6 +360,18 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     pods = "count by (model_name) (count by (model_name, job, instance) ({}))"
     assert pods.format(f'(0 * {{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}})') in q0
     assert pods.format(f'(0 * {{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}})') in q0
+    # and per model the pods (up 1: scraped) whose latest scrape at either end of the range held none
+    # of a family's series they had within 5 min (dropped by a relabel rule): their growth read 0 at
+    # both ends' last samples, a fleet h of 0 for unknown (review); ranges only, lazy families aside
+    def unscraped(name: str, at: str) -> str:
+        last = pref("last_over_time({}[5m]" + at + ")", name)
+        return (f"(({last} and on (job, instance) (up{{{sel}}}{at} == 1)) "
+                f'unless on (job, instance, model_name) {{__name__=~"vllm[:_]{name}", {sel}}}{at})')
+    for qid, name in (("x:prefix_cache_hits", "prefix_cache_hits(_total)?"), ("x:request_prompt_tokens",
+                                                                               "request_prompt_tokens_count")):
+        x = pods.format(f'{unscraped(name, "")} or {unscraped(name, " offset 3250ms")}')
+        assert f'label_replace({x}, "kvhit_query", "{qid}", "", "")' in q1
+    assert "x:" not in q0
     # each range query after the query of the pods' latest samples, with the selector too; from the
     # second on, whether Prometheus has counter samples within 5 min before the last fetch's t
     counters = f'{{__name__=~"vllm[:_](?:prefix_cache_queries|prefix_cache_hits)(_total)?", {sel}}}'
@@ -647,6 +659,27 @@ def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, capl
     assert "request_prompt_tokens" not in s2.models["m"].histograms
 
 
+def test_a_family_a_pod_s_latest_scrape_lacked_is_left_out_unknown_not_a_growth_of_0(fake, caplog):
+    # Model m's one pod is still scraped but a relabel rule now drops its prefix_cache_hits: each
+    # growth end read its last sample within 5 min, a growth of 0 from every pod (n: 1 of 1), and h 0
+    # was published for 5 min (review). The x: row, pods whose latest scrape at either end of the
+    # range lacked the family, says so: hits are left out, unknown, until no x: row says it.
+    clock = Clock(6000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "0"),
+                 _row("n:prefix_cache_queries", "1"), _row("n:prefix_cache_hits", "1"),
+                 _row("x:prefix_cache_hits", "1"), _row("x:prefix_cache_queries", "0")])
+    with caplog.at_level("WARNING", logger="kvhit"):
+        s1 = parse_exposition(src.fetch()[1], 6000.0)
+    assert dict(s1.models["m"].counters) == {"queries": 1000.0}  # hits left out: unknown, no total
+    assert "hit_ratio" in s1.models["m"].unknown
+    assert "prefix_cache_hits of model 'm' is missing from the latest scrape of 1 pod(s)" in caplog.text
+    clock.t = 6005.0
+    fake.answer([_row("c:prefix_cache_queries", "500"), _row("c:prefix_cache_hits", "200"),
+                 _row("n:prefix_cache_queries", "1"), _row("n:prefix_cache_hits", "1")])
+    assert dict(parse_exposition(src.fetch()[1], 6005.0).models["m"].counters) == {"queries": 1500.0, "hits": 200.0}
+
+
 def test_loaded_hits_from_fewer_pods_than_the_model_has_are_unknown_not_0(fake):
     # Two pods of model m, one a vLLM with external_prefix_cache_* (a KV connector's 400 hits),
     # one without. The partial family was left out, and with it every trace of the family: parse
@@ -764,6 +797,9 @@ def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(
                  _row("n:prefix_cache_hits", "2"), _row("n:kv_offload_load_bytes", "1")])
     m = parse_exposition(src.fetch()[1], 7000.0).models["m"]
     assert dict(m.counters) == {"queries": 1000.0, "hits": 300.0, "kv_offload_load_bytes": 5e9}
+    # nor is its absence from a pod's latest scrape (a restart before its first load) a family dropped
+    # (x:, unknown), as another family's is
+    assert '"x:prefix_cache_hits"' in src.promql(5.0) and '"x:kv_offload_load_bytes"' not in src.promql(5.0)
 
 
 def test_non_finite_and_negative_samples_are_counted_as_quirks_and_move_no_total(fake):
@@ -1529,6 +1565,89 @@ def test_a_pod_left_out_is_in_no_sum_while_down_nor_with_its_growth_while_out(tm
         assert by_hand > 0 and models["n"] - n_before == pytest.approx(by_hand), (models, by_hand)
     finally:
         _stop([a, b], procs)
+
+
+def test_a_counter_a_pod_up_no_longer_exposes_is_unknown_not_growth_0(tmp_path):
+    # A pod still up (scraped, its other series fresh) stops exposing one counter (a
+    # metric_relabel_configs drop, an exporter change): Prometheus marks that series stale, but each
+    # growth end read its last sample within 5 min, so both ends read the same value and its growth
+    # was 0 for 5 min: the fleet h published 0 where it is unknown. Pods a and b serve model m,
+    # pod c model n alone; a and c stop exposing prefix_cache_hits, then expose it again. By hand: a
+    # step's hits are unknown (absent: parse drops the model's sum, rendered NaN) when some pod's
+    # latest scrape at either end (its up samples) came after its last hits sample, else
+    # their growth is the pods' raw samples'; the queries still sum every pod's raw samples, and
+    # num_preemptions, fresh and unchanging, still grows by 0.
+    t0, dropped = time.time(), {"a": False, "b": False, "c": False}
+
+    def body(name: str, model: str) -> str:
+        value = round(100.0 * (time.time() - t0))
+        out = f'vllm:prefix_cache_queries_total{{model_name="{model}"}} {value}\n'
+        if not dropped[name]:
+            out += f'vllm:prefix_cache_hits_total{{model_name="{model}"}} {value // 2}\n'
+        return out + f'vllm:num_preemptions_total{{model_name="{model}"}} 7\n'
+    models = {"a": "m", "b": "m", "c": "n"}
+    pods, procs = {p: _pod(lambda p=p: body(p, models[p])) for p in models}, Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, pods)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_hits_total[10s]) >= 3")) == 3,
+                 30, "three samples of each pod")
+        src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter"),
+                                      Family("num_preemptions", "counter")), interval=2.0)
+        polls: list[tuple[float, dict]] = []
+
+        def poll() -> None:
+            for _ in range(5):
+                try:
+                    t, text = src.fetch()
+                    polls.append((t, {m: s.counters for m, s in parse_exposition(text, t).models.items()}))
+                    return
+                except ScrapeError as exc:
+                    assert exc.reason == "catching_up", exc
+                    time.sleep(1.0)
+            raise AssertionError("no poll succeeded")
+
+        def hits_current(name: str, t: float) -> bool:
+            """Whether the pod's latest scrape at or before t (its up samples) held its hits."""
+            scrapes = [float(s) for s, _ in prometheus_query(prom, f'up{{pod="{name}"}}[60s]', t)[0]["values"]]
+            hits = prometheus_query(prom, f'vllm:prefix_cache_hits_total{{pod="{name}"}}[60s]', t)
+            return bool(hits) and max(float(s) for s, _ in hits[0]["values"]) == max(scrapes)
+
+        poll()  # the baseline
+        time.sleep(2.5)
+        poll()
+        dropped.update(a=True, c=True)
+        wait_for(lambda: not prometheus_query(prom, 'vllm:prefix_cache_hits_total{pod=~"a|c"}'), 30,
+                 "a and c's hits marked stale")
+        for _ in range(2):
+            time.sleep(2.5)
+            poll()
+        dropped.update(a=False, c=False)
+        wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_hits_total")) == 3, 30, "hits back")
+        for _ in range(3):
+            time.sleep(2.5)
+            poll()
+        queries = _raw_at(prom, "vllm:prefix_cache_queries_total", polls[-1][0])
+        hits = _raw_at(prom, "vllm:prefix_cache_hits_total", polls[-1][0])
+        unknown = 0
+        for (t_prev, prev), (t, cur) in zip(polls, polls[1:]):
+            for model in ("m", "n"):
+                own = [p for p in models if models[p] == model]
+                assert set(cur[model]) >= {"queries", "preemptions"}, (t, cur)
+                assert cur[model]["queries"] - prev[model]["queries"] == pytest.approx(
+                    sum(queries(p, t) - queries(p, t_prev) for p in own), abs=1e-6), (t, polls)
+                assert cur[model]["preemptions"] == prev[model]["preemptions"] == 0.0, polls
+                known = all(hits_current(p, t_prev) and hits_current(p, t) for p in own)
+                unknown += not known
+                # the truth: the step's hits are unknown when a pod's latest scrape at either end lacked
+                # them (its value there is not known), never a growth of 0
+                assert ("hits" in cur[model]) == known, (model, t, cur, polls)
+                if known and "hits" in prev[model]:  # (after an unknown step a total's first value is none of a step's)
+                    assert cur[model]["hits"] - prev[model]["hits"] == pytest.approx(
+                        sum(hits(p, t) - hits(p, t_prev) for p in own), abs=1e-6), (model, t, polls)
+        # both models at the second poll without a and c's hits and the next; the last step's growth by hand
+        assert unknown >= 4 and all("hits" in polls[i][1][m] for i in (-2, -1) for m in ("m", "n")), polls
+    finally:
+        _stop(pods.values(), procs)
 
 
 def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, caplog):
