@@ -551,7 +551,7 @@ class PrometheusSource:
         self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # the same → t it was last in an answer
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
-        self._unwatched = False  # some pod's up was not selected at the last poll (logged when it changes)
+        self._warned: set[str] = set()  # _latest's checks that found something at the last poll (_warn_on_change)
         self._down_since: dict[tuple[str, str], float] = {}  # (job, instance) down (up == 0) → t first seen so …
         self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
         self._leaving_out = False  # the last poll went on without some pod (its return is logged)
@@ -668,26 +668,40 @@ class PrometheusSource:
         # pods scraped now whose up the matchers miss: their being down would go unseen
         queries.append(("unwatched:", f"count(count by (job, instance) ({self._counters_selector()}) "
                                       f"unless on (job, instance) {up})"))
+        # targets scraped by several jobs (a ServiceMonitor and a PodMonitor on one pod): each job's
+        # series are a pod of their own, so that target's growth is summed once per job
+        queries.append(("twice:", f"count(count by (instance) (count by (job, instance) "
+                                  f"({self._counters_selector()})) > 1)"))
         if self._end is not None and self._end < t:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
                                                for q, e in queries), t, deadline), self._where)
         stamps = [v for labels, v in rows
-                  if labels.get(_QUERY_LABEL) not in ("history:", "down:", "unwatched:") and math.isfinite(v)]
+                  if labels.get(_QUERY_LABEL) not in ("history:", "down:", "unwatched:", "twice:") and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
         down = {(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
                 if labels.get(_QUERY_LABEL) == "down:"}
-        unwatched = sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == "unwatched:" and math.isfinite(v))
-        if bool(unwatched) != self._unwatched:
-            self._unwatched = bool(unwatched)
-            if unwatched:
-                log.warning("fleet mode: %.0f pod(s) with vLLM counters have no up series the selector's matchers "
-                            "select (a matcher on a label up lacks, such as model_name?): kvhit cannot see when "
-                            "they are down, and a down pod's growth would land in one later step", unwatched)
-            else:
-                log.info("fleet mode: every pod's up series is selected again")
+        self._warn_on_change(rows, "unwatched:", "fleet mode: %.0f pod(s) with vLLM counters have no up series the "
+                             "selector's matchers select (a matcher on a label up lacks, such as model_name?): kvhit "
+                             "cannot see when they are down, and a down pod's growth would land in one later step",
+                             "fleet mode: every pod's up series is selected again")
+        self._warn_on_change(rows, "twice:", "fleet mode: %.0f target(s) (instance) with vLLM counters are scraped by "
+                             "more than one job: each job's series count as a pod of their own, so their growth is "
+                             "summed once per job (narrow --selector to one job)",
+                             "fleet mode: every target is scraped by one job again")
         return (min(stamps) if stamps else None), history, down
+
+    def _warn_on_change(self, rows: list[tuple[dict[str, str], float]], qid: str, warning: str, cleared: str) -> None:
+        """Log ``warning`` (%-formatted with the count) when query ``qid``'s count in ``rows`` turns
+        non-zero, ``cleared`` when it turns zero again: once per change, not at every poll."""
+        count = sum(v for labels, v in rows if labels.get(_QUERY_LABEL) == qid and math.isfinite(v))
+        if bool(count) != (qid in self._warned):
+            self._warned ^= {qid}
+            if count:
+                log.warning(warning, count)
+            else:
+                log.info(cleared)
 
     def _counters_selector(self) -> str:
         """Every counter family's series, every spelling, with the selector's matchers."""

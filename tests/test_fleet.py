@@ -1671,6 +1671,33 @@ def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, 
         _stop([pod], procs)
 
 
+def test_a_target_two_jobs_scrape_is_logged_as_counted_twice(tmp_path, caplog):
+    # README "Fleet mode": a pod is (job, instance), so a target two jobs scrape (a ServiceMonitor
+    # and a PodMonitor on one pod) had its growth summed twice with no word (review). Its 100
+    # queries/s read 200/s here: the warning says why, once.
+    pod, procs = _pod(lambda: _counters("vllm:prefix_cache_queries", 100.0)), Processes(tmp_path)
+    try:
+        port = free_port()
+        target = {"targets": [f"127.0.0.1:{pod.server_address[1]}"], "labels": {"pod": "a"}}
+        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
+            {"job_name": "vllm", "static_configs": [target]}, {"job_name": "vllm-pods", "static_configs": [target]}]},
+            port)
+        prom = f"http://127.0.0.1:{port}"
+        wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 2, 30, "both jobs' samples")
+        fams = (Family("prefix_cache_queries", "counter"),)
+        with caplog.at_level("INFO", logger="kvhit"):
+            PrometheusSource(prom, fams, matchers=('job="vllm"',)).fetch()
+            assert "more than one job" not in caplog.text  # one job selected: counted once
+            src = PrometheusSource(prom, fams)
+            src.fetch()
+            time.sleep(1.5)  # Prometheus scrapes again (1 s) before the next poll
+            src.fetch()
+        assert caplog.text.count("fleet mode: 1 target(s) (instance) with vLLM counters are scraped by more than one "
+                                 "job") == 1, caplog.text  # once, not at every poll
+    finally:
+        _stop([pod], procs)
+
+
 def test_the_engines_busy_throughout_a_range_are_counted_per_model(tmp_path):
     # MODEL.md §7's busy step is per engine: pod a runs 3 requests at every scrape, pod b none;
     # both have counters. Fleet mode told only all engines (2), and the chip-time fit's
