@@ -1421,14 +1421,29 @@ def _counters(name: str, value: float, created: float | None = None, hits: bool 
     return "\n".join(lines) + "\n"
 
 
-def _prometheus(procs: Processes, pods: Mapping[str, object]) -> tuple[str, dict]:
-    """Prometheus scraping ``pods`` (name → server, labelled ``pod``) every second: (URL, its config)."""
+def _prometheus(procs: Processes, pods: Mapping[str, object], jobs: tuple[str, ...] = ("vllm",)) -> tuple[str, dict]:
+    """Prometheus scraping ``pods`` (name → server, labelled ``pod``) every second, in each of
+    ``jobs``: (URL, its config)."""
     port = free_port()
     config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
-        {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"], "labels": {"pod": n}}
-                                                for n, s in pods.items()]}]}
+        {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"], "labels": {"pod": n}}
+                                             for n, s in pods.items()]} for job in jobs]}
     start_prometheus(procs, config, port)
     return f"http://127.0.0.1:{port}", config
+
+
+def _warns_once(prom: str, caplog, quiet: tuple[str, ...], loud: tuple[str, ...], warning: str) -> None:
+    """A source of prefix_cache_queries with matchers ``quiet`` logs no ``warning``; one with
+    ``loud`` logs it once over two polls, not at every poll."""
+    fams = (Family("prefix_cache_queries", "counter"),)
+    with caplog.at_level("INFO", logger="kvhit"):
+        PrometheusSource(prom, fams, matchers=quiet).fetch()
+        assert warning not in caplog.text
+        src = PrometheusSource(prom, fams, matchers=loud)
+        src.fetch()
+        time.sleep(1.5)  # Prometheus scrapes again (1 s) before the next poll
+        src.fetch()
+    assert caplog.text.count(warning) == 1, caplog.text
 
 
 def _poller(src: PrometheusSource, polls: list, tries: int = 5):
@@ -1657,16 +1672,8 @@ def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, 
     try:
         prom, _ = _prometheus(procs, {"a": pod})
         wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 1, 30, "a sample")
-        fams = (Family("prefix_cache_queries", "counter"),)
-        with caplog.at_level("INFO", logger="kvhit"):
-            PrometheusSource(prom, fams, matchers=('pod="a"',)).fetch()
-            assert "no up series" not in caplog.text
-            src = PrometheusSource(prom, fams, matchers=('model_name="m"',))
-            src.fetch()
-            time.sleep(1.5)  # Prometheus scrapes again (1 s) before the next poll
-            src.fetch()
-        assert caplog.text.count("fleet mode: 1 pod(s) with vLLM counters have no up series the selector's "
-                                 "matchers select") == 1, caplog.text  # once, not at every poll
+        _warns_once(prom, caplog, ('pod="a"',), ('model_name="m"',),
+                    "fleet mode: 1 pod(s) with vLLM counters have no up series the selector's matchers select")
     finally:
         _stop([pod], procs)
 
@@ -1677,23 +1684,11 @@ def test_a_target_two_jobs_scrape_is_logged_as_counted_twice(tmp_path, caplog):
     # queries/s read 200/s here: the warning says why, once.
     pod, procs = _pod(lambda: _counters("vllm:prefix_cache_queries", 100.0)), Processes(tmp_path)
     try:
-        port = free_port()
-        target = {"targets": [f"127.0.0.1:{pod.server_address[1]}"], "labels": {"pod": "a"}}
-        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
-            {"job_name": "vllm", "static_configs": [target]}, {"job_name": "vllm-pods", "static_configs": [target]}]},
-            port)
-        prom = f"http://127.0.0.1:{port}"
+        prom, _ = _prometheus(procs, {"a": pod}, jobs=("vllm", "vllm-pods"))
         wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 2, 30, "both jobs' samples")
-        fams = (Family("prefix_cache_queries", "counter"),)
-        with caplog.at_level("INFO", logger="kvhit"):
-            PrometheusSource(prom, fams, matchers=('job="vllm"',)).fetch()
-            assert "more than one job" not in caplog.text  # one job selected: counted once
-            src = PrometheusSource(prom, fams)
-            src.fetch()
-            time.sleep(1.5)  # Prometheus scrapes again (1 s) before the next poll
-            src.fetch()
-        assert caplog.text.count("fleet mode: 1 target(s) (instance) with vLLM counters are scraped by more than one "
-                                 "job") == 1, caplog.text  # once, not at every poll
+        # one job selected: counted once, no warning
+        _warns_once(prom, caplog, ('job="vllm"',), (),
+                    "fleet mode: 1 target(s) (instance) with vLLM counters are scraped by more than one job")
     finally:
         _stop([pod], procs)
 
