@@ -34,11 +34,13 @@ belongs to a phase when both its scrapes fall inside (MODEL.md §7), as in
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import logging
 import math
 import os
 import random
+import re
 import secrets
 import shutil
 import statistics
@@ -283,9 +285,12 @@ class Driver:
             return {"t_send": t_send, "t_done": time.time(), "ok": False, "error": type(exc).__name__}
         t_done = time.time()
         if resp.status_code != 200:
-            # one line of the body (an error page's HTML or JSON), for the log and the message
+            # one line of the body (vLLM's JSON error, a proxy's error page), for the log and the message
+            text = resp.text
+            if "html" in resp.headers.get("Content-Type", "") or text.lstrip().startswith("<"):
+                text = html.unescape(re.sub(r"<[^>]*>", " ", text))  # a page's words, not its markup
             return {"t_send": t_send, "t_done": t_done, "ok": False, "error": f"HTTP {resp.status_code}",
-                    "detail": " ".join(resp.text.split())[:200]}
+                    "detail": " ".join(text.split())[:200]}
         try:
             usage = resp.json().get("usage")
         except ValueError:
