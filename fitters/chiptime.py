@@ -359,7 +359,8 @@ def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int
                     f"{' + '.join(CHIP_TIME_REGRESSOR_WORDS[k] for k in partners)}"
                 )
                 hint = _HINTS.get((name, partners))
-                dropped[j] = (f"{reason}: {hint}" if hint else reason) + measured(f"R² {r2:.5f}")
+                # over the rows judged: between refits the online fit's exact steps carry the verdict
+                dropped[j] = (f"{reason}: {hint}" if hint else reason) + measured(f"R² {r2:.5f} over {len(col)} steps")
                 continue
         kept.append(j)
     return sorted(kept), dropped

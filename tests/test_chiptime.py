@@ -428,6 +428,7 @@ def test_one_h_and_isl_leave_attention_unidentified_and_record_the_relation():
     steps = _fixed_mix_steps(np.random.default_rng(11), 80, 2048.0, 0.25)
     res = fit_chip_time(steps)
     assert res.ok and res.params["k_attn"].status is Status.NOT_IDENTIFIABLE
+    assert res.params["k_attn"].reason.endswith(" over 80 steps)")  # the rows the verdict was measured on
     # the other kept terms carry nothing (rounding is no partner)
     assert res.extra["collinear"]["k_attn"] == {"k_ffn": pytest.approx(1280.0, rel=1e-9)}
     # k_ffn's coefficient is that combination, not k_ffn: withheld as a term, its reason names the relation
