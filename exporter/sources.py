@@ -796,13 +796,15 @@ class PrometheusSource:
         and its ``up`` share its time: no matter of scrape-interval jitter. Not counted: a pod whose
         latest scrape failed (``up`` 0: all its series stale, a restart's missed scrape; its last
         samples are its counters), one still holding some of the family's series of the model (an
-        engine gone at a restart with fewer: the gone one's growth is 0), a series in either
-        spelling (:func:`_preferred`), one gone without a staleness marker (Prometheus restarted)."""
-        up, ends = self._up(), []
+        engine gone at a restart with fewer: the gone one's growth is 0), one whose scrape holds no
+        counter of the model at all (it serves another model now, or a new pod took its address:
+        its growth of the model is 0), a series in either spelling (:func:`_preferred`), one gone
+        without a staleness marker (Prometheus restarted)."""
+        up, counters, ends = self._up(), self._counters_selector(), []
         for at in ("", f" offset {offset}"):
             last = _preferred(f"last_over_time({{}}[{LOOKBACK}]{at})", selector)
-            ends.append(f"(({last} and on (job, instance) ({up}{at} == 1)) "
-                        f"unless on (job, instance, model_name) {selector}{at})")
+            ends.append(f"(({last} and on (job, instance) ({up}{at} == 1) and on (job, instance, model_name) "
+                        f"{counters}{at}) unless on (job, instance, model_name) {selector}{at})")
         return _pods(" or ".join(ends))
 
     def _up(self) -> str:

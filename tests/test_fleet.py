@@ -363,10 +363,12 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # and per model the pods (up 1: scraped) whose latest scrape at either end of the range held none
     # of a family's series they had within 5 min (dropped by a relabel rule): their growth read 0 at
     # both ends' last samples, a fleet h of 0 for unknown (review); ranges only, lazy families aside
+    # (a pod whose scrape holds no counter of the model at all serves another model now: not counted)
     def unscraped(name: str, at: str) -> str:
         last = pref("last_over_time({}[5m]" + at + ")", name)
-        return (f"(({last} and on (job, instance) (up{{{sel}}}{at} == 1)) "
-                f'unless on (job, instance, model_name) {{__name__=~"vllm[:_]{name}", {sel}}}{at})')
+        counters = f'{{__name__=~"vllm[:_](?:prefix_cache_queries|prefix_cache_hits)(_total)?", {sel}}}'
+        return (f"(({last} and on (job, instance) (up{{{sel}}}{at} == 1) and on (job, instance, model_name) "
+                f'{counters}{at}) unless on (job, instance, model_name) {{__name__=~"vllm[:_]{name}", {sel}}}{at})')
     for qid, name in (("x:prefix_cache_hits", "prefix_cache_hits(_total)?"), ("x:request_prompt_tokens",
                                                                                "request_prompt_tokens_count")):
         x = pods.format(f'{unscraped(name, "")} or {unscraped(name, " offset 3250ms")}')
@@ -1462,11 +1464,12 @@ def _poller(src: PrometheusSource, polls: list, tries: int = 5):
     return poll
 
 
-def _raw_at(prom: str, metric: str, at: float):
-    """(pod, t) → the pod's last raw sample of ``metric`` at or before t (None: none), from the minute
-    before ``at``; every spelling of the name is one pod's series."""
+def _raw_at(prom: str, metric: str, at: float, model: str | None = None):
+    """(pod, t) → the pod's last raw sample of ``metric`` [of ``model``] at or before t (None: none),
+    from the minute before ``at``; every spelling of the name is one pod's series."""
     raw: dict[str, list[tuple[float, float]]] = {}
-    for s in prometheus_query(prom, f'{{__name__=~"{metric}"}}[60s]', at):
+    where = "" if model is None else f', model_name="{model}"'
+    for s in prometheus_query(prom, f'{{__name__=~"{metric}"{where}}}[60s]', at):
         raw.setdefault(s["metric"].get("pod", ""), []).extend((float(t), float(v)) for t, v in s["values"])
     return lambda pod, t: max(((ts, v) for ts, v in raw[pod] if ts <= t), default=(None, None))[1]
 
@@ -1661,6 +1664,43 @@ def test_a_counter_a_pod_up_no_longer_exposes_is_unknown_not_growth_0(tmp_path):
                         sum(hits(p, t) - hits(p, t_prev) for p in own), abs=1e-6), (model, t, polls)
         # both models at the second poll without a and c's hits and the next; the last step's growth by hand
         assert unknown >= 4 and all("hits" in polls[i][1][m] for i in (-2, -1) for m in ("m", "n")), polls
+    finally:
+        _stop(pods.values(), procs)
+
+
+def test_a_pod_that_serves_another_model_now_leaves_the_first_model_known(tmp_path):
+    # Pods a and b serve m; a switches to n (a new --served-model-name, or a new pod at a's address).
+    # a's m series are stale, and a no longer serves m: its growth of m is 0, which is right, not a
+    # family dropped from a's scrape (review: the first check read every family of m as missing for
+    # 5 min, m left out fleet-wide). By hand: m's hits stay known, each step's growth the pods' raw
+    # m samples' (a's last m sample stays its value).
+    t0, model = time.time(), {"a": "m", "b": "m"}
+
+    def body(name: str) -> str:
+        return _counters("vllm:prefix_cache_queries", round(100.0 * (time.time() - t0)), hits=True, model=model[name])
+    pods, procs = {p: _pod(lambda p=p: body(p)) for p in model}, Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, pods)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_hits_total[10s]) >= 3")) == 2,
+                 30, "three samples of each pod")
+        src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter")),
+                               interval=2.0)
+        polls: list = []
+        poll = _poller(src, polls)
+        poll()  # the baseline
+        time.sleep(2.5)
+        poll()
+        model["a"] = "n"
+        wait_for(lambda: prometheus_query(prom, 'vllm:prefix_cache_hits_total{pod="a", model_name="n"}'), 30, "a on n")
+        for _ in range(3):
+            time.sleep(2.5)
+            poll()
+        queries, hits = (_raw_at(prom, f"vllm:prefix_cache_{k}_total", polls[-1][0], model="m") for k in ("queries", "hits"))
+        for (t_prev, prev), (t, cur) in zip(polls, polls[1:]):
+            assert cur is not None and {"queries", "hits"} <= set(cur), (t, polls)
+            for k, raw in (("queries", queries), ("hits", hits)):
+                assert cur[k] - prev[k] == pytest.approx(sum(raw(p, t) - raw(p, t_prev) for p in model), abs=1e-6), \
+                    (k, t, polls)
     finally:
         _stop(pods.values(), procs)
 
