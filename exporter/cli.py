@@ -62,7 +62,7 @@ def fleet_families() -> tuple[Family, ...]:
     out += [Family(base, "counter", (label,), (label, value)) for base, label, value in LABELLED_COUNTERS.values()]
     out += [Family(name, "histogram") for names in HISTOGRAMS.values() for name in names]
     out += [Family(name, "gauge", agg=agg) for names, agg in GAUGES.values() for name in names]
-    out += [Family(base, "gauge", (label,), (label, value), GAUGES[canon][1])
+    out += [Family(base, "gauge", (label,), (label, value), GAUGES[canon][1], fallback=GAUGES[canon][0][0])
             for canon, (base, label, value) in LABELLED_GAUGES.items()]
     out.append(Family("cache_config_info", "info", CACHE_CONFIG_LABELS))
     return tuple(out)

@@ -412,6 +412,9 @@ class Family:
         agg: how a gauge combines over pods, "sum" or "max" (counters and histograms add up).
         lazy: the engine creates the series at its first use (vLLM's kv_offload_load_*, at an
             engine's first load): a pod without it counted 0, so its sum is whole over fewer pods.
+        fallback: a gauge with ``match``: the plain gauge a pod without the labelled one exports
+            in its place (a vLLM before the label: num_requests_waiting before
+            num_requests_waiting_by_reason{reason="capacity"}), taken per pod.
     """
 
     name: str
@@ -420,6 +423,7 @@ class Family:
     match: tuple[str, str] | None = None
     agg: str = "sum"
     lazy: bool = False
+    fallback: str | None = None
 
 
 _QUERY_LABEL = "kvhit_query"  # tags each subquery's rows in the one combined query
@@ -779,6 +783,13 @@ class PrometheusSource:
             return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, out)})"),
                     (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, out)})"),
                     (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))), *unscraped]
+        if f.kind == "gauge" and f.fallback is not None and f.match is not None:
+            # per pod (and engine), as the recording rule: a mixed fleet mid-upgrade summed only the
+            # pods with the label, their queue alone
+            own = _preferred(f"max without (pid, {f.match[0]}) ({{}})", self._selector(f, ""))
+            plain = _preferred("max without (pid) ({})", self._selector(Family(f.fallback, "gauge"), ""))
+            return [(f"g:{f.name}", f'label_replace({f.agg} by (model_name) ({own} or {plain}), '
+                                    f'"{f.match[0]}", "{f.match[1]}", "", "")')]
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
             return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]

@@ -1705,6 +1705,28 @@ def test_a_pod_that_serves_another_model_now_leaves_the_first_model_known(tmp_pa
         _stop(pods.values(), procs)
 
 
+def test_requests_waiting_for_capacity_add_up_over_a_fleet_mid_upgrade(tmp_path):
+    # Pod a runs a vLLM before 0.20 (num_requests_waiting 3: all waiting for capacity), pod b 0.20+
+    # (num_requests_waiting 4 = 1 for capacity + 3 deferred, split by reason). Waiting for
+    # capacity over the fleet, by hand: 3 + 1 = 4 (review: the sum over the pods with the split
+    # alone read 1, pod a's queue lost until every pod was upgraded).
+    def body(split: bool) -> str:
+        out = _counters("vllm:prefix_cache_queries", 100.0) + f'vllm:num_requests_waiting{{model_name="m"}} {4 if split else 3}\n'
+        if split:
+            out += ('vllm:num_requests_waiting_by_reason{model_name="m",reason="capacity"} 1\n'
+                    'vllm:num_requests_waiting_by_reason{model_name="m",reason="deferred"} 3\n')
+        return out
+    pods, procs = {"a": _pod(lambda: body(False)), "b": _pod(lambda: body(True))}, Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, pods)
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:num_requests_waiting[10s]) >= 3")) == 2,
+                 30, "three samples of each pod")
+        t, text = PrometheusSource(prom, fleet_families()).fetch()
+        assert parse_exposition(text, t).models["m"].gauges["waiting"] == 4.0
+    finally:
+        _stop(pods.values(), procs)
+
+
 def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, caplog):
     # README "Fleet mode": a matcher on a label up lacks (model_name) finds no up, and a down pod
     # then goes unseen; that used to be said nowhere at run time. up carries the target's pod label.
