@@ -582,9 +582,13 @@ class _PipeSafe:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kvhit %(levelname)s %(message)s")
-    args, extra = build_parser().parse_known_args(argv)
-    if extra:  # said by the command's own parser ("kvhit run: …"), not the top one's ("kvhit: …")
-        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the parser of the words it stands among: the command's ("kvhit run: …") after it
+        words = sys.argv[1:] if argv is None else list(argv)
+        before = words[:words.index(args.command)]
+        (parser if any(w in before for w in extra) else args.command_parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     stdout = sys.stdout
     if stdout is not None:  # None: started with stdout closed (`>&-`), nothing is printed
         sys.stdout = _PipeSafe(stdout)

@@ -358,8 +358,8 @@ class Runner:
             # no age: no successful scrape yet, which the engine reason says; else the models are
             # there, their values too old to show
             analysis = analysis.without_models(
-                "" if age is None else f"the last successful scrape is {age:.0f} s old, more than two scrape intervals "
-                                       "plus the timeout (see kvhit_up and kvhit_scrape_errors_total)")
+                "" if age is None or not analysis.models else f"the last successful scrape is {age:.0f} s old, more "
+                "than two scrape intervals plus the timeout (see kvhit_up and kvhit_scrape_errors_total)")
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
         elif analysis.timestamp is not None:

@@ -240,6 +240,13 @@ def test_a_kvhit_whose_data_went_stale_says_so_not_that_it_never_analysed(cfg, t
     assert main(["predict", "--fit", str(saved), "--hit-ratio", "0.5"]) != 0
     err = capsys.readouterr().err
     assert "no current analysis: the last successful scrape is 14 s old" in err and "no model analysed" not in err, err
+    # one scrape, then none: no model was ever analysed (two scrapes show one), which old data does not explain
+    one = Runner(replace(cfg, interval=5.0, timeout=3.0), "http://127.0.0.1:9/metrics", clock=lambda: now[0])
+    t, text, _ = next(iter(generate(preset("sweep", noise=0.0))))
+    now[0] = t
+    one.ingest_text(t, text)
+    now[0] += 14.0
+    assert one.current()[0].withdrawn == "" and analysis_to_dict(*one.current())["withdrawn"] == ""
 
 
 def test_a_report_without_a_bathtub_says_why(cfg, tmp_path):
