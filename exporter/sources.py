@@ -672,10 +672,11 @@ class PrometheusSource:
         # pods scraped now whose up the matchers miss: their being down would go unseen
         queries.append(("unwatched:", f"count(count by (job, instance) ({self._counters_selector()}) "
                                       f"unless on (job, instance) {up})"))
-        # targets scraped by several jobs (a ServiceMonitor and a PodMonitor on one pod): each job's
-        # series are a pod of their own, so that target's growth is summed once per job
-        queries.append(("twice:", f"count(count by (instance) (count by (job, instance) "
-                                  f"({self._counters_selector()})) > 1)"))
+        # targets Prometheus scrapes as several (two jobs: a ServiceMonitor and a PodMonitor; one job
+        # that finds the pod twice: two Services): each is a pod of its own, so its growth is summed
+        # once per scrape target, which up counts (a job's duplicates share (job, instance))
+        queries.append(("twice:", f"count(count by (instance) ({up} and on (job, instance) "
+                                  f"{self._counters_selector()}) > 1)"))
         if self._end is not None and self._end < t:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))
@@ -690,10 +691,10 @@ class PrometheusSource:
                              "selector's matchers select (a matcher on a label up lacks, such as model_name?): kvhit "
                              "cannot see when they are down, and a down pod's growth would land in one later step",
                              "fleet mode: every pod's up series is selected again")
-        self._warn_on_change(rows, "twice:", "fleet mode: %.0f target(s) (instance) with vLLM counters are scraped by "
-                             "more than one job: each job's series count as a pod of their own, so their growth is "
-                             "summed once per job (narrow --selector to one job)",
-                             "fleet mode: every target is scraped by one job again")
+        self._warn_on_change(rows, "twice:", "fleet mode: %.0f target(s) (instance) with vLLM counters are scraped "
+                             "more than once (by two jobs, or found twice by one): their growth is summed once per "
+                             "scrape (narrow --selector to one of them)",
+                             "fleet mode: every target is scraped once again")
         return (min(stamps) if stamps else None), history, down
 
     def _warn_on_change(self, rows: list[tuple[dict[str, str], float]], qid: str, warning: str, cleared: str) -> None:
@@ -788,8 +789,9 @@ class PrometheusSource:
             # pods with the label, their queue alone
             own = _preferred(f"max without (pid, {f.match[0]}) ({{}})", self._selector(f, ""))
             plain = _preferred("max without (pid) ({})", self._selector(Family(f.fallback, "gauge"), ""))
-            return [(f"g:{f.name}", f'label_replace({f.agg} by (model_name) ({own} or {plain}), '
-                                    f'"{f.match[0]}", "{f.match[1]}", "", "")')]
+            # only for models some pod has it of: its presence tells parse the vLLM version (0.20+)
+            return [(f"g:{f.name}", f'label_replace({f.agg} by (model_name) ({own} or {plain}) and on (model_name) '
+                                    f'count by (model_name) ({own}), "{f.match[0]}", "{f.match[1]}", "", "")')]
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
             return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]
@@ -990,8 +992,8 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     ``out``: a vector of the pods (``job``, ``instance``) whose series this growth leaves out
     (:meth:`PrometheusSource.fetch`: those left out now or at the range's start).
     """
-    if offset is None:
-        return f"(0 * {selector})"
+    if offset is None:  # one spelling per label set here too: 0 * drops the name (HTTP 422 after an upgrade)
+        return _preferred("(0 * {})", selector)
     # One series per label set, of its preferred spelling (_preferred): the arithmetic below refuses
     # two of one label set
     now = _preferred(f"last_over_time({{}}[{LOOKBACK}])", selector)

@@ -331,7 +331,8 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     def pref(fn: str, name: str) -> str:  # fn of the vllm: spelling, else of the vllm_ one
         return f'({fn.format(f"{{__name__=~{chr(34)}vllm:{name}{chr(34)}, {sel}}}")} or ' \
                f'{fn.format(f"{{__name__=~{chr(34)}vllm_{name}{chr(34)}, {sel}}}")})'
-    assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]prefix_cache_queries(_total)?", {sel}}}))' in q0
+    # the baseline: 0 per series of one spelling (both, within 5 min of an upgrade: HTTP 422, review)
+    assert f'sum by (model_name) ({pref("(0 * {})", "prefix_cache_queries(_total)?")})' in q0
     # each end is the series' last real sample within 5 min (a range skips the staleness marker of a
     # pod restart's missed scrape, which hid the restarted pod: fleet TPM 4-11 % low, fourth
     # verification), of its vllm: spelling when it has both (a Prometheus 2 -> 3 upgrade)
@@ -350,7 +351,7 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     b_then = pref("last_over_time({}[5m] offset 3250ms)", "request_prompt_tokens_bucket")
     assert f"sum by (model_name, le) ((((({b_now} - {b_then}) >= 0)" in q1
     assert f'ignoring(le) (last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
-    assert f'sum by (model_name) ((0 * {{__name__=~"vllm[:_]request_prompt_tokens_sum", {sel}}}))' in q0
+    assert f'sum by (model_name) ({pref("(0 * {})", "request_prompt_tokens_sum")})' in q0
     assert f'sum by (model_name) ({pref("max without (pid) ({})", "num_requests_running")})' in q0
     assert f'max by (model_name) ({pref("max without (pid) ({})", "kv_cache_usage_perc")})' in q0
     assert f'count by (job, instance, block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
@@ -358,8 +359,8 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
         f'{sel}}})' in q0  # each pod's models, whose configuration its info row is
     # how many series each counter and histogram sum covers (_coverage)
     pods = "count by (model_name) (count by (model_name, job, instance) ({}))"
-    assert pods.format(f'(0 * {{__name__=~"vllm[:_]prefix_cache_hits(_total)?", {sel}}})') in q0
-    assert pods.format(f'(0 * {{__name__=~"vllm[:_]request_prompt_tokens_count", {sel}}})') in q0
+    assert pods.format(pref("(0 * {})", "prefix_cache_hits(_total)?")) in q0
+    assert pods.format(pref("(0 * {})", "request_prompt_tokens_count")) in q0
     # and per model the pods (up 1: scraped) whose latest scrape at either end of the range held none
     # of a family's series they had within 5 min (dropped by a relabel rule): their growth read 0 at
     # both ends' last samples, a fleet h of 0 for unknown (review); ranges only, lazy families aside
@@ -1423,13 +1424,12 @@ def _counters(name: str, value: float, created: float | None = None, hits: bool 
     return "\n".join(lines) + "\n"
 
 
-def _prometheus(procs: Processes, pods: Mapping[str, object], jobs: tuple[str, ...] = ("vllm",)) -> tuple[str, dict]:
-    """Prometheus scraping ``pods`` (name → server, labelled ``pod``) every second, in each of
-    ``jobs``: (URL, its config)."""
+def _prometheus(procs: Processes, pods: Mapping[str, object]) -> tuple[str, dict]:
+    """Prometheus scraping ``pods`` (name → server, labelled ``pod``) every second: (URL, its config)."""
     port = free_port()
     config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
-        {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"], "labels": {"pod": n}}
-                                             for n, s in pods.items()]} for job in jobs]}
+        {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"], "labels": {"pod": n}}
+                                                for n, s in pods.items()]}]}
     start_prometheus(procs, config, port)
     return f"http://127.0.0.1:{port}", config
 
@@ -1709,22 +1709,46 @@ def test_requests_waiting_for_capacity_add_up_over_a_fleet_mid_upgrade(tmp_path)
     # Pod a runs a vLLM before 0.20 (num_requests_waiting 3: all waiting for capacity), pod b 0.20+
     # (num_requests_waiting 4 = 1 for capacity + 3 deferred, split by reason). Waiting for
     # capacity over the fleet, by hand: 3 + 1 = 4 (review: the sum over the pods with the split
-    # alone read 1, pod a's queue lost until every pod was upgraded).
-    def body(split: bool) -> str:
-        out = _counters("vllm:prefix_cache_queries", 100.0) + f'vllm:num_requests_waiting{{model_name="m"}} {4 if split else 3}\n'
+    # alone read 1, pod a's queue lost until every pod was upgraded). Model old's one pod c has no
+    # split: its 5 waiting, and nothing of the split, which proves a vLLM ≥ 0.20 to parse (break-it
+    # run: every model read as 0.20+, its loaded hits unknown, the preemption warning silenced).
+    def body(split: bool, model: str = "m", waiting: int = 3) -> str:
+        out = _counters("vllm:prefix_cache_queries", 100.0, model=model)
+        out += f'vllm:num_requests_waiting{{model_name="{model}"}} {4 if split else waiting}\n'
         if split:
             out += ('vllm:num_requests_waiting_by_reason{model_name="m",reason="capacity"} 1\n'
                     'vllm:num_requests_waiting_by_reason{model_name="m",reason="deferred"} 3\n')
         return out
-    pods, procs = {"a": _pod(lambda: body(False)), "b": _pod(lambda: body(True))}, Processes(tmp_path)
+    pods = {"a": _pod(lambda: body(False)), "b": _pod(lambda: body(True)), "c": _pod(lambda: body(False, "old", 5))}
+    procs = Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, pods)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:num_requests_waiting[10s]) >= 3")) == 2,
+        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:num_requests_waiting[10s]) >= 3")) == 3,
                  30, "three samples of each pod")
         t, text = PrometheusSource(prom, fleet_families()).fetch()
-        assert parse_exposition(text, t).models["m"].gauges["waiting"] == 4.0
+        snap = parse_exposition(text, t)
+        assert snap.models["m"].gauges["waiting"] == 4.0 and snap.models["old"].gauges["waiting"] == 5.0
+        assert 'by_reason{model_name="old"' not in text and not snap.excludes_preempted("old")
     finally:
         _stop(pods.values(), procs)
+
+
+def test_a_kvhit_started_while_both_spellings_are_fresh_polls_without_an_error(tmp_path):
+    # After a Prometheus 2 → 3 upgrade on the same storage the old spelling (vllm_, no staleness
+    # marker across the restart) stays within the lookback beside the new one (vllm:) for 5 min; a
+    # kvhit started then failed every poll with HTTP 422 (its baseline's 0 * … of both spellings:
+    # two series of one label set; break-it run). A pod exposing both spellings stands in for it.
+    pod = _pod(lambda: _counters("vllm:prefix_cache_queries", 100.0) + _counters("vllm_prefix_cache_queries", 100.0))
+    procs = Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, {"a": pod})
+        wait_for(lambda: all(prometheus_query(prom, f"count_over_time(vllm{c}prefix_cache_queries_total[10s]) >= 3")
+                             for c in ":_"), 30, "three samples of both spellings")
+        src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0)
+        t, text = src.fetch()  # the baseline
+        assert parse_exposition(text, t).models["m"].counters["queries"] == 0.0
+    finally:
+        _stop([pod], procs)
 
 
 def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, caplog):
@@ -1740,19 +1764,26 @@ def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, 
         _stop([pod], procs)
 
 
-def test_a_target_two_jobs_scrape_is_logged_as_counted_twice(tmp_path, caplog):
-    # README "Fleet mode": a pod is (job, instance), so a target two jobs scrape (a ServiceMonitor
-    # and a PodMonitor on one pod) had its growth summed twice with no word (review). Its 100
-    # queries/s read 200/s here: the warning says why, once.
-    pod, procs = _pod(lambda: _counters("vllm:prefix_cache_queries", 100.0)), Processes(tmp_path)
+def test_a_target_scraped_twice_is_logged_as_counted_twice(tmp_path, caplog):
+    # README "Fleet mode": a pod is a scrape target, so a target scraped twice had its growth summed
+    # twice with no word (review): pod a by two jobs (a ServiceMonitor and a PodMonitor), pod b twice
+    # by one job (two Services select it: two targets of one job and address, their labels apart).
+    # The warning says so, once; selecting job vllm-pods, pod a's one scrape, says nothing.
+    pods = {p: _pod(lambda: _counters("vllm:prefix_cache_queries", 100.0)) for p in "ab"}
+    procs = Processes(tmp_path)
     try:
-        prom, _ = _prometheus(procs, {"a": pod}, jobs=("vllm", "vllm-pods"))
-        wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 2, 30, "both jobs' samples")
-        # one job selected: counted once, no warning
-        _warns_once(prom, caplog, ('job="vllm"',), (),
-                    "fleet mode: 1 target(s) (instance) with vLLM counters are scraped by more than one job")
+        port, address = free_port(), {p: f"127.0.0.1:{s.server_address[1]}" for p, s in pods.items()}
+        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
+            {"job_name": "vllm", "static_configs": [
+                {"targets": [address["a"]], "labels": {"pod": "a"}},
+                *({"targets": [address["b"]], "labels": {"pod": "b", "service": s}} for s in ("s1", "s2"))]},
+            {"job_name": "vllm-pods", "static_configs": [{"targets": [address["a"]], "labels": {"pod": "a"}}]}]}, port)
+        prom = f"http://127.0.0.1:{port}"
+        wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 4, 30, "every target's samples")
+        _warns_once(prom, caplog, ('job="vllm-pods"',), (),
+                    "fleet mode: 2 target(s) (instance) with vLLM counters are scraped more than once")
     finally:
-        _stop([pod], procs)
+        _stop(pods.values(), procs)
 
 
 def test_the_engines_busy_throughout_a_range_are_counted_per_model(tmp_path):
