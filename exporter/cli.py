@@ -586,9 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the parser of the words it stands among: the command's ("kvhit run: …") after it
         words = sys.argv[1:] if argv is None else list(argv)
-        before = words[:words.index(args.command)]
-        (parser if any(w in before for w in extra) else args.command_parser).error(
-            f"unrecognized arguments: {' '.join(extra)}")
+        before = [w for w in extra if w in words[:words.index(args.command)]]
+        (parser if before else args.command_parser).error(f"unrecognized arguments: {' '.join(before or extra)}")
     stdout = sys.stdout
     if stdout is not None:  # None: started with stdout closed (`>&-`), nothing is printed
         sys.stdout = _PipeSafe(stdout)

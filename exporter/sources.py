@@ -673,10 +673,12 @@ class PrometheusSource:
         queries.append(("unwatched:", f"count(count by (job, instance) ({self._counters_selector()}) "
                                       f"unless on (job, instance) {up})"))
         # targets Prometheus scrapes as several (two jobs: a ServiceMonitor and a PodMonitor; one job
-        # that finds the pod twice: two Services): each is a pod of its own, so its growth is summed
-        # once per scrape target, which up counts (a job's duplicates share (job, instance))
-        queries.append(("twice:", f"count(count by (instance) ({up} and on (job, instance) "
-                                  f"{self._counters_selector()}) > 1)"))
+        # that finds the pod twice: two Services): their growth is summed once per scrape. up counts
+        # a job's duplicates (they share (job, instance)); the jobs are counted without it too (a
+        # selector on a label up lacks finds no up)
+        counters = self._counters_selector()
+        queries.append(("twice:", f"count((count by (instance) (count by (job, instance) ({counters})) > 1) or "
+                                  f"(count by (instance) ({up} and on (job, instance) {counters}) > 1))"))
         if self._end is not None and self._end < t:
             queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))

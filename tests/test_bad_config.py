@@ -160,7 +160,7 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
     assert capsys.readouterr().err.splitlines()[-1] == \
         "kvhit run: unrecognized arguments: --targt http://127.0.0.1:9/metrics (see kvhit run --help)"
     with pytest.raises(SystemExit):  # before the command: the top parser's word, not the command's
-        main(["--quiet", "replay", "trace"])
+        main(["--quiet", "replay", "trace", "--bogus"])
     assert capsys.readouterr().err.splitlines()[-1] == "kvhit: unrecognized arguments: --quiet (see kvhit --help)"
 
 

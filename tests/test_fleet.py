@@ -1448,6 +1448,12 @@ def _warns_once(prom: str, caplog, quiet: tuple[str, ...], loud: tuple[str, ...]
     assert caplog.text.count(warning) == 1, caplog.text
 
 
+def _three_samples(prom: str, metric: str, series: int) -> None:
+    """Wait (30 s at most) until Prometheus holds three samples within 10 s of ``series`` series of ``metric``."""
+    wait_for(lambda: len(prometheus_query(prom, f"count_over_time({metric}[10s]) >= 3")) == series, 30,
+             f"three samples of {series} series of {metric}")
+
+
 def _poller(src: PrometheusSource, polls: list, tries: int = 5):
     """A poll: fetch (retried while Prometheus has not scraped since the last one), then append
     (t, model m's counters, None when the answer has no m) to ``polls``."""
@@ -1496,8 +1502,7 @@ def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_mark
         "vllm:prefix_cache_queries", round(100.0 * (time.time() - state["t0"])), hits=True)), Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, {"a": pod})
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples")
+        _three_samples(prom, "vllm:prefix_cache_queries_total", 1)
         fams = (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter"))
         totals = []
         poll = _poller(src := PrometheusSource(prom, fams, interval=2.0), totals)
@@ -1545,8 +1550,7 @@ def test_a_pod_left_out_is_in_no_sum_while_down_nor_with_its_growth_while_out(tm
     a, b, procs = _pod(lambda: body("m")), _pod(lambda: body("n")), Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, {"a": a, "b": b})
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 2,
-                 30, "three samples of each pod")
+        _three_samples(prom, "vllm:prefix_cache_queries_total", 2)
         src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0)
 
         def poll() -> tuple[float, dict]:
@@ -1607,8 +1611,7 @@ def test_a_counter_a_pod_up_no_longer_exposes_is_unknown_not_growth_0(tmp_path):
     pods, procs = {p: _pod(lambda p=p: body(p, models[p])) for p in models}, Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, pods)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_hits_total[10s]) >= 3")) == 3,
-                 30, "three samples of each pod")
+        _three_samples(prom, "vllm:prefix_cache_hits_total", 3)
         src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter"),
                                       Family("num_preemptions", "counter")), interval=2.0)
         polls: list[tuple[float, dict]] = []
@@ -1681,8 +1684,7 @@ def test_a_pod_that_serves_another_model_now_leaves_the_first_model_known(tmp_pa
     pods, procs = {p: _pod(lambda p=p: body(p)) for p in model}, Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, pods)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_hits_total[10s]) >= 3")) == 2,
-                 30, "three samples of each pod")
+        _three_samples(prom, "vllm:prefix_cache_hits_total", 2)
         src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter")),
                                interval=2.0)
         polls: list = []
@@ -1723,8 +1725,7 @@ def test_requests_waiting_for_capacity_add_up_over_a_fleet_mid_upgrade(tmp_path)
     procs = Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, pods)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:num_requests_waiting[10s]) >= 3")) == 3,
-                 30, "three samples of each pod")
+        _three_samples(prom, "vllm:num_requests_waiting", 3)
         t, text = PrometheusSource(prom, fleet_families()).fetch()
         snap = parse_exposition(text, t)
         assert snap.models["m"].gauges["waiting"] == 4.0 and snap.models["old"].gauges["waiting"] == 5.0
@@ -1782,6 +1783,12 @@ def test_a_target_scraped_twice_is_logged_as_counted_twice(tmp_path, caplog):
         wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 4, 30, "every target's samples")
         _warns_once(prom, caplog, ('job="vllm-pods"',), (),
                     "fleet mode: 2 target(s) (instance) with vLLM counters are scraped more than once")
+        # a selector on a label up lacks hides up: pod a's two jobs are still seen (pod b's one job
+        # finding it twice only up tells)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="kvhit"):
+            PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), matchers=('model_name="m"',)).fetch()
+        assert "fleet mode: 1 target(s) (instance) with vLLM counters are scraped more than once" in caplog.text
     finally:
         _stop(pods.values(), procs)
 
@@ -1795,8 +1802,7 @@ def test_the_engines_busy_throughout_a_range_are_counted_per_model(tmp_path):
     pods, procs = {"a": _pod(lambda: body(3)), "b": _pod(lambda: body(0))}, Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, pods)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:num_requests_running[10s]) >= 3")) == 2,
-                 30, "three samples of each pod")
+        _three_samples(prom, "vllm:num_requests_running", 2)
         src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("num_requests_running", "gauge")),
                                interval=2.0)
         src.fetch()  # the baseline: no range, no count of busy engines
@@ -1827,8 +1833,7 @@ def test_a_pod_new_since_the_last_poll_adds_its_whole_value_and_an_older_one_onl
     pods, procs = {name: _pod(body(name)) for name in up}, Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, pods)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples of pod a")
+        _three_samples(prom, "vllm:prefix_cache_queries_total", 1)
         polls = []
         poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),
                                                Family("prefix_cache_hits", "counter")), interval=2.0), polls)
@@ -1877,8 +1882,7 @@ def test_the_pods_priced_are_those_with_output_tokens_in_the_range_idle_or_busy_
         prom = f"http://127.0.0.1:{(port := free_port())}"
         start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
             {"job_name": "vllm", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}, port)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:generation_tokens_total[10s]) >= 3")) == 3,
-                 30, "three samples of every pod")
+        _three_samples(prom, "vllm:generation_tokens_total", 3)
         src, seen = PrometheusSource(prom, (Family("generation_tokens", "counter"),), interval=2.0), []
         poll = _poller(src, [])
         for step in range(5):
@@ -1916,8 +1920,7 @@ def test_a_prometheus_that_lost_its_history_counts_no_new_pod_twice(tmp_path):
     first, second = Processes(tmp_path / "1"), Processes(tmp_path / "2")
     try:
         prom, config = _prometheus(first, pods)
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples of pod a")
+        _three_samples(prom, "vllm:prefix_cache_queries_total", 1)
         polls = []
         poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 10)
         poll()  # the baseline
@@ -2008,8 +2011,7 @@ def test_a_restart_after_a_spelling_change_counts_the_old_spelling_once(tmp_path
                                         st["t0"])), Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, {"a": pod})
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm_prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples")
+        _three_samples(prom, "vllm_prefix_cache_queries_total", 1)
         polls = []
         poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 10)
         poll()  # the baseline
@@ -2047,8 +2049,7 @@ def test_a_family_created_after_the_baseline_counts_its_first_value(tmp_path):
     pod, procs = _pod(body), Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, {"a": pod})
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm:prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples")
+        _three_samples(prom, "vllm:prefix_cache_queries_total", 1)
         fams = (Family("prefix_cache_queries", "counter"), Family("kv_offload_load_bytes", "counter", lazy=True))
         src, texts = PrometheusSource(prom, fams, interval=2.0), []
         poll = _poller(src, texts)
@@ -2074,8 +2075,7 @@ def test_a_gauge_read_across_a_prometheus_upgrade_is_the_pod_s_current_value(tmp
                       + f'{st["p"]}num_requests_running{{model_name="m"}} {st["running"]}\n'), Processes(tmp_path)
     try:
         prom, config = _prometheus(procs, {"a": pod})
-        wait_for(lambda: len(prometheus_query(prom, "count_over_time(vllm_prefix_cache_queries_total[10s]) >= 3")) == 1,
-                 30, "three samples")
+        _three_samples(prom, "vllm_prefix_cache_queries_total", 1)
         src = PrometheusSource(prom, (Family("prefix_cache_queries", "counter"), Family("num_requests_running", "gauge")),
                                interval=2.0)
         polls = []
