@@ -66,6 +66,13 @@ def why_unread(exc: BaseException) -> str:
     return f"{exc}: no kvhit analysis is that large" if isinstance(exc, FileTooLarge) else type(exc).__name__
 
 
+def withdrawn(doc: dict) -> str:
+    """Why an analysis document's models were withdrawn as stale ("" when they were not, or the
+    document does not say: ``withdrawn`` missing or not a string)."""
+    why = doc.get("withdrawn")
+    return why if isinstance(why, str) else ""
+
+
 def _clean(x):
     """JSON-safe: non-finite floats → None, tuples → lists, enums → values."""
     if isinstance(x, float):
@@ -218,8 +225,8 @@ def load_fit(doc, model_name: str | None = None, choose: str = "--model") -> tup
             is not an object, no usable fit, a fit with a missing or non-numeric field.
     """
     models = check_analysis_doc(doc)["models"]
-    if not models and isinstance(doc.get("withdrawn"), str) and doc["withdrawn"]:
-        raise ValueError(f"no current analysis: {doc['withdrawn']}")  # not "no model yet": the data is old
+    if not models and withdrawn(doc):
+        raise ValueError(f"no current analysis: {withdrawn(doc)}")  # not "no model yet": the data is old
     if model_name is None:
         if not models:
             raise ValueError("no model analysed yet (a model appears once two scrapes have shown it)")

@@ -39,7 +39,7 @@ from pathlib import Path
 import requests
 
 from exporter.config import Config, ConfigError, redact_url
-from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread
+from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread, withdrawn
 from exporter.replay import replay
 from exporter.sources import load_trace, write_atomic
 from fitters.chiptime import design_row, predict_busy_time
@@ -441,8 +441,8 @@ def render(data: ReportData, out_dir: Path) -> Path:
     (the message carries the analysis' engine reason, e.g. no successful scrape yet)."""
     plt = _pyplot()
     if not data.doc.get("models"):  # a page without a model would look like a report of nothing wrong
-        if isinstance(data.doc.get("withdrawn"), str) and data.doc["withdrawn"]:
-            raise ReportError(f"{data.source}: no current analysis ({data.doc['withdrawn']}): nothing to report")
+        if withdrawn(data.doc):
+            raise ReportError(f"{data.source}: no current analysis ({withdrawn(data.doc)}): nothing to report")
         why = data.doc.get("engine_reason") or "fewer than two scrapes of one model"
         raise ReportError(f"{data.source}: no model analysed ({why}): nothing to report")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -666,21 +666,20 @@ class PrometheusSource:
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
         # up with the selector's matchers too (_up; a matcher on a label up lacks finds no down pod)
-        up = self._up()
-        queries.append(("down:", f"count by (job, instance) (last_over_time({self._counters_selector()}"
+        up, counters = self._up(), self._counters_selector()
+        queries.append(("down:", f"count by (job, instance) (last_over_time({counters}"
                                   f"[{LOOKBACK}])) and on (job, instance) ({up} == 0)"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
-        queries.append(("unwatched:", f"count(count by (job, instance) ({self._counters_selector()}) "
+        queries.append(("unwatched:", f"count(count by (job, instance) ({counters}) "
                                       f"unless on (job, instance) {up})"))
         # targets Prometheus scrapes as several (two jobs: a ServiceMonitor and a PodMonitor; one job
         # that finds the pod twice: two Services): their growth is summed once per scrape. up counts
         # a job's duplicates (they share (job, instance)); the jobs are counted without it too (a
         # selector on a label up lacks finds no up)
-        counters = self._counters_selector()
         queries.append(("twice:", f"count((count by (instance) (count by (job, instance) ({counters})) > 1) or "
                                   f"(count by (instance) ({up} and on (job, instance) {counters}) > 1))"))
         if self._end is not None and self._end < t:
-            queries.append(("history:", f"count(last_over_time({self._counters_selector()}[{LOOKBACK}] "
+            queries.append(("history:", f"count(last_over_time({counters}[{LOOKBACK}] "
                                         f"offset {max(1, round((t - self._end) * 1000))}ms))"))
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
                                                for q, e in queries), t, deadline), self._where)
