@@ -295,6 +295,7 @@ def test_fleet_example_is_the_sidecar_container_reading_prometheus(rendered, pla
     assert set(args) == {"--prometheus", "--selector", "--listen", "--config"}  # no --target: fleet mode
     assert selector_matchers(args["--selector"]) == ('namespace="llm"',)
     assert fleet["spec"]["replicas"] == 1  # two replicas would publish every series twice
+    assert fleet["spec"]["strategy"] == {"type": "Recreate"}  # nor two during a rollout (a surge pod beside the old)
     # The kvhit-fleet PodMonitor scrapes the fleet pod's kvhit port under a job named *kvhit*; the
     # sidecar PodMonitor does not select it, nor the fleet one a sidecar pod: nothing is scraped twice.
     pm, side_pm = only(docs, "PodMonitor", "kvhit-fleet"), only(docs, "PodMonitor", "kvhit")
@@ -543,8 +544,9 @@ def test_rendered_kvhit_container_runs_as_is_and_its_probes_answer(plain, tmp_pa
             config = yaml.safe_load(open(Path(mounts["/etc/kvhit"]) / "config.yaml"))
             assert _metric(port, "kvhit_slo_seconds", slo="ttft") == config["slo"]["ttft_seconds"]
             g = config["model"]
-            assert _metric(port, "kvhit_kv_bytes_per_token") == \
-                2 * g["layers"] * g["kv_heads"] * g["head_dim"] * g["dtype_bytes"]
+            # dtype_bytes unset there: the engine's cache_dtype, "auto" in the trace: 2 bytes (README "model.dtype_bytes")
+            assert "dtype_bytes" not in g
+            assert _metric(port, "kvhit_kv_bytes_per_token") == 2 * g["layers"] * g["kv_heads"] * g["head_dim"] * 2
     finally:
         fake.stop()
 

@@ -56,6 +56,8 @@ EXPECT_FIRING = {
     ("KvhitValley", "ns-valley"),
     ("KvhitRevenueBelowZeroHitBaseline", "ns-valley"),
     ("KvhitPredictedTTFTAboveSLO", "ns-valley"),  # load-aware TTFT at the current h ≈ 0.39 s > SLO 0.2 s
+    # the trace's last minute: 1 of 117 TTFTs in a bucket up to 0.25 s (the edge above the SLO 0.2 s)
+    ("KvhitSLOMissed", "ns-valley"),
     ("KvhitPrefixCachingNotPaying", "ns-valley"),
     ("KvhitPrefixCachingNotPaying", "ns-flat"),
     ("KvhitPrefixCachingNotPaying", "ns-live"),
@@ -66,6 +68,8 @@ EXPECT_FIRING = {
 NEVER = {  # (alert, namespace or None for any): must stay inactive (neither pending nor firing)
     ("KvhitValley", "ns-flat"), ("KvhitRevenueBelowZeroHitBaseline", "ns-flat"),
     ("KvhitPredictedTTFTAboveSLO", "ns-flat"),  # SLO 1 s there
+    # the trace's last minute: every TTFT ≤ 1 s (SLO 1 s), every request TPOT ≤ 0.05 s (SLO 0.05 s)
+    ("KvhitSLOMissed", "ns-flat"),
     ("KvhitCacheThrash", None),  # h < 0.85 and the KV cache nearly empty everywhere
     # chip_time, miss_slope, load_aware ok; overlap not_identifiable (no loaded hits): not alerted
     ("KvhitFitNotOk", "ns-valley"), ("KvhitFitNotOk", "ns-flat"),

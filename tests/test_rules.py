@@ -13,7 +13,9 @@ from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, COUNTER_SUFFIXES, ROOT
                            vllm_trace_metric_names)
 from promql_selectors import selectors
 
-ALERTS = {"KvhitValley", "KvhitRevenueBelowZeroHitBaseline", "KvhitPredictedTTFTAboveSLO",
+# The alerts, and those a user of them needs (the target never up or not analysable, an invalid
+# config, the SLO missed as observed: the predicted mean TTFT alone can sit under the SLO while requests miss it)
+ALERTS = {"KvhitValley", "KvhitRevenueBelowZeroHitBaseline", "KvhitPredictedTTFTAboveSLO", "KvhitSLOMissed",
           "KvhitPrefixCachingNotPaying", "KvhitCacheThrash", "KvhitFitNotOk", "KvhitTargetDown", "KvhitTargetNeverUp",
           "KvhitTargetNotAnalysable", "KvhitConfigInvalid", "KvhitAbsent"}
 
