@@ -59,6 +59,12 @@ SPIKE_LEARN = 2.0
 SPIKE_IN_WINDOW = (f"a token counter rose over {SPIKE_FACTOR:g}x its peak in a step inside the publish window: a jump "
                    "that stays up (kept from the fits) or traffic, which the next scrape tells; unknown until then, "
                    "and for a jump until that step leaves the window")
+# cache_config_info labels that memory profiling sets at each start (vLLM's KV pool in blocks, bytes,
+# tokens, and the concurrency it holds; SGLang's in tokens): a restart of one configuration moves them a little, another GPU or memory
+# share by more than this fraction
+PROFILED_LABELS = ("num_gpu_blocks", "num_cpu_blocks", "kv_cache_size_tokens", "kv_cache_memory_bytes",
+                   "kv_cache_max_concurrency")
+PROFILED_CHANGE = 0.1
 STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
@@ -225,9 +231,48 @@ class _ModelState:
     pending: _Pending | None = None
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
     busy: _BusyEngines = field(init=False)
+    identity: "_Identity | None" = None  # the engine of the latest step
 
     def __post_init__(self) -> None:
         self.busy = _BusyEngines(self.chip.capacity)
+
+    def afresh(self) -> "_ModelState":
+        """Fitters emptied for another engine (:meth:`_Identity.changed`); the traffic's state kept:
+        the 24 h hit rollup, ISL/OSL, the load share and the spike peaks are the traffic's, not the
+        engine's."""
+        return _ModelState(rollup=self.rollup, isl=self.isl, osl=self.osl, load_share=self.load_share, peak=self.peak)
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """What vLLM exports of the configuration of the engine serving a model: its data-parallel
+    engines in one exposition (not a fleet's pods, which come and go), and its ``cache_config_info``
+    labels ({} when the scrape lacked them: unknown, not changed)."""
+
+    engines: int
+    config: Mapping[str, str]
+
+    def changed(self, new: "_Identity") -> str | None:
+        """Why ``new`` is another engine than this one (its fitted physics no longer hold), or None:
+        a crash restart from the same container spec keeps its fits. Another data-parallel size, or a
+        changed ``cache_config_info`` label (set at start: block size, KV dtype, memory share, a vLLM
+        upgrade's new labels, …; the KV pool sizes of PROFILED_LABELS by more than PROFILED_CHANGE,
+        as memory profiling moves them a little between runs of one configuration)."""
+        if new.engines != self.engines:
+            return f"data-parallel engines {self.engines} → {new.engines}"
+        old, cur = self.config, new.config
+        if not cur or cur is old:
+            return None
+        changed = [k for k in sorted(set(old) | set(cur)) if old.get(k) != cur.get(k) and not (
+            k in PROFILED_LABELS and _near(cache_config_number(old, k), cache_config_number(cur, k)))]
+        if changed:
+            return "cache_config_info " + ", ".join(f"{k} {old.get(k, '(none)')} → {cur.get(k, '(none)')}" for k in changed)
+        return None
+
+
+def _near(a: float | None, b: float | None) -> bool:
+    """Two profiled pool sizes within PROFILED_CHANGE of each other (both known)."""
+    return a is not None and b is not None and abs(b - a) <= PROFILED_CHANGE * a
 
 
 @dataclass(frozen=True)
@@ -292,6 +337,11 @@ class Analyzer:
             st = self._state.get(model)
             if st is None:  # not setdefault: a _ModelState is every fitter's buffers, built once per model
                 st = self._state[model] = _ModelState()
+            identity = _Identity(len(snap.models[model].engines), snap.cache_config_of(model))
+            if st.identity is not None and (why := st.identity.changed(identity)) is not None:
+                log.info("model %r is served by another engine now (%s): its fits start afresh", model, why)
+                st = self._state[model] = st.afresh()
+            st.identity = identity if identity.config or st.identity is None else replace(identity, config=st.identity.config)
             obs = observe(delta, self._context(snap, model, st, unobserved))
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None

@@ -356,9 +356,9 @@ class Runner:
         stale = age is None or not health.up or age > self.config.interval + self.config.timeout
         if not self.fresh(age):
             # no age: no successful scrape yet, which the engine reason says; else the models are
-            # there, their values too old to show
+            # there, their values too old to show (one decimal under 10 s: 1.6 s read "2 s")
             analysis = analysis.without_models(
-                "" if age is None or not analysis.models else f"the last successful scrape is {age:.0f} s old, more "
+                "" if age is None or not analysis.models else f"the last successful scrape is {age:.{int(age < 10)}f} s old, more "
                 "than two scrape intervals plus the timeout (see kvhit_up and kvhit_scrape_errors_total)")
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")

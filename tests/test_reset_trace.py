@@ -58,7 +58,9 @@ def _values(text: str, names: set[str]) -> dict[tuple[str, str], float]:
     return out
 
 
-def restarted(trace: Trace, keep_created: bool) -> Trace:
+def restarted(trace: Trace, keep_created: bool, config: dict[str, str] | None = None) -> Trace:
+    """The trace restarted between K-1 and K; ``config``: cache_config_info labels the restarted
+    engine reports otherwise (label → new value)."""
     base_text = trace.snapshots[K - 1][1]
     names = _cumulative_names(base_text)
     base = _values(base_text, names)
@@ -71,6 +73,10 @@ def restarted(trace: Trace, keep_created: bool) -> Trace:
             if m and m.group(1) in names:
                 value = float(m.group(3)) - base.get((m.group(1), m.group(2) or ""), 0.0)
                 line = f"{m.group(1)}{m.group(2) or ''} {value!r}"
+            elif m and config and m.group(1) == "vllm:cache_config_info":
+                for label, value in config.items():
+                    line, n = re.subn(rf'\b{label}="[^"]*"', f'{label}="{value}"', line)
+                    assert n == 1, label
             elif m and m.group(1).endswith("_created"):
                 if not keep_created:
                     continue
@@ -145,6 +151,36 @@ def test_restart_mid_trace_no_negative_no_inflated_rate_fit_continues(original, 
     assert m.fits["chip_time"].ok and m.predictions
     assert seen[f"samples@{N - 1}"] > seen[f"samples@{K}"]
     assert "counter_reset" not in m.warnings  # the restart has left the publish window
+
+
+@pytest.mark.parametrize("config, afresh", [
+    ({"gpu_memory_utilization": "0.8"}, True),  # another memory share: another engine
+    ({"block_size": "16"}, True),
+    ({"num_gpu_blocks": "66000"}, False),  # +0.7 %: memory profiling's drift between runs of one config
+    ({"num_gpu_blocks": "32768"}, True),  # half the pool: another GPU or memory share
+], ids=["memory_share", "block_size", "blocks_drift", "blocks_halved"])
+def test_restart_as_another_engine_starts_the_fits_afresh(original, config, afresh):
+    # A restart whose cache_config_info differs is another engine (flags, GPU or vLLM changed):
+    # the chip-time fit then holds only steps after the restart — at most N-1-K of the replay's
+    # steps, the restart step not among them —; the same engine's restart keeps every row.
+    samples = {}
+
+    def on_step(i, t, obs):
+        if i in (K - 1, N - 1):
+            samples[i] = runner.analyzer._state["tiny"].chip.result().samples
+
+    runner = None
+
+    def on_start(r):
+        nonlocal runner
+        runner = r
+
+    replay(restarted(original, True, config), Config(), "reset", on_step, on_start)
+    assert samples[K - 1] > N - 1 - K  # the rows before the restart outnumber those after it
+    if afresh:
+        assert samples[N - 1] <= N - 1 - K
+    else:
+        assert samples[N - 1] > samples[K - 1]
 
 
 def test_model_missing_from_one_cut_scrape_keeps_its_fit_history(original):

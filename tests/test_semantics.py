@@ -428,11 +428,11 @@ def test_data_parallel_engines_divide_the_predicted_per_gpu_tpm_too():
 
 
 
-def _simulated_engines(scenario: str, engines: int, idle: int = 0) -> Runner:
+def _simulated_engines(scenario: str, engines: int, idle: int = 0, restart_at: float | None = None) -> Runner:
     """A runner fed the noise-free simulator ``scenario`` with every engine="0" sample line repeated
     for ``engines`` data-parallel engines, the last ``idle`` of them idle throughout (their first
     scrape's counters, no request running or waiting), the others identical; geometry and B_load
-    the truth's."""
+    the truth's. ``restart_at``: the engine restarts then [simulated s], one engine before it."""
     import re
     from dataclasses import replace
 
@@ -450,12 +450,16 @@ def _simulated_engines(scenario: str, engines: int, idle: int = 0) -> Runner:
                               for ln in (first if e >= engines - idle else lines))
 
     sc = preset(scenario, noise=0.0)
+    if restart_at is not None:
+        sc = replace(sc, restarts=(restart_at,))
     env = {f"KVHIT_MODEL_{k.upper()}": str(v) for k, v in SIM_GEOMETRY.items()}
     env["KVHIT_LOAD_BANDWIDTH_BYTES_PER_SECOND"] = str(Truth.load_bandwidth)
     runner = Runner(replace(load_config(None, environ=env), interval=sc.interval), "sim", clock=(clock := TraceClock()))
-    for t, text, _ in generate(sc):
+    restarted = restart_at is None
+    for t, text, truth in generate(sc):
         clock.t = t
-        assert runner.ingest_text(t, body(text))
+        restarted = restarted or (truth is not None and truth.restart)
+        assert runner.ingest_text(t, body(text) if restarted else text)
     return runner
 
 
@@ -615,6 +619,23 @@ def test_a_fit_warming_up_keeps_one_unknown_info_series_while_its_count_moves_in
             reasons.add(model.unknown["predicted_current"])
     assert labels == {"needs the chip-time fit, which is insufficient_data: too few usable busy steps, need at least 10"}
     assert len(reasons) >= 5 and all(r.endswith(" steps)") for r in reasons), reasons
+
+
+def test_a_restart_into_more_engines_starts_the_fits_afresh():
+    # One engine, then a restart as two identical data-parallel engines (a changed
+    # --data-parallel-size): the one-engine steps are another machine's. Two identical engines
+    # deliver twice one's at full load (the test above): the predicted TPM must be twice the
+    # one-engine run's at the same h (it read 1.4x with the one-engine rows kept: a review).
+    one = published(_simulated_engines("sweep", 1))
+    both = published(runner := _simulated_engines("sweep", 2, restart_at=100.0))
+    tpm = [{k: v for k, v in series(pub, "kvhit_tpm_tokens_per_minute").items()
+            if ("basis", "predicted") in k and ("per", "instance") in k} for pub in (one, both)]
+    assert tpm[0].keys() == tpm[1].keys() and len(tpm[0]) >= 2
+    for k, v in tpm[0].items():
+        assert tpm[1][k] == pytest.approx(2.0 * v, rel=1e-3), k
+    # every row the chip-time fit holds is from after the restart: the trace's 420 s, 100 s before
+    # it, at a 5 s interval hold at most 64 steps after it
+    assert runner.analyzer._state["sim-model"].chip.result().samples <= (420 - 100) / 5
 
 
 def test_the_busy_engines_mean_is_harmonic_over_the_rows_the_chip_time_fit_holds():
