@@ -112,6 +112,11 @@ def ts(ids: Ids, title: str, unit: str, description: str, *, w: int = 12, h: int
             .tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)))
 
 
+# Table columns that only repeat the scrape: the target URL, and what a PodMonitor adds besides namespace
+# and pod (instance stays: without Kubernetes labels it is the only one naming the pod)
+HIDDEN_COLUMNS = {"Time": True, "job": True, "target": True, "container": True, "endpoint": True}
+
+
 def table_panel(ids: Ids, title: str, unit: str, description: str, *, w: int = 12, h: int = 8) -> table.Panel:
     return (table.Panel().id(ids()).title(title).description(description).unit(unit).datasource(DS).span(w).height(h)
             .show_header(True).cell_height(TableCellHeight.SM))
@@ -354,7 +359,7 @@ def model_dashboard() -> Dashboard:
                     "until the history covers 24 h.")
         .with_target(q("A", f"kvhit_prefix_cache_verdict{{{SEL}}} == 1", instant=True))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
-            "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True, "target": True},
+            "excludeByName": {**HIDDEN_COLUMNS, "Value": True, "__name__": True},
             "indexByName": {"namespace": 0, "pod": 1, "model_name": 2, "state": 3, "provisional": 4}})))
     d = d.with_panel(
         ts(ids, "Caching economics", "percentunit",
@@ -410,7 +415,7 @@ def model_dashboard() -> Dashboard:
                     "values of a fit that is not ok are absent. KvhitFitNotOk fires after an hour.")
         .with_target(q("A", f"kvhit_fit_status{{{SEL}}} == 1", instant=True))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
-            "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True, "target": True},
+            "excludeByName": {**HIDDEN_COLUMNS, "Value": True, "__name__": True},
             "indexByName": {"namespace": 0, "pod": 1, "model_name": 2, "fit": 3, "status": 4}})))
     d = d.with_panel(
         ts(ids, "Fit quality", "none", "R² of each fit (chip_time uncentred) and the observations (steps) it used.")
@@ -425,7 +430,7 @@ def model_dashboard() -> Dashboard:
         .with_target(q("B", f"max without () (kvhit_chip_time_coefficient_stderr_seconds{{{SEL}}})", instant=True))
         .with_transformation(DataTransformerConfig(id_val="merge", options={}))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
-            "excludeByName": {"Time": True, "job": True, "target": True},
+            "excludeByName": HIDDEN_COLUMNS,
             "renameByName": {"Value #A": "coefficient", "Value #B": "stderr"}})))
     d = d.with_panel(
         ts(ids, "Miss throughput TPS0", TPS, "TPS0 of TPS_miss(h) = TPS0(1 - a h), direct and derived (MODEL.md §4).")
