@@ -128,9 +128,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         cfg, web = _run_config(args)
     except ConfigError as exc:
-        if args.on_config_error != "serve":
+        if args.on_config_error != "serve" or args.check_config:
             raise
         return _serve_refused(args, exc)
+    if args.check_config:
+        print(f"configuration OK: {'fleet mode, Prometheus ' + redact_url(cfg.prometheus) if cfg.prometheus else 'target ' + redact_url(cfg.target)}, "
+              f"every {cfg.interval:g} s, window {cfg.window_seconds:g} s, listen {cfg.listen}")
+        return 0
     runner, source = pipeline(cfg)
     if cfg.prometheus:
         reading = f"fleet {cfg.selector or '{}'} from Prometheus {redact_url(cfg.prometheus)}"
@@ -492,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit (default: status 2) or serve: keep running, analyse nothing and publish "
                         "kvhit_config_last_load_successful 0, so a sidecar's bad configuration never makes "
                         "its pod NotReady")
+    r.add_argument("--check-config", dest="check_config", action="store_true",
+                   help="check the configuration (file, KVHIT_* environment, flags, web config) and exit: 0 when "
+                        "kvhit would run with it, 2 with why not; nothing is scraped or served")
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("replay", help="replay a recorded trace (directory or .tar.gz of <unix_ms>.prom)")

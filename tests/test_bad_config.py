@@ -107,6 +107,17 @@ def test_bad_yaml_exits_2_with_one_line_naming_the_key(tmp_path, capsys, monkeyp
     assert expected in err, err
 
 
+@pytest.mark.parametrize("serve", [False, True], ids=["exit", "on_config_error_serve"])
+def test_check_config_exits_0_or_2_and_serves_nothing(tmp_path, capsys, monkeypatch, serve):
+    # the runbook's pre-apply check: a good file exits 0 saying so (it ran a sidecar forever), a bad
+    # one 2 with the same line as run, --on-config-error=serve or not; run_with checks nothing listens
+    serving = ["--on-config-error=serve"] if serve else []
+    code, err, port = run_with(tmp_path, capsys, monkeypatch, "interval: 7\n", extra=["--check-config", *serving])
+    assert code == 0 and err == "", err
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, CASES["rho zero"][0], extra=["--check-config", *serving])
+    assert code == 2 and err.startswith("kvhit: ") and CASES["rho zero"][1] in err, err
+
+
 def test_config_file_not_utf8_exits_2_naming_the_file(tmp_path, capsys, monkeypatch):
     cfg = tmp_path / "latin1.yaml"
     cfg.write_bytes(b"\xff\xfe interval: 5\n")
