@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -192,28 +191,6 @@ class ModelFits:
     overlap: FitResult
 
 
-class _BusyEngines:
-    """The engines busy in each step the chip-time fit holds (its ``capacity`` latest rows), kept
-    as counts per engine number too, so that their harmonic mean (:meth:`harmonic`) costs no scan
-    of the rows at every cycle."""
-
-    def __init__(self, capacity: int) -> None:
-        self._steps: deque[int] = deque(maxlen=capacity)
-        self._counts: dict[int, int] = {}  # engines busy → steps with that many
-
-    def add(self, busy: int) -> None:
-        if len(self._steps) == self._steps.maxlen:
-            self._counts[self._steps[0]] -= 1  # the oldest, which append drops
-        self._steps.append(busy)
-        self._counts[busy] = self._counts.get(busy, 0) + 1
-
-    def harmonic(self, default: float) -> float:
-        """len / Σ 1/E_i over the steps held (``default`` when none is)."""
-        if not self._steps:
-            return default
-        return len(self._steps) / math.fsum(n / e for e, n in self._counts.items())
-
-
 @dataclass
 class _ModelState:
     chip: ChipTimeFitter = field(default_factory=ChipTimeFitter)
@@ -230,11 +207,7 @@ class _ModelState:
     # still down (exporter/window.py)
     pending: _Pending | None = None
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
-    busy: _BusyEngines = field(init=False)
     identity: "_Identity | None" = None  # the engine of the latest step
-
-    def __post_init__(self) -> None:
-        self.busy = _BusyEngines(self.chip.capacity)
 
     def afresh(self) -> "_ModelState":
         """Fitters emptied for another engine (:meth:`_Identity.changed`); the traffic's state kept:
@@ -448,7 +421,7 @@ class Analyzer:
         bandwidth = _bandwidth(w, self.config.load_bandwidth_bytes_per_second)
         isl = request_isl(w, self._context(snap, model, self._state[model]))
         out = self._fits[model] = (self.fits(model, isl, bandwidth[0] if bandwidth else None,
-                                             _busy_engines(self._state[model], _engine_count(snap, model))), bandwidth)
+                                             self._state[model].chip.busy_engines(_engine_count(snap, model))), bandwidth)
         return out
 
     def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None,
@@ -462,7 +435,7 @@ class Analyzer:
                 None or < 1: the bucket of the latest usable step.
             load_bandwidth: B_load [bytes/s] for the overlap fit (measured over the publish window);
                 None: the configured value (None when not configured).
-            engines: E, the engines busy in the chip-time fit's steps (:func:`_busy_engines`):
+            engines: E, the engines busy in the chip-time fit's steps (:meth:`~fitters.chiptime.ChipTimeFitter.busy_engines`):
                 the latency fit is per request, so it is given one engine's coefficients, × E
                 (ChipTimeCoefficients.per_engine), and their covariance × E².
         Each fitter works only when it got new steps (or, for the latency fit, new chip-time
@@ -515,7 +488,7 @@ class Analyzer:
         # the fit's coefficients are the engines busy in its steps as one machine; what is predicted
         # from them is the capacity at full load, all ``engines`` busy: × busy / engines (engines
         # idle in the fit's steps, a fleet scaled up since: the busy ones' read as all engines')
-        busy = _busy_engines(st, engines)
+        busy = st.chip.busy_engines(engines)
         full = busy / engines
         coef = None if coef is None else coef.per_engine(full)
         cov = None if chip.covariance is None else tuple(tuple(full * full * c for c in row) for row in chip.covariance)
@@ -953,14 +926,6 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
     return max(1, busy)
 
 
-def _busy_engines(st: _ModelState, engines: int) -> float:
-    """E of :meth:`ChipTimeCoefficients.per_engine`: the chip-time fit sees the busy engines'
-    summed work per wall second, so its coefficients are one engine's / E_i in step i; over its
-    rows they are one engine's × the mean of 1/E_i, and one engine's are the fitted × the
-    harmonic mean of E_i (exact when E_i is the same in every step). ``engines`` before any row."""
-    return st.busy.harmonic(float(engines))
-
-
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``); 1 for
@@ -1016,8 +981,7 @@ def _raise_peak(peak: dict[str, float], rates: Mapping[str, float]) -> None:
 
 def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, busy: int, running: int) -> None:
     """Feed one step to every fitter of the model (one scrape after it was taken: ``pending``)."""
-    if st.chip.update(obs):
-        st.busy.add(busy)
+    st.chip.update(obs, busy)
     st.slope.update(obs)
     st.latency.update(obs)
     _update_seed3(st, d, obs, running)

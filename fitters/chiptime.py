@@ -389,12 +389,23 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
     return total
 
 
+# The cells a full chip-time fit evicts from (ChipTimeFitter._evict): h in steps of CELL_H, ISL by octave
+CELL_H = 0.05
+
+
+def _cell(h: float | None, isl: float) -> float:
+    """The (h, ISL) cell of a step, as one float: h to CELL_H (unknown h: a cell of its own), log2 ISL rounded."""
+    hb = -1 if h is None or not math.isfinite(h) else math.floor(min(max(h, 0.0), 1.0) / CELL_H)
+    return float(hb * 256 + round(math.log2(max(isl, 1.0))))
+
+
 class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]]):
     """Online §7 chip-time fit over the latest busy steps (MODEL.md §7, §6; fitters/online.py).
 
-    Memory bound: a :class:`~fitters.online.RowBuffer` of the last ``capacity`` usable steps
-    (default 720 rows = 24 min of 2-s scrapes), 7 floats each (5 regressors, Δt, frozen weight),
-    2·capacity rows of storage. :meth:`result` is :func:`fit_chip_time` (warm-started) on the
+    Memory bound: a :class:`~fitters.online.RowBuffer` of ``capacity`` usable steps (default 720
+    rows = an hour of 5-s scrapes; beyond it a step replaces the oldest of the (h, ISL) cell holding
+    the most, :meth:`_evict`), 7 floats each (5 regressors, Δt, frozen weight), 2·capacity rows
+    of storage, and 4 floats beside each (ISL, OSL, cell, busy engines). :meth:`result` is :func:`fit_chip_time` (warm-started) on the
     buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
     between, the exact weighted least squares of all buffered rows in the relative residuals of
     that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
@@ -415,25 +426,53 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every, basis_width=len(CHIP_TIME_TERMS) + 1)
         self.capacity = capacity
         self.min_samples = min_samples
-        self._lengths = RowBuffer(capacity, 2)  # each row's (ISL, OSL), evicted with it
+        # each row's (ISL, OSL, cell, busy engines), evicted with it; rows per cell
+        self._tags = RowBuffer(capacity, 4)
+        self._cells: dict[float, int] = {}
 
-    def update(self, obs: Observation) -> bool:
-        """Add one step; True if it was usable (see :func:`design_row`) and stored."""
+    def update(self, obs: Observation, engines: float = 1.0) -> bool:
+        """Add one step; True if it was usable (see :func:`design_row`) and stored. ``engines``:
+        the data-parallel engines busy in it (:meth:`busy_engines`)."""
         row = design_row(obs)
         if row is None:
             return False
-        self.append((*row, obs.dt))
-        self._lengths.append((obs.isl, obs.osl))  # known: ΔC_dec needs both
+        cell = _cell(obs.hit_ratio, obs.isl)
+        k = self.append((*row, obs.dt))
+        if len(self._tags) == self.capacity:
+            gone = self._tags.view()[k, 2]
+            self._cells[gone] -= 1
+            if not self._cells[gone]:
+                del self._cells[gone]
+        self._tags.append((obs.isl, obs.osl, cell, engines), k)  # ISL, OSL known: ΔC_dec needs both
+        self._cells[cell] = self._cells.get(cell, 0) + 1
         return True
+
+    def _evict(self) -> int:
+        """The oldest row of the (h, ISL) cell (:func:`_cell`) holding the most: steady traffic
+        replaces its own steps and keeps those of the other h and ISL it saw, which tell the
+        prefill's terms apart (at one h and ISL, FFN and attention work grow alike: collinear,
+        one term dropped, the chip-time bathtub withheld after 720 steps of it)."""
+        cell = max(self._cells, key=self._cells.__getitem__)
+        return int(np.argmax(self._tags.view()[:, 2] == cell))
+
+    def busy_engines(self, default: float) -> float:
+        """The harmonic mean of the busy engines over the buffered rows (``default`` without one):
+        the fit sees the busy engines' summed work per wall second, so its coefficients are one
+        engine's / E_i in row i, over the rows one engine's × the mean of 1/E_i, and one engine's
+        are the fitted × this mean (exact when E_i is the same in every row): E of
+        :meth:`ChipTimeCoefficients.per_engine`."""
+        if not len(self._tags):
+            return default
+        return float(len(self._tags) / np.sum(1.0 / self._tags.view()[:, 3]))
 
     def length_ranges(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
         """((ISL min, max), (OSL min, max)) [tokens] of the buffered steps' mean ISL and OSL (each
         step's, as its regressors took them): the lengths the coefficients were fitted at (beyond
         them a prediction extrapolates, MODEL.md §7; a request of mixed traffic may be longer than
         every step's mean); None without a step."""
-        if not len(self._lengths):
+        if not len(self._tags):
             return None
-        x = self._lengths.view()
+        x = self._tags.view()[:, :2]
         lo, hi = x.min(axis=0).tolist(), x.max(axis=0).tolist()
         return (lo[0], hi[0]), (lo[1], hi[1])
 

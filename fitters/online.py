@@ -74,8 +74,12 @@ class RowBuffer:
     def __len__(self) -> int:
         return self._len
 
-    def append(self, row) -> None:
-        """Store one row (array-like of ``width`` floats), dropping the oldest beyond capacity."""
+    def append(self, row, evict: int = 0) -> None:
+        """Store one row (array-like of ``width`` floats), dropping row ``evict`` of :meth:`view`
+        (0: the oldest) beyond capacity; the rows older than it move up one, in order."""
+        if self._len == self.capacity and evict:
+            start = self._end - self._len
+            self._data[start + 1:start + evict + 1] = self._data[start:start + evict]  # numpy copes with the overlap
         if self._end == len(self._data):
             keep = self.capacity - 1
             self._data[:keep] = self._data[self._end - keep:self._end]
@@ -427,14 +431,28 @@ class AmortizedFit(Generic[S, R]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def append(self, row) -> None:
-        """Store one row of ``width`` floats (unweighed); an evicted weighed row leaves the sums."""
-        if len(self.rows) == self.rows.capacity and self._state is not None:
-            old = self.rows.view()[:1]
-            if not np.isnan(old[0, -1]):
+    def append(self, row) -> int:
+        """Store one row of ``width`` floats (unweighed); beyond capacity the row :meth:`_evict`
+        names goes (a weighed one leaves the sums). Returns its index in the rows before (0: the
+        oldest), so that a subclass's rows kept beside these drop the same one."""
+        k = 0
+        if len(self.rows) == self.rows.capacity:
+            data = self.rows.view()
+            k = self._evict()
+            old = data[k:k + 1]
+            if k >= len(data) - min(self.rows.appended - self._weighed, len(data)):
+                # one of the newest rows, not weighed yet (solve() weighs them by position, the last
+                # appended − _weighed): as many are left to weigh after this append
+                self._weighed += 1
+            elif self._state is not None and not np.isnan(old[0, -1]):
                 v, scale, group = self._basis(old[:, :-1], self._state)
                 self.sums.add(v, -old[:, -1] * scale, group)
-        self.rows.append((*row, np.nan))
+        self.rows.append((*row, np.nan), k)
+        return k
+
+    def _evict(self) -> int:
+        """Index of the row to drop when the buffer is full (0, the oldest, unless overridden)."""
+        return 0
 
     def solve(self, key: object = None) -> R:
         """The fit of the buffered rows under ``key``: an exact step or a robust refit (module docstring)."""

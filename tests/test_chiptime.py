@@ -39,12 +39,13 @@ def make_steps(
     outliers: int = 0,
     prefill: bool = True,
     t0: float = 0.0,
+    h_range: tuple[float, float] = (0.0, 0.9),
 ) -> list[Observation]:
     """n busy 2-s-ish steps; the first ``outliers`` take 3× their model busy time."""
     out = []
     for i in range(n):
         isl, osl = float(rng.choice(isls)), float(rng.choice(osls))
-        h = rng.uniform(0.0, 0.9)
+        h = rng.uniform(*h_range)
         n_req = int(rng.integers(1, 6)) if prefill else 0
         queried = n_req * isl
         hits = math.floor(h * queried)
@@ -538,3 +539,55 @@ def test_the_fitter_keeps_the_isl_and_osl_range_of_its_buffered_steps():
     assert f.length_ranges() == ((1024.0, 2048.0), (16.0, 64.0))
     assert not f.update(dataclasses.replace(step(99.0, 1.0), busy=False))  # not stored: no range change
     assert f.length_ranges() == ((1024.0, 2048.0), (16.0, 64.0))
+
+
+def test_a_full_fit_replaces_the_steps_of_the_busiest_cell_and_keeps_the_other_h():
+    # An hour of one h and ISL after varied traffic: a full buffer drops the oldest step of the
+    # (h, ISL) cell holding the most, so the varied steps stay and the prefill's terms stay apart.
+    # Dropping the oldest instead left only the steady steps, where FFN and attention work grow
+    # alike (M = 0.1·N, W = N²·(0.1·0.9 + 0.1²/2) per request at N = 1024): not identifiable.
+    rng = np.random.default_rng(31)
+    varied = make_steps(rng, 200, noise=0.0)
+    steady = make_steps(rng, 600, isls=(1024.0,), noise=0.0, h_range=(0.9, 0.9), t0=400.0)
+    lone = fit_chip_time(steady[-200:])
+    assert lone.ok and any(lone.params[t].value == 0.0 for t in ("k_ffn", "k_attn")), lone.params
+    fitter = ChipTimeFitter(capacity=200)
+    for i, o in enumerate(varied + steady):
+        fitter.update(o)
+        if i % 3:  # read at two steps of three: weighed rows and rows not weighed yet are evicted
+            fitter.result()
+    res = fitter.result()
+    assert res.ok and res.samples == 200
+    for term in ("t_step", "k_ffn", "k_attn", "k_dec"):
+        assert res.params[term].value == pytest.approx(getattr(TRUE, term), rel=1e-6), term
+    # the exact steps' running sums are those of the rows held, after evictions from the middle
+    assert fitter.rows.appended != fitter._refit_at  # the last read was an exact step, not a refit
+    x = fitter.rows.view()
+    v, scale, group = fitter._basis(x[:, :-1], fitter._state)
+    rebuilt = np.zeros_like(fitter.sums.g)
+    rebuilt[0] = (v * (x[:, -1] * scale)[:, None]).T @ v
+    assert fitter.sums.g == pytest.approx(rebuilt, rel=1e-9, abs=1e-12)
+
+
+def test_a_full_fit_evicts_from_the_busiest_cell_by_hand():
+    # capacity 20: 10 steps at h = 0 and 10 at h = 0.525 (ISL 1024: one octave), then 30 at h = 0.825
+    # (mid-cell: a step's h is floor(h·queried)/queried, a little under).
+    # Each new step first evicts from the cell holding the most (ties: the cell met first): (10, 10, 0)
+    # → A (9, 10, 1) → B (9, 9, 2) → A (8, 9, 3) → B (8, 8, 4) → A (7, 8, 5) → B (7, 7, 6) → A (6, 7, 7)
+    # → B (6, 6, 8), then the h = 0.825 cell, the largest, evicts its own: (6, 6, 8) for good.
+    def steps(h: float, n: int) -> list[Observation]:
+        return make_steps(np.random.default_rng(int(h * 1000)), n, isls=(1024.0,), osls=(64.0,), h_range=(h, h))
+    fitter = ChipTimeFitter(capacity=20)
+    for o in steps(0.0, 10) + steps(0.525, 10) + steps(0.825, 30):
+        fitter.update(o)
+    h = fitter._tags.view()[:, 2]
+    assert [int(np.sum(h == c)) for c in sorted(set(h.tolist()))] == [6, 6, 8]
+
+
+def test_the_busy_engines_mean_is_harmonic_over_the_rows_held():
+    # rows hold 3 steps (one cell): after busy 1, 2, 4, 4 the first is gone; 3 / (1/2 + 1/4 + 1/4) = 3
+    fitter = ChipTimeFitter(capacity=3)
+    assert fitter.busy_engines(5.0) == 5.0  # no row yet: all engines
+    for o, e in zip(make_steps(np.random.default_rng(3), 4, isls=(1024.0,), h_range=(0.5, 0.5)), (1, 2, 4, 4)):
+        fitter.update(o, e)
+    assert fitter.busy_engines(5.0) == pytest.approx(3.0, rel=1e-15)

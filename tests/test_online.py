@@ -26,6 +26,19 @@ def test_row_buffer_holds_the_last_rows_oldest_first(n):
     assert buf.view().tolist() == [[float(a), float(b)] for a, b in rows[-7:]] if n else buf.view().shape == (0, 2)
 
 
+def test_row_buffer_evicts_the_row_asked_for_and_keeps_the_order():
+    # capacity 3: 1, 2, 3; then 4 evicting row 1 (the 2): 1, 3, 4; then 5 evicting row 2 (the 4): 1, 3, 5;
+    # then 6 evicting row 0 (the oldest, as append without evict): 3, 5, 6 — across the storage's wrap
+    buf = RowBuffer(3, 1)
+    for v in (1.0, 2.0, 3.0):
+        buf.append((v,))
+    for v, evict, want in ((4.0, 1, [1, 3, 4]), (5.0, 2, [1, 3, 5]), (6.0, 0, [3, 5, 6]), (7.0, 1, [3, 6, 7]),
+                           (8.0, 2, [3, 6, 8])):
+        buf.append((v,), evict)
+        assert buf.view()[:, 0].tolist() == want, v
+    assert buf.appended == 8 and len(buf) == 3
+
+
 def test_row_buffer_rejects_empty_shapes():
     with pytest.raises(ValueError):
         RowBuffer(0, 2)

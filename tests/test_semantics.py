@@ -636,14 +636,3 @@ def test_a_restart_into_more_engines_starts_the_fits_afresh():
     # every row the chip-time fit holds is from after the restart: the trace's 420 s, 100 s before
     # it, at a 5 s interval hold at most 64 steps after it
     assert runner.analyzer._state["sim-model"].chip.result().samples <= (420 - 100) / 5
-
-
-def test_the_busy_engines_mean_is_harmonic_over_the_rows_the_chip_time_fit_holds():
-    # rows hold 3 steps: after busy 1, 2, 4, 4 the first is gone; 3 / (1/2 + 1/4 + 1/4) = 3
-    from exporter.analyzer import _BusyEngines
-
-    busy = _BusyEngines(3)
-    assert busy.harmonic(5.0) == 5.0  # no row yet: all engines
-    for e in (1, 2, 4, 4):
-        busy.add(e)
-    assert busy.harmonic(5.0) == pytest.approx(3.0, rel=1e-15)
