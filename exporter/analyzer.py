@@ -220,7 +220,8 @@ class _ModelState:
 class _Identity:
     """What vLLM exports of the configuration of the engine serving a model: its data-parallel
     engines in one exposition (not a fleet's pods, which come and go), and its ``cache_config_info``
-    labels ({} when the scrape lacked them: unknown, not changed)."""
+    labels ({} when the scrape lacked them, or in fleet mode, whose majority of pods' labels moves
+    with scaling in a mixed fleet: unknown, not changed)."""
 
     engines: int
     config: Mapping[str, str]
@@ -310,7 +311,9 @@ class Analyzer:
             st = self._state.get(model)
             if st is None:  # not setdefault: a _ModelState is every fitter's buffers, built once per model
                 st = self._state[model] = _ModelState()
-            identity = _Identity(len(snap.models[model].engines), snap.cache_config_of(model))
+            # a fleet's (engines counted by its source) is its pods' mix, which scaling and rollouts move
+            identity = _Identity(len(snap.models[model].engines),
+                                 {} if model in snap.engine_counts else snap.cache_config_of(model))
             if st.identity is not None and (why := st.identity.changed(identity)) is not None:
                 log.info("model %r is served by another engine now (%s): its fits start afresh", model, why)
                 st = self._state[model] = st.afresh()

@@ -183,6 +183,22 @@ def test_restart_as_another_engine_starts_the_fits_afresh(original, config, afre
         assert samples[N - 1] > samples[K - 1]
 
 
+def test_fleet_mode_keeps_its_fits_when_the_pods_majority_config_moves(original):
+    # Fleet mode's cache_config_info is most pods' (exporter/sources.py): in a fleet of mixed GPUs it
+    # moves as pods scale, so it tells no engine change; the fleet's fits go on (counts as its source gives them).
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    trace = restarted(original, True, {"gpu_memory_utilization": "0.8"})
+    runner = Runner(Config(), "fleet", scope="fleet", clock=(clock := TraceClock()))
+    samples = {}
+    for i, (t, text) in enumerate(trace.snapshots):
+        clock.t = t
+        assert runner.ingest_text(t, text, counts={"engines": {"tiny": 1}})
+        if i in (K - 1, N - 1):
+            samples[i] = runner.analyzer._state["tiny"].chip.result().samples
+    assert samples[N - 1] > samples[K - 1] > N - 1 - K
+
+
 def test_model_missing_from_one_cut_scrape_keeps_its_fit_history(original):
     # a body cut before the model's first line (only cache_config_info arrived) at snapshot K:
     # the model has no data in that scrape; its window starts again, but its fitters keep the
