@@ -58,9 +58,9 @@ SPIKE_LEARN = 2.0
 SPIKE_IN_WINDOW = (f"a token counter rose over {SPIKE_FACTOR:g}x its peak in a step inside the publish window: a jump "
                    "that stays up (kept from the fits) or traffic, which the next scrape tells; unknown until then, "
                    "and for a jump until that step leaves the window")
-# cache_config_info labels that memory profiling sets at each start (vLLM's KV pool in blocks, bytes,
-# tokens, and the concurrency it holds; SGLang's in tokens): a restart of one configuration moves them a little, another GPU or memory
-# share by more than this fraction
+# cache_config_info labels that memory profiling sets at each start (vLLM's KV pool in blocks, bytes and
+# tokens, and the concurrency it holds): a restart of one configuration moves them a little, another
+# GPU memory size or memory share by more than this fraction
 PROFILED_LABELS = ("num_gpu_blocks", "num_cpu_blocks", "kv_cache_size_tokens", "kv_cache_memory_bytes",
                    "kv_cache_max_concurrency")
 PROFILED_CHANGE = 0.1
@@ -207,7 +207,8 @@ class _ModelState:
     # still down (exporter/window.py)
     pending: _Pending | None = None
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
-    identity: "_Identity | None" = None  # the engine of the latest step
+    identity: "_Identity | None" = None  # the engine of the latest steps
+    candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
 
     def afresh(self) -> "_ModelState":
         """Fitters emptied for another engine (:meth:`_Identity.changed`); the traffic's state kept:
@@ -221,7 +222,8 @@ class _Identity:
     """What vLLM exports of the configuration of the engine serving a model: its data-parallel
     engines in one exposition (not a fleet's pods, which come and go), and its ``cache_config_info``
     labels ({} when the scrape lacked them, or in fleet mode, whose majority of pods' labels moves
-    with scaling in a mixed fleet: unknown, not changed)."""
+    with scaling in a mixed fleet: unknown, not changed). The analyzer starts a model's fits afresh
+    when two steps in a row show another engine (one is a cut body, or a scrape of another pod)."""
 
     engines: int
     config: Mapping[str, str]
@@ -235,7 +237,7 @@ class _Identity:
         if new.engines != self.engines:
             return f"data-parallel engines {self.engines} → {new.engines}"
         old, cur = self.config, new.config
-        if not cur or cur is old:
+        if not cur or not old or cur is old:  # unknown at either end: not changed
             return None
         changed = [k for k in sorted(set(old) | set(cur)) if old.get(k) != cur.get(k) and not (
             k in PROFILED_LABELS and _near(cache_config_number(old, k), cache_config_number(cur, k)))]
@@ -314,10 +316,16 @@ class Analyzer:
             # a fleet's (engines counted by its source) is its pods' mix, which scaling and rollouts move
             identity = _Identity(len(snap.models[model].engines),
                                  {} if model in snap.engine_counts else snap.cache_config_of(model))
-            if st.identity is not None and (why := st.identity.changed(identity)) is not None:
+            if st.identity is None:
+                st.identity = identity
+            elif (why := st.identity.changed(identity)) is None:
+                st.identity, st.candidate = replace(identity, config=identity.config or st.identity.config), None
+            elif st.candidate is None or st.candidate.changed(identity) is not None:
+                st.candidate = identity  # another engine once: a cut body's engines, or one odd scrape
+            else:  # twice in a row
                 log.info("model %r is served by another engine now (%s): its fits start afresh", model, why)
                 st = self._state[model] = st.afresh()
-            st.identity = identity if identity.config or st.identity is None else replace(identity, config=st.identity.config)
+                st.identity = identity
             obs = observe(delta, self._context(snap, model, st, unobserved))
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None

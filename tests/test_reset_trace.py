@@ -183,6 +183,37 @@ def test_restart_as_another_engine_starts_the_fits_afresh(original, config, afre
         assert samples[N - 1] > samples[K - 1]
 
 
+@pytest.mark.parametrize("odd", ["one_scrape", "unknown_first"])
+def test_one_odd_scrape_or_a_config_first_unknown_keeps_the_fits(original, odd):
+    # Another engine must show at two steps in a row: one scrape with another cache_config_info (a
+    # Service's other pod, a body cut inside the model's engines) is no engine change; nor is the
+    # config arriving after scrapes that lacked it (unknown, then known).
+    def config_line(text: str) -> bool:
+        return text.startswith("vllm:cache_config_info")
+
+    snaps = list(original.snapshots)
+    if odd == "one_scrape":
+        t, text = snaps[K]
+        snaps[K] = (t, text.replace('gpu_memory_utilization="0.92"', 'gpu_memory_utilization="0.5"'))
+        assert snaps[K][1] != text
+    else:
+        snaps[:K] = [(t, "".join(ln + "\n" for ln in text.splitlines() if not config_line(ln))) for t, text in snaps[:K]]
+    samples = {}
+
+    def on_step(i, t, obs):
+        if i in (K - 1, N - 1):
+            samples[i] = runner.analyzer._state["tiny"].chip.result().samples
+
+    runner = None
+
+    def on_start(r):
+        nonlocal runner
+        runner = r
+
+    replay(Trace(snaps, original.phases, original.meta), Config(), "odd", on_step, on_start)
+    assert samples[N - 1] > samples[K - 1] > N - 1 - K
+
+
 def test_fleet_mode_keeps_its_fits_when_the_pods_majority_config_moves(original):
     # Fleet mode's cache_config_info is most pods' (exporter/sources.py): in a fleet of mixed GPUs it
     # moves as pods scale, so it tells no engine change; the fleet's fits go on (counts as its source gives them).
