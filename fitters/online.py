@@ -111,9 +111,10 @@ def _spd_solve(m: np.ndarray, rhs: np.ndarray) -> np.ndarray | None:
     per-call overhead."""
     if not len(rhs):  # every parameter held: nothing to solve
         return rhs.copy()
-    d = np.sqrt(m.diagonal())
-    if 0.0 in d.tolist():  # plain floats and broadcasting: numpy's per-call cost exceeds p ≤ 5 arithmetic
+    diag = m.diagonal().tolist()  # plain floats: numpy's per-call cost exceeds p ≤ 5 comparisons
+    if min(diag) <= 0.0:  # a zero column, or rounding's negative after rows all of weight 0 were removed
         return None
+    d = np.sqrt(m.diagonal())
     _, x, info = dposv(m / (d[:, None] * d), rhs / d)
     return None if info else x / d
 
