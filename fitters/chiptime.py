@@ -400,13 +400,14 @@ def _cell(h: float | None, isl: float) -> float:
 
 
 class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]]):
-    """Online §7 chip-time fit over the latest busy steps (MODEL.md §7, §6; fitters/online.py).
+    """Online §7 chip-time fit over up to ``capacity`` busy steps, the latest of each (h, ISL) cell
+    (MODEL.md §7, §6; fitters/online.py).
 
     Memory bound: a :class:`~fitters.online.RowBuffer` of ``capacity`` usable steps (default 720
     rows = an hour of 5-s scrapes; beyond it a step replaces the oldest of the (h, ISL) cell holding
     the most, :meth:`_evict`), 7 floats each (5 regressors, Δt, frozen weight), 2·capacity rows
-    of storage, and 4 floats beside each (ISL, OSL, cell, busy engines). :meth:`result` is :func:`fit_chip_time` (warm-started) on the
-    buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
+    of storage, and 4 floats beside each (ISL, OSL, cell, busy engines). :meth:`result` is
+    :func:`fit_chip_time` (warm-started) on the buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
     between, the exact weighted least squares of all buffered rows in the relative residuals of
     that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
     IRLS weights frozen (its outliers at 0; a new row: the weight at its residual under the
