@@ -1045,3 +1045,25 @@ def test_the_linear_valley_bottom_and_breakeven_stay_inside_the_h_range_of_their
         assert "valley_exit_linear" in m.unknown or "valley_breakeven_linear" not in m.unknown
         assert b.exit is None or "valley_exit_linear" not in m.unknown
     assert inside >= 10 and beyond >= 5
+
+
+def test_hours_at_one_hit_ratio_keep_the_chip_time_valley():
+    # The valley scenario (its sweep, then h held inside the chip-time valley: preset's design)
+    # held at h = 0.3 for two hours: 1440 five-second steps, twice the chip-time fit's 720 rows.
+    # When the oldest steps were dropped, an hour of h = 0.3 alone made FFN and attention work
+    # collinear: the bathtub was withheld and the valley alert resolved (deploy review). Now the
+    # sweep's steps of other h stay, and the valley with them.
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("valley")
+    sc = replace(sc, schedule=sc.schedule[:-1] + (Segment("step", 7200.0, 0.3),))
+    runner = Runner(Config(interval=sc.interval), "sim", clock=(clock := TraceClock()))
+    for t, text, _ in generate(sc):
+        clock.t = t
+        runner.ingest_text(t, text)
+    m = runner.current()[0].models[sc.model_name]
+    assert len(runner.analyzer._state[sc.model_name].chip) == 720
+    assert "bathtub_chip_time" not in m.unknown, m.unknown.get("bathtub_chip_time")
+    assert m.valley_form == "chip_time" and m.bathtubs["chip_time"].valley_active
