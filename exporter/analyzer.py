@@ -326,6 +326,8 @@ class Analyzer:
                 log.info("model %r is served by another engine now (%s): its fits start afresh", model, why)
                 st = self._state[model] = st.afresh()
                 st.identity = identity
+            if delta.resets:
+                st.chip.restarted()
             obs = observe(delta, self._context(snap, model, st, unobserved))
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None

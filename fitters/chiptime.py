@@ -404,10 +404,11 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
     (MODEL.md §7, §6; fitters/online.py).
 
     Memory bound: a :class:`~fitters.online.RowBuffer` of ``capacity`` usable steps (default 720
-    rows = an hour of 5-s scrapes; beyond it a step replaces the oldest of the (h, ISL) cell holding
-    the most, :meth:`_evict`), 7 floats each (5 regressors, Δt, frozen weight), 2·capacity rows
-    of storage, and 4 floats beside each (ISL, OSL, cell, busy engines). :meth:`result` is
-    :func:`fit_chip_time` (warm-started) on the buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
+    rows = an hour of 5-s scrapes; beyond it a step replaces one from before the latest restart, or
+    the oldest of the (h, ISL) cell holding the most, :meth:`_evict`), 7 floats each (5 regressors,
+    Δt, frozen weight), 2·capacity rows of storage, and 5 floats beside each (ISL, OSL, cell, busy
+    engines, restarts before it). :meth:`result` is :func:`fit_chip_time` (warm-started) on the
+    buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
     between, the exact weighted least squares of all buffered rows in the relative residuals of
     that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
     IRLS weights frozen (its outliers at 0; a new row: the weight at its residual under the
@@ -427,9 +428,10 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every, basis_width=len(CHIP_TIME_TERMS) + 1)
         self.capacity = capacity
         self.min_samples = min_samples
-        # each row's (ISL, OSL, cell, busy engines), evicted with it; rows per cell
-        self._tags = RowBuffer(capacity, 4)
+        # each row's (ISL, OSL, cell, busy engines, epoch), evicted with it; rows per cell
+        self._tags = RowBuffer(capacity, 5)
         self._cells: dict[float, int] = {}
+        self._epoch = 0.0  # engine restarts so far (restarted)
 
     def update(self, obs: Observation, engines: float = 1.0) -> bool:
         """Add one step; True if it was usable (see :func:`design_row`) and stored. ``engines``:
@@ -444,17 +446,28 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             self._cells[gone] -= 1
             if not self._cells[gone]:
                 del self._cells[gone]
-        self._tags.append((obs.isl, obs.osl, cell, engines), k)  # ISL, OSL known: ΔC_dec needs both
+        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch), k)  # ISL, OSL known: ΔC_dec needs both
         self._cells[cell] = self._cells.get(cell, 0) + 1
         return True
 
+    def restarted(self) -> None:
+        """The engine restarted (as the same engine: its configuration unchanged): the steps
+        before go first, oldest first, so that within ``capacity`` new steps none is left of an
+        engine whose physics a restart may have changed unseen (flags vLLM does not export)."""
+        self._epoch += 1.0
+
     def _evict(self) -> int:
-        """The oldest row of the (h, ISL) cell (:func:`_cell`) holding the most: steady traffic
-        replaces its own steps and keeps those of the other h and ISL it saw, which tell the
-        prefill's terms apart (at one h and ISL, FFN and attention work grow alike: collinear,
-        one term dropped, the chip-time bathtub withheld after 720 steps of it)."""
+        """The oldest row when it predates the latest restart (:meth:`restarted`), else the oldest
+        of the (h, ISL) cell (:func:`_cell`) holding the most: steady traffic replaces its own
+        steps and keeps those of the other h and ISL it saw, which tell the prefill's terms apart
+        (at one h and ISL, FFN and attention work grow alike: collinear, one term dropped, the
+        chip-time bathtub withheld after 720 steps of it). Rows stay in time order, so the
+        restart's older rows are the first."""
+        tags = self._tags.view()
+        if tags[0, 4] < self._epoch:
+            return 0
         cell = max(self._cells, key=self._cells.__getitem__)
-        return int(np.argmax(self._tags.view()[:, 2] == cell))
+        return int(np.argmax(tags[:, 2] == cell))
 
     def busy_engines(self, default: float) -> float:
         """The harmonic mean of the busy engines over the buffered rows (``default`` without one):

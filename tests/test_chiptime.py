@@ -591,3 +591,29 @@ def test_the_busy_engines_mean_is_harmonic_over_the_rows_held():
     for o, e in zip(make_steps(np.random.default_rng(3), 4, isls=(1024.0,), h_range=(0.5, 0.5)), (1, 2, 4, 4)):
         fitter.update(o, e)
     assert fitter.busy_engines(5.0) == pytest.approx(3.0, rel=1e-15)
+
+
+def test_after_a_restart_the_steps_before_it_go_first():
+    # Capacity 20: 10 steps at h = 0 and 10 at h = 0.525, a restart (the same engine, say: its flags
+    # may have changed unseen), then 15 at h = 0.825: the 15 oldest, all from before it, are replaced
+    # oldest first (10 at h = 0, then 5 at h = 0.525), not the largest cell's: (0, 5, 15).
+    def steps(h: float, n: int) -> list[Observation]:
+        return make_steps(np.random.default_rng(int(h * 1000)), n, isls=(1024.0,), osls=(64.0,), h_range=(h, h))
+    fitter = ChipTimeFitter(capacity=20)
+    for o in steps(0.0, 10) + steps(0.525, 10):
+        fitter.update(o)
+    fitter.restarted()
+    for o in steps(0.825, 15):
+        fitter.update(o)
+        fitter.result()
+    cells = fitter._tags.view()[:, 2].tolist()
+    assert [cells.count(c) for c in sorted(set(cells))] == [5, 15]
+    # 10 more at h = 0.825: the 5 left from before the restart go, then their own cell's (20); then
+    # the cell rule alone: 5 at h = 0 replace the largest cell's (5, 15)
+    for o in steps(0.825, 10):
+        fitter.update(o)
+    assert fitter._tags.view()[:, 2].tolist().count(cells[-1]) == 20
+    for o in steps(0.0, 5):
+        fitter.update(o)
+    cells = fitter._tags.view()[:, 2].tolist()
+    assert [cells.count(c) for c in sorted(set(cells))] == [5, 15]
