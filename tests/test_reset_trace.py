@@ -89,6 +89,18 @@ def restarted(trace: Trace, keep_created: bool, config: dict[str, str] | None = 
     return Trace(snaps, trace.phases, trace.meta)
 
 
+def chip_samples(trace: Trace) -> dict[int, int]:
+    """The chip-time fit's samples after snapshots K-1 and N-1 of ``trace`` replayed."""
+    samples, runner = {}, []
+
+    def on_step(i, t, obs):
+        if i in (K - 1, N - 1):
+            samples[i] = runner[0].analyzer._state["tiny"].chip.result().samples
+
+    replay(trace, Config(), "reset", on_step, runner.append)
+    return samples
+
+
 def counter(text: str, name: str) -> float:
     m = re.search(rf'^vllm:{name}\{{engine="0",model_name="tiny"\}} (\S+)$', text, re.M)
     return float(m.group(1))
@@ -163,19 +175,7 @@ def test_restart_as_another_engine_starts_the_fits_afresh(original, config, afre
     # A restart whose cache_config_info differs is another engine (flags, GPU or vLLM changed):
     # the chip-time fit then holds only steps after the restart — at most N-1-K of the replay's
     # steps, the restart step not among them —; the same engine's restart keeps every row.
-    samples = {}
-
-    def on_step(i, t, obs):
-        if i in (K - 1, N - 1):
-            samples[i] = runner.analyzer._state["tiny"].chip.result().samples
-
-    runner = None
-
-    def on_start(r):
-        nonlocal runner
-        runner = r
-
-    replay(restarted(original, True, config), Config(), "reset", on_step, on_start)
+    samples = chip_samples(restarted(original, True, config))
     assert samples[K - 1] > N - 1 - K  # the rows before the restart outnumber those after it
     if afresh:
         assert samples[N - 1] <= N - 1 - K
@@ -198,19 +198,7 @@ def test_one_odd_scrape_or_a_config_first_unknown_keeps_the_fits(original, odd):
         assert snaps[K][1] != text
     else:
         snaps[:K] = [(t, "".join(ln + "\n" for ln in text.splitlines() if not config_line(ln))) for t, text in snaps[:K]]
-    samples = {}
-
-    def on_step(i, t, obs):
-        if i in (K - 1, N - 1):
-            samples[i] = runner.analyzer._state["tiny"].chip.result().samples
-
-    runner = None
-
-    def on_start(r):
-        nonlocal runner
-        runner = r
-
-    replay(Trace(snaps, original.phases, original.meta), Config(), "odd", on_step, on_start)
+    samples = chip_samples(Trace(snaps, original.phases, original.meta))
     assert samples[N - 1] > samples[K - 1] > N - 1 - K
 
 
