@@ -210,11 +210,25 @@ class _ModelState:
     identity: "_Identity | None" = None  # the engine of the latest steps
     candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
 
-    def afresh(self) -> "_ModelState":
-        """Fitters emptied for another engine (:meth:`_Identity.changed`); the traffic's state kept:
-        the 24 h hit rollup, ISL/OSL, the load share and the spike peaks are the traffic's, not the
-        engine's."""
-        return _ModelState(rollup=self.rollup, isl=self.isl, osl=self.osl, load_share=self.load_share, peak=self.peak)
+    def another_engine(self, identity: "_Identity") -> str | None:
+        """Why the engine of this step (``identity``) is another than the one fitted so far, when it
+        is at this step and the one before (:meth:`_Identity.changed`), else None; remembers both."""
+        if self.identity is None:
+            self.identity = identity
+        elif (why := self.identity.changed(identity)) is None:
+            self.identity, self.candidate = replace(identity, config=identity.config or self.identity.config), None
+        elif self.candidate is None or self.candidate.changed(identity) is not None:
+            self.candidate = identity  # another engine once: a cut body's engines, or one odd scrape
+        else:
+            return why
+        return None
+
+    def afresh(self, identity: "_Identity") -> "_ModelState":
+        """Fitters emptied for another engine, ``identity`` (:meth:`another_engine`); the traffic's
+        state kept: the 24 h hit rollup, ISL/OSL, the load share and the spike peaks are the
+        traffic's, not the engine's."""
+        return _ModelState(rollup=self.rollup, isl=self.isl, osl=self.osl, load_share=self.load_share, peak=self.peak,
+                           identity=identity)
 
 
 @dataclass(frozen=True)
@@ -316,16 +330,9 @@ class Analyzer:
             # a fleet's (engines counted by its source) is its pods' mix, which scaling and rollouts move
             identity = _Identity(len(snap.models[model].engines),
                                  {} if model in snap.engine_counts else snap.cache_config_of(model))
-            if st.identity is None:
-                st.identity = identity
-            elif (why := st.identity.changed(identity)) is None:
-                st.identity, st.candidate = replace(identity, config=identity.config or st.identity.config), None
-            elif st.candidate is None or st.candidate.changed(identity) is not None:
-                st.candidate = identity  # another engine once: a cut body's engines, or one odd scrape
-            else:  # twice in a row
+            if (why := st.another_engine(identity)) is not None:
                 log.info("model %r is served by another engine now (%s): its fits start afresh", model, why)
-                st = self._state[model] = st.afresh()
-                st.identity = identity
+                st = self._state[model] = st.afresh(identity)
             if delta.resets:
                 st.chip.restarted()
             obs = observe(delta, self._context(snap, model, st, unobserved))
