@@ -216,7 +216,9 @@ class _ModelState:
         if self.identity is None:
             self.identity = identity
         elif (why := self.identity.changed(identity)) is None:
-            self.identity, self.candidate = replace(identity, config=identity.config or self.identity.config), None
+            if identity.config:  # else the same engines, and the config known before stays
+                self.identity = identity
+            self.candidate = None
         elif self.candidate is None or self.candidate.changed(identity) is not None:
             self.candidate = identity  # another engine once: a cut body's engines, or one odd scrape
         else:

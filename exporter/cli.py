@@ -131,15 +131,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.on_config_error != "serve" or args.check_config:
             raise
         return _serve_refused(args, exc)
-    if args.check_config:
-        print(f"configuration OK: {'fleet mode, Prometheus ' + redact_url(cfg.prometheus) if cfg.prometheus else 'target ' + redact_url(cfg.target)}, "
-              f"every {cfg.interval:g} s, window {cfg.window_seconds:g} s, listen {cfg.listen}")
-        return 0
-    runner, source = pipeline(cfg)
     if cfg.prometheus:
         reading = f"fleet {cfg.selector or '{}'} from Prometheus {redact_url(cfg.prometheus)}"
     else:
         reading = f"scraping {redact_url(cfg.target)}"
+    if args.check_config:
+        print(f"configuration OK: {reading} every {cfg.interval:g} s, window {cfg.window_seconds:g} s, listen {cfg.listen}")
+        return 0
+    runner, source = pipeline(cfg)
     server, _ = serve(runner, cfg.listen, web)
     log.info("kvhit serving on %s (%s%s), %s every %ss", cfg.listen, "https" if web.tls else "http",
              ", basic auth" if web.users else "", reading, cfg.interval)
