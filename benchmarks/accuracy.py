@@ -8,12 +8,12 @@ exactly what a live sidecar parses. Measured, per row:
   miss slope â (and α̂) stays within the bar (|â − a| ≤ 0.02, |α̂ − α| ≤ 0.05) with an ok fit until
   the end of the training run (30 windows); "—" = never. The bar: ≤ 20 windows at 2 % noise.
   The true a is the slope of the least-squares line through the true TPS_miss(h) = M/t_chip(h)
-  (MODEL.md §7, at the reference concurrency) at 41 evenly spaced h on [0, 0.95], the training
-  range: MODEL.md §4's line, a property of the engine (k_dec is calibrated so that it is the
-  row's a). The derived â is that line through the fitted chip-time curve; the direct â weights
-  each stretch of observed h by its width, so it measures the same line whatever the time spent
-  at each h. (The same line as a continuous integral over [0, 0.95] has a up to 0.013 lower on
-  these truths: the 41-point grid weighs its two ends a little more.)
+  (MODEL.md §7, at the reference concurrency) over [0, 0.95], the training range, as an integral
+  (exporter/simulate.py ``true_line``: the trapezoid rule on 201 evenly spaced h): MODEL.md §4's
+  line, a property of the engine (``calibrate_truth`` picks k_dec so that it is the row's a).
+  The derived â is that line through the fitted chip-time curve; the direct â weights each
+  stretch of observed h by its width, so it measures the same line whatever the time spent at
+  each h.
 * errors after 20 windows: â direct and derived (MODEL.md §4: the chip-time model's line), α̂.
 * TTFT MAPE at hit ratios the fit never saw (training h ∈ {0, 0.1, …, 0.9, 0.95}; tested at
   0.05, 0.35, 0.55, 0.85, 0.97): the load-aware TTFT of the fitted model, at the truth's mean
