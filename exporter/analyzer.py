@@ -656,6 +656,13 @@ class Analyzer:
         b = bathtub_linear(tps0, a, slope.covariance, h_now, p.p_miss, p.hit_price_ratio, grid=BATHTUB_GRID)
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
         beyond: dict[str, object] = {"curve": tuple((h, r) for h, r in b.curve if lo <= h <= hi)}
+        rho = p.hit_price_ratio
+        if a > rho and b.h_star is None:  # a valley (R'(0) < 0) outside the closed form's ρ < a < 1
+            unknown.setdefault("valley_bottom_linear", (
+                "the direct slope a >= 1: the seed's line TPS0*(1 - a*h) reaches zero miss throughput at h = 1/a, "
+                "so R(h) falls all the way there and has no bottom" if a >= 1 else
+                "hits are free (hit_price_ratio 0): R(h) = TPS0*P_miss*(1 - a*h) falls all the way to h = 1, "
+                "no bottom before it") + measured(f"a {a:.3f}, rho {rho:g}"))
         for key, signal, h in (("h_star", "valley_bottom_linear", b.h_star),
                                ("h_even", "valley_breakeven_linear", b.h_even)):
             if h is not None and not lo <= h <= hi:

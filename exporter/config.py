@@ -40,7 +40,7 @@ model.kv_lora_rank / qk_rope_head_dim     MLA latent geometry (DeepSeek-V2/V3)
 model.tp / model.pp                       tensor / pipeline parallel degree (1 / 1)
 load_bandwidth_bytes_per_second           host→HBM bandwidth per GPU B_load (unset: unknown)
 prices.miss_per_million                   price of 1M miss (computed) input tokens (1.0)
-prices.hit_price_ratio                    ρ = hit price / miss price, in (0, 1] (0.1)
+prices.hit_price_ratio                    ρ = hit price / miss price, in [0, 1] (0.1)
 prices.output_per_million                 price of 1M output tokens (0: seed 002 prices input only)
 slo.ttft_seconds / slo.tpot_seconds       TTFT / TPOT SLOs, seconds (unset)
 instance_hour_price                       price of one instance-hour (a pod; fleet mode: x its pods),
@@ -55,7 +55,7 @@ target_hit_ratio                          what-if hit ratio for hit_ratio="targe
 ========================================  ======================================================
 
 Invalid configuration raises :class:`ConfigError` whose message names the key: an unknown key, a
-wrong type, a value out of range (a negative price, ρ outside (0, 1]), both target and prometheus,
+wrong type, a value out of range (a negative price, ρ outside [0, 1]), both target and prometheus,
 a selector that is not label matchers, incomplete KV geometry
 (``model.layers`` without ``kv_heads``/``head_dim``, half of the MLA pair), a load bandwidth
 without the geometry T_load needs, an unusable web-config file.
@@ -613,7 +613,7 @@ def validate(cfg: Config) -> None:
         ("max_series", cfg.max_series, lambda v: v >= 1, "must be >= 1"),
         ("load_bandwidth_bytes_per_second", cfg.load_bandwidth_bytes_per_second, lambda v: v > 0, "must be > 0"),
         ("prices.miss_per_million", cfg.prices.miss_per_million, lambda v: v > 0, "must be > 0"),
-        ("prices.hit_price_ratio", cfg.prices.hit_price_ratio, lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        ("prices.hit_price_ratio", cfg.prices.hit_price_ratio, lambda v: 0 <= v <= 1, "must be in [0, 1]"),
         ("prices.output_per_million", cfg.prices.output_per_million, lambda v: v >= 0, "must be >= 0"),
         ("slo.ttft_seconds", cfg.slo.ttft_seconds, lambda v: v > 0, "must be > 0"),
         ("slo.tpot_seconds", cfg.slo.tpot_seconds, lambda v: v > 0, "must be > 0"),

@@ -169,7 +169,8 @@ BATHTUB = _m("kvhit_bathtub_revenue_per_second", "The bathtub curve R(h) sampled
              "hit_ratio) for dashboards; form=linear only inside the direct slope's h range [price/s].",
              MODEL + ("form", "hit_ratio"), section="§4")
 VALLEY_BOTTOM = _m("kvhit_valley_bottom_hit_ratio", "h*, the hit ratio where R(h) is lowest; absent when "
-                   "R'(0) >= 0 (no valley), and for form=linear outside the direct slope's h range [ratio].",
+                   "R'(0) >= 0 (no valley), and for form=linear outside the direct slope's h range, or when the "
+                   "line has no bottom (a >= 1, or hit_price_ratio 0: R falls all the way) [ratio].",
                    MODEL + ("form",), section="§4")
 VALLEY_BREAKEVEN = _m("kvhit_valley_breakeven_hit_ratio", "h_even > h*, where R climbs back to R(0); absent "
                       "when there is no valley or no exit, and for form=linear outside the direct slope's h range "

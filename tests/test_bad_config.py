@@ -53,8 +53,8 @@ CASES = {
     "negative price": ("prices:\n  miss_per_million: -2\n", "config key prices.miss_per_million: must be > 0"),
     "negative output price": ("prices:\n  output_per_million: -0.5\n",
                               "config key prices.output_per_million: must be >= 0"),
-    "rho zero": ("prices:\n  hit_price_ratio: 0\n", "config key prices.hit_price_ratio: must be in (0, 1]"),
-    "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in (0, 1]"),
+    "rho below zero": ("prices:\n  hit_price_ratio: -0.1\n", "config key prices.hit_price_ratio: must be in [0, 1]"),
+    "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in [0, 1]"),
     "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: must be a finite number, got nan"),
     "window infinite": ("window_seconds: .inf\n", "config key window_seconds: must be a finite number, got inf"),
     "timeout past a day": ("timeout: 1e10\n", "config key timeout: must be in (0, 86400] seconds"),
@@ -114,8 +114,8 @@ def test_check_config_exits_0_or_2_and_serves_nothing(tmp_path, capsys, monkeypa
     serving = ["--on-config-error=serve"] if serve else []
     code, err, port = run_with(tmp_path, capsys, monkeypatch, "interval: 7\n", extra=["--check-config", *serving])
     assert code == 0 and err == "", err
-    code, err, _ = run_with(tmp_path, capsys, monkeypatch, CASES["rho zero"][0], extra=["--check-config", *serving])
-    assert code == 2 and err.startswith("kvhit: ") and CASES["rho zero"][1] in err, err
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, CASES["rho below zero"][0], extra=["--check-config", *serving])
+    assert code == 2 and err.startswith("kvhit: ") and CASES["rho below zero"][1] in err, err
 
 
 def test_config_file_not_utf8_exits_2_naming_the_file(tmp_path, capsys, monkeypatch):
@@ -155,12 +155,21 @@ def test_good_geometry_and_t_load_accepted(tmp_path):
     assert cfg.max_series == 64 and cfg.web_config is None  # defaults
 
 
+def test_free_hits_are_a_valid_price(tmp_path):
+    # ρ = 0 (hits not billed) is a real price list: R(h) = TPS0·P_miss·(1 − a·h), well defined
+    from exporter.config import load_config
+    path = tmp_path / "free.yaml"
+    path.write_text("prices:\n  hit_price_ratio: 0\n")
+    cfg = load_config(str(path), environ={})
+    assert cfg.prices.hit_price_ratio == 0.0 and cfg.prices.p_hit == 0.0
+
+
 def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch):
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MAX_SERIESS": "3"})
     assert code == 2 and err.count("\n") == 1 and "KVHIT_MAX_SERIESS: unknown key" in err
     monkeypatch.delenv("KVHIT_MAX_SERIESS")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES_HIT_PRICE_RATIO": "-1"})
-    assert code == 2 and "config key prices.hit_price_ratio: must be in (0, 1]" in err
+    assert code == 2 and "config key prices.hit_price_ratio: must be in [0, 1]" in err
     monkeypatch.delenv("KVHIT_PRICES_HIT_PRICE_RATIO")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--interval", "-5"])
     assert code == 2 and "config key interval: must be in [0.1, 86400] seconds" in err

@@ -390,3 +390,37 @@ def test_the_analyzer_publishes_the_linear_exit_only_as_far_as_the_line_was_fitt
     assert ("valley_exit_linear" in unknown) == (exit_ is None)
     if exit_ is None:
         assert unknown["valley_exit_linear"].startswith("beyond the h range the direct miss slope was fitted on")
+
+
+@pytest.mark.parametrize("a,rho,why", [
+    (1.05, 0.1, "the direct slope a >= 1"),   # R ∝ (1 − 1.05h)(1 − 0.9h)/(1 − h) falls to 0 at h = 1/1.05
+    (0.5, 0.0, "hits are free"),              # R ∝ 1 − 0.5h: falls all the way to h = 1
+])
+def test_a_linear_valley_without_a_bottom_says_why(a, rho, why):
+    # physics review: with a ≥ 1 the valley was active but kvhit_valley_bottom_hit_ratio{form="linear"}
+    # was absent with no kvhit_unknown_info saying why (MODEL.md §6: absent, and the status says why)
+    from dataclasses import replace
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    from fitters.result import Estimate, FitResult, Status
+    slope = FitResult(Status.OK, params={"tps0": Estimate(1000.0, 1.0), "a": Estimate(a, 0.01)},
+                      extra={"h_min": 0.0, "h_max": 0.95})
+    cfg = Config()
+    cfg = replace(cfg, prices=replace(cfg.prices, hit_price_ratio=rho))
+    unknown: dict[str, str] = {}
+    b = Analyzer(cfg)._linear_bathtub(slope, 0.3, unknown)["linear"]
+    # R'(0) = TPS0·P_miss·(ρ − a) < 0: a valley; R' at 0.3 < 0 too (R falls all the way)
+    assert b.slope_now < 0 and b.h_star is None
+    assert unknown["valley_bottom_linear"].startswith(why)
+
+
+def test_a_linear_valley_with_a_bottom_has_no_such_reason():
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    from fitters.result import Estimate, FitResult, Status
+    slope = FitResult(Status.OK, params={"tps0": Estimate(1000.0, 1.0), "a": Estimate(0.5, 0.01)},
+                      extra={"h_min": 0.0, "h_max": 0.95})
+    unknown: dict[str, str] = {}
+    b = Analyzer(Config())._linear_bathtub(slope, 0.3, unknown)["linear"]
+    assert b.h_star == pytest.approx(2 / 3)  # MODEL.md §4's example: a = 0.5, ρ = 0.1
+    assert "valley_bottom_linear" not in unknown

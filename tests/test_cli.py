@@ -382,7 +382,7 @@ def _serving(proc: subprocess.Popen, answer):
 
 
 @pytest.mark.parametrize("refused, said", [
-    (["--config", "rho.yaml"], "prices.hit_price_ratio: must be in (0, 1], got 1.5"),
+    (["--config", "rho.yaml"], "prices.hit_price_ratio: must be in [0, 1], got 1.5"),
     # a flag's bad number too: argparse's own type check had exited 2 before serve mode (review)
     (["--interval", "abc"], "config key interval: expected float, got 'abc'")])
 def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path, refused, said):
