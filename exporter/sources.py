@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import posixpath
 import re
 import secrets
 import socket
@@ -1171,7 +1172,7 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
             compression that fails), no ``<unix_ms>.prom`` file in it, a stamp before 2001 (a name
             in seconds, not milliseconds) or after 2200 (in microseconds), two files with the same
             stamp, a file over ``max_bytes``, a path that is neither a regular file nor a
-            directory, two ``phases.json`` (two recordings), or a ``phases.json`` that is not UTF-8 JSON of an
+            directory, two ``phases.json`` or snapshots in two directories (two recordings), or a ``phases.json`` that is not UTF-8 JSON of an
             object with a ``phases`` list of objects with numeric ``start_ms`` < ``end_ms``, a string
             ``name`` and a ratio in [0, 1] or null ``intended_hit_ratio`` where given; every message
             starts with the trace's path (and names the file inside it).
@@ -1187,6 +1188,11 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
         raise ValueError(f"{p}: {exc}") from None
     if not files:
         raise ValueError(f"{p}: no <unix_ms>.prom files in it")
+    folders = sorted({posixpath.dirname(name.replace(os.sep, "/")) for name, _ in files.values()})
+    if len(folders) > 1:  # a recorder writes one flat directory: two recordings under one path, fitted as one
+        shown = ", ".join(f or "." for f in folders[:3]) + (", …" if len(folders) > 3 else "")
+        raise ValueError(f"{p}: snapshots in {len(folders)} directories ({shown}): one recording per trace; "
+                         "replay each directory alone")
     snaps = sorted((t, text) for t, (_, text) in files.items())
     return Trace(snaps, list(phases_doc.get("phases", [])),
                  {k: v for k, v in phases_doc.items() if k not in ("phases", _PHASES_SEEN)})

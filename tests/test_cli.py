@@ -805,6 +805,22 @@ def test_replay_of_two_recordings_under_one_directory_exits_1(tmp_path, capsys):
     assert err.count("\n") == 1 and "phases.json: a second phases.json: one recording per trace" in err, err
 
 
+def test_replay_of_two_recordings_without_phases_under_one_directory_exits_1(tmp_path, capsys):
+    # newcomer review: two recorder (or simulate) runs kept in subfolders of one directory were read
+    # recursively and fitted as one recording, exit 0; one recording in a subfolder still reads
+    from exporter.cli import main
+    texts, _, stamps = _trace_texts()
+    for d, part in (("monday", slice(0, 3)), ("tuesday", slice(3, 6))):
+        (tmp_path / "both" / d).mkdir(parents=True)
+        for ms, text in zip(stamps[part], texts[part]):
+            (tmp_path / "both" / d / f"{ms}.prom").write_text(text)
+    assert main(["replay", str(tmp_path / "both"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "snapshots in 2 directories (monday, tuesday): one recording per trace" in err, err
+    from exporter.sources import load_trace
+    assert len(load_trace(tmp_path / "both" / "monday").snapshots) == 3
+
+
 def test_an_empty_phases_json_still_counts_as_a_recording(tmp_path):
     # "{}" left nothing in the phases read so far, and a second phases.json passed
     from exporter.sources import load_trace
