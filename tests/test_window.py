@@ -731,6 +731,11 @@ def test_hits_above_queries_are_unknown_not_a_ratio_above_one():
     # equal is fine: every queried token a hit (h = 1 exactly, 32 / 32)
     ok = Delta(0.0, 2.0, {"queries": 32.0, "hits": 32.0}, {}, {}, {})
     assert hit_problem(ok, Context()) == "" and observe(ok, Context()).hit_ratio == 1.0
+    # hits in a step without any query (a glitched hit counter while idle) are as impossible
+    idle = Delta(0.0, 2.0, {"queries": 0.0, "hits": 1e12}, {}, {}, {})
+    assert hit_problem(idle, Context()) != "" and hit_tokens(idle, Context()) == (None, None, None)
+    quiet = Delta(0.0, 2.0, {"queries": 0.0, "hits": 0.0}, {}, {}, {})  # idle: no problem, no ratio (0/0)
+    assert hit_problem(quiet, Context()) == "" and observe(quiet, Context()).hit_ratio is None
 
 
 def test_configured_gap_seconds_reaches_the_analyzer_windows():
