@@ -273,6 +273,10 @@ def _check_output(path: str | None, flag: str, directory: bool = False) -> None:
         raise ValueError(f"{flag} {path}: not writable")
 
 
+_NO_WINDOW = ("none has a step in the publish window at the trace's end (fewer than two snapshots of one model, "
+              "or its last ones across a gap or skipped: see the log)")
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     cfg = _config(args, window_seconds=args.window_seconds)
     check_t_load(cfg)
@@ -310,7 +314,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     _write_outputs(args, result)
     if not analysis.models:  # not a vLLM recording, or one scrape of it: exit 1, outputs written
         raise ValueError(f"{args.path}: no model analysed: "
-                         f"{analysis.engine_reason or 'fewer than two snapshots of one model'}")
+                         f"{analysis.engine_reason or _NO_WINDOW}")
     return 0
 
 

@@ -325,6 +325,20 @@ def test_a_gap_threshold_below_the_recording_s_interval_is_refused_not_every_ste
             "every step would be a gap") in capsys.readouterr().err
 
 
+def test_a_trace_ending_across_a_gap_says_so_not_fewer_than_two_snapshots(tmp_path, capsys):
+    # break-it review: 4 good scrapes, a 20-s gap (over the default 2·5 + 3 s), then one scrape reading
+    # lower with _created unchanged (skipped): nothing is left in the last window; the message said
+    # "fewer than two snapshots of one model" of a trace with five
+    from exporter.cli import main
+    counts = [(1000, 500), (1040, 520), (1080, 540), (1120, 560)]
+    for i, (q, h) in enumerate(counts):
+        (tmp_path / f"{1796000000000 + 5000 * i}.prom").write_text(_COUNTERS.format(q=q, h=h))
+    (tmp_path / f"{1796000000000 + 5000 * 3 + 20000}.prom").write_text(_COUNTERS.format(q=10, h=5))
+    assert main(["replay", str(tmp_path), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "no model analysed: none has a step in the publish window at the trace's end" in err, err
+
+
 @pytest.mark.parametrize("body, why", [
     ("hello world\n", "no vLLM metrics in the exposition"),  # parses as text exposition, holds no vLLM
     ("kvhit_up 1\n", "no vLLM metrics in the exposition"),
