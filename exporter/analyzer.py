@@ -1158,6 +1158,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
     if cap is None:
         unknown.setdefault("kv_capacity_tokens", "no cache_config_info (num_gpu_blocks, block_size or "
                                                  "kv_cache_size_tokens) or SGLang max_total_num_tokens")
+        unknown.setdefault("max_concurrency", "KV capacity unknown (the kv_capacity_tokens reason says why)")
     else:
         out["kv_capacity_tokens"] = cap
         if isl is not None and osl is not None and isl + osl > 0:

@@ -361,4 +361,6 @@ def test_a_kv_pool_beyond_a_float_is_unknown_not_an_overflow():
                                   .replace('num_gpu_blocks="1000"', 'num_gpu_blocks="1e200"'), t))
     m = a.analysis().models["m"]
     assert m.kv_capacity_tokens is None and m.max_concurrency is None and "kv_capacity_tokens" in m.unknown
+    # the concurrency ceiling it bounds is absent with a reason too (a review: block_size="0" left none)
+    assert "kv_capacity_tokens reason" in m.unknown["max_concurrency"]
     assert m.hit_ratio["device"] == 0.8  # 8000 hits of 10000 queries: the rest of the analysis stands
