@@ -135,6 +135,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         reading = f"fleet {cfg.selector or '{}'} from Prometheus {redact_url(cfg.prometheus)}"
     else:
         reading = f"scraping {redact_url(cfg.target)}"
+    # warned by --check-config too: it checks what run would start with
+    if cfg.timeout > cfg.interval:  # allowed (a slow /metrics under load), but Prometheus refuses it
+        log.warning("timeout %ss > interval %ss: a hanging target keeps kvhit_up 1 and kvhit_stale 0 for up to "
+                    "interval + timeout = %ss", cfg.timeout, cfg.interval, cfg.interval + cfg.timeout)
+    if cfg.window_seconds < cfg.interval:  # allowed, but the window is then never what was asked
+        log.warning("window_seconds %ss < interval %ss: every publish window spans one scrape interval, often with "
+                    "no request finished in it", cfg.window_seconds, cfg.interval)
     if args.check_config:
         print(f"configuration OK: {reading} every {cfg.interval:g} s, window {cfg.window_seconds:g} s, listen {cfg.listen}")
         return 0
@@ -142,12 +149,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     server, _ = serve(runner, cfg.listen, web)
     log.info("kvhit serving on %s (%s%s), %s every %ss", cfg.listen, "https" if web.tls else "http",
              ", basic auth" if web.users else "", reading, cfg.interval)
-    if cfg.timeout > cfg.interval:  # allowed (a slow /metrics under load), but Prometheus refuses it
-        log.warning("timeout %ss > interval %ss: a hanging target keeps kvhit_up 1 and kvhit_stale 0 for up to "
-                    "interval + timeout = %ss", cfg.timeout, cfg.interval, cfg.interval + cfg.timeout)
-    if cfg.window_seconds < cfg.interval:  # allowed, but the window is then never what was asked
-        log.warning("window_seconds %ss < interval %ss: every publish window spans one scrape interval, often with "
-                    "no request finished in it", cfg.window_seconds, cfg.interval)
     stop = stop_event()
     # Everything alive now (modules, config, server) lives as long as the process: moved out of
     # the collector's reach, a full collection only walks the analysis state (benchmarks/performance.py).

@@ -118,6 +118,17 @@ def test_check_config_exits_0_or_2_and_serves_nothing(tmp_path, capsys, monkeypa
     assert code == 2 and err.startswith("kvhit: ") and CASES["rho below zero"][1] in err, err
 
 
+def test_check_config_warns_as_run_does(tmp_path, capsys, monkeypatch, caplog):
+    # break-it review: run warned of a timeout above the interval at start, --check-config ("checks
+    # it all") printed OK alone
+    import logging
+    with caplog.at_level(logging.WARNING, logger="kvhit"):
+        code, _, _ = run_with(tmp_path, capsys, monkeypatch, "timeout: 10\nwindow_seconds: 3\n", extra=["--check-config"])
+    assert code == 0
+    text = caplog.text
+    assert "timeout 10.0s > interval 5.0s" in text and "window_seconds 3.0s < interval 5.0s" in text, text
+
+
 def test_config_file_not_utf8_exits_2_naming_the_file(tmp_path, capsys, monkeypatch):
     cfg = tmp_path / "latin1.yaml"
     cfg.write_bytes(b"\xff\xfe interval: 5\n")
