@@ -64,6 +64,9 @@ SPIKE_IN_WINDOW = (f"a token counter rose over {SPIKE_FACTOR:g}x its peak in a s
 PROFILED_LABELS = ("num_gpu_blocks", "num_cpu_blocks", "kv_cache_size_tokens", "kv_cache_memory_bytes",
                    "kv_cache_max_concurrency")
 PROFILED_CHANGE = 0.1
+# cache_config_info labels every vLLM sets to a number > 0: any other value is a damaged body
+# (block_size="0", "abc"), unknown, not another engine
+POSITIVE_LABELS = ("block_size", "num_gpu_blocks")
 STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as many of models gone
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
@@ -249,14 +252,16 @@ class _Identity:
         a crash restart from the same container spec keeps its fits. Another data-parallel size, or a
         changed ``cache_config_info`` label (set at start: block size, KV dtype, memory share, a vLLM
         upgrade's new labels, …; the KV pool sizes of PROFILED_LABELS by more than PROFILED_CHANGE,
-        as memory profiling moves them a little between runs of one configuration)."""
+        as memory profiling moves them a little between runs of one configuration; a label of
+        POSITIVE_LABELS that is not a number > 0 at either end is unknown, not changed)."""
         if new.engines != self.engines:
             return f"data-parallel engines {self.engines} → {new.engines}"
         old, cur = self.config, new.config
         if not cur or not old or cur is old:  # unknown at either end: not changed
             return None
         changed = [k for k in sorted(set(old) | set(cur)) if old.get(k) != cur.get(k) and not (
-            k in PROFILED_LABELS and _near(cache_config_number(old, k), cache_config_number(cur, k)))]
+            k in PROFILED_LABELS and _near(cache_config_number(old, k), cache_config_number(cur, k))) and not (
+            k in POSITIVE_LABELS and None in (cache_config_number(old, k), cache_config_number(cur, k)))]
         if changed:
             return "cache_config_info " + ", ".join(f"{k} {old.get(k, '(none)')} → {cur.get(k, '(none)')}" for k in changed)
         return None

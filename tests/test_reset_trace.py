@@ -183,6 +183,14 @@ def test_restart_as_another_engine_starts_the_fits_afresh(original, config, afre
         assert samples[N - 1] > samples[K - 1]
 
 
+@pytest.mark.parametrize("config", [{"block_size": "0"}, {"block_size": "abc"}, {"num_gpu_blocks": "-5"}])
+def test_a_damaged_cache_config_value_is_unknown_not_another_engine(original, config):
+    # break-it review: block_size="0" (no vLLM exports it) for a few scrapes started the fits afresh
+    # as "another engine", and again when the body was whole; a same-engine restart keeps every row
+    samples = chip_samples(restarted(original, True, config))
+    assert samples[N - 1] > samples[K - 1] > N - 1 - K
+
+
 @pytest.mark.parametrize("odd", ["one_scrape", "unknown_first"])
 def test_one_odd_scrape_or_a_config_first_unknown_keeps_the_fits(original, odd):
     # Another engine must show at two steps in a row: one scrape with another cache_config_info (a
