@@ -28,11 +28,11 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
 from .chiptime import robust_sigma
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_nls, median, solve_normal
+from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, median, solve_normal
 from .result import Estimate, FitResult, Status, measured
 
 # A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip; one as
@@ -281,15 +281,11 @@ def _reference_jacobian(p: np.ndarray, h: np.ndarray, y: np.ndarray) -> np.ndarr
     return np.column_stack([y / d, y, y * h, y * a_ * h / d**2])
 
 
-_REFERENCE_LOWER = np.zeros(4)
-_REFERENCE_UPPER = np.array([np.inf, np.inf, np.inf, 1.0])
-
-
 def _fit_reference(h: np.ndarray, y: np.ndarray, start: np.ndarray, sigma: float) -> np.ndarray:
-    """(A, B, C, s) of a soft_l1 fit of the reference with f_scale = ``sigma``, from ``start``
-    (scipy's ``least_squares`` minimum, found by :func:`fitters.online.bounded_nls`)."""
-    return bounded_nls(lambda p: _reference_residuals(p, h, y), lambda p: _reference_jacobian(p, h, y), start,
-                       _REFERENCE_LOWER, _REFERENCE_UPPER, sigma)
+    """(A, B, C, s) of a soft_l1 fit of the reference with f_scale = ``sigma``, from ``start``."""
+    return least_squares(_reference_residuals, start, jac=_reference_jacobian, args=(h, y),
+                         bounds=([0.0, 0.0, 0.0, 0.0], [np.inf, np.inf, np.inf, 1.0]),
+                         loss="soft_l1", f_scale=sigma).x
 
 
 def _starts(h: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

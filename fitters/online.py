@@ -41,8 +41,8 @@ from scipy.linalg.lapack import dposv
 from .result import FitResult
 
 # K: rows between robust refits. Measured on the bundled 0.32 trace (one model, 369 cycles): a
-# refit costs 0.8 ms (chip time), 1.0 ms (latency), ~2.3 ms (miss slope: its nonlinear reference
-# curve, by scipy's least_squares then; bounded_nls since), an exact step 0.04-0.1 ms. At K = 64 without more the frozen
+# refit costs 0.8 ms (chip time), 1.0 ms (latency), ~2.3 ms (miss slope: its reference curve, a
+# nonlinear scipy least_squares), an exact step 0.04-0.1 ms. At K = 64 without more the frozen
 # weights get old enough to move the real-trace direct â (0.76 → 0.81); K = 128 with refits gated
 # on drift (the residuals' shift, rows the refit would call outliers, h beyond the reference's
 # range) kept every accuracy bar but still moved sweep A's direct â (0.479 → 0.463) and α̂ at 10 %
@@ -276,98 +276,6 @@ def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray 
     fit = least_squares(lambda q: a @ q - b, np.clip(np.asarray(x0, dtype=float), lo, hi), jac=lambda q: a,
                         bounds=(lo, hi), loss="soft_l1" if robust else "linear", f_scale=f_scale or 1.0)
     return fit.x, fit.active_mask != 0
-
-
-def bounded_nls(fun: Callable[[np.ndarray], np.ndarray], jac: Callable[[np.ndarray], np.ndarray], x0: np.ndarray,
-                lower: np.ndarray | float, upper: np.ndarray | float, f_scale: float,
-                ftol: float = 1e-8, xtol: float = 1e-8) -> np.ndarray:
-    """The minimum scipy's ``least_squares(fun, x0, jac=jac, bounds=(lower, upper), loss="soft_l1",
-    f_scale=f_scale)`` finds, for a small nonlinear problem (p ≤ 6) without its ~0.3 ms overhead per
-    iteration (the miss slope's reference curve, fitters/missslope.py, refits at every 16 rows).
-
-    Levenberg–Marquardt on the soft_l1 loss's Gauss–Newton model (gradient Σ ρ'·r·J, Hessian
-    Σ (1 + z)^-3/2·J·Jᵀ, z = (r/f)², as :func:`bounded_lsq`), Marquardt's scaling by the Hessian's
-    diagonal; a parameter on its bound is held while the gradient or the step pushes it out, a
-    step past a bound is cut at it, and a step is taken only when it lowers the loss (else the damping grows).
-    It stops by ``least_squares``'s own tests with its defaults, after a step whose fall was more
-    than 1/4 of the model's prediction: the loss fell by less than ``ftol`` of itself, or the step
-    was shorter than ``xtol``·(``xtol`` + ‖x‖). When it cannot
-    descend (damping past 1e12), after 100 steps, or on non-finite values, it returns
-    ``least_squares``'s solution from ``x0`` (which raises on non-finite input).
-    tests/test_online.py checks its loss against ``least_squares`` run to 1e-15.
-
-    Args:
-        fun: x → residuals, shape (n,); jac: x → ∂residuals/∂x, shape (n, p); x0: start, shape
-            (p,), clipped into the bounds; lower, upper: scalars or shape (p,); f_scale > 0.
-    Returns:
-        x, shape (p,).
-    Raises:
-        ValueError: f_scale ≤ 0 (or nan), a lower bound above its upper bound, non-finite input
-            (from ``least_squares``).
-    """
-    p = len(x0)
-    lo, hi = np.broadcast_to(lower, (p,)).astype(float), np.broadcast_to(upper, (p,)).astype(float)
-    if not f_scale > 0:
-        raise ValueError(f"f_scale must be > 0, got {f_scale}")
-    if not (lo <= hi).all():
-        raise ValueError(f"every lower bound must be ≤ its upper bound, got {lo} and {hi}")
-    inv_f2 = 1.0 / (f_scale * f_scale)
-
-    def loss(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:  # r, √(1 + z), Σ (√(1 + z) − 1)
-        r = fun(q)
-        z = r * r * inv_f2
-        root = np.sqrt(1.0 + z)
-        return r, root, float((z / (root + 1.0)).sum())
-
-    x = np.clip(np.asarray(x0, dtype=float), lo, hi)
-    r, root, c = loss(x)
-    damping = 1e-3
-    for _ in range(100):
-        if not math.isfinite(c):
-            break
-        j = jac(x)
-        g = j.T @ (r / root)
-        full = (j * (1.0 / (root * root * root))[:, None]).T @ j
-        scale = full.diagonal().copy()
-        scale[scale <= 0.0] = 1.0
-        held = ((x <= lo) & (g > 0.0)) | ((x >= hi) & (g < 0.0))
-        if c == 0.0 or not np.any(g[~held]):
-            return x  # a perfect fit, or a stationary point: nothing to descend
-        while damping <= 1e12:
-            hold = held.copy()
-            for _ in range(p):  # a parameter on its bound the step would push out is held too
-                free = np.flatnonzero(~hold)
-                h = full[np.ix_(free, free)]
-                step = _spd_solve(h + np.diag(damping * scale[free]), -g[free])
-                if step is None:
-                    break
-                out = ((x[free] <= lo[free]) & (step < 0.0)) | ((x[free] >= hi[free]) & (step > 0.0))
-                if not out.any():
-                    break
-                hold[free[out]] = True
-            if step is not None and len(free):
-                trial = x.copy()
-                trial[free] += step
-                trial = np.minimum(np.maximum(trial, lo), hi)
-                r1, root1, c1 = loss(trial)
-                if c1 < c:
-                    break
-            damping *= 4.0
-        else:
-            break  # no descent however short the step
-        moved = float(np.linalg.norm(trial - x))
-        # the fall the Gauss–Newton model predicted for the step taken (cut at the bounds)
-        taken = (trial - x)[free]
-        predicted = -float(g[free] @ taken + 0.5 * taken @ h @ taken) * inv_f2
-        good = c - c1 > 0.25 * predicted  # least_squares's test: the model held (ratio > 0.25)
-        fell = c - c1
-        x, r, root, c = trial, r1, root1, c1
-        damping = max(damping / 3.0, 1e-12)
-        if good and (fell < ftol * c or moved < xtol * (xtol + float(np.linalg.norm(x)))):
-            return x
-    from scipy.optimize import least_squares  # no minimum found: the reference solver
-    return least_squares(fun, np.clip(np.asarray(x0, dtype=float), lo, hi), jac=jac, bounds=(lo, hi),
-                         loss="soft_l1", f_scale=f_scale).x
 
 
 def frozen_wls(a: np.ndarray, b: np.ndarray, w: np.ndarray, fixed: np.ndarray, theta_fixed: np.ndarray,
