@@ -1188,7 +1188,9 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
         raise ValueError(f"{p}: {exc}") from None
     if not files:
         raise ValueError(f"{p}: no <unix_ms>.prom files in it")
-    folders = sorted({posixpath.dirname(name.replace(os.sep, "/")) for name, _ in files.values()})
+    # normalised: one tar may name members "./1.prom" and "1.prom" alike (a review)
+    folders = sorted({posixpath.dirname(posixpath.normpath(name.replace(os.sep, "/")).lstrip("/"))
+                      for name, _ in files.values()})
     if len(folders) > 1:  # a recorder writes one flat directory: two recordings under one path, fitted as one
         shown = ", ".join(f or "." for f in folders[:3]) + (", …" if len(folders) > 3 else "")
         raise ValueError(f"{p}: snapshots in {len(folders)} directories ({shown}): one recording per trace; "

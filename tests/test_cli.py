@@ -819,6 +819,12 @@ def test_replay_of_two_recordings_without_phases_under_one_directory_exits_1(tmp
     assert err.count("\n") == 1 and "snapshots in 2 directories (monday, tuesday): one recording per trace" in err, err
     from exporter.sources import load_trace
     assert len(load_trace(tmp_path / "both" / "monday").snapshots) == 3
+    # one recording in a tar whose member names mix "./" and bare names is one directory
+    import tarfile
+    with tarfile.open(tmp_path / "mixed.tar.gz", "w:gz") as tar:
+        for i, f in enumerate(sorted((tmp_path / "both" / "monday").iterdir())):
+            tar.add(f, arcname=("./" if i % 2 else "") + f.name)
+    assert len(load_trace(tmp_path / "mixed.tar.gz").snapshots) == 3
 
 
 def test_an_empty_phases_json_still_counts_as_a_recording(tmp_path):
