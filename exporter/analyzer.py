@@ -259,12 +259,20 @@ class _Identity:
         old, cur = self.config, new.config
         if not cur or not old or cur is old:  # unknown at either end: not changed
             return None
-        changed = [k for k in sorted(set(old) | set(cur)) if old.get(k) != cur.get(k) and not (
-            k in PROFILED_LABELS and _near(cache_config_number(old, k), cache_config_number(cur, k))) and not (
-            k in POSITIVE_LABELS and None in (cache_config_number(old, k), cache_config_number(cur, k)))]
+        changed = [k for k in sorted(set(old) | set(cur)) if _label_changed(k, old, cur)]
         if changed:
             return "cache_config_info " + ", ".join(f"{k} {old.get(k, '(none)')} → {cur.get(k, '(none)')}" for k in changed)
         return None
+
+
+def _label_changed(key: str, old: Mapping[str, str], cur: Mapping[str, str]) -> bool:
+    """Whether ``cache_config_info`` label ``key`` tells another engine (:meth:`_Identity.changed`)."""
+    if old.get(key) == cur.get(key):
+        return False
+    a, b = cache_config_number(old, key), cache_config_number(cur, key)
+    if key in POSITIVE_LABELS and None in (a, b):  # a damaged body: unknown, not changed
+        return False
+    return not (key in PROFILED_LABELS and _near(a, b))
 
 
 def _near(a: float | None, b: float | None) -> bool:
