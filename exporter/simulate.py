@@ -39,7 +39,7 @@ import math
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
@@ -472,23 +472,39 @@ def send_exposition(handler: BaseHTTPRequestHandler, body: bytes) -> bool:
     return True
 
 
+REPEATS_SEEN = 20  # a scraper's last scrapes over which repeated reads are counted (serve)
+REPEATS_WARN = 5  # … and how many of them reading the state it read before warn (a phase drift repeats one now and then)
+
+
 def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: float = 1.0,
           loop: bool = False, on_ready: Callable[[int], None] | None = None,
-          stop: threading.Event | None = None) -> None:
+          stop: threading.Event | None = None, on_fast_scraper: Callable[[str, int], None] | None = None) -> None:
     """Serve the scenario's expositions on http://HOST:PORT/metrics, advancing one interval every
     ``interval / speed`` wall seconds (each scrape sees the latest state). Blocks until the
     schedule ends (or forever with ``loop``: the schedule repeats, counters keep growing) or
-    ``stop`` is set. ``on_ready(port)`` is called once listening."""
+    ``stop`` is set. ``on_ready(port)`` is called once listening. ``on_fast_scraper(user_agent,
+    repeats)`` is called once per scraper (told apart by User-Agent) when ``repeats`` ≥ REPEATS_WARN of
+    its last REPEATS_SEEN scrapes read the state its scrape before read: it scrapes more often than
+    the state advances, so its steps alternate between no work and more than their length's worth."""
     stop = stop or threading.Event()
-    state = {"text": "", "lock": threading.Lock()}
+    state = {"text": "", "version": 0, "lock": threading.Lock()}
+    scrapers: dict[str, tuple[int, deque]] = {}  # User-Agent → (version it read last, repeated or not per scrape)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server API)
             if self.path.split("?")[0] != "/metrics":
                 self.send_error(404)
                 return
+            agent, repeats = self.headers.get("User-Agent", ""), 0
             with state["lock"]:
-                body = state["text"].encode()
+                body, version = state["text"].encode(), state["version"]
+                last, seen = scrapers.get(agent, (-1, deque(maxlen=REPEATS_SEEN)))
+                if seen is not None:
+                    seen.append(version == last)
+                    repeats = sum(seen)
+                scrapers[agent] = version, (None if repeats >= REPEATS_WARN else seen)  # None: told once
+            if repeats >= REPEATS_WARN and on_fast_scraper is not None:
+                on_fast_scraper(agent, repeats)
             send_exposition(self, body)
 
         def log_message(self, *args) -> None:
@@ -516,6 +532,7 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
             i += 1
             with state["lock"]:
                 state["text"] = engine.exposition()
+                state["version"] += 1
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -611,8 +628,16 @@ def cmd_simulate(args) -> int:
             print(f"kvhit simulate: fitted times are in wall seconds: at --speed {args.speed:g} they come out "
                   f"{args.speed:g}x too small", flush=True)
 
+    def fast(agent: str, repeats: int) -> None:
+        every = min(max(sc.interval / args.speed, MIN_INTERVAL), MAX_INTERVAL)
+        print(f"kvhit simulate: warning: a scraper ({agent or 'no User-Agent'}) read the same state in {repeats} of its "
+              f"last {REPEATS_SEEN} scrapes: it scrapes more often than the simulator advances (every "
+              f"{sc.interval / args.speed:g} wall s), so its steps alternate between no work and more than their "
+              f"length's worth, and fits over them are wrong (TPS too high); scrape every {every:g} s (--interval)",
+              flush=True)
+
     stop = stop_event()  # Ctrl-C or SIGTERM: a clean stop, as kvhit run's
-    serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready, stop=stop)
+    serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready, stop=stop, on_fast_scraper=fast)
     if stop.is_set():
         print("kvhit simulate: stopped (signal received)", flush=True)
     else:

@@ -235,6 +235,34 @@ def test_serves_on_loopback():
     assert created and all(started <= c <= time.time() for c in created)
 
 
+def test_a_scraper_faster_than_the_simulator_advances_is_told_once():
+    # kvhit at --interval 2 on a simulator advancing every 5 s read every other step with no work
+    # and the next with 5 s of work in 2 s: TPS0 2.5x the truth at R² 0.9997, and nothing said so.
+    # Here the state advances every 5/50 = 0.1 s: a scraper every 0.02 s reads each state ~5 times
+    # (≥ REPEATS_WARN of 20 repeats); one every 0.25 s never reads a state twice.
+    from exporter.simulate import REPEATS_WARN
+    ports, told = [], []
+    ready, stop = threading.Event(), threading.Event()
+    th = threading.Thread(target=serve, args=(preset("sweep"), "127.0.0.1", 0),
+                          kwargs={"speed": 50.0, "on_ready": lambda p: (ports.append(p), ready.set()), "stop": stop,
+                                  "on_fast_scraper": lambda agent, n: told.append((agent, n))}, daemon=True)
+    th.start()
+    assert ready.wait(5)
+
+    def scrape(agent):
+        req = urllib.request.Request(f"http://127.0.0.1:{ports[0]}/metrics", headers={"User-Agent": agent})
+        urllib.request.urlopen(req, timeout=5).read()
+    for _ in range(40):
+        scrape("fast")
+        time.sleep(0.02)
+    for _ in range(8):
+        scrape("slow")
+        time.sleep(0.25)
+    stop.set()
+    th.join(5)
+    assert len(told) == 1 and told[0][0] == "fast" and told[0][1] >= REPEATS_WARN
+
+
 def test_a_scraper_that_gave_up_prints_no_traceback(capfd):
     # kvhit's scrape timing out closes its connection before the answer: the simulator has nothing
     # to answer and nothing to report (it printed a ConnectionResetError traceback per scrape)
