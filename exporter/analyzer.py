@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from exporter.config import Config
 from exporter.engines import missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
-                              kv_capacity_tokens, observe, request_isl, window_notes)
+                              kv_capacity_tokens, observe, request_isl, request_osl, window_notes)
 from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
@@ -87,6 +87,9 @@ class ModelAnalysis:
         tpm_target: the same carried to the target hit ratio by the hit→hit correction (§3.5).
         fits: "chip_time" | "miss_slope" | "overlap" | "load_aware" | "max_num_seqs" → FitResult.
         miss_slope_derived: ("tps0", "a") Estimates from the chip-time model (§4), or {}.
+        miss_slope_h_range: (lower, upper) h the published miss slopes span: the direct fit's busy
+            steps, or, when those of its bucket span less than its minimum, those of every bucket,
+            over which the derived line is drawn; None when neither slope is published.
         fitted: the frozen model for predictions (None until the chip-time fit is ok).
         predictions: "current" | "target" → Prediction.
         bathtubs: "linear" | "chip_time" → BathtubCurve.
@@ -94,7 +97,7 @@ class ModelAnalysis:
         load_bandwidth: (value [bytes/s], "measured" | "configured") or None.
         kv_bytes_per_token: S_kv per GPU [bytes] or None.
         contention: c(running) at the window's time-averaged concurrency [1] or None.
-        anomalies: busy steps flagged as tail-chunk anomalies in the current ISL bucket.
+        anomalies: busy steps flagged as tail-chunk anomalies in the current ISL and OSL bucket.
         anomaly_times: end times [unix s] of those steps (the report marks them).
         warnings: warning → reason, a caveat on published values (observe.window_notes).
         slo_cost: pass-rate bounds and cost per 1M SLO-passing output tokens (MODEL.md §5).
@@ -122,6 +125,7 @@ class ModelAnalysis:
     fits: dict[str, FitResult]
     tpm_target: dict[tuple[str, str], float] = field(default_factory=dict)
     miss_slope_derived: dict[str, Estimate] = field(default_factory=dict)
+    miss_slope_h_range: tuple[float, float] | None = None
     fitted: FittedModel | None = None
     predictions: dict[str, Prediction] = field(default_factory=dict)
     bathtubs: dict[str, BathtubCurve] = field(default_factory=dict)
@@ -444,30 +448,32 @@ class Analyzer:
 
     def _window_fits(self, model: str) -> tuple[ModelFits, tuple[float, str] | None] | None:
         """(fits, B_load) at the latest snapshot (cached until the next ingest): :meth:`fits` with
-        the window's ISL and B_load (:func:`_bandwidth`) read from only the signals they need, not
-        the whole window."""
+        the window's ISL, OSL and B_load (:func:`_bandwidth`) read from only the signals they need,
+        not the whole window."""
         out = self._fits.get(model)
         snap = self._last
         if out is not None or snap is None or model not in snap.models:
             return out
-        w = self.windows.window(model, counters=BANDWIDTH_COUNTERS, histograms=(ISL_HISTOGRAM,))
+        w = self.windows.window(model, counters=BANDWIDTH_COUNTERS, histograms=(ISL_HISTOGRAM, OSL_HISTOGRAM))
         if w is None:
             return None
         bandwidth = _bandwidth(w, self.config.load_bandwidth_bytes_per_second)
-        isl = request_isl(w, self._context(snap, model, self._state[model]))
-        out = self._fits[model] = (self.fits(model, isl, bandwidth[0] if bandwidth else None,
-                                             self._state[model].chip.busy_engines(_engine_count(snap, model))), bandwidth)
+        ctx = self._context(snap, model, self._state[model])
+        out = self._fits[model] = (self.fits(model, request_isl(w, ctx), bandwidth[0] if bandwidth else None,
+                                             self._state[model].chip.busy_engines(_engine_count(snap, model)),
+                                             request_osl(w, ctx)), bandwidth)
         return out
 
     def fits(self, model: str, isl: float | None = None, load_bandwidth: float | None = None,
-             engines: float = 1.0) -> ModelFits:
+             engines: float = 1.0, osl: float | None = None) -> ModelFits:
         """The online fitters' results for ``model`` now with these inputs (MODEL.md §6: robust
         refits every few new steps, exact updates in between, fitters/online.py); :meth:`fit_step`
-        calls it with the publish window's ISL and B_load, and :meth:`analysis` publishes that.
+        calls it with the publish window's ISL, OSL and B_load, and :meth:`analysis` publishes that.
 
         Args:
-            isl: the ISL [tokens] whose miss-slope bucket to return (the publish window's mean);
-                None or < 1: the bucket of the latest usable step.
+            isl, osl: the ISL and OSL [tokens] whose miss-slope bucket to return (the publish
+                window's means; OSL None: the bucket of unknown OSL); ISL None or < 1: the bucket
+                of the latest usable step.
             load_bandwidth: B_load [bytes/s] for the overlap fit (measured over the publish window);
                 None: the configured value (None when not configured).
             engines: E, the engines busy in the chip-time fit's steps (:meth:`~fitters.chiptime.ChipTimeFitter.busy_engines`):
@@ -480,7 +486,7 @@ class Analyzer:
         st = self._state[model]
         chip = st.chip.result()
         coef = st.chip.coefficients()
-        slope = st.slope.result(isl) if isl is not None and isl >= 1 else st.slope.result()
+        slope = st.slope.result(isl, osl) if isl is not None and isl >= 1 else st.slope.result()
         if coef is not None:
             bandwidth = load_bandwidth if load_bandwidth is not None else self.config.load_bandwidth_bytes_per_second
             # the latency layer is fitted under these coefficients: its errors include theirs (read
@@ -552,6 +558,7 @@ class Analyzer:
             isl=isl_w, osl=osl_w, observed_ttft=wobs.ttft_mean, tpm_observed=tpm, fits=fits,
             load_bandwidth=bandwidth, kv_bytes_per_token=kv,
             anomalies=int(slope.extra.get("anomalies", 0)), anomaly_times=tuple(st.slope.anomaly_times()),
+            miss_slope_h_range=(slope.extra["h_min"], slope.extra["h_max"]) if slope.ok else None,
             **seed3,
         )
         h_now = hit.get("all")
@@ -611,7 +618,7 @@ class Analyzer:
                 elif "ttft_load_aware" in preds[which].unknown:
                     unknown.setdefault(f"predicted_ttft_load_aware_{which}", preds[which].unknown["ttft_load_aware"])
         bathtubs = dict(linear)
-        derived = {}
+        derived, h_range = {}, out.miss_slope_h_range
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
         h_shape = fitted.unidentified(0.0, isl, osl) or fitted.unidentified(h_max, isl, osl)
         if h_shape:
@@ -622,6 +629,10 @@ class Analyzer:
                 cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max],
                 fixed_steps=steps_per_request)
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
+        if not (isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span):
+            # the current bucket's traffic has not spanned h (yet): the h range of the steps of all
+            # buckets, where the workload has been (traffic whose OSL grew keeps its derived line)
+            lo, hi = st.slope.h_range() or (lo, hi)
         if isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
             problem = fitted.unidentified(lo, isl, osl) or fitted.unidentified(hi, isl, osl)
             if problem:
@@ -630,10 +641,11 @@ class Analyzer:
                 tps0_d, a_d, a_se = derived_miss_slope(coef, cov, fitted.t_fixed, isl, osl, lo, hi,
                                                        fixed_steps=steps_per_request)
                 derived = {"tps0": Estimate(tps0_d), "a": Estimate(a_d, a_se)}
-        else:  # drawn over the direct line's h range, of the latest busy step's ISL bucket
+                h_range = (lo, hi)
+        else:  # drawn over the direct line's h range, else that of the steps of every bucket
             unknown.setdefault("miss_slope_derived", "no h range to draw it over: the direct miss slope's busy steps "
-                                                     "in the current ISL bucket are too few or span less than its "
-                                                     "minimum h span"
+                                                     "(of the current ISL and OSL bucket, or of all) are too few or "
+                                                     "span less than its minimum h span"
                                + (measured(f"h {lo:.3f} to {hi:.3f}") if isinstance(lo, float) and
                                   isinstance(hi, float) else ""))
         factor = None
@@ -653,7 +665,7 @@ class Analyzer:
         tpm_target = _tpm_target(out.tpm_observed, preds, cfg.target_hit_ratio, isl, osl, cfg.model.gpus * engines,
                                  unknown)
         return replace(out, predictions=preds, tpm_target=tpm_target,
-                       bathtubs=bathtubs, miss_slope_derived=derived,
+                       bathtubs=bathtubs, miss_slope_derived=derived, miss_slope_h_range=h_range,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
 

@@ -176,12 +176,12 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
             f.add(N.TPS0, {**base, "method": method}, est["tps0"].value)
             f.add(N.MISS_SLOPE, {**base, "method": method}, est["a"].value)
             f.add(N.MISS_SLOPE_STDERR, {**base, "method": method}, est["a"].stderr)
-    if slope.ok or "a" in m.miss_slope_derived:
-        for bound, key in (("lower", "h_min"), ("upper", "h_max")):
-            f.add(N.MISS_SLOPE_RANGE, {**base, "bound": bound}, slope.extra.get(key))
+    for bound, h in zip(("lower", "upper"), m.miss_slope_h_range or ()):
+        f.add(N.MISS_SLOPE_RANGE, {**base, "bound": bound}, h)
     if slope.ok:
-        for bound, key in (("lower", "isl_bucket_lo"), ("upper", "isl_bucket_hi")):
-            f.add(N.MISS_SLOPE_BUCKET, {**base, "bound": bound}, slope.extra.get(key))
+        for bound, end in (("lower", "lo"), ("upper", "hi")):
+            f.add(N.MISS_SLOPE_BUCKET, {**base, "bound": bound}, slope.extra.get(f"isl_bucket_{end}"))
+            f.add(N.MISS_SLOPE_OSL_BUCKET, {**base, "bound": bound}, slope.extra.get(f"osl_bucket_{end}"))
         f.add(N.MISS_SLOPE_ANOMALIES, base, m.anomalies)
     overlap = m.fits["overlap"]
     f.add(N.OVERLAP, base, overlap.value("alpha"))

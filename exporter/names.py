@@ -121,7 +121,7 @@ FIXED_TIME_STDERR = _m("kvhit_fixed_time_stderr_seconds", "Standard error of T_f
                        "steps per request (counted, not fitted); published with kvhit_fixed_time_seconds: a T_fixed "
                        "of 0 (T_step at its bound) is a value within this error, not an exact one [s].", section="§7")
 TPS0 = _m("kvhit_miss_tps0_tokens_per_second", "TPS0, miss-token throughput at h=0 of TPS_miss(h)=TPS0*(1-a*h); "
-          "method=direct (robust line through busy-step miss tokens per busy second, current ISL bucket) or "
+          "method=direct (robust line through busy-step miss tokens per busy second, current ISL and OSL bucket) or "
           "derived (line through the chip-time model's M/t_chip(h), of all engines at full load as the predicted TPM) "
           "[tokens/s].", MODEL + ("method",), section="§4")
 MISS_SLOPE = _m("kvhit_miss_slope", "a in TPS_miss(h)=TPS0*(1-a*h); method=direct or derived (never averaged) [1].",
@@ -129,9 +129,14 @@ MISS_SLOPE = _m("kvhit_miss_slope", "a in TPS_miss(h)=TPS0*(1-a*h); method=direc
 MISS_SLOPE_STDERR = _m("kvhit_miss_slope_stderr", "Standard error of a [1].", MODEL + ("method",), section="§4")
 MISS_SLOPE_BUCKET = _m("kvhit_miss_slope_isl_bucket_tokens", "ISL bucket [lower, upper) of the direct miss-slope "
                        "fit being published [tokens].", MODEL + ("bound",), section="§4")
+MISS_SLOPE_OSL_BUCKET = _m("kvhit_miss_slope_osl_bucket_tokens", "OSL bucket [lower, upper) of the direct "
+                           "miss-slope fit being published (a depends on the output length too: decode time per "
+                           "request); absent when the OSL is unknown [tokens].", MODEL + ("bound",), section="§4")
 MISS_SLOPE_RANGE = _m("kvhit_miss_slope_hit_ratio", "h range [lower, upper] of the busy steps the miss-slope fit saw "
-                      "(dips and outliers included): the derived slope's line spans it, the direct line what its kept "
-                      "steps cover; a is a secant over it and says nothing beyond it [ratio].", MODEL + ("bound",),
+                      "(dips and outliers included; of every ISL and OSL bucket when only the derived slope is "
+                      "published, its bucket's steps spanning too little h): the derived slope's line spans it, the "
+                      "direct line what its kept steps cover; a is a secant over it and says nothing beyond it "
+                      "[ratio].", MODEL + ("bound",),
                       section="§4")
 MISS_SLOPE_ANOMALIES = _m("kvhit_miss_slope_anomalous_steps", "Busy steps flagged as tail-chunk anomalies and left "
                           "out of the direct miss-slope fit [1].", section="§4")

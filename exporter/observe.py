@@ -58,6 +58,12 @@ def request_isl(delta: Delta, ctx: Context) -> float | None:
     return _mean_or_recent(delta, ISL_HISTOGRAM, started or ctx.isl)
 
 
+def request_osl(delta: Delta, ctx: Context) -> float | None:
+    """OSL [tokens]: the mean output length of the requests finished in the delta, else ``ctx.osl``
+    (:func:`_mean_or_recent`)."""
+    return _mean_or_recent(delta, OSL_HISTOGRAM, ctx.osl)
+
+
 def _mean_or_recent(delta: Delta, hist: str, recent: float | None) -> float | None:
     """The mean of histogram ``hist`` over the delta; ``recent`` (the latest known mean) when no
     request finished in it; None when the histogram is missing or inconsistent there (dropped as
@@ -131,7 +137,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     """
     q, k, e = hit_tokens(delta, ctx)
     isl = request_isl(delta, ctx)
-    osl = _mean_or_recent(delta, OSL_HISTOGRAM, ctx.osl)
+    osl = request_osl(delta, ctx)
     g = delta.counters.get("generation_tokens")  # None = unknown, never 0
     steps_h = delta.histograms.get("iteration_tokens")
     steps = steps_h.count if steps_h is not None else 0.0

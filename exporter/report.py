@@ -43,7 +43,7 @@ from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why
 from exporter.replay import replay
 from exporter.sources import load_trace, write_atomic
 from fitters.chiptime import design_row, predict_busy_time
-from fitters.missslope import isl_bucket
+from fitters.missslope import bucket_key, length_bucket
 from fitters.observation import Observation
 from fitters.whatif import FittedModel
 
@@ -227,7 +227,7 @@ def _isl_groups(steps: list[Observation], value) -> dict[str, tuple[list[float],
         h, y = o.hit_ratio, value(o)
         if h is None or y is None or o.isl is None or o.isl < 1 or not math.isfinite(y):
             continue
-        lo, hi = isl_bucket(o.isl)
+        lo, hi = length_bucket(o.isl)
         xs, ys = groups.setdefault(f"observed steps, ISL in [{lo}, {hi})", ([], []))
         xs.append(h)
         ys.append(y)
@@ -324,7 +324,7 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
         ax1.axvspan(o.t - o.dt - t0, o.t - t0, color="#d62728", alpha=0.25,
                     label="tail-chunk step (left out of the miss-slope fit)" if i == 0 else None)
     if not anomalies:
-        ax1.text(0.01, 0.97, "no tail-chunk step flagged in the current ISL bucket", transform=ax1.transAxes,
+        ax1.text(0.01, 0.97, "no tail-chunk step flagged in the current ISL and OSL bucket", transform=ax1.transAxes,
                  va="top", fontsize=8, color="#555")
     ax1.axhline(0, color="k", linewidth=0.8)
     ax1.set_xlabel("time since the first scrape [s]")
@@ -334,8 +334,14 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
     ax1.legend(fontsize=8)
 
     slope = (m.get("fits") or {}).get("miss_slope") or {}
-    lo, hi = (slope.get("extra") or {}).get("isl_bucket_lo"), (slope.get("extra") or {}).get("isl_bucket_hi")
-    in_bucket = [o for o in busy if lo is None or hi is None or (o.isl is not None and lo <= o.isl < hi)]
+    extra = slope.get("extra") or {}
+    in_bucket, which = busy, ""
+    if "isl_bucket_lo" in extra:  # the steps the fitter put in the published bucket (fitters/missslope.py)
+        osl = (extra["osl_bucket_lo"], extra["osl_bucket_hi"]) if "osl_bucket_lo" in extra else None
+        key = ((extra["isl_bucket_lo"], extra["isl_bucket_hi"]), osl)
+        in_bucket = [o for o in busy if o.isl is not None and o.isl >= 1 and bucket_key(o.isl, o.osl) == key]
+        which = f", busy steps with ISL in [{key[0][0]}, {key[0][1]})" + (
+            " and OSL unknown" if osl is None else f" and OSL in [{osl[0]}, {osl[1]})")
     pts = [(o.hit_ratio, o.miss_tps, round(o.t, 3) in anomalies) for o in in_bucket
            if o.hit_ratio is not None and o.miss_tps is not None]
     ax2.plot([h for h, _, a in pts if not a], [y for _, y, a in pts if not a], "o", alpha=0.4, markersize=4,
@@ -350,8 +356,7 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
         ax2.plot([0, 1], [tps0, tps0 * (1 - a)], "-", color="k", label=f"direct fit TPS0·(1−a·h), a={a:.3f}")
     ax2.set_xlabel("token hit ratio h")
     ax2.set_ylabel("miss tokens per busy second [tokens/s]")
-    ax2.set_title("Miss throughput vs h (MODEL.md §4)" + (f", busy steps with ISL in [{lo}, {hi})"
-                                                           if lo is not None and hi is not None else ""))
+    ax2.set_title("Miss throughput vs h (MODEL.md §4)" + which)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=8)
     fig.tight_layout()

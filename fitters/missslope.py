@@ -4,7 +4,10 @@
 
 Per busy step TPS_miss = ΔM/Δt_busy (miss tokens per busy second, :attr:`Observation.miss_tps`)
 against h (:attr:`Observation.hit_ratio`), fitted separately per log2 ISL bucket because a
-depends on N.
+depends on N, and per log2 OSL bucket because it depends on the decode time per request too
+(MODEL.md §7: (T_fixed + decode)/((1-h)·N) per miss token): traffic whose output grew from 128 to
+1024 tokens has a = 0.86 where it had 0.50, and in the old traffic's bucket its every step read
+as a tail-chunk dip below the old line, which stayed published.
 
 What the line is: TPS_miss(h) is a curve (MODEL.md §7: busy seconds per miss token are
 k_ffn + k_attn·N(1+h)/2 + (T_fixed + decode)/((1-h)·N)), and seed 002's line is its linearisation.
@@ -44,30 +47,32 @@ OUTLIER_RATIO = 2.0
 H_RESOLUTION = 0.01
 _NODES = round(1.0 / H_RESOLUTION) + 1  # node indices of h ∈ [0, 1]
 _MAX_ROUNDS = 10
+MAX_BUCKETS = 32  # ISL and OSL buckets kept per model (MissSlopeFitter): a few in any real traffic
 _POLE_FLOOR = 1e-9  # keeps 1 - s·h > 0 at h = 1 (no miss token left: TPS_miss = 0)
 
 Bucket = tuple[int, int]
+Key = tuple[Bucket, "Bucket | None"]  # (ISL bucket, OSL bucket; None: OSL unknown)
 # solve_normal's (fixed, theta_fixed, lower, upper) for the line (b0, b1): both free, unbounded
 _LINE_FREE = (np.zeros(2, dtype=bool), np.zeros(2), np.full(2, -np.inf), np.full(2, np.inf))
 
 
-def isl_bucket(isl: float) -> Bucket:
-    """The ISL bucket [lo, hi) holding ``isl`` [tokens]: one octave centred on a power of two,
+def length_bucket(tokens: float) -> Bucket:
+    """The bucket [lo, hi) holding a mean length (ISL or OSL) of ``tokens``: one octave centred on a power of two,
     edges round(2^(k ± ½)) (…, 724, 1448, 2896, 5793, …; the first [1, 3)) (MODEL.md §4 "e.g.
     log2 buckets"). Centred, because prompts are so often sized at a power of two: with edges AT
     2^k, traffic of ISL 2048 ± a few tokens split between two buckets, starving both, and its
     window mean flipped the published bucket (a review saw the direct slope withdrawn at a mean
     ISL of 2046.75 on the bundled trace).
 
-    Raises ValueError when isl is not finite, < 1 or ≥ 2^1000 (an edge beyond a float; parse drops
-    values above 1e18).
+    Raises ValueError when tokens is not finite, < 1 or ≥ 2^1000 (an edge beyond a float; parse
+    drops values above 1e18).
     """
-    if not (math.isfinite(isl) and 1 <= isl < 2.0 ** 1000):
-        raise ValueError(f"isl must be a finite number of tokens in [1, 2^1000), got {isl!r}")
-    k = max(1, round(math.log2(isl)))  # the nearest power of two; the integer edges decide below
-    if isl >= _edge(k):
+    if not (math.isfinite(tokens) and 1 <= tokens < 2.0 ** 1000):
+        raise ValueError(f"a mean length must be a finite number of tokens in [1, 2^1000), got {tokens!r}")
+    k = max(1, round(math.log2(tokens)))  # the nearest power of two; the integer edges decide below
+    if tokens >= _edge(k):
         k += 1
-    elif k > 1 and isl < _edge(k - 1):
+    elif k > 1 and tokens < _edge(k - 1):
         k -= 1
     return (1 if k == 1 else _edge(k - 1)), _edge(k)
 
@@ -75,6 +80,20 @@ def isl_bucket(isl: float) -> Bucket:
 def _edge(k: int) -> int:
     """Upper edge of the bucket of 2^k: round(2^(k + ½)) tokens."""
     return round(2.0 ** (k + 0.5))
+
+
+def bucket_key(isl: float, osl: float | None) -> Key:
+    """(ISL bucket, OSL bucket) of traffic of mean lengths ``isl``, ``osl`` [tokens]
+    (:func:`length_bucket`); the OSL bucket None when ``osl`` is unknown, not finite or below 1
+    token. Raises ValueError as :func:`length_bucket` for ``isl``."""
+    known = osl is not None and math.isfinite(osl) and 1 <= osl < 2.0 ** 1000
+    return length_bucket(isl), (length_bucket(osl) if known else None)
+
+
+def _key_extra(key: Key) -> dict[str, int]:
+    """A bucket's bounds as FitResult extras: "isl_bucket_lo"/"_hi", "osl_bucket_lo"/"_hi" (OSL known)."""
+    (lo, hi), osl = key
+    return {"isl_bucket_lo": lo, "isl_bucket_hi": hi, **({} if osl is None else {"osl_bucket_lo": osl[0], "osl_bucket_hi": osl[1]})}
 
 
 def fit_miss_slope(h: np.ndarray, tps: np.ndarray, min_samples: int = 8, min_h_span: float = 0.1) -> FitResult:
@@ -344,7 +363,7 @@ def _check(h: np.ndarray, min_samples: int, min_h_span: float, suffix: str) -> F
 
 
 class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
-    """One ISL bucket's rows (t [s], h [1], TPS_miss [tokens/s]) and its amortized fit
+    """One ISL and OSL bucket's rows (t [s], h [1], TPS_miss [tokens/s]) and its amortized fit
     (fitters/online.py): a refit is :func:`_robust_fit`; the frozen weight of a row is 1 when it
     is kept, 0 when flagged against the refit's reference (a new row: flagged when more than
     ANOMALY_SIGMAS of the refit's σ below that reference, or above it and OUTLIER_RATIO times it);
@@ -356,10 +375,10 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
     result's statistics are computed by :func:`_line` when first read
     (:class:`~fitters.online.LazyFitResult`)."""
 
-    def __init__(self, bucket: Bucket, capacity: int, min_samples: int, min_h_span: float, every: int) -> None:
+    def __init__(self, key: Key, capacity: int, min_samples: int, min_h_span: float, every: int) -> None:
         super().__init__(capacity, 3, every, basis_width=3, groups=_NODES)
         self.min_samples, self.min_h_span = min_samples, min_h_span
-        self._extra = {"isl_bucket_lo": bucket[0], "isl_bucket_hi": bucket[1]}
+        self._extra = _key_extra(key)
 
     def _with_bucket(self, res: FitResult) -> FitResult:
         return dataclasses.replace(res, extra={**res.extra, **self._extra})
@@ -421,9 +440,10 @@ class MissSlopeFitter:
     """Online direct estimator of (TPS0, a) per log2 ISL bucket (MODEL.md §4 ``linear``, §6).
 
     Memory bound: one :class:`~fitters.online.RowBuffer` of the last ``capacity_per_bucket``
-    (t, h, TPS_miss) rows per ISL bucket met so far (4 floats each with the frozen weight,
-    2·capacity rows of storage); log2 buckets keep their number small (≤ 24 for ISL < 16 Mi
-    tokens). Each bucket's fit is amortized (fitters/online.py, ``every`` rows between robust
+    (t, h, TPS_miss) rows per ISL and OSL bucket (:func:`bucket_key`) met so far (4 floats each
+    with the frozen weight, 2·capacity rows of storage), for the MAX_BUCKETS buckets that got a
+    step last (log2 buckets keep their number small; the one longest without a step goes first).
+    Each bucket's fit is amortized (fitters/online.py, ``every`` rows between robust
     refits; :class:`_BucketFit`) and cached until that bucket gets data. Nothing is learned at
     construction. Raises ValueError for capacity_per_bucket < 1 or every < 1.
     """
@@ -438,46 +458,55 @@ class MissSlopeFitter:
         self.min_samples = min_samples
         self.min_h_span = min_h_span
         self.every = every
-        self._buckets: dict[Bucket, _BucketFit] = {}
-        self._current: Bucket | None = None
+        self._buckets: dict[Key, _BucketFit] = {}  # the one that got a step last, last
+        self._current: Key | None = None
 
     def update(self, obs: Observation) -> bool:
         """Buffer one step; True if usable: busy, no ``anomaly_hint``, h in [0, 1], TPS_miss and
-        ISL (≥ 1 token) known and finite."""
+        ISL (≥ 1 token) known and finite (an OSL unknown or below 1 token: the bucket of unknown OSL)."""
         h, tps, isl = obs.hit_ratio, obs.miss_tps, obs.isl
         if not obs.busy or obs.anomaly_hint or h is None or tps is None or isl is None:
             return False
         if not (0.0 <= h <= 1.0 and math.isfinite(tps) and tps >= 0 and math.isfinite(isl) and isl >= 1):
             return False
-        bucket = isl_bucket(isl)
-        fit = self._buckets.get(bucket)
+        key = bucket_key(isl, obs.osl)
+        fit = self._buckets.pop(key, None)
         if fit is None:
-            fit = self._buckets[bucket] = _BucketFit(
-                bucket, self.capacity_per_bucket, self.min_samples, self.min_h_span, self.every)
+            fit = _BucketFit(key, self.capacity_per_bucket, self.min_samples, self.min_h_span, self.every)
+            if len(self._buckets) >= MAX_BUCKETS:
+                del self._buckets[next(iter(self._buckets))]
+        self._buckets[key] = fit
         fit.append((obs.t, h, tps))
-        self._current = bucket
+        self._current = key
         return True
 
-    def _fitted(self, bucket: Bucket) -> tuple[FitResult, np.ndarray]:
+    def _fitted(self, key: Key) -> tuple[FitResult, np.ndarray]:
         """(fit, anomaly mask over the bucket's buffer) of one bucket, cached until it gets data."""
-        fit = self._buckets.get(bucket)
+        fit = self._buckets.get(key)
         if fit is None:
-            lo, hi = bucket
-            res = FitResult.failed(Status.INSUFFICIENT_DATA, f"no usable busy step with ISL in [{lo}, {hi})")
-            return dataclasses.replace(res, extra={"isl_bucket_lo": lo, "isl_bucket_hi": hi}), np.zeros(0, dtype=bool)
+            (lo, hi), osl = key
+            res = FitResult.failed(Status.INSUFFICIENT_DATA, f"no usable busy step with ISL in [{lo}, {hi}) and "
+                                   + ("OSL unknown" if osl is None else f"OSL in [{osl[0]}, {osl[1]})"))
+            return dataclasses.replace(res, extra=_key_extra(key)), np.zeros(0, dtype=bool)
         return fit.solve()
 
-    def result(self, isl: float | None = None) -> FitResult:
-        """Fit of the ISL bucket of ``isl`` [tokens] (default: the bucket of the latest usable
-        step); extra includes "isl_bucket_lo"/"isl_bucket_hi". Raises ValueError for isl < 1."""
-        bucket = isl_bucket(isl) if isl is not None else self._current
-        if bucket is None:
+    def result(self, isl: float | None = None, osl: float | None = None) -> FitResult:
+        """Fit of the bucket of ``isl`` and ``osl`` [tokens] (:func:`bucket_key`; default, without
+        ``isl``: the bucket of the latest usable step); extra includes "isl_bucket_lo"/"isl_bucket_hi"
+        and, where the OSL is known, "osl_bucket_lo"/"osl_bucket_hi". Raises ValueError for isl < 1."""
+        key = bucket_key(isl, osl) if isl is not None else self._current
+        if key is None:
             return FitResult.failed(Status.INSUFFICIENT_DATA, "no usable busy step yet")
-        return self._fitted(bucket)[0]
+        return self._fitted(key)[0]
 
-    def buckets(self) -> dict[Bucket, FitResult]:
-        """Fit of every ISL bucket with data, keyed by (lo, hi), ascending."""
-        return {b: self._fitted(b)[0] for b in sorted(self._buckets)}
+    def buckets(self) -> dict[Key, FitResult]:
+        """Fit of every bucket with data, keyed by (ISL (lo, hi), OSL (lo, hi) or None), ascending."""
+        return {k: self._fitted(k)[0] for k in sorted(self._buckets, key=lambda k: (k[0], k[1] or (0, 0)))}
+
+    def h_range(self) -> tuple[float, float] | None:
+        """(lowest, highest) h [1] of the usable steps held in every bucket, None without one."""
+        hs = [fit.rows.view()[:, 1] for fit in self._buckets.values() if len(fit)]
+        return (float(min(h.min() for h in hs)), float(max(h.max() for h in hs))) if hs else None
 
     def anomaly_times(self) -> list[float]:
         """Times ``obs.t`` [s] of the steps flagged as tail-chunk anomalies in the current bucket."""

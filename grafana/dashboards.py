@@ -494,7 +494,7 @@ def model_dashboard() -> Dashboard:
                    "T_fixed ± its standard error (absent while T_step is not its own term: see Engine and unknown "
                    "signals), the contention "
                    "factor c(running), S_kv, B_load (measured or configured), the h range a "
-                   "is fitted over, the direct miss slope's ISL bucket and its anomalous (tail-chunk) steps, and the "
+                   "is fitted over, the direct miss slope's ISL and OSL buckets and its anomalous (tail-chunk) steps, and the "
                    "configured target hit ratio.", w=12, h=8)
         .with_target(now("A", f"kvhit_fixed_time_seconds{{{SEL}}}", "T_fixed {{pod}}"))
         .with_target(now("B", f"kvhit_contention_factor{{{SEL}}}", "c(running) {{pod}}"))
@@ -505,11 +505,13 @@ def model_dashboard() -> Dashboard:
         .with_target(now("G", f"kvhit_target_hit_ratio{{{SEL}}}", "target h {{pod}}"))
         .with_target(now("H", f"kvhit_miss_slope_hit_ratio{{{SEL}}}", "a's h range {{bound}} {{pod}}"))
         .with_target(now("I", f"kvhit_fixed_time_stderr_seconds{{{SEL}}}", "T_fixed stderr {{pod}}"))
+        .with_target(now("J", f"kvhit_miss_slope_osl_bucket_tokens{{{SEL}}}", "OSL bucket {{bound}} {{pod}}"))
         .override_by_query("A", [prop("unit", "s")])
         .override_by_query("I", [prop("unit", "s")])
         .override_by_query("C", [prop("unit", "bytes")])
         .override_by_query("D", [prop("unit", "Bps")])
         .override_by_query("E", [prop("unit", TOKENS)])
+        .override_by_query("J", [prop("unit", TOKENS)])
         .override_by_query("F", [prop("unit", "suffix: steps")])
         .override_by_query("G", [prop("unit", "percentunit")])
         .override_by_query("H", [prop("unit", "percentunit")]))

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from fitters.missslope import MissSlopeFitter, _robust_fit, fit_miss_slope, isl_bucket
+from fitters.missslope import MissSlopeFitter, _robust_fit, fit_miss_slope, length_bucket
 from fitters.observation import Observation
 from fitters.result import Status
 
@@ -151,29 +151,72 @@ def test_isl_buckets_fitted_separately():
         t += 2.0
         fitter.update(step(t, hi, 0.5 * TPS0 * (1 - long_a * hi) * (1 + NOISE * rng.standard_normal()), isl=3000.0))
 
-    assert set(fitter.buckets()) == {(362, 724), (2896, 5793)}
-    assert fitter.result(isl=700.0).value("a") == pytest.approx(short_a, abs=0.02)
-    assert fitter.result(isl=3000.0).value("a") == pytest.approx(long_a, abs=0.02)
-    assert fitter.result(isl=3000.0).value("tps0") == pytest.approx(0.5 * TPS0, rel=0.02)
+    osl = (91, 181)  # every step's OSL, 128: 2^6.5 = 90.5, 2^7.5 = 181.0
+    assert set(fitter.buckets()) == {((362, 724), osl), ((2896, 5793), osl)}
+    assert fitter.result(isl=700.0, osl=128.0).value("a") == pytest.approx(short_a, abs=0.02)
+    assert fitter.result(isl=3000.0, osl=128.0).value("a") == pytest.approx(long_a, abs=0.02)
+    assert fitter.result(isl=3000.0, osl=128.0).value("tps0") == pytest.approx(0.5 * TPS0, rel=0.02)
     assert fitter.result().extra["isl_bucket_lo"] == 2896  # latest step had ISL 3000
-    assert fitter.buckets()[(362, 724)].value("a") == pytest.approx(short_a, abs=0.02)
-    assert fitter.result(isl=100.0).status is Status.INSUFFICIENT_DATA
+    assert (fitter.result().extra["osl_bucket_lo"], fitter.result().extra["osl_bucket_hi"]) == osl
+    assert fitter.buckets()[((362, 724), osl)].value("a") == pytest.approx(short_a, abs=0.02)
+    assert fitter.result(isl=100.0, osl=128.0).status is Status.INSUFFICIENT_DATA
+    # an OSL not known is a bucket of its own: none of these steps is in it
+    assert fitter.result(isl=700.0).status is Status.INSUFFICIENT_DATA
+
+
+def test_a_change_of_output_length_is_fitted_apart_from_the_old_line():
+    # Output grown from 128 to 1024 tokens (a: 0.5 -> 0.86, the audit's simulated engine): in one
+    # bucket each new step read as a tail-chunk dip below the old line, which stayed published as
+    # ok for 20+ windows. The new traffic, at h ~ 0.6 only, cannot tell its own line yet.
+    rng = np.random.default_rng(11)
+    fitter = MissSlopeFitter()
+    h_old = rng.uniform(0.0, 0.9, 200)
+    for i, hi in enumerate(h_old):
+        fitter.update(step(2.0 * i, hi, TPS0 * (1 - 0.5 * hi) * (1 + NOISE * rng.standard_normal()), isl=2048.0))
+    h_new = 0.6 + rng.uniform(-0.02, 0.02, 100)
+    for i, hi in enumerate(h_new):
+        fitter.update(dataclasses.replace(step(400.0 + 2.0 * i, hi, 0.8 * TPS0 * (1 - 0.86 * hi), isl=2048.0),
+                                          osl=1024.0))
+    new = fitter.result(isl=2048.0, osl=1024.0)
+    assert new.status is Status.INSUFFICIENT_VARIATION and new.value("a") is None
+    assert fitter.result().status is Status.INSUFFICIENT_VARIATION  # the latest step's bucket: the same
+    assert fitter.result(isl=2048.0, osl=128.0).value("a") == pytest.approx(0.5, abs=0.02)
+    assert fitter.h_range() == pytest.approx((h_old.min(), h_old.max()), abs=1e-12)  # every bucket's steps
+    # once the new traffic spans h, its own line (1024 tokens: bucket [724, 1448), 2^9.5 = 724.1)
+    for i, hi in enumerate(rng.uniform(0.0, 0.9, 100)):
+        fitter.update(dataclasses.replace(step(600.0 + 2.0 * i, hi, 0.8 * TPS0 * (1 - 0.86 * hi), isl=2048.0),
+                                          osl=1024.0))
+    new = fitter.result(isl=2048.0, osl=1024.0)
+    assert new.value("a") == pytest.approx(0.86, abs=0.02)
+    assert (new.extra["osl_bucket_lo"], new.extra["osl_bucket_hi"]) == (724, 1448)
+
+
+def test_buckets_kept_are_bounded():
+    # one step in each of MAX_BUCKETS + 1 OSL buckets (OSL 2^k, k = 1..MAX_BUCKETS + 1, one octave
+    # apart: [1, 3), [3, 6), …): the one that got no step for longest, the first, goes
+    from fitters.missslope import MAX_BUCKETS
+    fitter = MissSlopeFitter()
+    for k in range(1, MAX_BUCKETS + 2):
+        fitter.update(dataclasses.replace(step(float(k), 0.5, TPS0, isl=1000.0), osl=2.0 ** k))
+    assert len(fitter.buckets()) == MAX_BUCKETS
+    assert fitter.result(isl=1000.0, osl=2.0).reason == "no usable busy step with ISL in [724, 1448) and OSL in [1, 3)"
+    assert fitter.result(isl=1000.0, osl=4.0).samples == 1
 
 
 def test_isl_bucket_edges():
     # octaves centred on powers of two, edges round(2^(k ± 1/2)): 2^10.5 = 1448.15, 2^11.5 = 2896.31,
     # 2^12.5 = 5792.62, 2^9.5 = 724.08, 2^1.5 = 2.83; the first bucket starts at 1 token
-    assert isl_bucket(1) == isl_bucket(2.99) == (1, 3)
-    assert isl_bucket(2048) == isl_bucket(2046.75) == isl_bucket(1448) == isl_bucket(2895.9) == (1448, 2896)
-    assert isl_bucket(1447.9) == isl_bucket(1024) == (724, 1448)
-    assert isl_bucket(3000) == isl_bucket(4096) == (2896, 5793)
+    assert length_bucket(1) == length_bucket(2.99) == (1, 3)
+    assert length_bucket(2048) == length_bucket(2046.75) == length_bucket(1448) == length_bucket(2895.9) == (1448, 2896)
+    assert length_bucket(1447.9) == length_bucket(1024) == (724, 1448)
+    assert length_bucket(3000) == length_bucket(4096) == (2896, 5793)
     rng = np.random.default_rng(0)
     for isl in np.exp(rng.uniform(0.0, 690.0, 2000)):  # the buckets tile [1, 2^1000)
-        lo, hi = isl_bucket(isl)
-        assert lo <= isl < hi and isl_bucket(hi)[0] == hi
+        lo, hi = length_bucket(isl)
+        assert lo <= isl < hi and length_bucket(hi)[0] == hi
     for bad in (0.0, 0.5, -3.0, math.nan, math.inf, 2.0 ** 1000):
         with pytest.raises(ValueError):
-            isl_bucket(bad)
+            length_bucket(bad)
 
 
 def test_unusable_steps_rejected():

@@ -636,3 +636,46 @@ def test_a_restart_into_more_engines_starts_the_fits_afresh():
     # every row the chip-time fit holds is from after the restart: the trace's 420 s, 100 s before
     # it, at a 5 s interval hold at most 64 steps after it
     assert runner.analyzer._state["sim-model"].chip.result().samples <= (420 - 100) / 5
+
+
+def test_output_grown_eightfold_withholds_the_old_direct_slope_and_keeps_the_derived_one():
+    # The audit's engine: trained over h in [0, 0.95] at OSL 128 (a = 0.5), then its output grows
+    # to 1024 tokens with h held at 0.6 (a = 0.855 by the simulator's true line at OSL 1024). The
+    # old direct line stayed published as ok (0.51 ± 0.002) with every new step flagged a tail-chunk
+    # dip; the new traffic's bucket cannot tell its own line at one h, so the direct slope is
+    # withheld, and the derived one, the chip-time model's at the current ISL and OSL, is drawn
+    # over the h range of the steps kvhit holds.
+    from dataclasses import replace
+
+    from exporter.config import Geometry, Prices
+    from exporter.replay import TraceClock
+    from exporter.simulate import Engine, Scenario, Segment, Truth, calibrate_truth, true_line
+
+    before = calibrate_truth(replace(Truth(), alpha=0.5, load_share=0.5), 0.5)
+    after = replace(before, osl=1024.0)
+    levels = (0.0, 0.8, 0.2, 0.6, 0.4, 0.95, 0.1, 0.7, 0.3, 0.9, 0.5)
+    train = tuple(Segment("step", 60.0, levels[i % len(levels)]) for i in range(30))
+    sc = Scenario(truth=before, schedule=train + (Segment("step", 1260.0, 0.6),), noise=0.02, seed=1)
+    cfg = Config(window_seconds=60, interval=5, model=Geometry(layers=32, kv_heads=32, head_dim=128),
+                 load_bandwidth_bytes_per_second=before.load_bandwidth, prices=Prices(hit_price_ratio=0.1))
+    clock = TraceClock()
+    runner = Runner(cfg, "sim", clock=clock)
+    engine = Engine(sc)
+    clock.t = sc.start
+    runner.ingest_text(sc.start, engine.exposition())
+    for i in range(1, 30 * 12 + 20 * 12 + 1):  # 30 windows of training, 20 after the change
+        if i == 30 * 12 + 1:
+            engine.sc = replace(engine.sc, truth=after)
+        st = engine.advance()
+        clock.t = st.t
+        runner.ingest_text(st.t, engine.exposition())
+    pub = published(runner)
+    slopes = {dict(k)["method"]: v for k, v in series(pub, "kvhit_miss_slope").items()}
+    assert "direct" not in slopes
+    assert slopes["derived"] == pytest.approx(true_line(after, 0.95)[1], abs=0.01)
+    assert {dict(k)["fit"]: dict(k)["status"] for k, v in series(pub, "kvhit_fit_status").items()
+            if v == 1}["miss_slope"] == "insufficient_variation"
+    # no direct slope published: no bucket bounds; the derived line's h range is the training's
+    assert not series(pub, "kvhit_miss_slope_osl_bucket_tokens")
+    span = {dict(k)["bound"]: v for k, v in series(pub, "kvhit_miss_slope_hit_ratio").items()}
+    assert span["lower"] == pytest.approx(0.0, abs=0.01) and span["upper"] == pytest.approx(0.95, abs=0.01)
