@@ -238,12 +238,14 @@ class Runner:
 
     def _unchanged(self, message: str, duration: float, asked: float) -> None:
         """A poll that found the source holding nothing newer (ScrapeError.unchanged) while every
-        attempt before it succeeded: a success without a step. The analysis shown is of the newest
-        data there is, so it is neither down nor stale, and its health is dated at the poll; logged
-        at most once per STEP_NOTE_SECONDS."""
+        attempt before it succeeded: a success without a step, up. The analysis shown is of the
+        newest data there is, dated where it is, at the last poll that brought some: past interval
+        + timeout it reads stale, past two intervals + timeout its values go (fleet mode: a pod
+        whose series ended without a staleness marker, its job removed from Prometheus'
+        configuration, held every range at its last sample, and a minute-old analysis was
+        published with a data age of 1 s, review). Logged at most once per STEP_NOTE_SECONDS."""
         with self._lock:
-            h = self._health
-            self._health = replace(h, up=True, duration=duration, last_success=max(h.last_success, asked))
+            self._health = replace(self._health, up=True, duration=duration)
         if asked - self._noted.get("unchanged", -math.inf) >= STEP_NOTE_SECONDS:
             self._noted["unchanged"] = asked
             log.info("nothing new to analyse (not counted as a failure): %s", message)

@@ -1400,6 +1400,36 @@ def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch, de
     assert health.age == pytest.approx(75.9 - delay) and health.stale and not analysis.models
 
 
+
+def test_a_poll_with_nothing_new_keeps_the_data_dated_where_it_is(fake, monkeypatch):
+    # A pod whose series end without a staleness marker (its job removed from Prometheus'
+    # configuration, review) pins every range's end at its last sample: each poll finds nothing
+    # newer, for 60 s not a failure (Prometheus may scrape less often than kvhit polls). Those polls
+    # dated the data at the poll: a minute-old analysis published with kvhit_data_age_seconds ~1 s.
+    # The data's age is since the last poll that brought some: stale past interval + timeout (13 s),
+    # its values gone past two intervals + timeout (23 s); up, nothing failed.
+    from exporter import runner as runner_module
+    from exporter.cli import pipeline
+    wall, mono = [5000.0], [100.0]
+    monkeypatch.setattr(runner_module.time, "time", lambda: wall[0])
+    monkeypatch.setattr(runner_module.time, "monotonic", lambda: mono[0])
+    runner, source = pipeline(Config(prometheus=fake.url, interval=10.0, timeout=3.0))
+    for k in range(2):
+        _latest(fake, wall[0] - 1.0)
+        fake.answer([_row("c:prefix_cache_queries", str(1000 * (k + 1)))])
+        assert runner.poll(source)
+        wall[0] += 10.0
+        mono[0] += 10.0
+    pinned = wall[0] - 11.0  # the last range's end
+    for age, stale, shown in ((10.0, False, True), (20.0, True, True), (30.0, True, False)):
+        _latest(fake, pinned)
+        assert not runner.poll(source)  # nothing new to analyse
+        analysis, health = runner.current()
+        assert health.up and health.age == pytest.approx(age) and health.stale is stale
+        assert bool(analysis.models) is shown
+        wall[0] += 10.0
+        mono[0] += 10.0
+
 # ---- pods whose growth by hand is exact: hand-written counters, one real Prometheus ----------------
 
 def _pod(body):
