@@ -456,7 +456,8 @@ class PrometheusSource:
 
     * counters: ``sum by (model_name[, label]) (growth)`` where a series' growth is the
       difference of its last samples at or before t and t − d, or across a restart (a
-      difference below 0) its growth before the restart plus its value since (:func:`_growth`);
+      difference below 0) its growth before the restart plus its value since (:func:`_growth`;
+      a restart it reads wrong, or a glitched sample, leaves the sum out: :meth:`_coverage`);
       histograms: the same of ``_bucket`` (``by le`` too) and ``_sum`` (``_count`` is the
       ``+Inf`` bucket). Anchored on
       samples, consecutive fetches tile every pod's samples exactly, nothing extrapolated: a
@@ -556,6 +557,7 @@ class PrometheusSource:
         self._seen: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}  # the same → t it was last in an answer
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
+        self._glitched: set[tuple[str, str]] = set()  # (family, model) with a glitched sample in the last fetch
         self._warned: set[str] = set()  # _latest's checks that found something at the last poll (_warn_on_change)
         self._down_since: dict[tuple[str, str], float] = {}  # (job, instance) down (up == 0) → t first seen so …
         self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
@@ -636,11 +638,11 @@ class PrometheusSource:
             # a model neither lists had no engine running throughout the range (busy) or ever (active)
             for kind in ("busy", "active"):
                 counts[kind] = {m: counts[kind].get(m, 0) for m in counts["engines"]}
-        kept = dict(self._totals), dict(self._seen), self._partial
+        kept = dict(self._totals), dict(self._seen), self._partial, self._glitched
         try:
             text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in queries], t)
         except Exception as exc:  # an answer no Prometheus gives (a label that is no UTF-8 text): none of it stays
-            self._totals, self._seen, self._partial = kept
+            self._totals, self._seen, self._partial, self._glitched = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
         self.counts, self._out = counts, set(down)
@@ -773,9 +775,14 @@ class PrometheusSource:
         # a family's series some pod's latest scrape lacked (x:, _coverage); a lazy family's absence is its 0
         unscraped = [] if r is None or f.lazy else [
             (f"x:{f.name}", self._unscraped(self._selector(f, '(_total)?' if f.kind == "counter" else '_count'), r))]
+        # the series whose growth the samples cannot tell: a glitch (g:), and, of a pod's plain counters (a
+        # restart is the pod's: all its series alike), a restart _growth reads wrong (d:, _doubted)
+        main = self._selector(f, '(_total)?' if f.kind == "counter" else '_count')
+        doubted = [] if r is None else [(f"g:{f.name}", _glitched(main, r))] + (
+            [(f"d:{f.name}", _doubted(main, r))] if f.kind == "counter" and f.match is None and not f.lazy else [])
         if f.kind == "counter":
             growth = _growth(self._selector(f, '(_total)?'), r, born, out)
-            out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth)), *unscraped]
+            out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth)), *unscraped, *doubted]
             if f.name == _PRICED_BY and r is not None:
                 # the pods priced: in the tokens' sum with a real sample in the range (a gone pod's
                 # growth reads 0 for the 5-min lookback; a staleness marker is no sample)
@@ -785,7 +792,7 @@ class PrometheusSource:
         if f.kind == "histogram":
             return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, out)})"),
                     (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, out)})"),
-                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))), *unscraped]
+                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))), *unscraped, *doubted]
         if f.kind == "gauge" and f.fallback is not None and f.match is not None:
             # per pod (and engine), as the recording rule: a mixed fleet mid-upgrade summed only the
             # pods with the label, their queue alone
@@ -872,19 +879,38 @@ class PrometheusSource:
         growth, i.e. a sample at both ends): pods without the family (another vLLM version, a name
         it does not export) or without its sample at one end; and pairs some pod's latest scrape at
         either end of the range lacked though the pod had them (``x:`` rows, :meth:`_unscraped`: their
-        growth read 0, a fleet h of 0 where it is unknown). Such a sum is not the fleet's (hits from some pods over
+        growth read 0, a fleet h of 0 where it is unknown); pairs with a glitched sample this fetch or
+        the last (``g:``, :func:`_glitched`); and every counter and histogram of a model with a restart
+        :func:`_growth` reads wrong (``d:``, :func:`_doubted`). Such a sum is not the fleet's (hits from some pods over
         queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
         total (a counter: rendered NaN for the model, :meth:`_metrics`); a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
                   for f in self.families if not f.lazy for labels, value in by_query.get(f"n:{f.name}", [])}
         unscraped = {(f.name, labels.get("model_name", "")): value for f in self.families if not f.lazy
                      for labels, value in by_query.get(f"x:{f.name}", []) if value > 0}
+        glitched = {(f.name, labels.get("model_name", "")) for f in self.families
+                    for labels, value in by_query.get(f"g:{f.name}", []) if value > 0}
+        restarted = {labels.get("model_name", "") for f in self.families
+                     for labels, value in by_query.get(f"d:{f.name}", []) if value > 0}
+        # a glitched sample may be the last of its range, the next range's start: that one is doubted too
+        doubted = glitched | self._glitched | {(f.name, m) for f in self.families if f.kind in ("counter", "histogram")
+                                               for m in restarted}
+        for model in sorted(restarted):
+            log.warning("fleet mode: model %r: a pod's counters went down this range in a way their growth cannot "
+                        "be told from (two restarts, or the value since a restart past its value before): its "
+                        "counters and histograms are left out of this poll, unknown", model)
+        self._glitched = glitched
         most: dict[str, float] = {}
         for (_, model), n in counts.items():
             most[model] = max(most.get(model, 0.0), n)
-        partial = {key for key, n in counts.items() if n < most[key[1]]} | set(unscraped)
+        partial = {key for key, n in counts.items() if n < most[key[1]]} | set(unscraped) | doubted
         if partial != self._partial:
             for name, model in sorted(partial - self._partial):
+                if (name, model) in glitched:
+                    log.warning("fleet mode: %s of model %r: a pod's sample this range is no count (below 0 or above "
+                                "1e18): left out of this poll and the next, unknown", name, model)
+                if (name, model) in doubted:
+                    continue
                 if (name, model) in unscraped:
                     log.warning("fleet mode: %s of model %r is missing from the latest scrape of %d pod(s) Prometheus "
                                 "scrapes, which had it (dropped by metric_relabel_configs, or no longer exposed?): "
@@ -1011,6 +1037,30 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
         new = f"(({now} unless {then}) and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))"
         grown = f"({grown} or {new})"
     return grown if out is None else f"({grown} unless on (job, instance) {out})"
+
+
+def _doubted(selector: str, offset: str) -> str:
+    """PromQL: per model, how many series of ``selector`` have samples in the tile (t − ``offset``,
+    t] that went down in a way :func:`_growth` reads wrong. It reads a tile by its ends, its highest
+    sample and whether it went down below its start (then): right without a restart, and when the
+    value since stayed below then, after one restart before the tile's first sample or one inside
+    whose highest sample was the last before it. Any other tile that went down (``resets``, or a
+    sample below then) is read wrong: the value since passed then (a crash-looping pod: its growth
+    read 14 % low, review), two restarts, or the value since passed the highest before."""
+    then = _preferred(f"last_over_time({{}}[{LOOKBACK}] offset {offset})", selector)
+    last, low, high, downs = (_preferred(f"{fn}({{}}[{offset}])", selector)
+                              for fn in ("last_over_time", "min_over_time", "max_over_time", "resets"))
+    return (f"count by (model_name) (({downs} > 0 or {then} > {low}) and ({then} <= {last} or {downs} > 1 or "
+            f"{high} <= {last} and {downs} == 1))")
+
+
+def _glitched(selector: str, offset: str) -> str:
+    """PromQL: per model, how many series of ``selector`` have a sample in the tile (t − ``offset``,
+    t] that is no count, below 0 or above MAX_VALUE (a -1 at a tile's end read as a restart added the
+    pod's whole lifetime total: fleet h 0.025 for 0.65, review); when it was the last, the next tile
+    starts at it (the caller's)."""
+    low, high = (_preferred(f"{fn}({{}}[{offset}])", selector) for fn in ("min_over_time", "max_over_time"))
+    return f"count by (model_name) ({low} < 0 or {high} > {MAX_VALUE:g})"
 
 
 def _preferred(fn: str, selector: str) -> str:
