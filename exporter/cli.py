@@ -219,7 +219,8 @@ def describe_model(m: ModelAnalysis) -> str:
         lines.append(f"  miss slope a: direct={fmt(m.fits['miss_slope'].value('a'))} derived={d.value:.3f}±{d.stderr:.2g}"
                      " (reported side by side, never averaged)")
     for which, p in m.predictions.items():
-        lines.append(f"  {which:7s} h={p.hit_ratio:.3f}: TTFT service={fmt(p.ttft_service, unit='s')} "
+        spread = "" if p.ttft_service_stderr is None else f"±{p.ttft_service_stderr:.2g}s"
+        lines.append(f"  {which:7s} h={p.hit_ratio:.3f}: TTFT service={fmt(p.ttft_service, unit='s')}{spread} "
                      f"load_aware={fmt(p.ttft_load_aware, unit='s')}  TPM delivered={p.tpm_delivered:.0f} "
                      f"physical={p.tpm_physical:.0f}")
     if m.observed_ttft is not None:

@@ -197,6 +197,7 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
         f.add(N.SLO, {**base, "slo": name}, seconds)
     for which, p in m.predictions.items():
         f.add(N.PREDICTED_TTFT, {**base, "hit_ratio": which, "kind": "service"}, p.ttft_service)
+        f.add(N.PREDICTED_TTFT_STDERR, {**base, "hit_ratio": which, "kind": "service"}, p.ttft_service_stderr)
         f.add(N.PREDICTED_TTFT, {**base, "hit_ratio": which, "kind": "load_aware"}, p.ttft_load_aware)
     now = m.predictions.get("current")
     if now is not None:

@@ -163,6 +163,10 @@ PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the curre
                     "concurrency (kvhit_warning_info{warning=\"load_aware_off\"} when it misses the window's "
                     "observed TTFT by more than 25 %) [s].",
                     MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
+PREDICTED_TTFT_STDERR = _m("kvhit_predicted_ttft_stderr_seconds", "Standard error of kvhit_predicted_ttft_seconds "
+                           "kind=service from the chip-time fit's covariance (delta method; the overlap alpha's own "
+                           "error is not in it, see kvhit_overlap_ratio_stderr): a young or noisy fit's service TTFT "
+                           "may be off by twice this [s].", MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
 REVENUE = _m("kvhit_revenue_per_second", "R(h) at the current hit ratio, revenue per machine-second in configured "
              "price units (form=linear: seed 002 with the direct a; chip_time: from the §7 model) [price/s].",
              MODEL + ("form",), section="§4")

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fitters.model import ChipTimeCoefficients, attention_work, load_time, overlap_time, ttft_unified
+from fitters.model import (ChipTimeCoefficients, attention_work, chip_time_regressors, load_time, overlap_time,
+                           ttft_unified)
 from fitters.observation import Observation
 from fitters.online import (REFIT_EVERY, AmortizedFit, LazyFitResult, bounded_lsq, frozen_wls, median, shared,
                             soft_l1_weight, solve_normal)
@@ -58,6 +59,7 @@ __all__ = [
     "fit_latency",
     "predict_prefill_latency",
     "service_ttft",
+    "service_ttft_gradient",
     "REASON_NO_LOADED_HITS",
 ]
 
@@ -209,6 +211,29 @@ def service_ttft(
         return None
     t_load, t_compute, a = parts
     return ttft_unified(coef.t_step, t_load, t_compute, a)
+
+
+def service_ttft_gradient(
+    coef: ChipTimeCoefficients,
+    isl: float,
+    h: float,
+    h_load: float = 0.0,
+    alpha: float | None = 0.0,
+    kv_bytes_per_token: float | None = None,
+    load_bandwidth: float | None = None,
+) -> tuple[float, float, float, float, float] | None:
+    """∂TTFT/∂(t_step, k_ffn, k_attn, k_dec, k_ctx) of :func:`service_ttft` at these inputs [s per
+    unit of each coefficient] (MODEL.md §3.2, §7): 1 for T_step; for k_ffn and k_attn T_compute's
+    regressors M = (1-h)·ISL and M·H + M²/2, × (1 − α) where T_compute ≤ T_load (the overlap then
+    hides α of T_compute), else × 1 (it hides α of T_load, which no coefficient moves); 0 for the
+    decode terms. Arguments, None and errors as :func:`service_ttft`."""
+    parts = _load_compute_alpha(coef, isl, h, h_load, alpha, kv_bytes_per_token, load_bandwidth)
+    if parts is None:
+        return None
+    t_load, t_compute, a = parts
+    share = 1.0 - a if t_compute <= t_load else 1.0
+    _, miss, attention, _, _ = chip_time_regressors(isl, 0.0, h, 1.0)
+    return 1.0, share * miss, share * attention, 0.0, 0.0
 
 
 def predict_prefill_latency(

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from fitters.latency import predict_prefill_latency, service_ttft
+from fitters.latency import predict_prefill_latency, service_ttft, service_ttft_gradient
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
                            relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
 from fitters.result import measured
@@ -35,7 +35,9 @@ STEPS_UNKNOWN = ("engine steps per request unknown in the publish window the fit
 class Prediction:
     """What-if outputs at one (h, ISL, OSL); None = cannot be predicted, ``unknown`` says why.
 
-    ttft_service / ttft_load_aware [s]; tpm_* [tokens/min] per instance and per GPU;
+    ttft_service / ttft_load_aware [s]; ttft_service_stderr [s]: the service TTFT's standard error
+    from the chip-time fit's covariance (α's own error not in it; None without the covariance or
+    the TTFT); tpm_* [tokens/min] per instance and per GPU;
     revenue [price/s per machine] (chip_time form); t_chip [s per request]; unknown: output
     name → why it is None; extrapolated: why every output reads the chip-time fit beyond the ISL
     or OSL of its steps (None inside them).
@@ -54,6 +56,7 @@ class Prediction:
     revenue: float
     unknown: dict[str, str] = field(default_factory=dict)
     extrapolated: str | None = None
+    ttft_service_stderr: float | None = None
 
 
 # Most engine steps per request a what-if takes (kvhit predict, /api/v1/predict and a saved fit alike).
@@ -248,15 +251,20 @@ class FittedModel:
         if problem or self.chip_covariance is None:
             return problem
         chip = sum(k * x for k, x in zip(self.coefficients.as_tuple(), z))
-        var = sum(x * c * y for x, row in zip(z, self.chip_covariance) for c, y in zip(row, z))
-        # a sum that overflowed (inf - inf, a hand-edited covariance of 1e308s) is no bound at all
-        stderr = math.inf if math.isnan(var) else math.sqrt(max(var, 0.0))
+        stderr = self._chip_stderr(z)
         if stderr <= PREFILL_REL_STDERR * chip:
             return None
         return (f"not identifiable: the chip-time fit leaves a prefill's chip time uncertain by more than "
                 f"{PREFILL_REL_STDERR:.0%} of it: its traffic never varied the prefill's work apart from the rest "
                 "(one h, ISL and OSL); fit on traffic that varies them"
                 + measured(f"at h={hit_ratio:g}, ISL={isl:g} {chip:.4g} ± {stderr:.4g} s of chip time"))
+
+    def _chip_stderr(self, g: Sequence[float]) -> float:
+        """Standard error √(gᵀΣg) of g·β, a linear function of the chip-time coefficients
+        (CHIP_TIME_TERMS order; Σ ``chip_covariance``, not None) [its unit]."""
+        var = sum(x * c * y for x, row in zip(g, self.chip_covariance) for c, y in zip(row, g))
+        # a sum that overflowed (inf - inf, a hand-edited covariance of 1e308s) is no bound at all
+        return math.inf if math.isnan(var) else math.sqrt(max(var, 0.0))
 
     def ttft_unknown(self, hit_ratio: float, isl: float) -> str | None:
         """Why the TTFTs at (h, ISL) cannot be predicted, or None: the prefill is not identifiable
@@ -286,9 +294,14 @@ class FittedModel:
         why = self.ttft_unknown(hit_ratio, isl)
         h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
         one = coef.per_engine(self.engines)  # a request's latency is one engine's
+        ttft_se = None
         if why is None:
             ttft_s = service_ttft(one, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
                                   self.load_bandwidth)
+            if ttft_s is not None and self.chip_covariance is not None:
+                # one engine's coefficients are the fit's × engines: their errors too
+                ttft_se = self.engines * self._chip_stderr(service_ttft_gradient(
+                    one, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token, self.load_bandwidth))
             if ttft_s is None:
                 why = ("hits are loaded from host memory (h_load > 0) and α, kv_bytes_per_token or the load "
                        "bandwidth is unknown, so T_load and its overlap are")
@@ -311,7 +324,7 @@ class FittedModel:
                   if r is not None and not r[0] <= x <= r[1]]
         return Prediction(
             hit_ratio=hit_ratio, isl=isl, osl=osl, t_chip=t_chip,
-            ttft_service=ttft_s, ttft_load_aware=ttft_l,
+            ttft_service=ttft_s, ttft_load_aware=ttft_l, ttft_service_stderr=ttft_se,
             tpm_delivered=delivered, tpm_physical=physical,
             tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
             revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out),

@@ -294,9 +294,11 @@ def model_dashboard() -> Dashboard:
     d = d.with_panel(
         ts(ids, "TTFT: predicted vs observed", "s",
            "kvhit's predicted TTFT (service = unloaded chip time, load_aware = with queueing and contention) at the "
-           "current and target hit ratio, against the observed mean TTFT (kvhit's window and vLLM's histogram) "
-           "and the configured TTFT SLO.")
+           "current and target hit ratio, with the service TTFT's standard error from the chip-time fit, against the "
+           "observed mean TTFT (kvhit's window and vLLM's histogram) and the configured TTFT SLO.")
         .with_target(q("A", f"kvhit_predicted_ttft_seconds{{{SEL}}}", "predicted {{kind}} at {{hit_ratio}} h {{pod}}"))
+        .with_target(q("E", f"kvhit_predicted_ttft_stderr_seconds{{{SEL}}}",
+                       "stderr of predicted {{kind}} at {{hit_ratio}} h {{pod}}"))
         .with_target(q("B", f"kvhit_observed_ttft_seconds{{{SEL}}}", "observed mean, kvhit window {{pod}}"))
         .with_target(q("C", f"sum by (pod) (rate(vllm:time_to_first_token_seconds_sum{{{SEL}}}[{RI}]))"
                             f" / sum by (pod) (rate(vllm:time_to_first_token_seconds_count{{{SEL}}}[{RI}]))",

@@ -176,3 +176,25 @@ def test_a_window_whose_finished_requests_were_in_no_counted_step_has_no_steps_p
     from exporter.analyzer import _steps_per_request
     assert _steps_per_request(NS(histograms={"iteration_tokens": NS(count=0.0), "prefill_time": NS(count=4.0)})) is None
     assert _steps_per_request(NS(histograms={"iteration_tokens": NS(count=30.0), "prefill_time": NS(count=4.0)})) == 7.5
+
+
+def test_the_service_ttft_carries_its_standard_error_from_the_chip_time_covariance():
+    # Delta method on TTFT = T_step + T_load + T_compute − α·min(T_load, T_compute) (MODEL.md §3.2),
+    # by hand. Σ: σ(T_step) 1 ms, σ(k_ffn) 2e-5 s/token, cov(T_step, k_ffn) −1.5e-8 (they trade off).
+    # h 0.5, ISL 1000, nothing loaded: g = (1, M 500, W 375,000, 0, 0), α moves nothing:
+    # var = 1e-6 + 500²·4e-10 + 2·500·(−1.5e-8) = 1e-6 + 1e-4 − 1.5e-5 = 8.6e-5, stderr 9.2736e-3 s.
+    cov = [[0.0] * 5 for _ in range(5)]
+    cov[0][0], cov[1][1], cov[0][1], cov[1][0] = 1e-6, 4e-10, -1.5e-8, -1.5e-8
+    p = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov).predict(0.5, 1000.0, 20.0)
+    assert p.ttft_service == pytest.approx(0.1245) and p.ttft_service_stderr == pytest.approx(8.6e-5 ** 0.5)
+    # all of it loaded (share 1, h_load 0.5) on a slow link, B_load 1e8: T_load = 500·1e5/1e8 = 0.5 s
+    # ≥ T_compute 0.1225 s, so α hides half of T_compute: g = (1, 0.5·500, 0.5·375,000, 0, 0),
+    # var = 1e-6 + 250²·4e-10 + 2·250·(−1.5e-8) = 1e-6 + 2.5e-5 − 7.5e-6 = 1.85e-5
+    slow = FittedModel(**{**FIT, "load_bandwidth": 1e8}, hit_load_share=1.0, chip_covariance=cov)
+    assert slow.predict(0.5, 1000.0, 20.0).ttft_service_stderr == pytest.approx(1.85e-5 ** 0.5)
+    # two data-parallel engines: a request's TTFT takes one engine's coefficients, the fit's × 2,
+    # and its standard error with them: 2 × 9.2736e-3 s
+    two = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov, engines=2.0).predict(0.5, 1000.0, 20.0)
+    assert two.ttft_service_stderr == pytest.approx(2 * 8.6e-5 ** 0.5)
+    # no covariance (a fit saved before it was kept): no standard error, the TTFT stands
+    assert FittedModel(**FIT, hit_load_share=0.0).predict(0.5, 1000.0, 20.0).ttft_service_stderr is None
