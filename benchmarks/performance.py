@@ -20,7 +20,7 @@ read assembles are rendering, timed by the /metrics latency), on the same texts,
   fitter whose fit is not ok yet refits at every row (the miss slope waits for h to move by 0.1,
   which sweep A's first phase at h = 0 does not), cheaply on few rows. After it every fitter
   refits every 16 rows on all its rows (31–90 of them in quick mode; a fitter keeps up to 720, the
-  miss slope 512 per ISL bucket, which the trace cannot fill: a sidecar that has run for hours
+  miss slope 512 per ISL and OSL bucket, which the trace cannot fill: a sidecar that has run for hours
   refits on more).
 * the same, ``1 model, long run``: the 1-model trace replayed ``LAPS`` times into one runner, each
   lap's clock continuing the last (``_forever``), the last lap timed, the laps before read before
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
               f"the timed cycles: {after['warm_s'] * 1e3:.1f} ms and {after['warm_refits']:.1f} refits per scrape, "
               "where a fit not ok yet refits at every row, on few rows): every fit then refits every 16 rows, on all "
               "its rows (the miss slope's nonlinear reference curve among them), which grow to 720 (the miss slope: 512 "
-              "per ISL bucket) in a sidecar that has run for hours; the trace cannot fill them."]
+              "per ISL and OSL bucket) in a sidecar that has run for hours; the trace cannot fill them."]
     long = sizes[LONG_RUN]
     lines += ["", f"{LONG_RUN}: the trace replayed {LAPS} times into one runner, each lap's clock continuing the last "
               f"(a counter restart per lap), the last lap timed: by then the fits hold their most rows (chip-time "

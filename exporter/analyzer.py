@@ -186,7 +186,7 @@ class ModelFits:
 
     Attributes:
         chip_time: the §7 chip-time fit; coefficients: its coefficients when ok, else None.
-        miss_slope: the direct (TPS0, a) fit of one ISL bucket (§4 ``linear``).
+        miss_slope: the direct (TPS0, a) fit of one ISL and OSL bucket (§4 ``linear``).
         load_aware, overlap: the load-aware latency fit (c0, c1) and α (§3.2, §7); both
             insufficient_data "waiting for the chip-time fit" while coefficients is None.
     """

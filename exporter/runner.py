@@ -361,7 +361,8 @@ class Runner:
             # there, their values too old to show (one decimal under 10 s: 1.6 s read "2 s")
             analysis = analysis.without_models(
                 "" if age is None or not analysis.models else f"the last successful scrape is {age:.{int(age < 10)}f} s old, more "
-                "than two scrape intervals plus the timeout (see kvhit_up and kvhit_scrape_errors_total)")
+                "than two scrape intervals plus the timeout (see kvhit_up and kvhit_scrape_errors_total; in fleet "
+                "mode also polls that found nothing newer, logged)")
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
         elif analysis.timestamp is not None:

@@ -775,11 +775,13 @@ class PrometheusSource:
         # a family's series some pod's latest scrape lacked (x:, _coverage); a lazy family's absence is its 0
         unscraped = [] if r is None or f.lazy else [
             (f"x:{f.name}", self._unscraped(self._selector(f, '(_total)?' if f.kind == "counter" else '_count'), r))]
-        # the series whose growth the samples cannot tell: a glitch (g:), and, of a pod's plain counters (a
-        # restart is the pod's: all its series alike), a restart _growth reads wrong (d:, _doubted)
-        main = self._selector(f, '(_total)?' if f.kind == "counter" else '_count')
-        doubted = [] if r is None else [(f"g:{f.name}", _glitched(main, r))] + (
-            [(f"d:{f.name}", _doubted(main, r))] if f.kind == "counter" and f.match is None and not f.lazy else [])
+        # the series whose growth the samples cannot tell: a glitch (z:, any of the family's series; a
+        # histogram's buckets and sum apart, as with the name dropped its _sum and _count share their
+        # labels), and, of a pod's plain counters (a restart is the pod's: all its series alike), a restart
+        # _growth reads wrong (d:, _doubted)
+        series = [self._selector(f, suffix) for suffix in (('(_total)?',) if f.kind == "counter" else ('_bucket', '_sum'))]
+        doubted = [] if r is None else [(f"z:{f.name}", _glitched(series, r))] + (
+            [(f"d:{f.name}", _doubted(series[0], r))] if f.kind == "counter" and f.match is None and not f.lazy else [])
         if f.kind == "counter":
             growth = _growth(self._selector(f, '(_total)?'), r, born, out)
             out = [(f"c:{f.name}", f"sum by ({by}) ({growth})"), (f"n:{f.name}", _pods(growth)), *unscraped, *doubted]
@@ -889,9 +891,10 @@ class PrometheusSource:
         unscraped = {(f.name, labels.get("model_name", "")): value for f in self.families if not f.lazy
                      for labels, value in by_query.get(f"x:{f.name}", []) if value > 0}
         glitched = {(f.name, labels.get("model_name", "")) for f in self.families
-                    for labels, value in by_query.get(f"g:{f.name}", []) if value > 0}
-        restarted = {labels.get("model_name", "") for f in self.families
-                     for labels, value in by_query.get(f"d:{f.name}", []) if value > 0}
+                    for labels, value in by_query.get(f"z:{f.name}", []) if value > 0}
+        # a glitch inside a tile reads as a restart of its family too (its value went down): the glitch's
+        restarted = {labels.get("model_name", "") for f in self.families for labels, value in by_query.get(f"d:{f.name}", [])
+                     if value > 0 and (f.name, labels.get("model_name", "")) not in glitched}
         # a glitched sample may be the last of its range, the next range's start: that one is doubted too
         doubted = glitched | self._glitched | {(f.name, m) for f in self.families if f.kind in ("counter", "histogram")
                                                for m in restarted}
@@ -1040,27 +1043,31 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
 
 
 def _doubted(selector: str, offset: str) -> str:
-    """PromQL: per model, how many series of ``selector`` have samples in the tile (t − ``offset``,
-    t] that went down in a way :func:`_growth` reads wrong. It reads a tile by its ends, its highest
-    sample and whether it went down below its start (then): right without a restart, and when the
-    value since stayed below then, after one restart before the tile's first sample or one inside
-    whose highest sample was the last before it. Any other tile that went down (``resets``, or a
-    sample below then) is read wrong: the value since passed then (a crash-looping pod: its growth
-    read 14 % low, review), two restarts, or the value since passed the highest before."""
+    """PromQL: per model, how many series of ``selector`` went down in the tile (t − ``offset``, t],
+    counted from its start (then, the last sample at or before t − offset) on, in a way
+    :func:`_growth` reads wrong. It reads a tile by its ends and its highest sample: right without a
+    restart, and after one whose value since stayed below then (the highest sample is then the last
+    before the restart, or the restart came before the tile's first sample). Two restarts, or one
+    whose value since passed then, it reads wrong (a crash-looping pod: its growth read 14 % low,
+    review). The drops are those of the samples from then on: ``resets`` over then's lookback and
+    the tile less ``resets`` over then's lookback alone (a range of the tile alone misses a drop
+    from then to the tile's first sample: a restart before it and one inside read as one)."""
+    ms = LOOKBACK_SECONDS * 1000 + int(offset.removesuffix("ms"))
     then = _preferred(f"last_over_time({{}}[{LOOKBACK}] offset {offset})", selector)
-    last, low, high, downs = (_preferred(f"{fn}({{}}[{offset}])", selector)
-                              for fn in ("last_over_time", "min_over_time", "max_over_time", "resets"))
-    return (f"count by (model_name) (({downs} > 0 or {then} > {low}) and ({then} <= {last} or {downs} > 1 or "
-            f"{high} <= {last} and {downs} == 1))")
+    last = _preferred(f"last_over_time({{}}[{offset}])", selector)
+    drops = (f"({_preferred(f'resets({{}}[{ms}ms])', selector)} - "
+             f"{_preferred(f'resets({{}}[{LOOKBACK}] offset {offset})', selector)})")
+    return f"count by (model_name) ({drops} > 1 or {drops} == 1 and {then} <= {last})"
 
 
-def _glitched(selector: str, offset: str) -> str:
-    """PromQL: per model, how many series of ``selector`` have a sample in the tile (t − ``offset``,
-    t] that is no count, below 0 or above MAX_VALUE (a -1 at a tile's end read as a restart added the
-    pod's whole lifetime total: fleet h 0.025 for 0.65, review); when it was the last, the next tile
-    starts at it (the caller's)."""
-    low, high = (_preferred(f"{fn}({{}}[{offset}])", selector) for fn in ("min_over_time", "max_over_time"))
-    return f"count by (model_name) ({low} < 0 or {high} > {MAX_VALUE:g})"
+def _glitched(selectors: Iterable[str], offset: str) -> str:
+    """PromQL: per model, how many series of ``selectors`` (a counter's; a histogram's buckets and
+    sum) have a sample in the tile (t − ``offset``, t] that is no count, below 0 or above MAX_VALUE
+    (a -1 at a tile's end read as a restart added the pod's whole lifetime total: fleet h 0.025 for
+    0.65, review); when it was the last, the next tile starts at it (the caller's)."""
+    terms = [f"{_preferred(f'min_over_time({{}}[{offset}])', s)} < 0 or "
+             f"{_preferred(f'max_over_time({{}}[{offset}])', s)} > {MAX_VALUE:g}" for s in selectors]
+    return f"count by (model_name) ({' or '.join(terms)})"
 
 
 def _preferred(fn: str, selector: str) -> str:

@@ -437,7 +437,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
 
 
 class MissSlopeFitter:
-    """Online direct estimator of (TPS0, a) per log2 ISL bucket (MODEL.md §4 ``linear``, §6).
+    """Online direct estimator of (TPS0, a) per log2 ISL and OSL bucket (MODEL.md §4 ``linear``, §6).
 
     Memory bound: one :class:`~fitters.online.RowBuffer` of the last ``capacity_per_bucket``
     (t, h, TPS_miss) rows per ISL and OSL bucket (:func:`bucket_key`) met so far (4 floats each
@@ -491,10 +491,13 @@ class MissSlopeFitter:
         return fit.solve()
 
     def result(self, isl: float | None = None, osl: float | None = None) -> FitResult:
-        """Fit of the bucket of ``isl`` and ``osl`` [tokens] (:func:`bucket_key`; default, without
-        ``isl``: the bucket of the latest usable step); extra includes "isl_bucket_lo"/"isl_bucket_hi"
-        and, where the OSL is known, "osl_bucket_lo"/"osl_bucket_hi". Raises ValueError for isl < 1."""
+        """Fit of the bucket of ``isl`` and ``osl`` [tokens] (:func:`bucket_key`; without ``isl``,
+        or without a known ``osl`` when the latest usable step has this ISL bucket: the latest usable
+        step's bucket); extra includes "isl_bucket_lo"/"isl_bucket_hi" and, where the OSL is known,
+        "osl_bucket_lo"/"osl_bucket_hi". Raises ValueError for isl < 1."""
         key = bucket_key(isl, osl) if isl is not None else self._current
+        if key is not None and key[1] is None and self._current is not None and self._current[0] == key[0]:
+            key = self._current  # an OSL not known now (a window's histogram unreadable): the latest step's, of this ISL
         if key is None:
             return FitResult.failed(Status.INSUFFICIENT_DATA, "no usable busy step yet")
         return self._fitted(key)[0]

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -353,13 +354,19 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert f'ignoring(le) (last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
     assert f'sum by (model_name) ({pref("(0 * {})", "request_prompt_tokens_sum")})' in q0
     assert f'sum by (model_name) ({pref("max without (pid) ({})", "num_requests_running")})' in q0
-    # tiles _growth reads wrong: a restart (d:, of the plain counters: a restart is the pod's) or a
-    # glitch (g:, every counter and histogram), asked of ranges only
-    for qid in ("d:prefix_cache_queries", "g:prefix_cache_queries", "g:request_prompt_tokens"):
+    # tiles _growth reads wrong: a restart (d:, of the plain counters: a restart is the pod's), its
+    # drops counted from the tile's start sample on (its lookback and the tile, less its lookback),
+    # or a glitch (z:, every series of every counter and histogram), asked of ranges only
+    for qid in ("d:prefix_cache_queries", "z:prefix_cache_queries", "z:request_prompt_tokens"):
         assert f'"kvhit_query", "{qid}"' in q1 and f'"kvhit_query", "{qid}"' not in q0
     assert '"d:request_prompt_tokens"' not in q1
-    glitch = pref("min_over_time({}[3250ms])", "prefix_cache_queries(_total)?") + " < 0 or " + \
-        pref("max_over_time({}[3250ms])", "prefix_cache_queries(_total)?") + " > 1e+18"
+    drops = (f'({pref("resets({}[303250ms])", "prefix_cache_queries(_total)?")} - '
+             f'{pref("resets({}[5m] offset 3250ms)", "prefix_cache_queries(_total)?")})')
+    last = pref("last_over_time({}[3250ms])", "prefix_cache_queries(_total)?")
+    assert f"count by (model_name) ({drops} > 1 or {drops} == 1 and {then} <= {last})" in q1
+    glitch = " or ".join(pref("min_over_time({}[3250ms])", f"request_prompt_tokens_{s}") + " < 0 or " +
+                         pref("max_over_time({}[3250ms])", f"request_prompt_tokens_{s}") + " > 1e+18"
+                         for s in ("bucket", "sum"))  # apart: with the name dropped, _sum and _count are one label set
     assert f"count by (model_name) ({glitch})" in q1
     assert f'max by (model_name) ({pref("max without (pid) ({})", "kv_cache_usage_perc")})' in q0
     assert f'count by (job, instance, block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
@@ -691,10 +698,70 @@ def test_a_family_a_pod_s_latest_scrape_lacked_is_left_out_unknown_not_a_growth_
     assert dict(parse_exposition(src.fetch()[1], 6005.0).models["m"].counters) == {"queries": 1500.0, "hits": 200.0}
 
 
+# Tile shapes: a pod's counter at 0..10 s, the tile's start sample (then) at 5 s, its samples at
+# 6..10 s; the true growth by hand: each rise, and after a drop (a restart) the value since.
+_PRE = [60, 70, 80, 90, 95]
+TILES = {
+    "no restart": _PRE + [100, 110, 120, 130, 140, 150],
+    "restart before the first, value since below then": _PRE + [100, 5, 10, 20, 30, 40],
+    "restart before the first, value since past then": _PRE + [100, 50, 80, 110, 130, 150],
+    "restart inside, value since below then": _PRE + [100, 110, 120, 5, 10, 20],
+    "restart inside, value since past then, below the highest": _PRE + [100, 110, 200, 5, 60, 150],
+    "restart inside, value since past the highest": _PRE + [100, 110, 120, 5, 60, 150],
+    "two restarts inside": _PRE + [100, 110, 5, 20, 3, 10],
+    "restart before the first and inside, highest below then": _PRE + [100, 10, 20, 30, 5, 8],
+    "restart before the first and inside, highest above then": _PRE + [100, 10, 150, 160, 5, 8],
+    "restart before the first and inside, highest last": _PRE + [100, 10, 20, 5, 30, 40],
+    "restart before the first and inside, first small": _PRE + [100, 1, 120, 5, 6, 7],
+    "glitch -1 at the end": _PRE + [100, 110, 120, 130, 140, -1],
+    "glitch -1 inside": _PRE + [100, 110, -1, 130, 140, 150],
+    "glitch 1e19 at the end": _PRE + [100, 110, 120, 130, 140, 1e19],
+}
+
+
+@pytest.mark.parametrize("offset", ["4500ms", "5000ms"])  # then before the tile (Prometheus 3), or at its edge (2)
+def test_every_tile_shape_reads_its_growth_by_hand_or_unknown(tmp_path, offset):
+    # Evaluated by Prometheus' own engine (promtool test rules): _growth's sum per tile is its growth
+    # by hand, or d: (a restart _growth reads wrong) or z: (a glitch) flags it, never a wrong number
+    # (a review found a restart before the tile's first sample and one inside unflagged: 8 for 38).
+    from observability import tool
+
+    def by_hand(values):
+        tile = values[5:]
+        return sum(b - a if b >= a else b for a, b in zip(tile, tile[1:]))
+    sel = '{__name__=~"vllm[:_]q(_total)?"}'
+    exprs = {"growth": f"sum by (model_name) ({sources._growth(sel, offset)})",
+             "d": sources._doubted(sel, offset), "z": sources._glitched([sel], offset)}
+    names = {f"t{i}": name for i, name in enumerate(TILES)}
+    doc = {"evaluation_interval": "1s", "tests": [{"interval": "1s", "input_series": [
+        {"series": f'vllm:q_total{{model_name="{m}", job="j", instance="{m}"}}', "values": " ".join(map(str, v))}
+        for m, v in zip(names, TILES.values())],
+        # an expectation no answer meets: promtool then prints what each expression gave
+        "promql_expr_test": [{"expr": e, "eval_time": "10s", "exp_samples": [{"labels": '{model_name="none"}', "value": 0}]}
+                             for e in exprs.values()]}]}
+    (tmp_path / "t.yml").write_text(json.dumps(doc))
+    out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
+    got = re.findall(r"^\s*got: (.*)$", out.stderr + out.stdout, re.M)
+    assert len(got) == 3, out.stderr
+    answers = [{m: float(v) for m, v in re.findall(r'model_name="(t\d+)"\} ([^,\s]+)', g)} for g in got]
+    growth, doubted, glitched = answers
+    assert set(growth) == set(names), growth  # every tile has a growth, flagged or not
+    verdicts = {}
+    for m, name in names.items():
+        flagged = doubted.get(m, 0) > 0 or glitched.get(m, 0) > 0
+        right = growth[m] == by_hand(TILES[name])
+        verdicts[name] = "unknown" if flagged else "right" if right else f"WRONG ({growth[m]:g} for {by_hand(TILES[name]):g})"
+    assert not [v for v in verdicts.values() if v.startswith("WRONG")], verdicts
+    # and the shapes it reads right are not thrown away
+    for name in ("no restart", "restart before the first, value since below then", "restart inside, value since below then"):
+        assert verdicts[name] == "right", verdicts
+
+
 def test_a_restart_the_growth_reads_wrong_leaves_the_model_out_and_a_glitch_its_family_twice(fake, caplog):
     # d: a pod of model m restarted in a way _growth reads wrong (a restart is the pod's: every
-    # family of m is left out of that poll); g: a glitched sample of a family (left out of that
-    # poll and the next, whose range may start at it); other models untouched
+    # family of m is left out of that poll); z: a glitched sample of a family (left out of that
+    # poll and the next, whose range may start at it); other models untouched, and a gauge (its
+    # rows are g:) is no glitch
     clock = Clock(6000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
     grown = [_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "300"),
@@ -706,13 +773,21 @@ def test_a_restart_the_growth_reads_wrong_leaves_the_model_out_and_a_glitch_its_
     # m stays, with its gauges (a restart changes no gauge's meaning) and no counter: its step unknown
     assert not s1.models["m"].counters and dict(s1.models["m"].gauges) == {"running": 3.0}
     assert dict(s1.models["k"].counters) == {"queries": 10.0, "hits": 5.0}
-    assert "model 'm': a pod's counters went down this range" in caplog.text
-    for t, extra, counters in ((6005.0, [_row("g:prefix_cache_hits", "1")], {"queries": 1000.0}),
+    assert "model 'm': a pod's counters went down this range" in caplog.text and "no count" not in caplog.text
+    for t, extra, counters in ((6005.0, [_row("z:prefix_cache_hits", "1")], {"queries": 1000.0}),
                                (6010.0, [], {"queries": 2000.0}),  # the next range may start at the glitch
                                (6015.0, [], {"queries": 3000.0, "hits": 300.0})):
         clock.t = t
         fake.answer([*grown, *extra])
         assert dict(parse_exposition(src.fetch()[1], t).models["m"].counters) == counters, t
+    # a glitch inside a tile went down too: d: flags its family, which z: says is the glitch's, not
+    # a restart of the pod (m's queries stay)
+    clock.t = 6020.0
+    fake.answer([*grown, _row("d:prefix_cache_hits", "1"), _row("z:prefix_cache_hits", "1")])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kvhit"):
+        assert dict(parse_exposition(src.fetch()[1], 6020.0).models["m"].counters) == {"queries": 4000.0}
+    assert "counters went down" not in caplog.text and "prefix_cache_hits of model 'm'" in caplog.text
 
 
 def test_loaded_hits_from_fewer_pods_than_the_model_has_are_unknown_not_0(fake):

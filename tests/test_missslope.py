@@ -160,7 +160,9 @@ def test_isl_buckets_fitted_separately():
     assert (fitter.result().extra["osl_bucket_lo"], fitter.result().extra["osl_bucket_hi"]) == osl
     assert fitter.buckets()[((362, 724), osl)].value("a") == pytest.approx(short_a, abs=0.02)
     assert fitter.result(isl=100.0, osl=128.0).status is Status.INSUFFICIENT_DATA
-    # an OSL not known is a bucket of its own: none of these steps is in it
+    # an OSL not known now (a window's histogram unreadable): the latest step's bucket when it has
+    # this ISL's (3000), else the bucket of unknown OSL, which none of these steps is in
+    assert fitter.result(isl=3000.0).value("a") == pytest.approx(long_a, abs=0.02)
     assert fitter.result(isl=700.0).status is Status.INSUFFICIENT_DATA
 
 
@@ -193,14 +195,15 @@ def test_a_change_of_output_length_is_fitted_apart_from_the_old_line():
 
 def test_buckets_kept_are_bounded():
     # one step in each of MAX_BUCKETS + 1 OSL buckets (OSL 2^k, k = 1..MAX_BUCKETS + 1, one octave
-    # apart: [1, 3), [3, 6), …): the one that got no step for longest, the first, goes
+    # apart: [1, 3), [3, 6), …), the first one given a second step before the last: the one that got
+    # no step for longest, the second ([3, 6)), goes
     from fitters.missslope import MAX_BUCKETS
     fitter = MissSlopeFitter()
-    for k in range(1, MAX_BUCKETS + 2):
+    for k in [*range(1, MAX_BUCKETS + 1), 1, MAX_BUCKETS + 1]:
         fitter.update(dataclasses.replace(step(float(k), 0.5, TPS0, isl=1000.0), osl=2.0 ** k))
     assert len(fitter.buckets()) == MAX_BUCKETS
-    assert fitter.result(isl=1000.0, osl=2.0).reason == "no usable busy step with ISL in [724, 1448) and OSL in [1, 3)"
-    assert fitter.result(isl=1000.0, osl=4.0).samples == 1
+    assert fitter.result(isl=1000.0, osl=4.0).reason == "no usable busy step with ISL in [724, 1448) and OSL in [3, 6)"
+    assert fitter.result(isl=1000.0, osl=2.0).samples == 2 and fitter.result(isl=1000.0, osl=8.0).samples == 1
 
 
 def test_isl_bucket_edges():

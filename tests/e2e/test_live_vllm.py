@@ -173,7 +173,9 @@ def live(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Live:
         res.t_restarted = time.time()
         rng = random.Random(7)
         prefix = [rng.randrange(1000, 8000) for _ in range(ISL // 2)]
-        res.after_restart_requests = drive_load(base + "/v1/completions", MODEL, 16.0, 4, ISL, prefix, 16,
+        # the sweep's lengths: the fits carry on for the same traffic (another OSL is another miss-slope
+        # bucket, withheld until its own steps span h)
+        res.after_restart_requests = drive_load(base + "/v1/completions", MODEL, 16.0, 4, ISL, prefix, OSL,
                                                 at_least=AFTER_RESTART_REQUESTS)
         t_load_end = time.time()
         recovered = poller.wait_for(
