@@ -628,12 +628,14 @@ class Analyzer:
                 coef, cov, fitted.t_fixed, isl, osl, min(h_now, h_max),
                 cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max],
                 fixed_steps=steps_per_request)
+        def spans(lo: object, hi: object) -> bool:  # an h range the direct fit would draw a line over
+            return isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
-        if not (isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span):
+        if not spans(lo, hi):
             # the current bucket's traffic has not spanned h (yet): the h range of the steps of all
             # buckets, where the workload has been (traffic whose OSL grew keeps its derived line)
             lo, hi = st.slope.h_range() or (lo, hi)
-        if isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span:
+        if spans(lo, hi):
             problem = fitted.unidentified(lo, isl, osl) or fitted.unidentified(hi, isl, osl)
             if problem:
                 unknown.setdefault("miss_slope_derived", problem)

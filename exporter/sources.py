@@ -882,7 +882,7 @@ class PrometheusSource:
         it does not export) or without its sample at one end; and pairs some pod's latest scrape at
         either end of the range lacked though the pod had them (``x:`` rows, :meth:`_unscraped`: their
         growth read 0, a fleet h of 0 where it is unknown); pairs with a glitched sample this fetch or
-        the last (``g:``, :func:`_glitched`); and every counter and histogram of a model with a restart
+        the last (``z:``, :func:`_glitched`); and every counter and histogram of a model with a restart
         :func:`_growth` reads wrong (``d:``, :func:`_doubted`). Such a sum is not the fleet's (hits from some pods over
         queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
         total (a counter: rendered NaN for the model, :meth:`_metrics`); a change of the set is logged."""
@@ -1051,13 +1051,14 @@ def _doubted(selector: str, offset: str) -> str:
     whose value since passed then, it reads wrong (a crash-looping pod: its growth read 14 % low,
     review). The drops are those of the samples from then on: ``resets`` over then's lookback and
     the tile less ``resets`` over then's lookback alone (a range of the tile alone misses a drop
-    from then to the tile's first sample: a restart before it and one inside read as one)."""
+    from then to the tile's first sample: a restart before it and one inside read as one). Two
+    drops, or one with then ≤ the last sample: drops + (then ≤ last) > 1, the drops evaluated once."""
     ms = LOOKBACK_SECONDS * 1000 + int(offset.removesuffix("ms"))
     then = _preferred(f"last_over_time({{}}[{LOOKBACK}] offset {offset})", selector)
     last = _preferred(f"last_over_time({{}}[{offset}])", selector)
     drops = (f"({_preferred(f'resets({{}}[{ms}ms])', selector)} - "
              f"{_preferred(f'resets({{}}[{LOOKBACK}] offset {offset})', selector)})")
-    return f"count by (model_name) ({drops} > 1 or {drops} == 1 and {then} <= {last})"
+    return f"count by (model_name) (({drops} + ({then} <= bool {last})) > 1)"
 
 
 def _glitched(selectors: Iterable[str], offset: str) -> str:
