@@ -373,6 +373,7 @@ class _Builder:
         self.usable: set[tuple[str, str]] = set()  # (exposed base, model) read with a usable value
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
+        self.connector_models: set[str] = set()  # model_name labels of LMCache's samples (_connector)
         self.cache_config: dict[str, str] = {}
         self.model_cache_config: dict[str, dict[str, str]] = {}  # from cache_config_info with a model_name
         self.quirks: dict[str, int] = {}
@@ -725,6 +726,8 @@ def _sample(b: _Builder, line: str) -> bool:
         # Not read: a name and something after it is all that is checked.
         if engine:
             b.families.setdefault(engine, set()).add(family)
+        if engine == "lmcache" and (m := _SAMPLE.match(line)) is not None:
+            _lmcache_model(b, _labels(m.group(2)) or {})
         if engine == "vllm":
             b.sample_line(declared, "engine label" not in b.declared and bool(_ENGINE_LABEL.search(line, end)))
         return end < len(line)
@@ -738,6 +741,11 @@ def _sample(b: _Builder, line: str) -> bool:
     return _take(b, line[:end], labels, value)
 
 
+def _lmcache_model(b: _Builder, labels: Mapping[str, str]) -> None:
+    if labels.get("model_name"):
+        b.connector_models.add(labels["model_name"])
+
+
 def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
     """Record one parsed sample (name as exposed, labels, value); False when malformed."""
     info = _name_info(full)
@@ -746,6 +754,8 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
     engine, name, family, declared, what, created = info
     if engine:
         b.families.setdefault(engine, set()).add(family)
+    if engine == "lmcache":
+        _lmcache_model(b, labels)
     if engine in engines.TRANSLATED:
         b.other.append((name, labels, value))
         b.prefixes.setdefault(engine, full[:len(engine) + 1])
@@ -909,7 +919,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         v0_no_data = "v0_hit_rate" in gauges and _ev(gauges["v0_hit_rate"], b.values) == -1.0
         since_of[model] = _since(b, model)
         unknown = _unknown_reasons(era, since_of[model], counters, v0_no_data, unit, acc.incomplete.get(model, set()),
-                                   b.model_cache_config.get(model, b.cache_config), "lmcache" in b.families,
+                                   b.model_cache_config.get(model, b.cache_config), _connector(b, model, acc.model),
                                    _external_exposed(b, model))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
                  "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
@@ -1160,6 +1170,16 @@ def prefix_caching_off(cache_config: Mapping[str, str]) -> bool:
 
 PREFIX_CACHING_OFF = ('prefix caching is off (cache_config_info enable_prefix_caching="False"): vLLM counts no '
                       "prefix-cache query, so there is no hit ratio")
+
+
+def _connector(b: _Builder, model: str, models: Mapping[str, object]) -> bool:
+    """Whether LMCache (a KV connector) serves ``model``: its samples name it (``model_name``, as
+    fleet mode renders them per model), or the exposition has LMCache metrics none of whose
+    ``model_name`` is one of vLLM's ``models`` (a pod's LMCache names the model by its path, not
+    by vLLM's served name: every model of the body)."""
+    if "lmcache" not in b.families:
+        return False
+    return model in b.connector_models or not b.connector_models & models.keys()
 
 
 def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, object], v0_no_data: bool,

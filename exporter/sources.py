@@ -441,6 +441,8 @@ TOTALS_TTL_SECONDS = 3600.0  # fleet mode forgets a running total no answer held
 # pod's whole value to be counted only once (PrometheusSource.fetch)
 CREATED_SKEW_SECONDS = 60.0
 _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
+_CONNECTOR = "l:"  # the query of each model's pods with LMCache's metrics, rendered as the family below
+_CONNECTOR_FAMILY = "lmcache:kvhit_fleet_pods"  # parse: an LMCache family naming the model (parse._connector)
 
 
 class PrometheusSource:
@@ -759,6 +761,7 @@ class PrometheusSource:
             # the engines each model's sums add up: per-GPU TPM divides by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
                                   f"({self._counters_selector()}{unless}))"))
+            queries.append((_CONNECTOR, _connected(self._counters_selector(), self.matchers)))
         if r is not None and self._running is not None:
             # the engines busy throughout the step (MODEL.md §7, per engine: analyzer._busy_in_step),
             # whose machine the chip-time fit's coefficients are, and those running requests at some
@@ -870,8 +873,13 @@ class PrometheusSource:
         for qid, rows in by_query.items():  # a partial sum: its counter, bucket and sum rows
             if qid[:2] in ("c:", "b:", "s:"):
                 by_query[qid] = [row for row in rows if (qid[2:], row[0].get("model_name", "")) not in self._partial]
+        connector = GaugeMetricFamily(_CONNECTOR_FAMILY, "Pods of the model with LMCache's metrics.",
+                                      labels=("model_name",))
+        for labels, pods in by_query.get(_CONNECTOR, []):
+            connector.add_metric([labels.get("model_name", "")], pods)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Rendered([m for f in self.families for m in self._metrics(f, by_query)]))
+        registry.register(_Rendered([m for f in self.families for m in self._metrics(f, by_query)]
+                                    + ([connector] if connector.samples else [])))
         # A successful answer without series is no data, not an empty body (a parse error)
         return generate_latest(registry).decode() or "# kvhit fleet mode: no series in this answer\n"
 
@@ -1094,6 +1102,15 @@ def _newest(fn: str, selector: str) -> str:
 def _spellings(fn: str, selector: str) -> tuple[str, str]:
     """``fn`` (``{}`` for its selector) of ``selector`` (built with _PREFIX) read as vllm: and as vllm_."""
     return fn.format(selector.replace(_PREFIX, "vllm:", 1)), fn.format(selector.replace(_PREFIX, "vllm_", 1))
+
+
+def _connected(counters: str, matchers: Sequence[str]) -> str:
+    """PromQL: per model, its pods (job, instance) with a series of ``counters`` for it that also
+    expose LMCache's metrics (a KV connector; ``lmcache:`` or OpenMetrics' ``lmcache_``, as the
+    recording rule reads them) with the selector's ``matchers``: before vLLM 0.11.1 nothing else
+    tells that the model's loaded hits are uncounted (parse._connector)."""
+    lmcache = "{" + ", ".join(('__name__=~"lmcache[:_].+"', *matchers)) + "}"
+    return f"count by (model_name) (count by (job, instance, model_name) ({counters}) and on (job, instance) {lmcache})"
 
 
 def _pods(expr: str) -> str:

@@ -408,7 +408,10 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # per model, the pods × engine labels its counters come from (the engines its sums add up)
     assert (f'label_replace(count by (model_name) (count by (model_name, job, instance, engine) ({counters})), '
             f'"kvhit_query", "e:", "", "")') in q0
-    assert q0.count('label_replace(') == 12  # one request: 12 subqueries, 6 families (and the pods' models)
+    # the pods of each model with LMCache's metrics, with the selector's matchers
+    assert (f'label_replace(count by (model_name) (count by (job, instance, model_name) ({counters}) and on (job, '
+            f'instance) {{__name__=~"lmcache[:_].+", {sel}}}), "kvhit_query", "l:", "", "")') in q0
+    assert q0.count('label_replace(') == 13  # one request: 13 subqueries, 6 families (and the pods' models, LMCache)
 
 
 def test_a_new_pod_counts_whole_only_when_created_after_the_baseline_and_the_last_poll_less_5_min(fake):
@@ -807,6 +810,46 @@ def test_loaded_hits_from_fewer_pods_than_the_model_has_are_unknown_not_0(fake):
     m = parse_exposition(src.fetch()[1], 6000.0).models["m"]
     assert dict(m.counters) == {"queries": 1000.0, "hits": 300.0}
     assert "not from every pod" in m.unknown["hit_ratio_loaded"], m.unknown
+
+
+def test_a_model_whose_pods_run_lmcache_on_an_older_vllm_has_its_loaded_hits_unknown_not_0(fake, tmp_path):
+    # vLLM < 0.11.1 has no external_prefix_cache_*: LMCache's hits are in no vLLM counter, and only
+    # LMCache's own metrics tell a connector is in use. Pod mode read them; fleet mode never asked,
+    # so a model whose pods ran LMCache published loaded hits 0 and h without them (a review).
+    from observability import tool
+    # the query, by Prometheus' own engine: pod a (m1) with lmcache:, pod b (m2) with OpenMetrics'
+    # lmcache_ and LMCache's own model_name (a path), pod c (m3) without; another namespace's LMCache
+    # on pod c's address is not m3's
+    series = {'vllm:prefix_cache_queries_total{model_name="m1", job="j", instance="a", namespace="llm"}': "10",
+              'lmcache:num_hit_tokens_total{model_name="m1", worker_id="0", job="j", instance="a", namespace="llm"}': "5",
+              'lmcache:num_lookup_requests_total{model_name="m1", worker_id="1", job="j", instance="a", namespace="llm"}': "5",
+              'vllm_prefix_cache_queries_total{model_name="m2", job="j", instance="b", namespace="llm"}': "10",
+              'lmcache_num_retrieve_requests_total{model_name="/models/m2", job="j", instance="b", namespace="llm"}': "1",
+              'vllm:prefix_cache_queries_total{model_name="m3", job="j", instance="c", namespace="llm"}': "10",
+              'lmcache:num_hit_tokens_total{job="j", instance="c", namespace="other"}': "1"}
+    expr = sources._connected('{__name__=~"vllm[:_]prefix_cache_queries(_total)?", namespace="llm"}', ('namespace="llm"',))
+    doc = {"evaluation_interval": "1s", "tests": [{"interval": "1s", "input_series": [
+        {"series": k, "values": v} for k, v in series.items()],
+        "promql_expr_test": [{"expr": expr, "eval_time": "0s", "exp_samples": [
+            {"labels": '{model_name="m1"}', "value": 1}, {"labels": '{model_name="m2"}', "value": 1}]}]}]}
+    (tmp_path / "t.yml").write_text(json.dumps(doc))
+    out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    # and what fleet mode makes of its answer: m1's loaded hits unknown, with why; m2 without LMCache
+    # (vLLM 0.10, no offloading) has loaded hits 0 (MODEL.md §2), not unknown
+    info = Family("cache_config_info", "info", ("block_size", "kv_offloading_size"))
+    src = PrometheusSource(fake.url, (*FAMILIES[:2], info), interval=5.0, clock=Clock(6000.0))
+    assert sources._connected(src._counters_selector(), src.matchers) in src.promql(5.0)
+    fake.answer([*[({**labels, "model_name": m}, v) for m in ("m1", "m2") for labels, v in (
+                     _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"))],
+                 ({"kvhit_query": "l:", "model_name": "m1"}, "1"),
+                 *[({"kvhit_query": "i:cache_config_info", "job": "vllm", "instance": pod, "block_size": "16",
+                     "kv_offloading_size": "None"}, "1") for pod in ("a", "b")],
+                 *[({"kvhit_query": "pm:", "job": "vllm", "instance": pod, "model_name": m}, "1")
+                   for pod, m in (("a", "m1"), ("b", "m2"))]])
+    snap = parse_exposition(src.fetch()[1], 6000.0)
+    assert snap.models["m1"].unknown["hit_ratio_loaded"].startswith("LMCache metrics in the exposition")
+    assert "hit_ratio_loaded" not in snap.models["m2"].unknown, snap.models["m2"].unknown
 
 
 def test_a_family_left_out_for_one_model_says_nothing_of_another_nor_of_the_vllm_version(fake):

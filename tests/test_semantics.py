@@ -573,6 +573,25 @@ def test_lmcache_metrics_without_external_counters_make_loaded_hits_unknown_neve
     assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "all"))] == pytest.approx(0.1)
 
 
+def test_lmcache_metrics_naming_a_model_make_that_model_s_loaded_hits_unknown_not_the_others():
+    # Two models of a vLLM 0.10 body, no offloading. LMCache's samples carry the model_name of the
+    # model they serve (fleet mode renders them per model): only that model's loaded hits are
+    # unknown, the other's are 0 (MODEL.md §2). LMCache naming none of vLLM's models (a path, as
+    # LMCache names it in a pod) still says a connector serves the body: every model's are unknown.
+    from exporter import parse
+    two = V010.format(q=1000.0, k=100.0, p=0.0, extra="") + "\n".join(
+        line.replace('model_name="m"', 'model_name="n"') for line in V010.format(q=1.0, k=0.0, p=0.0, extra="")
+        .splitlines() if 'model_name="m"' in line) + "\n"
+    lm = '# TYPE lmcache:num_hit_tokens counter\nlmcache:num_hit_tokens_total{{model_name="{m}",worker_id="0"}} 5.0\n'
+    for named, unknown in (("n", {"n"}), ("/models/llama", {"m", "n"})):
+        lines, truncated = parse._body_lines(two + lm.format(m=named))
+        snaps = [parse._parse(lines, truncated, 0.0, read) for read in (parse._read_library, parse._read_lines)]
+        assert repr(snaps[0]) == repr(snaps[1])  # both readers alike
+        got = {m for m, sig in snaps[0].models.items() if "hit_ratio_loaded" in sig.unknown}
+        assert got == unknown, (named, got)
+        assert all(snaps[0].models[m].unknown["hit_ratio_loaded"].startswith("LMCache metrics") for m in unknown)
+
+
 def test_fit_histories_of_churning_model_names_are_bounded_by_max_series():
     # names replaced every 2 scrapes, never more than 3 at once: each new name got its fitters'
     # preallocated buffers, kept 10 windows after it was gone (RSS 0.1 → 1.1 GB in the churn review)
