@@ -97,7 +97,7 @@ class ModelAnalysis:
         load_bandwidth: (value [bytes/s], "measured" | "configured") or None.
         kv_bytes_per_token: S_kv per GPU [bytes] or None.
         contention: c(running) at the window's time-averaged concurrency [1] or None.
-        anomalies: busy steps flagged as tail-chunk anomalies in the current ISL and OSL bucket.
+        anomalies: busy steps flagged as tail-chunk anomalies in the published miss slope's ISL and OSL bucket.
         anomaly_times: end times [unix s] of those steps (the report marks them).
         warnings: warning → reason, a caveat on published values (observe.window_notes).
         slo_cost: pass-rate bounds and cost per 1M SLO-passing output tokens (MODEL.md §5).
@@ -189,6 +189,7 @@ class ModelFits:
         miss_slope: the direct (TPS0, a) fit of one ISL and OSL bucket (§4 ``linear``).
         load_aware, overlap: the load-aware latency fit (c0, c1) and α (§3.2, §7); both
             insufficient_data "waiting for the chip-time fit" while coefficients is None.
+        anomaly_times: end times [unix s] of the tail-chunk anomalies flagged in miss_slope's bucket.
     """
 
     chip_time: FitResult
@@ -196,6 +197,7 @@ class ModelFits:
     miss_slope: FitResult
     load_aware: FitResult
     overlap: FitResult
+    anomaly_times: tuple[float, ...] = ()
 
 
 @dataclass
@@ -486,7 +488,8 @@ class Analyzer:
         st = self._state[model]
         chip = st.chip.result()
         coef = st.chip.coefficients()
-        slope = st.slope.result(isl, osl) if isl is not None and isl >= 1 else st.slope.result()
+        bucket = (isl, osl) if isl is not None and isl >= 1 else ()
+        slope = st.slope.result(*bucket)
         if coef is not None:
             bandwidth = load_bandwidth if load_bandwidth is not None else self.config.load_bandwidth_bytes_per_second
             # the latency layer is fitted under these coefficients: its errors include theirs (read
@@ -495,7 +498,7 @@ class Analyzer:
                                                     lambda: _prefill_covariance(chip, engines))
         else:
             load_aware = overlap = FitResult.failed(Status.INSUFFICIENT_DATA, "waiting for the chip-time fit")
-        return ModelFits(chip, coef, slope, load_aware, overlap)
+        return ModelFits(chip, coef, slope, load_aware, overlap, tuple(st.slope.anomaly_times(*bucket)))
 
     def _kv_bytes_per_token(self, model: str) -> float | None:
         """S_kv [bytes/token] of the configured geometry stored as the latest snapshot's engine of
@@ -557,7 +560,7 @@ class Analyzer:
             warnings=warnings,
             isl=isl_w, osl=osl_w, observed_ttft=wobs.ttft_mean, tpm_observed=tpm, fits=fits,
             load_bandwidth=bandwidth, kv_bytes_per_token=kv,
-            anomalies=int(slope.extra.get("anomalies", 0)), anomaly_times=tuple(st.slope.anomaly_times()),
+            anomalies=int(slope.extra.get("anomalies", 0)), anomaly_times=mf.anomaly_times,
             miss_slope_h_range=(slope.extra["h_min"], slope.extra["h_max"]) if slope.ok else None,
             **seed3,
         )

@@ -495,12 +495,17 @@ class MissSlopeFitter:
         or without a known ``osl`` when the latest usable step has this ISL bucket: the latest usable
         step's bucket); extra includes "isl_bucket_lo"/"isl_bucket_hi" and, where the OSL is known,
         "osl_bucket_lo"/"osl_bucket_hi". Raises ValueError for isl < 1."""
-        key = bucket_key(isl, osl) if isl is not None else self._current
-        if key is not None and key[1] is None and self._current is not None and self._current[0] == key[0]:
-            key = self._current  # an OSL not known now (a window's histogram unreadable): the latest step's, of this ISL
+        key = self._key(isl, osl)
         if key is None:
             return FitResult.failed(Status.INSUFFICIENT_DATA, "no usable busy step yet")
         return self._fitted(key)[0]
+
+    def _key(self, isl: float | None, osl: float | None) -> Key | None:
+        """The bucket :meth:`result` reads for ``isl`` and ``osl``; None before a usable step."""
+        key = bucket_key(isl, osl) if isl is not None else self._current
+        if key is not None and key[1] is None and self._current is not None and self._current[0] == key[0]:
+            key = self._current  # an OSL not known now (a window's histogram unreadable): the latest step's, of this ISL
+        return key
 
     def buckets(self) -> dict[Key, FitResult]:
         """Fit of every bucket with data, keyed by (ISL (lo, hi), OSL (lo, hi) or None), ascending."""
@@ -511,9 +516,12 @@ class MissSlopeFitter:
         hs = [fit.rows.view()[:, 1] for fit in self._buckets.values() if len(fit)]
         return (float(min(h.min() for h in hs)), float(max(h.max() for h in hs))) if hs else None
 
-    def anomaly_times(self) -> list[float]:
-        """Times ``obs.t`` [s] of the steps flagged as tail-chunk anomalies in the current bucket."""
-        if self._current is None:
+    def anomaly_times(self, isl: float | None = None, osl: float | None = None) -> list[float]:
+        """Times ``obs.t`` [s] of the steps flagged as tail-chunk anomalies in the bucket
+        :meth:`result` reads for ``isl`` and ``osl`` [tokens] (the same defaults); [] for a
+        bucket without data."""
+        key = self._key(isl, osl)
+        if key not in self._buckets:
             return []
-        mask = self._fitted(self._current)[1]
-        return self._buckets[self._current].rows.view()[mask, 0].tolist()
+        mask = self._fitted(key)[1]
+        return self._buckets[key].rows.view()[mask, 0].tolist()
