@@ -624,13 +624,15 @@ class Analyzer:
         derived, h_range = {}, out.miss_slope_h_range
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
         h_shape = fitted.unidentified(0.0, isl, osl) or fitted.unidentified(h_max, isl, osl)
-        if h_shape:
+        h_at = min(h_now, h_max)
+        local = h_shape and (fitted.unidentified(h_at, isl, osl) or fitted.unidentified_slope(h_at, isl))
+        if local:
             unknown.setdefault("bathtub_chip_time", h_shape)
         else:
-            bathtubs["chip_time"] = bathtub_chip_time(
-                coef, cov, fitted.t_fixed, isl, osl, min(h_now, h_max),
-                cfg.prices.p_miss, cfg.prices.p_hit, cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max],
-                fixed_steps=steps_per_request)
+            b = bathtub_chip_time(coef, cov, fitted.t_fixed, isl, osl, h_at, cfg.prices.p_miss, cfg.prices.p_hit,
+                                  cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max],
+                                  fixed_steps=steps_per_request)
+            bathtubs["chip_time"] = _local_bathtub(b, fitted, isl, osl, h_shape, unknown) if h_shape else b
         def spans(lo: object, hi: object) -> bool:  # an h range the direct fit would draw a line over
             return isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
@@ -731,9 +733,30 @@ class Analyzer:
             isl_range=list(lengths[0]) if lengths else None, osl_range=list(lengths[1]) if lengths else None)
 
 
+def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float, why: str,
+                   unknown: dict[str, str]) -> BathtubCurve:
+    """The chip-time bathtub ``b`` of a fit that cannot tell its terms apart over all of [0, 1)
+    (``why``) but can at h_now, its chip time and its slope in h there: R(h_now), R'(h_now) with
+    its interval and valley_active stand (MODEL.md §4's test is local); curve points only where
+    the chip time is identified; h* only where it and its slope are; h_even and the exit, which
+    compare with R(0), withheld with ``why`` in ``unknown``. Agentic traffic (h 0.85-0.99) had
+    its whole bathtub withheld and the valley follow the linear form, whose line through the
+    curve's steep end put a bottom at h 0.94 where R still fell (R' of the wrong sign, no page)."""
+    def known(h: float) -> bool:
+        return fitted.unidentified(h, isl, osl) is None
+
+    h_star = b.h_star if b.h_star is not None and known(b.h_star) and fitted.unidentified_slope(b.h_star, isl) is None \
+        else None
+    if h_star is None:  # none found rests on R'(0) < 0 too
+        unknown.setdefault("valley_bottom_chip_time", why)
+    for signal in ("valley_breakeven_chip_time", "valley_exit_chip_time"):
+        unknown.setdefault(signal, "R(0) is not identifiable: " + why)
+    return replace(b, h_star=h_star, h_even=None, exit=None, curve=tuple((h, r) for h, r in b.curve if known(h)))
+
+
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:
     """MODEL.md §4: the valley alert follows chip_time when its fit is ok (and its bathtub was
-    published: not withheld as unidentifiable), else linear."""
+    published: not withheld as unidentifiable at h_now, :func:`_local_bathtub`), else linear."""
     if chip is not None and chip.ok and "chip_time" in bathtubs:
         return "chip_time"
     return "linear" if "linear" in bathtubs else None

@@ -127,6 +127,13 @@ def chip_time_regressors(isl: float, osl: float, h: float, steps: float) -> tupl
     return (steps, (1.0 - h) * isl, attention_work(isl, h), osl, osl * decode_context_per_token(isl, osl))
 
 
+def chip_time_regressor_slopes(isl: float, h: float) -> tuple[float, ...]:
+    """−∂/∂h of one request's regressors (:func:`chip_time_regressors`) in CHIP_TIME_TERMS order:
+    0, ISL, h·ISL² (W = ISL²·(1 − h²)/2), 0, 0; −t_chip'(h) = Σ coefficient × these [s per unit h]
+    (the chip-time bathtub's R'(h) needs t_chip'(h), MODEL.md §4)."""
+    return (0.0, isl, h * isl * isl, 0.0, 0.0)
+
+
 @dataclass(frozen=True)
 class ChipTimeCoefficients:
     """Coefficients of Δt_busy ≈ T_step·Δsteps + k_ffn·ΔM + k_attn·ΔW + k_dec·ΔG + k_ctx·ΔC (MODEL.md §7).

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from fitters.latency import predict_prefill_latency, service_ttft, service_ttft_gradient
-from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
+from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressor_slopes,
+                           chip_time_regressors, relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
 from fitters.result import measured
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
@@ -240,6 +240,15 @@ class FittedModel:
                                   chip_time_regressors(isl, osl, hit_ratio, self.steps_per_request), "a request",
                                   f"at h={hit_ratio:g}, ISL={isl:g}, OSL={osl:g}, {self.steps_per_request:.3g} engine "
                                   "steps,")
+
+    def unidentified_slope(self, hit_ratio: float, isl: float) -> str | None:
+        """Why t_chip'(h), the slope in h of a request's chip time at (h, ISL), is not identifiable,
+        or None: :func:`unidentified_terms` on −∂z/∂h (:func:`~fitters.model.chip_time_regressor_slopes`).
+        A fit whose steps spanned a narrow h range (agentic traffic at 0.85-0.99) cannot tell
+        attention work from miss tokens over [0, 1) but can tell their slope near its steps'
+        h: R'(h) there, the valley's test, is known where R(0) is not."""
+        return unidentified_terms(self.collinear, self.coefficients, chip_time_regressor_slopes(isl, hit_ratio),
+                                  "the slope in h of a request's chip time", f"at h={hit_ratio:g}, ISL={isl:g}")
 
     def unidentified_prefill(self, hit_ratio: float, isl: float) -> str | None:
         """Why the prefill of a request at (h, ISL) — one engine step and its compute, no decode:

@@ -67,6 +67,14 @@ def test_attention_work_by_hand():
     assert m.attention_work(1000, 0.25) == 468_750
 
 
+def test_regressor_slopes_by_hand():
+    # −∂/∂h of (steps, M, W, OSL, C) at N = 1000, h = 0.5: M = (1-h)N falls by N = 1000 per unit h;
+    # W = N²(1-h²)/2 falls by N²·h = 500,000 per unit h (from 375,000 at 0.5: 0.501 gives
+    # 1000²·(1 - 0.251001)/2 = 374,499.5, 500.5 less per 0.001); the rest does not move with h
+    assert m.chip_time_regressor_slopes(1000.0, 0.5) == (0.0, 1000.0, 500_000.0, 0.0, 0.0)
+    assert m.attention_work(1000, 0.501) == pytest.approx(374_499.5)
+
+
 def test_compute_time_seed():
     # T_attn,0=2 s, T_ffn,0=1 s, h=0.5: 2·(1-0.25) + 1·(1-0.5) = 1.5 + 0.5 = 2.0 s
     assert m.compute_time_seed(0.5, 2.0, 1.0) == pytest.approx(2.0)
