@@ -71,6 +71,9 @@ STATE_CAP_FACTOR = 2  # fit histories kept: those of the analysed models, and as
 BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_load = Δbytes/Δseconds
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
 BATHTUB_GRID = tuple(i / 20 for i in range(20)) + (0.97, 0.99)
+# How long kvhit_warning_info{warning="engine_speed_changed"} stays after the chip-time fit found
+# the engine's speed changed and the fits started afresh [s]: long enough for a 15-min alert's eyes.
+CHANGED_NOTE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,7 @@ class _ModelState:
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
     identity: "_Identity | None" = None  # the engine of the latest steps
     candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
+    changed: tuple[float, str] | None = None  # (when, why) the engine last changed speed (ChipTimeFitter.drift)
 
     def another_engine(self, identity: "_Identity") -> str | None:
         """Why the engine of this step (``identity``) is another than the one fitted so far, when it
@@ -376,6 +380,10 @@ class Analyzer:
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p.delta, p.obs, p.busy, p.running)
                     _raise_peak(st.peak, p.rates)
+                    if (why := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
+                        log.warning("model %r: %s Its fits start afresh.", model, why)
+                        st = self._state[model] = st.afresh(st.identity)
+                        st.changed = (p.delta.t1, why)
                 else:
                     self.last_dropped[model] = p.obs
             suspect = _spike(rates, {}, st.peak) is not None
@@ -544,6 +552,9 @@ class Analyzer:
         _absent_means(snap, w, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
         if note := cfg.model.dtype_note(snap.cache_config_of(model).get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
+        if st.changed is not None and w.t1 - st.changed[0] <= CHANGED_NOTE_SECONDS:
+            warnings["engine_speed_changed"] = (f"{st.changed[1]} The fits started afresh "
+                                                f"{w.t1 - st.changed[0]:.0f} s ago (published for an hour).")
         if engines > 1:
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
                     else "data-parallel engines in one exposition")

@@ -76,7 +76,8 @@ WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values publish
                   "are not longer than one KV block), data_parallel (several engines in one exposition, or a fleet's, "
                   "fitted as one machine), kv_cache_dtype (vLLM's KV cache dtype unknown to kvhit or not the configured "
                   "model.dtype_bytes), load_aware_off (the load-aware TTFT misses the window's observed one by more "
-                  "than 25 %); reason explains.", MODEL + ("warning", "reason"))
+                  "than 25 %), engine_speed_changed (the engine's chip time per unit of work moved by more than 15 %: "
+                  "the fits started afresh, for an hour after); reason explains.", MODEL + ("warning", "reason"))
 
 # --- observed over the publish window (MODEL.md §1, §2) ----------------------------------
 WINDOW = _m("kvhit_window_seconds", "Length of the publish window the observed values cover [s] "

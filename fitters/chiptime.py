@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,16 @@ OUTLIER_SIGMAS = 3.5
 REJECT_AFTER = 3
 REJECT_ROUNDS = 4  # flag-and-refit rounds at most (two settle a seed-002 dip pattern)
 _MAD_TO_SIGMA = 1.4826
+# An engine that changed speed (a power or clock cap, a co-located job, flags changed at a
+# restart): the last DRIFT_STEPS steps' relative residuals against the fit, less those of the
+# earlier steps of the same traffic (h and ISL cell, OSL and concurrency per engine by octave),
+# have a median beyond DRIFT (most of them are the changed engine's). Kept (_evict keeps other h's steps), the earlier steps bend
+# the fit to both engines: 1.5x slower, the bathtub's bottom read 0.60 for 0.30, a valley paged
+# for 3 h where there was none (helper's repro). 15 %: the real trace's phases left out were
+# predicted within 4.4 % (MODEL.md §7); a median of 32 steps at 10 % noise moves ~2 %.
+DRIFT = 0.15
+DRIFT_STEPS = 32
+DRIFT_REFERENCE = 4  # earlier steps of a step's traffic it is compared with, at least
 
 
 def design_row(obs: Observation) -> np.ndarray | None:
@@ -393,6 +404,11 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
 CELL_H = 0.05
 
 
+def _octave(x: float) -> float:
+    """log2 x rounded; nan (no octave, equal to none) for x nan or ≤ 0."""
+    return float(round(math.log2(x))) if x > 0.0 else math.nan
+
+
 def _cell(h: float | None, isl: float) -> float:
     """The (h, ISL) cell of a step, as one float: h to CELL_H (unknown h: a cell of its own), log2 ISL rounded."""
     hb = -1 if h is None or not math.isfinite(h) else math.floor(min(max(h, 0.0), 1.0) / CELL_H)
@@ -418,7 +434,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
     outliers, covariance, R² and the rest are computed from that solution as in
     :func:`fit_chip_time` when the result is first read (:class:`~fitters.online.LazyFitResult`).
     It refits instead when a free term would turn negative or a regressor column becomes
-    (non-)zero. Cached until new data. Nothing is learned at construction.
+    (non-)zero. Cached until new data. Nothing is learned at construction. :attr:`drift` says
+    when the engine changed speed (DRIFT): its steps are then no longer one engine's.
     Raises ValueError for capacity < 1 or every < 1.
     """
 
@@ -428,27 +445,74 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every, basis_width=len(CHIP_TIME_TERMS) + 1)
         self.capacity = capacity
         self.min_samples = min_samples
-        # each row's (ISL, OSL, cell, busy engines, epoch), evicted with it; rows per cell
-        self._tags = RowBuffer(capacity, 5)
+        # each row's (ISL, OSL, cell, busy engines, epoch, concurrency octave), evicted with it; rows per cell
+        self._tags = RowBuffer(capacity, 6)
         self._cells: dict[float, int] = {}
         self._epoch = 0.0  # engine restarts so far (restarted)
+        self._multi = 0  # rows with other than one busy engine (busy_engines' mean is 1 without them)
+        self._arrived: deque[float] = deque(maxlen=DRIFT_STEPS)  # new rows' relative residuals when they came
+        self.drift: str | None = None  # why the engine changed speed (:meth:`update`), once found
 
     def update(self, obs: Observation, engines: float = 1.0) -> bool:
         """Add one step; True if it was usable (see :func:`design_row`) and stored. ``engines``:
-        the data-parallel engines busy in it (:meth:`busy_engines`)."""
+        the data-parallel engines busy in it (:meth:`busy_engines`). Sets :attr:`drift` when the
+        engine's chip time per unit of work has changed (DRIFT): its earlier steps no longer
+        describe it, and whoever owns the fitter starts afresh."""
         row = design_row(obs)
         if row is None:
             return False
         cell = _cell(obs.hit_ratio, obs.isl)
         k = self.append((*row, obs.dt))
         if len(self._tags) == self.capacity:
-            gone = self._tags.view()[k, 2]
-            self._cells[gone] -= 1
-            if not self._cells[gone]:
-                del self._cells[gone]
-        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch), k)  # ISL, OSL known: ΔC_dec needs both
+            gone = self._tags.view()[k]
+            self._cells[gone[2]] -= 1
+            if not self._cells[gone[2]]:
+                del self._cells[gone[2]]
+            self._multi -= gone[3] != 1.0
+        running = math.nan if obs.running is None else obs.running / engines
+        # ISL, OSL known: ΔC_dec needs both
+        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, _octave(running)), k)
         self._cells[cell] = self._cells.get(cell, 0) + 1
+        self._multi += engines != 1.0
+        if self._state is not None:
+            self._arrived.append(float(self._relative(row[None], np.array([obs.dt]), np.array([engines]), self._state)[0]))
+            if len(self._arrived) == DRIFT_STEPS and abs(median(np.array(self._arrived))) > DRIFT:
+                self.drift = self._changed(self._state)
         return True
+
+    def _relative(self, x: np.ndarray, dt: np.ndarray, engines: np.ndarray, state: _Frozen) -> np.ndarray:
+        """Relative residuals (n,) of rows x (n, 5) with busy times dt (n,) [s] under a refit: as
+        :meth:`_weigh`'s, each Δt × its busy engines / :meth:`busy_engines`' mean (the work of more
+        engines in the same wall time is no faster engine)."""
+        if self._multi:
+            dt = dt * engines / self.busy_engines(1.0)
+        return (x @ state.beta - dt) / np.maximum(x @ state.start, state.floor)
+
+    def _changed(self, state: _Frozen) -> str | None:
+        """Why the last DRIFT_STEPS rows say the engine changed speed, or None: the median, over
+        those with DRIFT_REFERENCE earlier rows of their traffic, of their relative residual less
+        the median of those earlier rows' (a misfit the traffic always had, tail-chunk dips or a
+        concurrency the linear model fits less well, is no change) beyond DRIFT, from at least half
+        of them."""
+        x, tags = self.rows.view(), self._tags.view()
+        n = len(x) - DRIFT_STEPS
+        if n < DRIFT_REFERENCE:
+            return None
+        r = self._relative(x[:, :5], x[:, 5], tags[:, 3], state)
+        traffic = np.column_stack([tags[:, 2], np.round(np.log2(np.maximum(tags[:, 1], 1.0))), tags[:, 5]])
+        shifts = []
+        for i in range(n, len(x)):
+            same = np.all(traffic[:n] == traffic[i], axis=1)
+            if np.count_nonzero(same) >= DRIFT_REFERENCE:
+                shifts.append(r[i] - median(r[:n][same]))
+        if 2 * len(shifts) < DRIFT_STEPS:
+            return None
+        shift = median(np.array(shifts))
+        if not abs(shift) > DRIFT:
+            return None
+        return (f"the engine's chip time per unit of work changed by {-shift:+.0%} against earlier steps of the same "
+                f"traffic (h, ISL, OSL and concurrency) in the median of its last {DRIFT_STEPS} busy steps (a power or "
+                "clock cap, a co-located job, flags changed at a restart?).")
 
     def restarted(self) -> None:
         """The engine restarted (as the same engine: its configuration unchanged): the steps

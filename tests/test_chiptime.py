@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -617,3 +618,48 @@ def test_after_a_restart_the_steps_before_it_go_first():
         fitter.update(o)
     cells = fitter._tags.view()[:, 2].tolist()
     assert [cells.count(c) for c in sorted(set(cells))] == [5, 15]
+
+
+def _drifting(scale: float, n: int = 48, slow_h: tuple[float, float] | None = None, engines: float = 1.0,
+              seed: int = 11) -> tuple[ChipTimeFitter, list[int]]:
+    """A fitter fed 400 steps of one engine (ISL 1024, OSL 256, 8 requests running, h in [0, 0.9]),
+    then ``n`` more of the same traffic whose busy time is × ``scale`` (and ÷ ``engines``, run by
+    that many engines); ``slow_h``: the steps in that h range take 1.3× their time throughout.
+    Returns the fitter and the steps after which :attr:`drift` was set."""
+    rng = np.random.default_rng(seed)
+    fitter = ChipTimeFitter()
+
+    def feed(steps: list[Observation], factor: float, engines: float) -> list[int]:
+        found = []
+        for i, o in enumerate(steps):
+            slow = slow_h is not None and slow_h[0] <= o.hit_tokens_device / o.queried_tokens <= slow_h[1]
+            fitter.update(dataclasses.replace(o, dt=o.dt * factor * (1.3 if slow else 1.0) / engines, running=8.0 * engines),
+                          engines)
+            fitter.result()
+            if fitter.drift is not None:
+                found.append(i)
+        return found
+    assert feed(make_steps(rng, 400, isls=(1024.0,), osls=(256.0,)), 1.0, 1.0) == []
+    h = slow_h or (0.0, 0.9)
+    return fitter, feed(make_steps(rng, n, isls=(1024.0,), osls=(256.0,), t0=1000.0, h_range=h), scale, engines)
+
+
+def test_an_engine_that_changed_speed_is_found_within_its_drift_steps():
+    # 1.5x slower for the same work (all coefficients x 1.5): +50 % chip time against the earlier
+    # steps of the same traffic, found once most of the last DRIFT_STEPS steps are of the slower engine
+    fitter, found = _drifting(1.5)
+    assert found and chiptime.DRIFT_STEPS // 2 - 1 <= found[0] < chiptime.DRIFT_STEPS, found
+    def change(why: str) -> float:
+        return float(re.search(r"changed by ([+-]\d+)%", why).group(1)) / 100
+    assert change(fitter.drift) == pytest.approx(0.5, abs=0.05)
+    fitter, found = _drifting(1 / 1.25)  # faster: -20 %
+    assert found and change(fitter.drift) == pytest.approx(-0.2, abs=0.05)
+
+
+def test_steps_that_always_fit_worse_more_engines_or_noise_are_no_change_of_speed():
+    # the same engine (2 % noise); traffic at h 0.45-0.5 that always took 1.3x the model's time
+    # (tail-chunk dips, a regime a linear model fits worse), now all of the steps; the same work
+    # done by two engines in half the wall time (the chip-time fit sees busy engines' work per
+    # second, fitters/chiptime.py busy_engines)
+    for case in ({"scale": 1.0}, {"scale": 1.0, "slow_h": (0.45, 0.5)}, {"scale": 1.0, "engines": 2.0}):
+        assert _drifting(**case)[1] == [], case

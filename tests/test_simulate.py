@@ -1128,3 +1128,50 @@ def test_agentic_traffic_keeps_the_chip_time_valley_test_at_its_hit_ratio(a):
     # what compares with R(0) is not identifiable: withheld, with why; no curve point at h = 0
     assert b.h_even is None and b.exit is None and "valley_breakeven_chip_time" in m.unknown
     assert "bathtub_chip_time" not in m.unknown and all(x > 0.5 for x, _ in b.curve)
+
+
+def test_an_engine_that_slowed_down_starts_its_fits_afresh_and_pages_no_false_valley():
+    # The sweep's 30 windows at 11 hit ratios, then every chip-time coefficient x 1.5 (a power cap;
+    # no restart, no configuration change) and h held at 0.5. The chip-time fit kept the sweep's
+    # steps at the other h (_evict) beside the slower engine's at 0.5 and bent between them: bottom
+    # h* 0.60 and h_even 0.89 for a true 0.30 and 0.52 (output priced at the miss price),
+    # valley_active 1 at h = 0.5 where R' > 0,
+    # for 3 h (helper's repro, KvhitValley firing in promtool). Now the change is found, the fits
+    # start afresh, and at one h the bathtub is withheld (unknown, not a false page) while the
+    # current TPM is the slower engine's: (ISL + OSL) x 60 / t_chip(h) of the new truth, by hand.
+    from exporter.config import Config, Prices
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    train = (0.0, 0.8, 0.2, 0.6, 0.4, 0.95, 0.1, 0.7, 0.3, 0.9, 0.5)
+    before = calibrate_truth(Truth(), 0.5)
+    after = replace(before, t_step=before.t_step * 1.5, k_ffn=before.k_ffn * 1.5, k_attn=before.k_attn * 1.5,
+                    k_dec=before.k_dec * 1.5)
+    sc = Scenario(truth=before, schedule=tuple(Segment("step", 60.0, train[i % 11]) for i in range(30))
+                  + (Segment("step", 2700.0, 0.5),), seed=1)
+    prices = Prices(hit_price_ratio=0.1, output_per_million=1.0)
+
+    def slope(h: float, running: float) -> float:  # the new truth's R'(h), MODEL.md §4 chip_time form
+        def revenue(x: float) -> float:
+            return (prices.p_miss * (1 - x) * after.isl + prices.p_hit * x * after.isl
+                    + prices.p_out * after.osl) / after.t_chip(x, running)
+        return (revenue(h + 1e-6) - revenue(h - 1e-6)) / 2e-6
+    assert slope(0.5, 6.0) > 0 and slope(0.5, 14.0) > 0  # h = 0.5 is past the valley at every concurrency
+    runner = Runner(Config(interval=sc.interval, prices=prices), "sim", clock=(clock := TraceClock()))
+    engine = Engine(sc)
+    clock.t = sc.start
+    runner.ingest_text(sc.start, engine.exposition())
+    warned = False
+    for i in range(1, int(sc.duration / sc.interval) + 1):
+        if i == 360:  # the sweep's end
+            engine.sc = replace(engine.sc, truth=after)
+        clock.t = engine.advance().t
+        runner.ingest_text(clock.t, engine.exposition())
+        m = runner.current()[0].models[sc.model_name]
+        warned |= "engine_speed_changed" in m.warnings
+        if i > 360:
+            assert not (m.valley_form and m.bathtubs[m.valley_form].valley_active), i
+    assert warned and m.fits["chip_time"].ok and "bathtub_chip_time" in m.unknown
+    h, running = m.hit_ratio["all"], m.fitted.running
+    by_hand = (after.isl + after.osl) * 60.0 / after.t_chip(h, running)
+    assert m.predictions["current"].tpm_delivered == pytest.approx(by_hand, rel=0.03)
