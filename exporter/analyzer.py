@@ -381,7 +381,7 @@ class Analyzer:
                     _fit_step_rows(st, p.delta, p.obs, p.busy, p.running)
                     _raise_peak(st.peak, p.rates)
                     if (why := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
-                        log.warning("model %r: %s Its fits start afresh.", model, why)
+                        log.warning("model %r: %s. Its fits start afresh.", model, why)
                         st = self._state[model] = st.afresh(st.identity)
                         st.changed = (p.delta.t1, why)
                 else:
@@ -553,7 +553,7 @@ class Analyzer:
         if note := cfg.model.dtype_note(snap.cache_config_of(model).get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
         if st.changed is not None and w.t1 - st.changed[0] <= CHANGED_NOTE_SECONDS:
-            warnings["engine_speed_changed"] = (f"{st.changed[1]} The fits started afresh "
+            warnings["engine_speed_changed"] = (f"{st.changed[1]}. The fits started afresh "
                                                 f"{w.t1 - st.changed[0]:.0f} s ago (published for an hour).")
         if engines > 1:
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts

@@ -507,12 +507,14 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
                 shifts.append(r[i] - median(r[:n][same]))
         if 2 * len(shifts) < DRIFT_STEPS:
             return None
-        shift = median(np.array(shifts))
-        if not abs(shift) > DRIFT:
+        if not abs(median(np.array(shifts))) > DRIFT:
             return None
-        return (f"the engine's chip time per unit of work changed by {-shift:+.0%} against earlier steps of the same "
-                f"traffic (h, ISL, OSL and concurrency) in the median of its last {DRIFT_STEPS} busy steps (a power or "
-                "clock cap, a co-located job, flags changed at a restart?).")
+        # found once most of the window is the changed engine's: its newest steps tell the size
+        size = -median(np.array(shifts[-DRIFT_STEPS // 4:]))
+        return (f"the engine's chip time per unit of work changed by {size:+.0%} (its last {DRIFT_STEPS // 4} busy "
+                f"steps; the median of its last {DRIFT_STEPS} moved by more than {DRIFT:.0%}) against earlier steps of "
+                "the same traffic (h, ISL, OSL and concurrency), as after a power or clock cap, a co-located job, or "
+                "flags changed at a restart")
 
     def restarted(self) -> None:
         """The engine restarted (as the same engine: its configuration unchanged): the steps
