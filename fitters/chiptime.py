@@ -451,6 +451,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         self._epoch = 0.0  # engine restarts so far (restarted)
         self._multi = 0  # rows with other than one busy engine (busy_engines' mean is 1 without them)
         self._arrived: deque[float] = deque(maxlen=DRIFT_STEPS)  # new rows' relative residuals when they came
+        self._above = self._below = 0  # … of them above DRIFT, below -DRIFT
+        self._compared = -DRIFT_STEPS  # rows.appended when _changed last read the earlier steps
         self.drift: str | None = None  # why the engine changed speed (:meth:`update`), once found
 
     def update(self, obs: Observation, engines: float = 1.0) -> bool:
@@ -474,14 +476,29 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, _octave(running)), k)
         self._cells[cell] = self._cells.get(cell, 0) + 1
         self._multi += engines != 1.0
-        if self._state is not None:
-            self._arrived.append(float(self._relative(row[None], np.array([obs.dt]), np.array([engines]), self._state)[0]))
-            if len(self._arrived) == DRIFT_STEPS and abs(median(np.array(self._arrived))) > DRIFT:
-                self.drift = self._changed(self._state)
+        state = self._state
+        if state is not None:
+            r = float(self._relative(row, obs.dt, engines, state))
+            if len(self._arrived) == DRIFT_STEPS:
+                gone = self._arrived[0]
+                self._above -= gone > DRIFT
+                self._below -= gone < -DRIFT
+            self._arrived.append(r)
+            self._above += r > DRIFT
+            self._below += r < -DRIFT
+            # a median beyond ±DRIFT needs half of them beyond it on one side: only then is it taken,
+            # and the earlier steps read every DRIFT_STEPS // 4 steps at most (a misfit the traffic
+            # always had, e.g. early on the real trace, passes this test for many steps in a row)
+            if (len(self._arrived) == DRIFT_STEPS and max(self._above, self._below) >= DRIFT_STEPS // 2
+                    and self.rows.appended - self._compared >= DRIFT_STEPS // 4
+                    and abs(median(np.array(self._arrived))) > DRIFT):
+                self._compared = self.rows.appended
+                self.drift = self._changed(state)
         return True
 
-    def _relative(self, x: np.ndarray, dt: np.ndarray, engines: np.ndarray, state: _Frozen) -> np.ndarray:
-        """Relative residuals (n,) of rows x (n, 5) with busy times dt (n,) [s] under a refit: as
+    def _relative(self, x: np.ndarray, dt, engines, state: _Frozen) -> np.ndarray:
+        """Relative residuals (n,) of rows x (n, 5) with busy times dt (n,) [s] (or of one row, (5,),
+        and its dt and busy engines) under a refit: as
         :meth:`_weigh`'s, each Δt × its busy engines / :meth:`busy_engines`' mean (the work of more
         engines in the same wall time is no faster engine)."""
         if self._multi:
