@@ -21,7 +21,7 @@ from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_cach
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
-from fitters.chiptime import ChipTimeFitter, observed_regressors
+from fitters.chiptime import DRIFT_NEWEST, DRIFT_REASON, ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
@@ -221,7 +221,7 @@ class _ModelState:
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
     identity: "_Identity | None" = None  # the engine of the latest steps
     candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
-    changed: tuple[float, str] | None = None  # (when, why) the engine last changed speed (ChipTimeFitter.drift)
+    changed: tuple[float, float] | None = None  # (when, how much) the engine last changed speed (ChipTimeFitter.drift)
 
     def another_engine(self, identity: "_Identity") -> str | None:
         """Why the engine of this step (``identity``) is another than the one fitted so far, when it
@@ -380,10 +380,11 @@ class Analyzer:
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p.delta, p.obs, p.busy, p.running)
                     _raise_peak(st.peak, p.rates)
-                    if (why := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
-                        log.warning("model %r: %s. Its fits start afresh.", model, why)
+                    if (size := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
+                        log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON,
+                                    measured(f"{size:+.0%} in its last {DRIFT_NEWEST} busy steps"))
                         st = self._state[model] = st.afresh(st.identity)
-                        st.changed = (p.delta.t1, why)
+                        st.changed = (p.delta.t1, size)
                 else:
                     self.last_dropped[model] = p.obs
             suspect = _spike(rates, {}, st.peak) is not None
@@ -553,8 +554,9 @@ class Analyzer:
         if note := cfg.model.dtype_note(snap.cache_config_of(model).get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
         if st.changed is not None and w.t1 - st.changed[0] <= CHANGED_NOTE_SECONDS:
-            warnings["engine_speed_changed"] = (f"{st.changed[1]}. The fits started afresh "
-                                                f"{w.t1 - st.changed[0]:.0f} s ago (published for an hour).")
+            warnings["engine_speed_changed"] = (DRIFT_REASON + ": the fits started afresh (published for an hour)"
+                                                + measured(f"{st.changed[1]:+.0%} in its last {DRIFT_NEWEST} busy "
+                                                           f"steps, {w.t1 - st.changed[0]:.0f} s ago"))
         if engines > 1:
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
                     else "data-parallel engines in one exposition")
@@ -749,8 +751,8 @@ def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float,
     """The chip-time bathtub ``b`` of a fit that cannot tell its terms apart over all of [0, 1)
     (``why``) but can at h_now, its chip time and its slope in h there: R(h_now), R'(h_now) with
     its interval and valley_active stand (MODEL.md §4's test is local); curve points only where
-    the chip time is identified; h* only where it and its slope are; h_even and the exit, which
-    compare with R(0), withheld with ``why`` in ``unknown``. Agentic traffic (h 0.85-0.99) had
+    the chip time is identified; h* only where it and its slope are; R(0) (nan), h_even and the
+    exit, which compare with it, withheld with ``why`` in ``unknown``. Agentic traffic (h 0.85-0.99) had
     its whole bathtub withheld and the valley follow the linear form, whose line through the
     curve's steep end put a bottom at h 0.94 where R still fell (R' of the wrong sign, no page)."""
     def known(h: float) -> bool:
@@ -761,8 +763,9 @@ def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float,
     if h_star is None:  # none found rests on R'(0) < 0 too
         unknown.setdefault("valley_bottom_chip_time", why)
     for signal in ("valley_breakeven_chip_time", "valley_exit_chip_time"):
-        unknown.setdefault(signal, "R(0) is not identifiable: " + why)
-    return replace(b, h_star=h_star, h_even=None, exit=None, curve=tuple((h, r) for h, r in b.curve if known(h)))
+        unknown.setdefault(signal, "they compare with R(0), at h = 0, where the chip time is " + why)
+    return replace(b, h_star=h_star, h_even=None, exit=None, revenue_zero=math.nan,
+                   curve=tuple((h, r) for h, r in b.curve if known(h)))
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:

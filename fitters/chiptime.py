@@ -58,7 +58,12 @@ _MAD_TO_SIGMA = 1.4826
 # predicted within 4.4 % (MODEL.md §7); a median of 32 steps at 10 % noise moves ~2 %.
 DRIFT = 0.15
 DRIFT_STEPS = 32
-DRIFT_REFERENCE = 4  # earlier steps of a step's traffic it is compared with, at least
+DRIFT_NEWEST = DRIFT_STEPS // 4  # the newest steps the change's size is read from
+DRIFT_REASON = (f"the engine's chip time per unit of work changed against earlier steps of the same traffic (h, ISL, "
+                f"OSL and concurrency): the median of its last {DRIFT_STEPS} busy steps by more than {DRIFT:.0%}, as "
+                "after a power or clock cap, a co-located job, or flags changed at a restart")
+DRIFT_REFERENCE = 8  # earlier steps of a step's traffic it is compared with, at least
+DRIFT_SIGMAS = 6.0  # standard errors of the median shift a change must pass too
 
 
 def design_row(obs: Observation) -> np.ndarray | None:
@@ -453,13 +458,14 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         self._arrived: deque[float] = deque(maxlen=DRIFT_STEPS)  # new rows' relative residuals when they came
         self._above = self._below = 0  # … of them above DRIFT, below -DRIFT
         self._compared = -DRIFT_STEPS  # rows.appended when _changed last read the earlier steps
-        self.drift: str | None = None  # why the engine changed speed (:meth:`update`), once found
+        self.drift: float | None = None  # how much the engine changed speed (:meth:`update`, DRIFT_REASON), once found
 
     def update(self, obs: Observation, engines: float = 1.0) -> bool:
         """Add one step; True if it was usable (see :func:`design_row`) and stored. ``engines``:
-        the data-parallel engines busy in it (:meth:`busy_engines`). Sets :attr:`drift` when the
-        engine's chip time per unit of work has changed (DRIFT): its earlier steps no longer
-        describe it, and whoever owns the fitter starts afresh."""
+        the data-parallel engines busy in it (:meth:`busy_engines`). Sets :attr:`drift` (the
+        relative change) when the engine's chip time per unit of work has changed (DRIFT,
+        DRIFT_REASON): its earlier steps no longer describe it, and whoever owns the fitter starts
+        afresh."""
         row = design_row(obs)
         if row is None:
             return False
@@ -505,33 +511,35 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             dt = dt * engines / self.busy_engines(1.0)
         return (x @ state.beta - dt) / np.maximum(x @ state.start, state.floor)
 
-    def _changed(self, state: _Frozen) -> str | None:
-        """Why the last DRIFT_STEPS rows say the engine changed speed, or None: the median, over
-        those with DRIFT_REFERENCE earlier rows of their traffic, of their relative residual less
-        the median of those earlier rows' (a misfit the traffic always had, tail-chunk dips or a
-        concurrency the linear model fits less well, is no change) beyond DRIFT, from at least half
-        of them."""
+    def _changed(self, state: _Frozen) -> float | None:
+        """How much the engine's chip time per unit of work changed [1] (+0.5: 1.5x slower; the
+        median over the newest DRIFT_NEWEST rows), or None when the last DRIFT_STEPS rows do not
+        say it changed. Each of them with DRIFT_REFERENCE earlier rows of its traffic gives a shift:
+        its relative residual less the median of theirs (a misfit the traffic always had, tail-chunk
+        dips or a concurrency the linear model fits less well, is no change). A change is a median
+        shift, over at least half of them, beyond DRIFT and beyond DRIFT_SIGMAS standard errors of
+        that median under the earlier rows' scatter (a robust σ): a noisy engine's own spread
+        (20 % per step) read as a change once every ~3 h at a fixed 15 % (review)."""
         x, tags = self.rows.view(), self._tags.view()
         n = len(x) - DRIFT_STEPS
         if n < DRIFT_REFERENCE:
             return None
         r = self._relative(x[:, :5], x[:, 5], tags[:, 3], state)
         traffic = np.column_stack([tags[:, 2], np.round(np.log2(np.maximum(tags[:, 1], 1.0))), tags[:, 5]])
-        shifts = []
+        shifts, refs = [], []
         for i in range(n, len(x)):
             same = np.all(traffic[:n] == traffic[i], axis=1)
-            if np.count_nonzero(same) >= DRIFT_REFERENCE:
+            if (k := np.count_nonzero(same)) >= DRIFT_REFERENCE:
                 shifts.append(r[i] - median(r[:n][same]))
+                refs.append(k)
         if 2 * len(shifts) < DRIFT_STEPS:
             return None
-        if not abs(median(np.array(shifts))) > DRIFT:
+        # a median's standard error ≈ 1.25 σ/√m, of the shifts' own and of their references' (shared)
+        stderr = 1.25 * robust_sigma(r[:n]) * math.sqrt(1 / len(shifts) + 1 / median(np.array(refs, dtype=float)))
+        if not abs(median(np.array(shifts))) > max(DRIFT, DRIFT_SIGMAS * stderr):
             return None
         # found once most of the window is the changed engine's: its newest steps tell the size
-        size = -median(np.array(shifts[-DRIFT_STEPS // 4:]))
-        return (f"the engine's chip time per unit of work changed by {size:+.0%} (its last {DRIFT_STEPS // 4} busy "
-                f"steps; the median of its last {DRIFT_STEPS} moved by more than {DRIFT:.0%}) against earlier steps of "
-                "the same traffic (h, ISL, OSL and concurrency), as after a power or clock cap, a co-located job, or "
-                "flags changed at a restart")
+        return -median(np.array(shifts[-DRIFT_NEWEST:]))
 
     def restarted(self) -> None:
         """The engine restarted (as the same engine: its configuration unchanged): the steps

@@ -1127,6 +1127,7 @@ def test_agentic_traffic_keeps_the_chip_time_valley_test_at_its_hit_ratio(a):
     assert b.slope_now == pytest.approx(truth, rel=0.25)  # the carried attention work's bias at this h
     # what compares with R(0) is not identifiable: withheld, with why; no curve point at h = 0
     assert b.h_even is None and b.exit is None and "valley_breakeven_chip_time" in m.unknown
+    assert math.isnan(b.revenue_zero)  # R(0) itself: not identified (/api/v1/analysis: null)
     assert "bathtub_chip_time" not in m.unknown and all(x > 0.5 for x, _ in b.curve)
 
 
@@ -1161,17 +1162,18 @@ def test_an_engine_that_slowed_down_starts_its_fits_afresh_and_pages_no_false_va
     engine = Engine(sc)
     clock.t = sc.start
     runner.ingest_text(sc.start, engine.exposition())
-    warned = False
+    warned = set()  # the warning's reason as a label: one series, not one per scrape (review)
     for i in range(1, int(sc.duration / sc.interval) + 1):
         if i == 360:  # the sweep's end
             engine.sc = replace(engine.sc, truth=after)
         clock.t = engine.advance().t
         runner.ingest_text(clock.t, engine.exposition())
         m = runner.current()[0].models[sc.model_name]
-        warned |= "engine_speed_changed" in m.warnings
+        if "engine_speed_changed" in m.warnings:
+            warned.add(label_reason(m.warnings["engine_speed_changed"]))
         if i > 360:
             assert not (m.valley_form and m.bathtubs[m.valley_form].valley_active), i
-    assert warned and m.fits["chip_time"].ok and "bathtub_chip_time" in m.unknown
+    assert len(warned) == 1 and m.fits["chip_time"].ok and "bathtub_chip_time" in m.unknown
     h, running = m.hit_ratio["all"], m.fitted.running
     by_hand = (after.isl + after.osl) * 60.0 / after.t_chip(h, running)
     assert m.predictions["current"].tpm_delivered == pytest.approx(by_hand, rel=0.03)
