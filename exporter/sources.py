@@ -1107,9 +1107,11 @@ def _spellings(fn: str, selector: str) -> tuple[str, str]:
 def _connected(counters: str, matchers: Sequence[str]) -> str:
     """PromQL: per model, its pods (job, instance) with a series of ``counters`` for it that also
     expose LMCache's metrics (a KV connector; ``lmcache:`` or OpenMetrics' ``lmcache_``, as the
-    recording rule reads them) with the selector's ``matchers``: before vLLM 0.11.1 nothing else
+    recording rule reads them) with the selector's ``matchers`` but those on ``model_name`` (LMCache
+    names the model by its path: the pods are the counters'): before vLLM 0.11.1 nothing else
     tells that the model's loaded hits are uncounted (parse._connector)."""
-    lmcache = "{" + ", ".join(('__name__=~"lmcache[:_].+"', *matchers)) + "}"
+    own = [m for m in matchers if not re.match(r"\s*model_name\s*[=!]", m)]
+    lmcache = "{" + ", ".join(('__name__=~"lmcache[:_].+"', *own)) + "}"
     return f"count by (model_name) (count by (job, instance, model_name) ({counters}) and on (job, instance) {lmcache})"
 
 
