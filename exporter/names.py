@@ -176,18 +176,21 @@ REVENUE_SLOPE = _m("kvhit_revenue_slope", "dR/dh at the current hit ratio [price
 REVENUE_SLOPE_BOUND = _m("kvhit_revenue_slope_bound", "95 % interval of dR/dh from the fit covariance "
                          "[price/s per unit h].", MODEL + ("form", "bound"), section="§4")
 BATHTUB = _m("kvhit_bathtub_revenue_per_second", "The bathtub curve R(h) sampled at fixed hit ratios (label "
-             "hit_ratio) for dashboards; form=linear only inside the direct slope's h range [price/s].",
+             "hit_ratio) for dashboards; form=linear only inside the direct slope's h range, chip_time only where its chip "
+             "time is identified (a fit whose steps spanned a narrow h range: near them) [price/s].",
              MODEL + ("form", "hit_ratio"), section="§4")
 VALLEY_BOTTOM = _m("kvhit_valley_bottom_hit_ratio", "h*, the hit ratio where R(h) is lowest; absent when "
                    "R'(0) >= 0 (no valley), and for form=linear outside the direct slope's h range, or when the "
-                   "line has no bottom (a >= 1, or hit_price_ratio 0: R falls all the way) [ratio].",
+                   "line has no bottom (a >= 1, or hit_price_ratio 0: R falls all the way); for chip_time where "
+                   "its chip time or slope is not identified (R'(0) with it) [ratio].",
                    MODEL + ("form",), section="§4")
 VALLEY_BREAKEVEN = _m("kvhit_valley_breakeven_hit_ratio", "h_even > h*, where R climbs back to R(0); absent "
-                      "when there is no valley or no exit, and for form=linear outside the direct slope's h range "
+                      "when there is no valley or no exit, for form=linear outside the direct slope's h range, and "
+                      "for chip_time when R(0) is not identified (a fit whose steps spanned a narrow h range) "
                       "[ratio].", MODEL + ("form",), section="§4")
 VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1, 0 when the valley has no "
-                 "exit; absent without a valley, and for form=linear when h_even (or, without one, h = 1) lies outside "
-                 "the direct slope's h range.", MODEL + ("form",), section="§4")
+                 "exit; absent without a valley, for form=linear when h_even (or, without one, h = 1) lies outside "
+                 "the direct slope's h range, and for chip_time when R(0) is not identified.", MODEL + ("form",), section="§4")
 VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper end of its 95 % interval below 0, "
                    "else 0; uses the chip_time form when its fit is ok and its bathtub is published, else linear (label form).",
                    MODEL + ("form",), section="§4")

@@ -208,12 +208,13 @@ def plot_bathtub(plt, m: dict) -> bytes | None:
             # the dip below R(0): falling up to its bottom h* (R' < 0, more hits earn less: where
             # valley_active can fire), then climbing back to R(0) at h_even
             right = b["h_even"] if b.get("h_even") is not None else (curve[-1][0] if curve else 1.0)
-            ax.axvspan(0.0, b["h_star"], color=color, alpha=0.22,
+            # from the curve's first point: a form published over part of [0, 1) says nothing before it
+            ax.axvspan(curve[0][0] if curve else 0.0, b["h_star"], color=color, alpha=0.22,
                        label=f"valley {form}, falling: more hits earn less (h < h*={b['h_star']:.4g})")
             ax.axvspan(b["h_star"], right, color=color, alpha=0.08,
                        label=f"valley {form}, climbing back to R(0) (" + (
                            f"h_even={b['h_even']:.4g})" if b.get("h_even") is not None
-                           else "no exit)" if b.get("exit") is False else "h_even beyond the fitted h range)"))
+                           else "no exit)" if b.get("exit") is False else "h_even not published: kvhit_unknown_info says why)"))
         if b.get("h_now") is not None and b.get("revenue_now") is not None:
             ax.plot([b["h_now"]], [b["revenue_now"]], "o", color=color, markersize=9, markeredgecolor="k",
                     label=f"now: h={b['h_now']:.3f}" + (" (valley active)" if b.get("valley_active") else ""))

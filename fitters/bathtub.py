@@ -40,7 +40,8 @@ class BathtubCurve:
         form: "linear" or "chip_time" (the metric label ``form``).
         h_now: current token-level hit ratio [1].
         revenue_now: R(h_now) [price/s per machine].
-        revenue_zero: R(0) [price/s per machine].
+        revenue_zero: R(0) [price/s per machine]; nan where not identifiable (a chip-time fit
+            whose steps never came near h = 0, published near h_now only).
         slope_now: dR/dh at h_now [price/s per unit h].
         slope_ci: (lo, hi) 95 % interval of slope_now by the delta method from the fit covariance;
             None when no covariance was given.
