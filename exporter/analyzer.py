@@ -713,7 +713,7 @@ class Analyzer:
             if h is not None and not lo <= h <= hi:
                 unknown.setdefault(signal, "beyond the h range the direct miss slope was fitted on: its line says "
                                            "nothing there" + measured(f"h {h:.3f} outside [{lo:.3f}, {hi:.3f}]"))
-                beyond[key] = None
+                beyond[key] = beyond[f"{key}_stderr"] = None
         if "h_even" in beyond:  # whether R climbs back to R(0) is read at h_even (a review saw exit 1 without it)
             unknown.setdefault("valley_exit_linear", unknown["valley_breakeven_linear"])
             beyond["exit"] = None
@@ -764,8 +764,8 @@ def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float,
         unknown.setdefault("valley_bottom_chip_time", why)
     for signal in ("valley_breakeven_chip_time", "valley_exit_chip_time"):
         unknown.setdefault(signal, "they compare with R(0), at h = 0, where the chip time is " + why)
-    return replace(b, h_star=h_star, h_even=None, exit=None, revenue_zero=math.nan,
-                   curve=tuple((h, r) for h, r in b.curve if known(h)))
+    return replace(b, h_star=h_star, h_star_stderr=b.h_star_stderr if h_star is not None else None, h_even=None,
+                   h_even_stderr=None, exit=None, revenue_zero=math.nan, curve=tuple((h, r) for h, r in b.curve if known(h)))
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:

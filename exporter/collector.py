@@ -213,7 +213,9 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
             f.add(N.REVENUE_SLOPE_BOUND, {**fl, "bound": "lower"}, b.slope_ci[0])
             f.add(N.REVENUE_SLOPE_BOUND, {**fl, "bound": "upper"}, b.slope_ci[1])
         f.add(N.VALLEY_BOTTOM, fl, b.h_star)
+        f.add(N.VALLEY_BOTTOM_STDERR, fl, b.h_star_stderr)
         f.add(N.VALLEY_BREAKEVEN, fl, b.h_even)
+        f.add(N.VALLEY_BREAKEVEN_STDERR, fl, b.h_even_stderr)
         f.add(N.VALLEY_EXIT, fl, None if b.exit is None else float(b.exit))
         for h, r in b.curve:
             f.add(N.BATHTUB, {**fl, "hit_ratio": f"{h:.2f}"}, r)

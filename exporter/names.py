@@ -188,6 +188,12 @@ VALLEY_BREAKEVEN = _m("kvhit_valley_breakeven_hit_ratio", "h_even > h*, where R 
                       "when there is no valley or no exit, for form=linear outside the direct slope's h range, and "
                       "for chip_time when R(0) is not identified (a fit whose steps spanned a narrow h range) "
                       "[ratio].", MODEL + ("form",), section="§4")
+VALLEY_BOTTOM_STDERR = _m("kvhit_valley_bottom_hit_ratio_stderr", "Standard error of h* by the delta method from the "
+                          "fit covariance, through R'(h*) = 0; absent with h* and at the wall (h* at the h grid's end, "
+                          "where R still falls) [ratio].", MODEL + ("form",), section="§4")
+VALLEY_BREAKEVEN_STDERR = _m("kvhit_valley_breakeven_hit_ratio_stderr", "Standard error of h_even by the delta method "
+                             "from the fit covariance, through R(h_even) = R(0); absent with h_even [ratio].",
+                             MODEL + ("form",), section="§4")
 VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1, 0 when the valley has no "
                  "exit; absent without a valley, for form=linear when h_even (or, without one, h = 1) lies outside "
                  "the direct slope's h range, and for chip_time when R(0) is not identified.", MODEL + ("form",), section="§4")

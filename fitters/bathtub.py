@@ -51,6 +51,10 @@ class BathtubCurve:
             h = 1, where its R grows without bound when ρ < a < 1, past its curve's last point); None otherwise.
         valley_active: slope_now < 0 and the upper end of slope_ci < 0 (False when slope_ci is None).
         curve: ((h, R(h)), ...) on the grid, for dashboards.
+        h_star_stderr, h_even_stderr: standard errors [1] of h_star and h_even by the delta method
+            from the fit covariance, through the equations that define them (implicit function:
+            R'(h*) = 0, R(h_even) = R(0)); None with their edge, without a covariance, and for an
+            h* at the wall (h_max, where R still falls: no equation holds there).
     """
 
     form: str
@@ -64,6 +68,8 @@ class BathtubCurve:
     exit: bool | None
     valley_active: bool
     curve: tuple[tuple[float, float], ...]
+    h_star_stderr: float | None = None
+    h_even_stderr: float | None = None
 
 
 def _grid(grid: int | Sequence[float], h_max: float, below: float | None = None) -> np.ndarray:
@@ -117,6 +123,14 @@ def _interval(value: float, grad: np.ndarray, cov: np.ndarray | None) -> tuple[f
     return float(value - half), float(value + half)
 
 
+def _stderr(grad: np.ndarray, cov: np.ndarray, scale: float) -> float | None:
+    """sqrt(gᵀΣg) / |scale| (delta method through an equation F(h, θ) = 0: dh/dθ = −∂F/∂θ / ∂F/∂h,
+    ``grad`` = ∂F/∂θ, ``scale`` = ∂F/∂h); None when ∂F/∂h is 0 or not finite."""
+    if not (math.isfinite(scale) and scale != 0.0):
+        return None
+    return math.sqrt(max(float(grad @ cov @ grad), 0.0)) / abs(scale)
+
+
 def _active(slope: float, ci: tuple[float, float] | None) -> bool:
     return bool(ci is not None and slope < 0.0 and ci[1] < 0.0)
 
@@ -166,11 +180,15 @@ def bathtub_linear(
         g = _central_gradient(slope, x, np.array([max(abs(tps0), 1.0) * _REL_STEP, _REL_STEP]))
         ci = _interval(slope_now, g, c)
 
-    h_star = h_even = exit_ = None
+    h_star = h_even = exit_ = h_star_se = h_even_se = None
     if a > rho:  # R'(0) = TPS0·P_miss·(ρ - a) < 0, as TPS0·P_miss > 0
         h_star = valley_bottom_linear(a, rho)
         h_even = breakeven_linear(a, rho)
         exit_ = h_even is not None
+        if h_star is not None and c is not None:  # both closed forms depend on a alone: |dh/da|·σ_a
+            step, sd_a = min(_REL_STEP, (a - rho) / 2, (1.0 - a) / 2), math.sqrt(max(float(c[1, 1]), 0.0))
+            h_star_se, h_even_se = (abs(edge(a + step, rho) - edge(a - step, rho)) / (2 * step) * sd_a
+                                    for edge in (valley_bottom_linear, breakeven_linear))
     hs = _grid(grid, LINEAR_H_MAX, below=1.0)
     curve = tuple((float(h), float(revenue_linear(float(h), tps0, a, p_miss, rho))) for h in hs)
     return BathtubCurve(
@@ -185,6 +203,8 @@ def bathtub_linear(
         exit=exit_,
         valley_active=_active(slope_now, ci),
         curve=curve,
+        h_star_stderr=h_star_se,
+        h_even_stderr=h_even_se,
     )
 
 
@@ -277,18 +297,18 @@ def bathtub_chip_time(
 
     x0 = np.array(coef.as_tuple(), dtype=float)
 
-    def slope_of(x: np.ndarray) -> float:
-        return revenue_slope_chip_time(h_now, isl, osl, ChipTimeCoefficients(*x),
-                                       _t_fixed_at(x, x0, t_fixed, fixed_steps), p_miss, p_hit, p_out)
+    def at(x: np.ndarray, h: float, slope: bool = False) -> float:  # R(h) or R'(h) under coefficients x
+        fn = revenue_slope_chip_time if slope else revenue_chip_time
+        return fn(h, isl, osl, ChipTimeCoefficients(*x), _t_fixed_at(x, x0, t_fixed, fixed_steps), p_miss, p_hit, p_out)
 
-    slope_now = float(slope_of(x0))
+    slope_now = float(at(x0, h_now, True))
     ci = None
+    steps = _coef_steps(coef, t_fixed, isl, osl, fixed_steps)
     if c is not None:
-        steps = _coef_steps(coef, t_fixed, isl, osl, fixed_steps)
-        ci = _interval(slope_now, _central_gradient(slope_of, x0, steps), c)
+        ci = _interval(slope_now, _central_gradient(lambda x: at(x, h_now, True), x0, steps), c)
 
     r0 = rev(0.0)
-    h_star = h_even = exit_ = None
+    h_star = h_even = exit_ = h_star_se = h_even_se = None
     if revenue_slope_chip_time(0.0, isl, osl, coef, t_fixed, p_miss, p_hit, p_out) < 0.0:
         res = minimize_scalar(rev, bounds=(0.0, h_max), method="bounded", options={"xatol": 1e-10})
         h_star = float(res.x)
@@ -298,6 +318,14 @@ def bathtub_chip_time(
         else:
             exit_ = True
             h_even = float(brentq(lambda h: rev(h) - r0, h_star, h_max, xtol=1e-12))
+        if c is not None and h_star < h_max:
+            # F = R'(h*) = 0: ∂F/∂h = R''(h*), by central differences of R' (e: within [0, h_max])
+            e = min(1e-4, h_star, h_max - h_star)
+            curvature = (at(x0, h_star + e, True) - at(x0, h_star - e, True)) / (2 * e) if e > 0 else math.nan
+            h_star_se = _stderr(_central_gradient(lambda x: at(x, h_star, True), x0, steps), c, curvature)
+        if c is not None and h_even is not None:  # F = R(h_even) − R(0) = 0: ∂F/∂h = R'(h_even)
+            grad = _central_gradient(lambda x: at(x, h_even) - at(x, 0.0), x0, steps)
+            h_even_se = _stderr(grad, c, at(x0, h_even, True))
     return BathtubCurve(
         form="chip_time",
         h_now=float(h_now),
@@ -310,6 +338,8 @@ def bathtub_chip_time(
         exit=exit_,
         valley_active=_active(slope_now, ci),
         curve=tuple((float(h), float(rev(float(h)))) for h in hs),
+        h_star_stderr=h_star_se,
+        h_even_stderr=h_even_se,
     )
 
 

@@ -279,6 +279,17 @@ def model_dashboard() -> Dashboard:
         .with_target(q("B", f'kvhit_bathtub_revenue_per_second{{hit_ratio="0.00", {SEL}}}', "R(0) {{form}} {{pod}}")))
 
     d = d.with_panel(
+        ts(ids, "Valley edges and their standard errors", "percentunit",
+           "The valley bottom h* per form and the standard errors of h* and h_even (the delta method from the fit's "
+           "covariance, through R'(h*) = 0 and R(h_even) = R(0)): an edge is an estimate, h* ± 2σ is where the "
+           "bottom may be. Absent with its edge (kvhit_unknown_info says why); σ(h*) also when h* sits at the h "
+           "grid's end, where R still falls.")
+        .min(0)
+        .with_target(q("A", f"kvhit_valley_bottom_hit_ratio{{{SEL}}}", "h* {{form}} {{pod}}"))
+        .with_target(q("B", f"kvhit_valley_bottom_hit_ratio_stderr{{{SEL}}}", "σ(h*) {{form}} {{pod}}"))
+        .with_target(q("C", f"kvhit_valley_breakeven_hit_ratio_stderr{{{SEL}}}", "σ(h_even) {{form}} {{pod}}")))
+
+    d = d.with_panel(
         stat_panel(ids, "Valley", "none",
                    "kvhit_valley_active of the form the alert follows; kvhit_valley_exit: whether R(h) climbs back "
                    "to R(0) before h = 1.", w=24, h=4)

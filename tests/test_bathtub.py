@@ -10,6 +10,7 @@ Then
     R'(h)·den² = -B(C - Eh - Fh²) + (A - Bh)(E + 2Fh) = (AE - BC) + 2AF·h - BF·h²
     → bottom h* = (A - sqrt(A² - B(BC - AE)/F)) / B   (smaller root of the quadratic)
 """
+import dataclasses
 import math
 
 import numpy as np
@@ -228,6 +229,39 @@ def test_chip_time_slope_ci_delta_method_by_hand(fixed_steps):
     assert bt.slope_now == pytest.approx(slope, rel=1e-12)
     assert bt.slope_ci[0] == pytest.approx(slope - half, rel=1e-6)
     assert bt.slope_ci[1] == pytest.approx(slope + half, rel=1e-6)
+
+
+def test_linear_edge_stderrs_by_hand():
+    # a = 0.5, ρ = 0.1, σ_a = 0.01. h* = 1 - √(q(1-a)/a), q = ρ/(1-ρ) = 1/9: dh*/da =
+    # q/(2a²·√(q(1-a)/a)) = (1/9)/(2·0.25·(1/3)) = 2/3, so σ(h*) = 0.00667. h_even = (1 - ρ/a)/(1-ρ):
+    # dh_even/da = ρ/(a²(1-ρ)) = 0.1/(0.25·0.9) = 0.4444, so σ(h_even) = 0.00444. TPS0's variance
+    # and its covariance with a move neither (the closed forms do not hold TPS0).
+    b = bathtub_linear(TPS0, A_, [[100.0, 0.5], [0.5, 1e-4]], 0.3, P_MISS, RHO)
+    assert b.h_star_stderr == pytest.approx(2 / 3 * 0.01, rel=1e-6)
+    assert b.h_even_stderr == pytest.approx(0.1 / (0.25 * 0.9) * 0.01, rel=1e-6)
+    assert bathtub_linear(TPS0, A_, None, 0.3, P_MISS, RHO).h_star_stderr is None  # no covariance
+    assert bathtub_linear(TPS0, 0.05, [[1.0, 0.0], [0.0, 1e-4]], 0.3, P_MISS, RHO).h_star_stderr is None  # no valley
+
+
+def test_chip_time_edge_stderrs_against_the_edges_refound_at_moved_coefficients():
+    # The delta method through R'(h*) = 0 and R(h_even) = R(0), checked against h* and h_even found
+    # again by the whole bathtub (bounded minimisation, brentq) at each coefficient moved by ±1e-4
+    # relative: g_j = Δh/Δc_j, σ = √(gᵀΣg) with Σ the diagonal below.
+    coef = _coef(1e-3)  # exits: h* 0.6517, h_even 0.9394 (test above)
+    sd = np.array([1e-3, 2e-6, 2e-9, 1e-4, 1e-9])
+    bt = bathtub_chip_time(coef, np.diag(sd**2), TF, N, OSL, 0.3, PM, PH, PO)
+    g = np.zeros((2, 5))
+    for j, name in enumerate(("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx")):
+        step = 1e-4 * getattr(coef, name)
+        if step == 0.0:
+            continue
+        ends = [bathtub_chip_time(dataclasses.replace(coef, **{name: getattr(coef, name) + sign * step}), None, TF, N,
+                                  OSL, 0.3, PM, PH, PO) for sign in (1, -1)]
+        g[:, j] = [(ends[0].h_star - ends[1].h_star) / (2 * step), (ends[0].h_even - ends[1].h_even) / (2 * step)]
+    assert bt.h_star_stderr == pytest.approx(math.sqrt(g[0] @ np.diag(sd**2) @ g[0]), rel=1e-3)
+    assert bt.h_even_stderr == pytest.approx(math.sqrt(g[1] @ np.diag(sd**2) @ g[1]), rel=1e-3)
+    wall = bathtub_chip_time(_coef(2e-3), np.diag(sd**2), TF, N, OSL, 0.3, PM, PH, PO)
+    assert wall.exit is False and wall.h_even_stderr is None and wall.h_star_stderr is not None  # h* inside
 
 
 def test_chip_time_valley_active():
