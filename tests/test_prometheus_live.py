@@ -403,6 +403,10 @@ def test_valley_alert_fires_for_the_valley_replay_and_stays_inactive_for_the_fla
     assert slope < 0 and math.isclose(float(a["value"]), slope, rel_tol=1e-9)
     assert f"R'(h) = {slope:.3g} price/s" in a["annotations"]["description"]
     assert a["annotations"]["runbook_url"] == "docs/runbooks.md#kvhitvalley"
+    # h* with its standard error when the followed form publishes one (here h* sits at the wall: none)
+    assert "<error" not in a["annotations"]["description"]
+    se = stack.query('kvhit_valley_bottom_hit_ratio_stderr{namespace="ns-valley", form="chip_time"}')
+    assert ("(one standard error)" in a["annotations"]["description"]) == bool(se)
 
 
 def test_expected_alerts_fire_and_the_others_never_became_active(stack):
