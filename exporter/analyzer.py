@@ -638,8 +638,9 @@ class Analyzer:
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
         h_shape = fitted.unidentified(0.0, isl, osl) or fitted.unidentified(h_max, isl, osl)
         h_at = min(h_now, h_max)
-        local = h_shape and (fitted.unidentified(h_at, isl, osl) or fitted.unidentified_slope(h_at, isl))
-        if local:
+        # unidentified over [0, 1), and at h_now too (its chip time or its slope): nothing to publish
+        withheld = h_shape and (fitted.unidentified(h_at, isl, osl) or fitted.unidentified_slope(h_at, isl))
+        if withheld:
             unknown.setdefault("bathtub_chip_time", h_shape)
         else:
             b = bathtub_chip_time(coef, cov, fitted.t_fixed, isl, osl, h_at, cfg.prices.p_miss, cfg.prices.p_hit,

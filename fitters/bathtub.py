@@ -292,24 +292,24 @@ def bathtub_chip_time(
     # t_chip is concave in h (k_attn ≥ 0), so its minimum on [0, h_max] is at an end.
     _check_chip(coef, t_fixed, isl, osl, np.array([0.0, h_max]))
 
-    def rev(h: float) -> float:
-        return revenue_chip_time(h, isl, osl, coef, t_fixed, p_miss, p_hit, p_out)
-
     x0 = np.array(coef.as_tuple(), dtype=float)
 
     def at(x: np.ndarray, h: float, slope: bool = False) -> float:  # R(h) or R'(h) under coefficients x
         fn = revenue_slope_chip_time if slope else revenue_chip_time
         return fn(h, isl, osl, ChipTimeCoefficients(*x), _t_fixed_at(x, x0, t_fixed, fixed_steps), p_miss, p_hit, p_out)
 
+    def rev(h: float) -> float:
+        return at(x0, h)
+
     slope_now = float(at(x0, h_now, True))
-    ci = None
-    steps = _coef_steps(coef, t_fixed, isl, osl, fixed_steps)
+    ci = steps = None
     if c is not None:
+        steps = _coef_steps(coef, t_fixed, isl, osl, fixed_steps)
         ci = _interval(slope_now, _central_gradient(lambda x: at(x, h_now, True), x0, steps), c)
 
     r0 = rev(0.0)
     h_star = h_even = exit_ = h_star_se = h_even_se = None
-    if revenue_slope_chip_time(0.0, isl, osl, coef, t_fixed, p_miss, p_hit, p_out) < 0.0:
+    if at(x0, 0.0, True) < 0.0:
         res = minimize_scalar(rev, bounds=(0.0, h_max), method="bounded", options={"xatol": 1e-10})
         h_star = float(res.x)
         if rev(h_max) < r0:
