@@ -207,6 +207,14 @@ def operating_point() -> str:
     return "avg by (hit_ratio) (\n  " + "\n  or\n  ".join(terms) + "\n)"
 
 
+def curve_start() -> str:
+    """The lowest h of the published bathtub curve per form, in PromQL: 0 when R(0) is published; a
+    chip-time curve published only where the fit is identified (near the current h, in agentic
+    traffic) starts at its first grid point, and R'(h) < 0 is known from there to h* only."""
+    terms = [f'kvhit_bathtub_revenue_per_second{{hit_ratio="{g:.2f}", {SEL}}} * 0 + {g:g}' for g in BATHTUB_GRID]
+    return "min without (hit_ratio) (\n  " + "\n  or\n  ".join(terms) + "\n)"
+
+
 def model_dashboard() -> Dashboard:
     ids = Ids()
     d = (Dashboard("kvhit / model").uid("kvhit-model")
@@ -221,7 +229,8 @@ def model_dashboard() -> Dashboard:
     hit = (ts(ids, "Token hit ratio and the valley band ($pod)", "percentunit",
               "Token-level prefix-cache hit ratio h over kvhit's publish window (this pod) and over 5 min from "
               "vLLM's counters (the model, all pods). The band is where more hits earn less, in the form the valley "
-              "alert follows: from h = 0 to the valley bottom h*, where R'(h) < 0 (KvhitValley fires while h sits "
+              "alert follows: from the bathtub curve's first h (0, or where a chip-time curve published only near "
+              "the current h starts) to the valley bottom h*, where R'(h) < 0 (KvhitValley fires while h sits "
               "in it and the 95 % interval of R'(h) is below 0). Past h* R(h) climbs again and reaches R(0) at "
               "h_even (dashed; 1 when the valley has no exit): h in (0, h_even) earns less than no caching. In the "
               "linear form an h* beyond the h range the miss slope was fitted on is withheld (kvhit_unknown_info "
@@ -230,14 +239,14 @@ def model_dashboard() -> Dashboard:
            .min(0).max(1)
            .with_target(q("A", f'kvhit_hit_ratio{{source="all", {SEL}}}', "h {{pod}}"))
            .with_target(q("B", valley, "valley bottom h*"))
-           .with_target(q("E", f"({valley}) * 0", "h = 0"))
+           .with_target(q("E", f"({curve_start()})\nand\n({valley})", "curve start"))
            .with_target(q("C", f"(kvhit_valley_breakeven_hit_ratio{{{SEL}}} or (kvhit_valley_exit{{{SEL}}} == 0) * 0 + 1)"
                                f" and kvhit_valley_active{{{SEL}}}", "break-even h_even"))
            .with_target(q("D", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}",
                           "h of {{model_name}}, vLLM counters (5m)"))
            .override_by_name("break-even h_even", [prop("color", {"mode": "fixed", "fixedColor": "orange"}),
                                                    prop("custom.lineStyle", {"fill": "dash", "dash": [4, 4]})]))
-    d = d.with_panel(per_pod(band(hit, "valley bottom h*", "h = 0", "red")))
+    d = d.with_panel(per_pod(band(hit, "valley bottom h*", "curve start", "red")))
 
     d = d.with_panel(per_pod(
         barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point ($pod)")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 
 import yaml
 
 from exporter import names
 from exporter.analyzer import BATHTUB_GRID
 from observability import (COUNTER_SUFFIXES, DASHBOARDS, ROOT, dashboard_targets, dashboard_variables, dashboards,
-                           panels)
+                           panels, tool)
 from promql_selectors import selectors
 
 REQUIRED_PANELS = {  # the issue's list → the panel titles that implement it
@@ -233,9 +234,42 @@ def test_the_valley_band_is_where_more_hits_earn_less():
     p = _panel("kvhit-model", "Token hit ratio and the valley band ($pod)")
     fills = {o["matcher"]["options"]: prop["value"] for o in p["fieldConfig"]["overrides"]
              for prop in o["properties"] if prop["id"] == "custom.fillBelowTo"}
-    assert fills == {"valley bottom h*": "h = 0"}
-    exprs = {t["legendFormat"]: t["expr"] for t in p["targets"]}
-    assert exprs["h = 0"] == f"({exprs['valley bottom h*']}) * 0"
+    assert fills == {"valley bottom h*": "curve start"}
+
+
+def test_the_valley_band_starts_where_the_curve_does(tmp_path):
+    # The band's edges evaluated by Prometheus' engine (promtool). Pod a: the alert follows a
+    # chip-time bathtub published only near the current h (agentic traffic: grid points 0.85–0.95,
+    # no R(0)), the linear form's curve from 0; pod b: a whole chip-time curve. The band drew
+    # (0, h*) for pod a, where nothing but R' near h = 0.9 is known: it runs from 0.85.
+    p = _panel("kvhit-model", "Token hit ratio and the valley band ($pod)")
+    exprs = {t["legendFormat"]: t["expr"].replace('namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"',
+                                                  'model_name="m"') for t in p["targets"]}
+    rules = [{"record": f"edge_{i}", "expr": exprs[k]} for i, k in enumerate(("curve start", "valley bottom h*"))]
+    (tmp_path / "r.yml").write_text(yaml.safe_dump({"groups": [{"name": "band", "rules": rules}]}))
+
+    def s(name, pod, form, value, **labels):
+        extra = "".join(f', {k}="{v}"' for k, v in labels.items())
+        return {"series": f'{name}{{form="{form}", pod="{pod}", model_name="m"{extra}}}', "values": f"{value}x5"}
+
+    series = [s("kvhit_bathtub_revenue_per_second", "a", "linear", 1, hit_ratio=g) for g in ("0.00", "0.05", "0.50")]
+    series += [s("kvhit_bathtub_revenue_per_second", "a", "chip_time", 1, hit_ratio=g) for g in ("0.85", "0.90", "0.95")]
+    series += [s("kvhit_valley_bottom_hit_ratio", "a", "chip_time", 0.93), s("kvhit_valley_bottom_hit_ratio", "a", "linear", 0.6),
+               s("kvhit_valley_active", "a", "chip_time", 1)]
+    series += [s("kvhit_bathtub_revenue_per_second", "b", "chip_time", 1, hit_ratio=g) for g in ("0.00", "0.05", "0.50")]
+    series += [s("kvhit_valley_bottom_hit_ratio", "b", "chip_time", 0.3), s("kvhit_valley_active", "b", "chip_time", 1)]
+
+    def expect(i, pairs):
+        return {"expr": f"edge_{i}", "eval_time": "2m",
+                "exp_samples": [{"labels": f'edge_{i}{{form="chip_time", pod="{pod}", model_name="m"}}', "value": v}
+                                for pod, v in pairs]}
+
+    test = {"rule_files": ["r.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series,
+                       "promql_expr_test": [expect(0, [("a", 0.85), ("b", 0)]), expect(1, [("a", 0.93), ("b", 0.3)])]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(test))
+    out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_tables_merging_two_metrics_drop_the_metric_name():
