@@ -381,8 +381,7 @@ class Analyzer:
                     _fit_step_rows(st, p.delta, p.obs, p.busy, p.running)
                     _raise_peak(st.peak, p.rates)
                     if (size := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
-                        log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON,
-                                    measured(f"{size:+.0%} in its last {DRIFT_NEWEST} busy steps"))
+                        log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON, measured(_drift(size)))
                         st = self._state[model] = st.afresh(st.identity)
                         st.changed = (p.delta.t1, size)
                 else:
@@ -555,8 +554,7 @@ class Analyzer:
             warnings["kv_cache_dtype"] = note
         if st.changed is not None and w.t1 - st.changed[0] <= CHANGED_NOTE_SECONDS:
             warnings["engine_speed_changed"] = (DRIFT_REASON + ": the fits started afresh (published for an hour)"
-                                                + measured(f"{st.changed[1]:+.0%} in its last {DRIFT_NEWEST} busy "
-                                                           f"steps, {w.t1 - st.changed[0]:.0f} s ago"))
+                                                + measured(f"{_drift(st.changed[1])}, {w.t1 - st.changed[0]:.0f} s ago"))
         if engines > 1:
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
                     else "data-parallel engines in one exposition")
@@ -1054,6 +1052,11 @@ def _rates(d: Delta) -> dict[str, float]:
     """Increase per second over step ``d`` of each SPIKE_COUNTERS counter it has (rare counters
     such as preemptions burst for real; so does one long queue time in queue_time's sum)."""
     return {name: d.counters[name] / d.dt for name in SPIKE_COUNTERS if name in d.counters} if d.dt > 0 else {}
+
+
+def _drift(size: float) -> str:
+    """The measured size of an engine's speed change (ChipTimeFitter.drift), as logged and warned."""
+    return f"{size:+.0%} in its last {DRIFT_NEWEST} busy steps"
 
 
 def _spike(pending: Mapping[str, float], after: Mapping[str, float],
