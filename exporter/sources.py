@@ -761,7 +761,7 @@ class PrometheusSource:
             # the engines each model's sums add up: per-GPU TPM divides by them
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
                                   f"({self._counters_selector()}{unless}))"))
-            queries.append((_CONNECTOR, _connected(self._counters_selector(), self.matchers)))
+            queries.append((_CONNECTOR, _connected(f"{self._counters_selector()}{unless}", self.matchers)))
         if r is not None and self._running is not None:
             # the engines busy throughout the step (MODEL.md §7, per engine: analyzer._busy_in_step),
             # whose machine the chip-time fit's coefficients are, and those running requests at some
@@ -1105,7 +1105,8 @@ def _spellings(fn: str, selector: str) -> tuple[str, str]:
 
 
 def _connected(counters: str, matchers: Sequence[str]) -> str:
-    """PromQL: per model, its pods (job, instance) with a series of ``counters`` for it that also
+    """PromQL: per model, its pods (job, instance) with a series of ``counters`` (a selector, or one
+    less the pods the sums leave out) for it that also
     expose LMCache's metrics (a KV connector; ``lmcache:`` or OpenMetrics' ``lmcache_``, as the
     recording rule reads them) with the selector's ``matchers`` but those on ``model_name`` (LMCache
     names the model by its path: the pods are the counters'): before vLLM 0.11.1 nothing else

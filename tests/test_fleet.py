@@ -826,7 +826,8 @@ def test_a_model_whose_pods_run_lmcache_on_an_older_vllm_has_its_loaded_hits_unk
               'vllm_prefix_cache_queries_total{model_name="m2", job="j", instance="b", namespace="llm"}': "10",
               'lmcache_num_retrieve_requests_total{model_name="/models/m2", job="j", instance="b", namespace="llm"}': "1",
               'vllm:prefix_cache_queries_total{model_name="m3", job="j", instance="c", namespace="llm"}': "10",
-              'lmcache:num_hit_tokens_total{job="j", instance="c", namespace="other"}': "1"}
+              'lmcache:num_hit_tokens_total{job="j", instance="c", namespace="other"}': "1",
+              'up{job="j", instance="a"}': "0"}
     def connected(*matchers: str) -> str:
         return sources._connected("{" + ", ".join(('__name__=~"vllm[:_]prefix_cache_queries(_total)?"', *matchers))
                                   + "}", matchers)
@@ -836,7 +837,11 @@ def test_a_model_whose_pods_run_lmcache_on_an_older_vllm_has_its_loaded_hits_unk
         "promql_expr_test": [{"expr": connected('namespace="llm"'), "eval_time": "0s", "exp_samples": [
             {"labels": '{model_name="m1"}', "value": 1}, {"labels": '{model_name="m2"}', "value": 1}]},
             {"expr": connected('namespace="llm"', 'model_name="m2"'), "eval_time": "0s", "exp_samples": [
-                {"labels": '{model_name="m2"}', "value": 1}]}]}]}
+                {"labels": '{model_name="m2"}', "value": 1}]},
+            # pod a left out of the sums (down too long) is left out of the count too, as in promql()
+            {"expr": sources._connected('{__name__=~"vllm[:_]prefix_cache_queries(_total)?", namespace="llm"} unless on '
+                                        '(job, instance) (up{job="j", instance="a"})', ['namespace="llm"']),
+             "eval_time": "0s", "exp_samples": [{"labels": '{model_name="m2"}', "value": 1}]}]}]}
     (tmp_path / "t.yml").write_text(json.dumps(doc))
     out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -845,6 +850,8 @@ def test_a_model_whose_pods_run_lmcache_on_an_older_vllm_has_its_loaded_hits_unk
     info = Family("cache_config_info", "info", ("block_size", "kv_offloading_size"))
     src = PrometheusSource(fake.url, (*FAMILIES[:2], info), interval=5.0, clock=Clock(6000.0))
     assert sources._connected(src._counters_selector(), src.matchers) in src.promql(5.0)
+    out = ' unless on (job, instance) (up{job="j", instance="a"})'
+    assert sources._connected(src._counters_selector() + out, src.matchers) in src.promql(5.0, out=[("j", "a")])
     fake.answer([*[({**labels, "model_name": m}, v) for m in ("m1", "m2") for labels, v in (
                      _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"))],
                  ({"kvhit_query": "l:", "model_name": "m1"}, "1"),
