@@ -404,8 +404,9 @@ def _demo_line(t: float, m: ModelAnalysis) -> str:
 def cmd_predict(args: argparse.Namespace) -> int:
     """What-if from a saved analysis, one line on error. Exit 1 (what the file holds): the file
     unreadable or not JSON, a document of the wrong shape or without the ``--model``
-    (:func:`load_fit`), a recorded ISL/OSL out of range, a what-if the fit cannot identify
-    (``FittedModel.unidentified``) or a fit that predicts no finite chip time. Exit 2 (the command
+    (:func:`load_fit`), a recorded ISL/OSL out of range, a what-if whose chip time
+    (``FittedModel.unidentified``) and TTFT the fit can tell neither (either alone: the other is
+    printed, the unknown outputs null with why) or a fit that predicts no finite chip time. Exit 2 (the command
     line alone): ISL/OSL/h given out of range (:func:`what_if`)."""
     try:
         doc = read_doc(args.fit)
@@ -428,20 +429,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if str(exc).startswith(tuple(k for k in ("isl", "osl") if getattr(args, k) is None)):
             raise ValueError(f"--fit {args.fit}: the recorded {exc}") from None
         raise ConfigError(f"--hit-ratio/--isl/--osl: {exc}") from None
-    problem = fitted.unidentified(h, isl, osl)
-    if problem:
-        if "engine steps" in problem:
-            # a request's engine steps are the saved window's unless given: other traffic may take others
-            if args.steps_per_request is not None:
-                problem += f"; its engine steps per request are the {args.steps_per_request:.4g} given"
-            else:
-                problem += (f"; its engine steps per request are the saved window's {fitted.steps_per_request:.4g}"
-                            if fitted.steps_per_request is not None else "") + ": --steps-per-request sets them"
-        raise ValueError(f"--fit {args.fit}: {problem}")
+    problem = plain = fitted.unidentified(h, isl, osl)
+    if problem and "engine steps" in problem:
+        # a request's engine steps are the saved window's unless given: other traffic may take others
+        if args.steps_per_request is not None:
+            problem += f"; its engine steps per request are the {args.steps_per_request:.4g} given"
+        else:
+            problem += (f"; its engine steps per request are the saved window's {fitted.steps_per_request:.4g}"
+                        if fitted.steps_per_request is not None else "") + ": --steps-per-request sets them"
     try:
         p = fitted.predict(h, isl, osl)
-    except ValueError as exc:  # the arguments passed what_if: the fit itself is unusable
-        raise ValueError(f"--fit {args.fit}: {exc}") from None
+    except ValueError as exc:  # nothing the fit can predict there, or an unusable fit
+        raise ValueError(f"--fit {args.fit}: {problem or exc}") from None
+    # the TTFTs stand without the request's chip time (FittedModel.predict): its outputs say why, hint too
+    p = replace(p, unknown={k: problem if v == plain else v for k, v in p.unknown.items()})
     print(json.dumps({"model_name": name, "prediction": vars(p)}, indent=1))
     return 0
 

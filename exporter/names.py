@@ -153,7 +153,8 @@ CONTENTION = _m("kvhit_contention_factor", "c(running) = c0 + c1*running: prefil
 
 # --- predictions ------------------------------------------------------------------------
 TARGET_HIT_RATIO = _m("kvhit_target_hit_ratio", "The configured what-if hit ratio used by the hit_ratio=\"target\" "
-                      "series of kvhit_predicted_ttft_seconds [ratio].")
+                      "series of kvhit_predicted_ttft_seconds and kvhit_capacity_bound_tokens_per_second and by "
+                      "kvhit_tpm_tokens_per_minute{basis=\"target\"} [ratio].")
 SLO = _m("kvhit_slo_seconds", "The configured latency SLO, slo=ttft (slo.ttft_seconds, time to first token) or "
          "tpot (slo.tpot_seconds, time per output token); absent when not configured [s].", MODEL + ("slo",),
          section="§5")

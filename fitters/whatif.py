@@ -38,25 +38,30 @@ class Prediction:
     ttft_service / ttft_load_aware [s]; ttft_service_stderr [s]: the service TTFT's standard error
     from the chip-time fit's covariance (α's own error not in it; None without the covariance or
     the TTFT); tpm_* [tokens/min] per instance and per GPU;
-    revenue [price/s per machine] (chip_time form); t_chip [s per request]; unknown: output
-    name → why it is None; extrapolated: why every output reads the chip-time fit beyond the ISL
-    or OSL of its steps (None inside them).
+    revenue [price/s per machine] (chip_time form); t_chip [s per request]: these six None
+    together when the request's chip time is not identifiable while its prefill is (MODEL.md §6:
+    the TTFTs stand); unknown: output name → why it is None; extrapolated: why every output reads
+    the chip-time fit beyond the ISL or OSL of its steps (None inside them).
     """
 
     hit_ratio: float
     isl: float
     osl: float
-    t_chip: float
+    t_chip: float | None
     ttft_service: float | None
     ttft_load_aware: float | None
-    tpm_delivered: float
-    tpm_physical: float
-    tpm_delivered_per_gpu: float
-    tpm_physical_per_gpu: float
-    revenue: float
+    tpm_delivered: float | None
+    tpm_physical: float | None
+    tpm_delivered_per_gpu: float | None
+    tpm_physical_per_gpu: float | None
+    revenue: float | None
     unknown: dict[str, str] = field(default_factory=dict)
     extrapolated: str | None = None
     ttft_service_stderr: float | None = None
+
+
+# The outputs of a Prediction that read a request's whole chip time (FittedModel.predict)
+_PER_REQUEST = ("t_chip", "tpm_delivered", "tpm_physical", "tpm_delivered_per_gpu", "tpm_physical_per_gpu", "revenue")
 
 
 # Most engine steps per request a what-if takes (kvhit predict, /api/v1/predict and a saved fit alike).
@@ -286,19 +291,20 @@ class FittedModel:
         prefill not identifiable or T_load unknown: :meth:`ttft_unknown`, α, S_kv or B_load
         unknown with loaded hits; load-aware: no contention fit or window inputs).
 
+        A request whose chip time is not identifiable (:meth:`unidentified` with ``seen``: e.g.
+        decode context told from decode tokens by no step, asked at another ISL) has no t_chip,
+        TPM or revenue, with why; its TTFTs stand where its prefill is identifiable.
+
         Raises:
             ValueError: h outside [0, 1) or non-positive ISL / negative OSL; a fit whose chip
                 time per request is 0 or not finite (coefficients far out of any real range);
-                a prediction the fit cannot identify (:meth:`unidentified` with ``seen``, the
-                message says why).
+                a request whose chip time is not identifiable and whose TTFT is unknown too
+                (nothing to predict; the message says why).
         """
         if not (0.0 <= hit_ratio < 1.0) or not isl > 0 or osl < 0:
             raise ValueError("need 0 <= hit_ratio < 1, isl > 0, osl >= 0")
         problem = self.unidentified(hit_ratio, isl, osl, seen)
-        if problem:
-            raise ValueError(problem)
         coef = self.coefficients
-        t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)
         ttft_s = ttft_l = None
         why = self.ttft_unknown(hit_ratio, isl)
         h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
@@ -324,19 +330,27 @@ class FittedModel:
             ttft_l = self.queue_time + predict_prefill_latency(
                 one, self.c0, self.c1, self.running, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
                 self.load_bandwidth)
-        if not (t_chip > 0 and math.isfinite(t_chip)):
-            raise ValueError(f"the fit gives a chip time of {t_chip!r} s per request: not a usable fit")
-        delivered = tpm_delivered(isl, osl, t_chip)
-        physical = tpm_physical(isl, osl, hit_ratio, t_chip)
+        if problem:
+            if ttft_s is None:
+                raise ValueError(problem)
+            per_request: dict[str, float | None] = dict.fromkeys(_PER_REQUEST)
+            unknown.update(dict.fromkeys(_PER_REQUEST[1:], "reads the request's chip time: unknown (t_chip says why)"),
+                           t_chip=problem)
+        else:
+            t_chip = coef.t_chip(isl, osl, hit_ratio, self.t_fixed)
+            if not (t_chip > 0 and math.isfinite(t_chip)):
+                raise ValueError(f"the fit gives a chip time of {t_chip!r} s per request: not a usable fit")
+            delivered, physical = tpm_delivered(isl, osl, t_chip), tpm_physical(isl, osl, hit_ratio, t_chip)
+            per_request = dict(
+                t_chip=t_chip, tpm_delivered=delivered, tpm_physical=physical,
+                tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
+                revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out))
         beyond = [f"{what} {x:g} outside the [{r[0]:g}, {r[1]:g}] tokens"
                   for what, x, r in (("ISL", isl, self.isl_range), ("OSL", osl, self.osl_range))
                   if r is not None and not r[0] <= x <= r[1]]
         return Prediction(
-            hit_ratio=hit_ratio, isl=isl, osl=osl, t_chip=t_chip,
+            hit_ratio=hit_ratio, isl=isl, osl=osl, **per_request,
             ttft_service=ttft_s, ttft_load_aware=ttft_l, ttft_service_stderr=ttft_se,
-            tpm_delivered=delivered, tpm_physical=physical,
-            tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
-            revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out),
             unknown=unknown,
             extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps' means: the prediction extrapolates its "
                           "coefficients (MODEL.md §7: another recording's lengths erred up to 15 %)") if beyond else None,

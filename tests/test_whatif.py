@@ -198,3 +198,25 @@ def test_the_service_ttft_carries_its_standard_error_from_the_chip_time_covarian
     assert two.ttft_service_stderr == pytest.approx(2 * 8.6e-5 ** 0.5)
     # no covariance (a fit saved before it was kept): no standard error, the TTFT stands
     assert FittedModel(**FIT, hit_load_share=0.0).predict(0.5, 1000.0, 20.0).ttft_service_stderr is None
+
+
+def test_a_request_whose_chip_time_is_unknown_keeps_its_ttft_when_its_prefill_is_identified():
+    # MODEL.md §6: decode context dropped, seen as C = 2080·G (ISL 2048, OSL 64: C = G·(2048 + 64/2)).
+    # At ISL 8192, OSL 64 a request has C = 64·(8192 + 32) = 526,336 where the relation gives 133,120:
+    # k_ctx ≤ k_dec/2080 = 3.85e-7 s, × 393,216 = 0.151 s of its t_chip 0.02 + 2e-4·4096 +
+    # 6e-8·25,165,824 + 8e-4·64 = 2.400 s (6.3 % > 5 %): no chip time, TPM or revenue. Its prefill
+    # (one step, C = G = 0) keeps the relation: at h 0.5, share 0.2, h_load 0.1, T_load = 0.1·8192·1e5/1e10
+    # = 8.192 ms, T_compute = 0.8192 + 1.50994944 = 2.32914944 s, TTFT = 0.002 + 0.008192 + 2.32914944
+    # - 0.5·0.008192 = 2.33524544 s (the helper's case: the whole what-if was refused)
+    fit = FittedModel(**FIT, hit_load_share=0.2, collinear={"k_ctx": {"k_dec": 2080.0}})
+    p = fit.predict(0.5, 8192.0, 64.0)
+    assert p.ttft_service == pytest.approx(2.33524544, rel=1e-12)
+    assert (p.t_chip, p.tpm_delivered, p.tpm_physical, p.tpm_delivered_per_gpu, p.tpm_physical_per_gpu,
+            p.revenue) == (None,) * 6
+    assert "decode context" in p.unknown["t_chip"] and p.unknown["t_chip"] == fit.unidentified(0.5, 8192.0, 64.0)
+    assert {"tpm_delivered", "tpm_physical", "tpm_delivered_per_gpu", "tpm_physical_per_gpu", "revenue"} <= set(p.unknown)
+    # at ISL 2048 the request keeps the relation: everything stands
+    assert fit.predict(0.5, 2048.0, 64.0).t_chip is not None
+    # the TTFT unknown too (the loaded share unknown at h > 0): nothing to predict, the chip time's reason raised
+    with pytest.raises(ValueError, match="decode context"):
+        FittedModel(**FIT, hit_load_share=None, collinear={"k_ctx": {"k_dec": 2080.0}}).predict(0.5, 8192.0, 64.0)
