@@ -440,7 +440,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     try:
         p = fitted.predict(h, isl, osl)
     except ValueError as exc:  # nothing the fit can predict there, or an unusable fit
-        raise ValueError(f"--fit {args.fit}: {problem or exc}") from None
+        raise ValueError(f"--fit {args.fit}: {str(exc).replace(plain, problem) if plain else exc}") from None
     # the TTFTs stand without the request's chip time (FittedModel.predict): its outputs say why, hint too
     p = replace(p, unknown={k: problem if v == plain else v for k, v in p.unknown.items()})
     print(json.dumps({"model_name": name, "prediction": vars(p)}, indent=1))

@@ -237,7 +237,8 @@ def _predict(runner: Runner, environ: dict, start_response: Callable) -> list[by
     """``/api/v1/predict``: 200 with the prediction, or 400 with ``{"error": one line}`` when
     a parameter is unknown or repeated, hit_ratio is missing, the current analysis has no model
     (or several and no model_name=), no usable fit, the arguments are out of range (:func:`exporter.jsonapi.what_if`) or the fit
-    cannot identify that what-if (``FittedModel.unidentified``)."""
+    can tell neither the request's chip time (``FittedModel.unidentified``) nor its TTFT (either
+    alone: 200, :meth:`FittedModel.predict`)."""
     given = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)  # isl= is an error, not unset
     q = {k: v[0] for k, v in given.items()}
     analysis, health = runner.current()

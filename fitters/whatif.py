@@ -332,7 +332,7 @@ class FittedModel:
                 self.load_bandwidth)
         if problem:
             if ttft_s is None:
-                raise ValueError(problem)
+                raise ValueError(f"{problem}; its TTFT is unknown too: {why}")
             per_request: dict[str, float | None] = dict.fromkeys(_PER_REQUEST)
             unknown.update(dict.fromkeys(_PER_REQUEST[1:], "reads the request's chip time: unknown (t_chip says why)"),
                            t_chip=problem)

@@ -218,5 +218,6 @@ def test_a_request_whose_chip_time_is_unknown_keeps_its_ttft_when_its_prefill_is
     # at ISL 2048 the request keeps the relation: everything stands
     assert fit.predict(0.5, 2048.0, 64.0).t_chip is not None
     # the TTFT unknown too (the loaded share unknown at h > 0): nothing to predict, the chip time's reason raised
-    with pytest.raises(ValueError, match="decode context"):
+    with pytest.raises(ValueError, match="decode context") as refused:
         FittedModel(**FIT, hit_load_share=None, collinear={"k_ctx": {"k_dec": 2080.0}}).predict(0.5, 8192.0, 64.0)
+    assert str(refused.value).endswith(f"its TTFT is unknown too: {LOAD_SHARE_UNKNOWN}")  # both reasons
