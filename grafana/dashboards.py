@@ -209,10 +209,20 @@ def operating_point() -> str:
 
 def curve_start() -> str:
     """The lowest h of the published bathtub curve per form, in PromQL: 0 when R(0) is published; a
-    chip-time curve published only where the fit is identified (near the current h, in agentic
-    traffic) starts at its first grid point, and R'(h) < 0 is known from there to h* only."""
+    curve published only where its fit speaks (the chip-time one near the current h in agentic
+    traffic, the linear one over the miss slope's h range) starts at its first grid point."""
     terms = [f'kvhit_bathtub_revenue_per_second{{hit_ratio="{g:.2f}", {SEL}}} * 0 + {g:g}' for g in BATHTUB_GRID]
     return "min without (hit_ratio) (\n  " + "\n  or\n  ".join(terms) + "\n)"
+
+
+def valley_start(valley: str) -> str:
+    """The valley band's lower edge, in PromQL, where ``valley`` (h* of the form the alert follows)
+    is: the curve's start, or the current h when below it (R'(h_now) < 0 is known while the valley
+    is active, so h_now < h*; the grid's rounding up of where the fit speaks could put the curve's
+    start past h*, and the band on the wrong side of it)."""
+    start = f"({curve_start()})\nand\n({valley})"
+    now = f'kvhit_hit_ratio{{source="all", {SEL}}}'
+    return f"({start})\n<= ignoring(form, source)\n{now}\nor ignoring(form, source)\n({now} and ignoring(form, source) ({start}))"
 
 
 def model_dashboard() -> Dashboard:
@@ -229,8 +239,9 @@ def model_dashboard() -> Dashboard:
     hit = (ts(ids, "Token hit ratio and the valley band ($pod)", "percentunit",
               "Token-level prefix-cache hit ratio h over kvhit's publish window (this pod) and over 5 min from "
               "vLLM's counters (the model, all pods). The band is where more hits earn less, in the form the valley "
-              "alert follows: from the bathtub curve's first h (0, or where a chip-time curve published only near "
-              "the current h starts) to the valley bottom h*, where R'(h) < 0 (KvhitValley fires while h sits "
+              "alert follows: from the bathtub curve's first h (0, or where a curve published only where its fit "
+              "speaks starts, or the current h when below that) to the valley bottom h*, where R'(h) < 0 "
+              "(KvhitValley fires while h sits "
               "in it and the 95 % interval of R'(h) is below 0). Past h* R(h) climbs again and reaches R(0) at "
               "h_even (dashed; 1 when the valley has no exit): h in (0, h_even) earns less than no caching. In the "
               "linear form an h* beyond the h range the miss slope was fitted on is withheld (kvhit_unknown_info "
@@ -239,14 +250,14 @@ def model_dashboard() -> Dashboard:
            .min(0).max(1)
            .with_target(q("A", f'kvhit_hit_ratio{{source="all", {SEL}}}', "h {{pod}}"))
            .with_target(q("B", valley, "valley bottom h*"))
-           .with_target(q("E", f"({curve_start()})\nand\n({valley})", "curve start"))
+           .with_target(q("E", valley_start(valley), "valley start"))
            .with_target(q("C", f"(kvhit_valley_breakeven_hit_ratio{{{SEL}}} or (kvhit_valley_exit{{{SEL}}} == 0) * 0 + 1)"
                                f" and kvhit_valley_active{{{SEL}}}", "break-even h_even"))
            .with_target(q("D", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}",
                           "h of {{model_name}}, vLLM counters (5m)"))
            .override_by_name("break-even h_even", [prop("color", {"mode": "fixed", "fixedColor": "orange"}),
                                                    prop("custom.lineStyle", {"fill": "dash", "dash": [4, 4]})]))
-    d = d.with_panel(per_pod(band(hit, "valley bottom h*", "curve start", "red")))
+    d = d.with_panel(per_pod(band(hit, "valley bottom h*", "valley start", "red")))
 
     d = d.with_panel(per_pod(
         barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point ($pod)")

@@ -234,39 +234,47 @@ def test_the_valley_band_is_where_more_hits_earn_less():
     p = _panel("kvhit-model", "Token hit ratio and the valley band ($pod)")
     fills = {o["matcher"]["options"]: prop["value"] for o in p["fieldConfig"]["overrides"]
              for prop in o["properties"] if prop["id"] == "custom.fillBelowTo"}
-    assert fills == {"valley bottom h*": "curve start"}
+    assert fills == {"valley bottom h*": "valley start"}
 
 
 def test_the_valley_band_starts_where_the_curve_does(tmp_path):
     # The band's edges evaluated by Prometheus' engine (promtool). Pod a: the alert follows a
-    # chip-time bathtub published only near the current h (agentic traffic: grid points 0.85–0.95,
-    # no R(0)), the linear form's curve from 0; pod b: a whole chip-time curve. The band drew
-    # (0, h*) for pod a, where nothing but R' near h = 0.9 is known: it runs from 0.85.
+    # chip-time bathtub published only near the current h 0.9 (agentic traffic: grid points
+    # 0.85–0.95, no R(0)), the linear form's curve from 0; pod b: a whole chip-time curve, h 0.2;
+    # pod c: the curve starts at 0.97 (where the fit speaks, rounded up to the grid), past
+    # h* 0.96, and h 0.95 (R'(h) < 0 there: the valley is active). The band drew (0, h*) for pod a,
+    # where nothing but R' near h = 0.9 is known: it runs from 0.85; for pod c from h 0.95, not from
+    # 0.97 on the wrong side of h*.
     p = _panel("kvhit-model", "Token hit ratio and the valley band ($pod)")
     exprs = {t["legendFormat"]: t["expr"].replace('namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"',
                                                   'model_name="m"') for t in p["targets"]}
-    rules = [{"record": f"edge_{i}", "expr": exprs[k]} for i, k in enumerate(("curve start", "valley bottom h*"))]
+    rules = [{"record": f"edge_{i}", "expr": exprs[k]} for i, k in enumerate(("valley start", "valley bottom h*"))]
     (tmp_path / "r.yml").write_text(yaml.safe_dump({"groups": [{"name": "band", "rules": rules}]}))
 
-    def s(name, pod, form, value, **labels):
+    def s(name, pod, value, **labels):
         extra = "".join(f', {k}="{v}"' for k, v in labels.items())
-        return {"series": f'{name}{{form="{form}", pod="{pod}", model_name="m"{extra}}}', "values": f"{value}x5"}
+        return {"series": f'{name}{{pod="{pod}", model_name="m"{extra}}}', "values": f"{value}x5"}
 
-    series = [s("kvhit_bathtub_revenue_per_second", "a", "linear", 1, hit_ratio=g) for g in ("0.00", "0.05", "0.50")]
-    series += [s("kvhit_bathtub_revenue_per_second", "a", "chip_time", 1, hit_ratio=g) for g in ("0.85", "0.90", "0.95")]
-    series += [s("kvhit_valley_bottom_hit_ratio", "a", "chip_time", 0.93), s("kvhit_valley_bottom_hit_ratio", "a", "linear", 0.6),
-               s("kvhit_valley_active", "a", "chip_time", 1)]
-    series += [s("kvhit_bathtub_revenue_per_second", "b", "chip_time", 1, hit_ratio=g) for g in ("0.00", "0.05", "0.50")]
-    series += [s("kvhit_valley_bottom_hit_ratio", "b", "chip_time", 0.3), s("kvhit_valley_active", "b", "chip_time", 1)]
+    def pod(name, h, h_star, grid, form="chip_time"):
+        return [s("kvhit_hit_ratio", name, h, source="all"), s("kvhit_valley_bottom_hit_ratio", name, h_star, form=form),
+                s("kvhit_valley_active", name, 1, form=form),
+                *(s("kvhit_bathtub_revenue_per_second", name, 1, form=form, hit_ratio=g) for g in grid)]
+
+    series = [*pod("a", 0.9, 0.93, ("0.85", "0.90", "0.95")), *pod("b", 0.2, 0.3, ("0.00", "0.05", "0.50")),
+              *pod("c", 0.95, 0.96, ("0.97", "0.99"))]
+    series += [s("kvhit_bathtub_revenue_per_second", "a", 1, form="linear", hit_ratio=g) for g in ("0.00", "0.05")]
+    series += [s("kvhit_valley_bottom_hit_ratio", "a", 0.6, form="linear")]
 
     def expect(i, pairs):
+        # the lower edge is the curve's start (the comparison drops the form) or the current h (its labels)
         return {"expr": f"edge_{i}", "eval_time": "2m",
-                "exp_samples": [{"labels": f'edge_{i}{{form="chip_time", pod="{pod}", model_name="m"}}', "value": v}
-                                for pod, v in pairs]}
+                "exp_samples": [{"labels": f'edge_{i}{{{label}pod="{pod}", model_name="m"}}', "value": v}
+                                for pod, label, v in pairs]}
 
     test = {"rule_files": ["r.yml"], "evaluation_interval": "1m",
-            "tests": [{"interval": "1m", "input_series": series,
-                       "promql_expr_test": [expect(0, [("a", 0.85), ("b", 0)]), expect(1, [("a", 0.93), ("b", 0.3)])]}]}
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+                expect(0, [("a", "", 0.85), ("b", "", 0), ("c", 'source="all", ', 0.95)]),
+                expect(1, [(x, 'form="chip_time", ', v) for x, v in (("a", 0.93), ("b", 0.3), ("c", 0.96))])]}]}
     (tmp_path / "t.yml").write_text(yaml.safe_dump(test))
     out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
