@@ -321,6 +321,8 @@ def _labels(text: str | None) -> dict[str, str] | None:
         m = _LABEL.match(text, pos)
         if m is None:
             return out if not text[pos:].strip() else None
+        if m.group(1) in out:  # a label name twice: which value is the series'? (prometheus-client refuses it too)
+            return None
         out[m.group(1)] = _unescape(m.group(2))
         pos = m.end()
     return out
@@ -410,8 +412,11 @@ class _Builder:
         if abs(value) > MAX_VALUE:
             self.quirk("out_of_range")
             return
-        if value < 0 and (kind == "counter" or (kind == "hist" and part != "sum")):
-            self.quirk("negative")  # a counter or an observation count is never below zero
+        if value < 0 and not (kind == "hist" and part == "sum") and base != "gpu_prefix_cache_hit_rate":
+            # a counter, an observation count or a gauge kvhit reads (requests, KV usage, hit
+            # rates, info's 1) is never below zero: a -1000 running made a negative contention
+            # factor. V0's hit-rate gauge writes -1 for "no data" (_assemble reads it as such).
+            self.quirk("negative")
             return
         self.usable.add((base, labels.get("model_name", "")))
         key = tuple(sorted((k, v) for k, v in labels.items() if k != "pid"))

@@ -584,12 +584,26 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} -5.0
 vllm:generation_tokens_total{engine="0",model_name="m"} 10.0
 vllm:generation_tokens_total{engine="0",model_name="m"} 12.0
 vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} -1000.0
 """
     snap = parse_exposition(text, T)
-    # a counter below zero is ignored (unknown); a series given twice is ambiguous: dropped (unknown)
-    assert snap.quirks == {"negative": 1, "duplicate_series": 1}
+    # a counter or a gauge below zero is ignored (unknown: a -1000 running read as data made the
+    # contention factor negative, review); a series given twice is ambiguous: dropped (unknown)
+    assert snap.quirks == {"negative": 2, "duplicate_series": 1}
     assert dict(snap.models["m"].counters) == {}
-    assert snap.models["m"].gauges["running"] == 3.0
+    assert dict(snap.models["m"].gauges) == {"running": 3.0}
+
+
+def test_a_label_name_given_twice_is_a_malformed_line_not_another_model():
+    # model_name="m", model_name="x": a phantom model x took a max_series slot (review); the line is
+    # malformed, as prometheus-client and Prometheus read it, and dropped alone
+    text = """\
+vllm:prefix_cache_hits_total{engine="0",model_name="m",model_name="x"} 3.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 10.0
+"""
+    snap = parse_exposition(text, T)
+    assert snap.quirks == {"malformed_line": 1}
+    assert list(snap.models) == ["m"] and dict(snap.models["m"].counters) == {"queries": 10.0}
 
 
 def test_inconsistent_histogram_left_out():
