@@ -208,6 +208,7 @@ class LiveSource:
         self._session.max_redirects = self.max_redirects
         self._session.hooks["response"].append(self._redirect_body)
         self._where = redact_url(self.url)
+        self._at = _Where(self._where)  # the current request's, with where its redirects led
 
     def fetch(self) -> tuple[float, str]:
         """One scrape → (unix time its answer began: the request's + ``answer_delay``, body text;
@@ -234,7 +235,6 @@ class LiveSource:
         start = time.monotonic()
         deadline = start + self.timeout if deadline is None else deadline
         auth = None if authorization is None else _Authorization(authorization)
-        where = self._where
         token = _HEADERS_DEADLINE.set(deadline)
         try:
             try:
@@ -251,7 +251,7 @@ class LiveSource:
         except ScrapeError as exc:
             if exc.reason in ("no_answer", "incomplete", "error") and time.monotonic() >= deadline:
                 # the deadline's timer shut the socket (_Deadline): the read failed because it timed out
-                raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None
+                raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {self._at}") from None
             raise
         finally:
             _HEADERS_DEADLINE.reset(token)
@@ -260,7 +260,7 @@ class LiveSource:
                  deadline: float) -> tuple[bytes, float]:
         """:meth:`read`'s request → (body, time.monotonic() when its headers had arrived), every
         failure a ScrapeError."""
-        where = self._where
+        where = self._at = _Where(self._where)
         try:
             left = max(deadline - time.monotonic(), 0.001)  # a retry has less than the whole timeout
             if form is None:
@@ -278,7 +278,7 @@ class LiveSource:
                     api = "/api/v1/query"  # what PrometheusSource adds to the base URL, the only POST
                     hint = (f"use {to[:-len(api)]} as the {self.what} URL" if to.endswith(api) else
                             f"a proxy or a login page in front of {self.what}?")
-                    raise ScrapeError("redirect", f"{where} redirects the query (HTTP {resp.status_code}) to {to}: "
+                    raise ScrapeError("redirect", f"{where.url} redirects the query (HTTP {resp.status_code}) to {to}: "
                                                   f"{hint}")
                 if resp.status_code != 200:
                     kind = ""
@@ -326,6 +326,8 @@ class LiveSource:
         except (ProtocolError, http.client.HTTPException, ConnectionError, requests.exceptions.ChunkedEncodingError):
             raise ScrapeError("incomplete", f"connection to {where} broke inside the body") from None
         except (requests.RequestException, OSError) as exc:
+            if where.to and isinstance(exc, (requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL)):
+                raise ScrapeError("redirect", f"{where}: not an http(s) URL kvhit can follow") from None
             raise ScrapeError("error", f"scrape of {where} failed: {type(exc).__name__}") from None
         return body, answered
 
@@ -335,6 +337,8 @@ class LiveSource:
         itself, each socket read under the per-read timeout alone: a body trickling in held a 1-s
         scrape for 4 s (dropping it unread instead cost a new connection, a TLS handshake, per scrape)."""
         deadline = _HEADERS_DEADLINE.get()
+        if resp.is_redirect:  # requests follows it next: failures from here on are where it leads
+            self._at.to = redact_url(urllib.parse.urljoin(resp.url, resp.headers.get("Location", "")))
         if resp.is_redirect and deadline is not None:
             # requests' own fields; the body is discarded, so it is read as sent, never decoded
             resp._content, resp._content_consumed = self._read(resp, deadline, decode=False), True
@@ -343,7 +347,7 @@ class LiveSource:
     def _read(self, resp: requests.Response, deadline: float, decode: bool = True) -> bytes:
         """The body, read socket-read by socket-read against the deadline and the size cap, decoded
         per its Content-Encoding unless ``decode`` is False (the bytes as sent)."""
-        where = self._where
+        where = self._at
         length = resp.headers.get("Content-Length", "")
         if length.isdigit() and int(length) > self.max_bytes:
             raise ScrapeError("too_large", f"Content-Length {length} over {self.max_bytes} bytes from {where}")
@@ -1102,6 +1106,18 @@ def _newest(fn: str, selector: str) -> str:
 def _spellings(fn: str, selector: str) -> tuple[str, str]:
     """``fn`` (``{}`` for its selector) of ``selector`` (built with _PREFIX) read as vllm: and as vllm_."""
     return fn.format(selector.replace(_PREFIX, "vllm:", 1)), fn.format(selector.replace(_PREFIX, "vllm_", 1))
+
+
+class _Where:
+    """A request's target (redacted URL) as its messages name it: with where its last redirect led
+    (``to``, set by the response hook as requests follows it), so a failure there is not blamed on
+    the target itself."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.to = url, ""
+
+    def __str__(self) -> str:
+        return f"{self.url} (redirected to {self.to})" if self.to else self.url
 
 
 def _connected(counters: str, matchers: Sequence[str]) -> str:

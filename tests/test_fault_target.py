@@ -139,6 +139,12 @@ class Target:
     def mode_redirect_loop(self, h) -> None:
         self.send(h, 302, b"", {"Location": "/metrics"})
 
+    def mode_redirect_ftp(self, h) -> None:  # a scheme requests cannot follow
+        self.send(h, 302, b"", {"Location": "ftp://127.0.0.1/metrics"})
+
+    def mode_redirect_tls(self, h) -> None:  # to https on this plain-HTTP port
+        self.send(h, 302, b"", {"Location": f"https://127.0.0.1:{self.port}/real-metrics"})
+
     def mode_http500(self, h) -> None:
         self.send(h, 500, f"Traceback ... {SECRET}\n".encode())
 
@@ -402,6 +408,20 @@ def test_a_refusing_proxy_is_named_not_the_target(monkeypatch, proxy):
     assert info.value.reason == "refused"
     assert str(info.value) == ("cannot reach http://vllm.internal:8000/metrics through the proxy (HTTP_PROXY / "
                                "HTTPS_PROXY; NO_PROXY bypasses it)")
+
+
+@pytest.mark.parametrize("mode, reason, said", [
+    ("redirect_ftp", "redirect", "{url} (redirected to ftp://127.0.0.1/metrics): not an http(s) URL kvhit can follow"),
+    ("redirect_tls", "refused", "TLS with {url} (redirected to https://127.0.0.1:{port}/real-metrics) failed"),
+])
+def test_a_failure_after_a_redirect_names_where_it_led(target, mode, reason, said):
+    # a 302 to https on a plain port was logged as "TLS with http://…/metrics failed", the target's
+    # own URL, and one to ftp:// as a generic error (review): the reason and the line say where it led
+    target.mode = mode
+    with pytest.raises(ScrapeError) as info:
+        LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP).fetch()
+    assert info.value.reason == reason
+    assert said.format(url=target.url, port=target.port) in str(info.value), str(info.value)
 
 
 # mode → the reason kvhit must report
