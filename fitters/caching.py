@@ -212,6 +212,9 @@ def _thrash(h_recent: float | None, jitter: float | None, kv_usage_max: float | 
     return None, f"{high}{' and '.join(unknown)} unknown: thrash can neither be asserted nor ruled out"
 
 
+NO_HISTORY_H = "no prefix-cache queries in the history (token hit ratio unknown)"
+
+
 def decide(h_history: float | None, share_history: float | None, h_recent: float | None,
            jitter: float | None, kv_usage_max: float | None, kv_usage_partial: bool = False,
            hits_partial: bool = False) -> tuple[str | None, str]:
@@ -226,7 +229,7 @@ def decide(h_history: float | None, share_history: float | None, h_recent: float
     if thrash:
         return "thrash_risk", ""
     if h_history is None:
-        return None, "no prefix-cache queries in the history (token hit ratio unknown)"
+        return None, NO_HISTORY_H
     if h_history < NOT_PAYING_H:
         return "not_paying", ""
     if h_history > DEDICATED_H:
@@ -247,6 +250,9 @@ def verdict(rollup: HitRollup) -> CachingVerdict:
     state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial(), rollup.hits_partial())
     if not len(rollup):  # an empty history is no history of zero queries
         reason = "no step in the history yet (a step enters it when the scrape after it confirms it)"
+    elif reason == NO_HISTORY_H and rollup.hits_partial(None):  # queries there were, their hits unknown
+        reason = ("no step of the history with known prefix-cache hits (token hit ratio unknown: "
+                  "kvhit_unknown_info{signal=\"hit_ratio\"} says why)")
     return CachingVerdict(state, reason, rollup.provisional(), rollup.span_seconds(), h_hist, share,
                           h_recent, jit, kv)
 

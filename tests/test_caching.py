@@ -161,3 +161,18 @@ def test_an_empty_history_says_it_is_empty_not_without_queries():
     v = verdict(HitRollup())
     assert v.state is None and v.history_seconds == 0
     assert v.reason == "no step in the history yet (a step enters it when the scrape after it confirms it)"
+
+
+def test_a_history_whose_hits_are_unknown_says_so_not_that_it_had_no_queries():
+    # queries counted, hits missing at every step (the hit counter absent): the reason said "no
+    # prefix-cache queries in the history" (newcomer helper)
+    r = HitRollup()
+    for i in range(5):  # KV usage half: no thrash whatever h is, so the verdict turns on the history's h
+        r.update(60.0 * i, 60.0 * i + 60.0, 1000.0, None, kv_usage=0.5)
+    v = verdict(r)
+    assert v.state is None and v.history_hit_ratio is None
+    assert v.reason.startswith("no step of the history with known prefix-cache hits"), v.reason
+    # no query at all: as before
+    r = HitRollup()
+    r.update(0.0, 60.0, 0.0, 0.0, kv_usage=0.5)
+    assert verdict(r).reason == "no prefix-cache queries in the history (token hit ratio unknown)"
