@@ -1,7 +1,8 @@
 """kvhit configuration: YAML file < ``KVHIT_*`` environment < command-line flags (later wins).
 
 Keys (YAML nesting; the environment variable is ``KVHIT_`` + the path in upper case joined by
-``_``, e.g. ``prices.hit_price_ratio`` → ``KVHIT_PRICES_HIT_PRICE_RATIO``):
+``_``, e.g. ``prices.hit_price_ratio`` → ``KVHIT_PRICES_HIT_PRICE_RATIO``; its value ``null`` is
+YAML's, e.g. ``KVHIT_TARGET_HIT_RATIO=null``):
 
 ========================================  ======================================================
 key                                       meaning (default)
@@ -29,8 +30,8 @@ window_seconds                            publish window, seconds, at most 3600 
 gap_seconds                               a step longer than this is a scrape gap, not a step
                                           (unset: 2 × the larger of window_seconds and interval);
                                           must exceed interval
-max_body_bytes                            scrape body cap, bytes (4 MiB: at most 150 MiB of
-                                          peak RSS measured)
+max_body_bytes                            scrape body cap, bytes, at least 4096 (4 MiB: at most
+                                          150 MiB of peak RSS measured)
 max_series                                (model_name, engine) series analysed at most (64)
 web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint
 model.hf_config                           path to the model's HF config.json (geometry from it)
@@ -407,6 +408,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
         if not name.startswith("KVHIT_"):
             continue
         rest = name[len("KVHIT_"):].lower()
+        value = None if value.strip() in ("null", "~") else value  # YAML's null: a nullable key unset
         section = next((s for s in _SECTIONS if rest.startswith(s + "_")), None)
         if section:
             out.setdefault(section, {})[rest[len(section) + 1:]] = value
@@ -609,7 +611,8 @@ def validate(cfg: Config) -> None:
         ("gap_seconds", cfg.gap_seconds, lambda v: v > cfg.interval,
          f"must be > interval ({cfg.interval:g} s), or every step would be a gap"),
         ("prometheus_delay", cfg.prometheus_delay, lambda v: v >= 0, "must be >= 0 seconds"),
-        ("max_body_bytes", cfg.max_body_bytes, lambda v: v > 0, "must be > 0"),
+        # below it every scrape of a vLLM /metrics (tens of KiB) fails as too_large
+        ("max_body_bytes", cfg.max_body_bytes, lambda v: v >= 4096, "must be >= 4096"),
         ("max_series", cfg.max_series, lambda v: v >= 1, "must be >= 1"),
         ("load_bandwidth_bytes_per_second", cfg.load_bandwidth_bytes_per_second, lambda v: v > 0, "must be > 0"),
         ("prices.miss_per_million", cfg.prices.miss_per_million, lambda v: v > 0, "must be > 0"),

@@ -71,6 +71,19 @@ def test_a_quoted_number_is_the_number_and_a_word_is_a_wrong_type(tmp_path):
         load_config(_yaml(tmp_path, "model:\n  layers: thirty-two\n"), environ={})
 
 
+def test_null_in_the_environment_is_yaml_s_and_a_body_cap_below_any_exposition_is_refused(tmp_path):
+    # README "Configuration": target_hit_ratio null publishes no target series; from the environment
+    # it was "expected float, got 'null'" (newcomer helper); a non-nullable key says null is no setting
+    assert load_config(None, environ={"KVHIT_TARGET_HIT_RATIO": "null"}).target_hit_ratio is None
+    assert load_config(_yaml(tmp_path, "target_hit_ratio: 0.5\n"), environ={"KVHIT_TARGET_HIT_RATIO": "~"}).target_hit_ratio is None
+    with pytest.raises(ConfigError, match="interval: expected float, got null"):
+        load_config(None, environ={"KVHIT_INTERVAL": "null"})
+    # a 10-byte cap passed --check-config and failed every scrape as too_large
+    with pytest.raises(ConfigError, match="max_body_bytes: must be >= 4096"):
+        load_config(None, environ={"KVHIT_MAX_BODY_BYTES": "10"})
+    assert load_config(None, environ={"KVHIT_MAX_BODY_BYTES": "4096"}).max_body_bytes == 4096
+
+
 def test_unknown_env_variable_and_key_named(tmp_path):
     with pytest.raises(ConfigError, match="KVHIT_NOPE"):
         load_config(None, environ={"KVHIT_NOPE": "1"})
