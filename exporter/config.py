@@ -391,6 +391,8 @@ def layered_string(key: str, path: str | None, flag: str | None = None,
     file at ``path``), read leniently for a configuration that was refused as a whole: the first
     layer giving a non-empty string, None when none does (an unreadable file gives nothing)."""
     value = flag or (os.environ if environ is None else environ).get(f"KVHIT_{key.upper()}")
+    if value is not None and _env_null(value):
+        value = None
     if not value and path:
         try:
             doc = _read_yaml(path, f"config file {path}")
@@ -398,6 +400,11 @@ def layered_string(key: str, path: str | None, flag: str | None = None,
             doc = None
         value = doc.get(key) if isinstance(doc, Mapping) else None
     return value if isinstance(value, str) and value else None
+
+
+def _env_null(value: str) -> bool:
+    """Whether a ``KVHIT_*`` value is YAML's null (``null``, ``Null``, ``NULL``, ``~``)."""
+    return value.strip() in ("null", "Null", "NULL", "~")
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict:
@@ -408,7 +415,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
         if not name.startswith("KVHIT_"):
             continue
         rest = name[len("KVHIT_"):].lower()
-        value = None if value.strip() in ("null", "~") else value  # YAML's null: a nullable key unset
+        value = None if _env_null(value) else value  # YAML's null: a nullable key unset
         section = next((s for s in _SECTIONS if rest.startswith(s + "_")), None)
         if section:
             out.setdefault(section, {})[rest[len(section) + 1:]] = value

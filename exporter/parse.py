@@ -15,7 +15,8 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   label value keeps it.
 * NaN/±Inf samples (``non_finite``), values beyond ±1e18 (``out_of_range``: an exabyte; no token,
   request or byte count gets there, and a glitched 1e200 would overflow the fits' sums of
-  squares) and negative counters / histogram counts (``negative``) are ignored; the same series
+  squares) and negative counters, histogram counts and gauges (``negative``; V0's hit-rate -1 means
+  no data) are ignored; the same series
   twice is dropped, unknown (``duplicate_series``: which value is right cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
   0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum (``pid_duplicate``).
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
@@ -414,8 +415,8 @@ class _Builder:
             return
         if value < 0 and not (kind == "hist" and part == "sum") and base != "gpu_prefix_cache_hit_rate":
             # a counter, an observation count or a gauge kvhit reads (requests, KV usage, hit
-            # rates, info's 1) is never below zero: a -1000 running made a negative contention
-            # factor. V0's hit-rate gauge writes -1 for "no data" (_assemble reads it as such).
+            # rates) is never below zero: a -1000 running made a negative contention factor.
+            # V0's hit-rate gauge writes -1 for "no data" (_assemble reads it as such).
             self.quirk("negative")
             return
         self.usable.add((base, labels.get("model_name", "")))

@@ -174,7 +174,8 @@ class LiveSource:
     few bytes at a time counts: a timer shuts the socket down at the deadline while headers are
     awaited, and the body's deadline is checked after every socket read, each waiting at most
     the time left; a redirect's body too), ``http_<status>`` (any status but 200 after
-    redirects), ``redirect`` (more than ``max_redirects``), ``too_large`` (over ``max_bytes``, by Content-Length before reading or
+    redirects), ``redirect`` (more than ``max_redirects``, or one kvhit cannot follow; every failure after a
+    redirect names where it led), ``too_large`` (over ``max_bytes``, by Content-Length before reading or
     while reading, counted after gzip decoding so a gzip bomb is cut at the cap; or headers over
     http.client's limits: more than 100 lines, a line over 64 KiB), ``encoding``
     (a Content-Encoding other than gzip/deflate/identity, or a corrupt one), ``incomplete``
@@ -325,9 +326,11 @@ class LiveSource:
             raise ScrapeError("timeout", f"no complete answer within {self.timeout}s from {where}") from None
         except (ProtocolError, http.client.HTTPException, ConnectionError, requests.exceptions.ChunkedEncodingError):
             raise ScrapeError("incomplete", f"connection to {where} broke inside the body") from None
-        except (requests.RequestException, OSError) as exc:
-            if where.to and isinstance(exc, (requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL)):
-                raise ScrapeError("redirect", f"{where}: not an http(s) URL kvhit can follow") from None
+        except (requests.RequestException, OSError, ValueError) as exc:
+            # a redirect requests cannot follow: another scheme, a bad port, a Location that is no URL
+            if where.to and isinstance(exc, (requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL,
+                                             ValueError)):
+                raise ScrapeError("redirect", f"{where}: kvhit cannot follow it ({type(exc).__name__})") from None
             raise ScrapeError("error", f"scrape of {where} failed: {type(exc).__name__}") from None
         return body, answered
 
@@ -337,11 +340,15 @@ class LiveSource:
         itself, each socket read under the per-read timeout alone: a body trickling in held a 1-s
         scrape for 4 s (dropping it unread instead cost a new connection, a TLS handshake, per scrape)."""
         deadline = _HEADERS_DEADLINE.get()
-        if resp.is_redirect:  # requests follows it next: failures from here on are where it leads
-            self._at.to = redact_url(urllib.parse.urljoin(resp.url, resp.headers.get("Location", "")))
         if resp.is_redirect and deadline is not None:
             # requests' own fields; the body is discarded, so it is read as sent, never decoded
             resp._content, resp._content_consumed = self._read(resp, deadline, decode=False), True
+        location = resp.headers.get("Location", "") if resp.is_redirect else ""
+        if location and resp.request.method == "GET":  # requests follows it next: failures are where it leads
+            try:
+                self._at.to = redact_url(urllib.parse.urljoin(resp.url, location))
+            except ValueError:  # requests refuses it next (ValueError: _request)
+                self._at.to = "a Location that is no URL"
         return resp
 
     def _read(self, resp: requests.Response, deadline: float, decode: bool = True) -> bytes:

@@ -250,9 +250,9 @@ def verdict(rollup: HitRollup) -> CachingVerdict:
     state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial(), rollup.hits_partial())
     if not len(rollup):  # an empty history is no history of zero queries
         reason = "no step in the history yet (a step enters it when the scrape after it confirms it)"
-    elif reason == NO_HISTORY_H and rollup.hits_partial(None):  # queries there were, their hits unknown
-        reason = ("no step of the history with known prefix-cache hits (token hit ratio unknown: "
-                  "kvhit_unknown_info{signal=\"hit_ratio\"} says why)")
+    elif reason == NO_HISTORY_H and rollup.hits_partial(None):  # steps with queries whose hits are unknown
+        reason = ("no prefix-cache query with known hits in the history (token hit ratio unknown; at some steps "
+                  "the hits, device or loaded, are unknown: kvhit_unknown_info says why)")
     return CachingVerdict(state, reason, rollup.provisional(), rollup.span_seconds(), h_hist, share,
                           h_recent, jit, kv)
 

@@ -171,7 +171,7 @@ def test_a_history_whose_hits_are_unknown_says_so_not_that_it_had_no_queries():
         r.update(60.0 * i, 60.0 * i + 60.0, 1000.0, None, kv_usage=0.5)
     v = verdict(r)
     assert v.state is None and v.history_hit_ratio is None
-    assert v.reason.startswith("no step of the history with known prefix-cache hits"), v.reason
+    assert v.reason.startswith("no prefix-cache query with known hits in the history"), v.reason
     # no query at all: as before
     r = HitRollup()
     r.update(0.0, 60.0, 0.0, 0.0, kv_usage=0.5)

@@ -77,7 +77,12 @@ def test_null_in_the_environment_is_yaml_s_and_a_body_cap_below_any_exposition_i
     assert load_config(None, environ={"KVHIT_TARGET_HIT_RATIO": "null"}).target_hit_ratio is None
     assert load_config(_yaml(tmp_path, "target_hit_ratio: 0.5\n"), environ={"KVHIT_TARGET_HIT_RATIO": "~"}).target_hit_ratio is None
     with pytest.raises(ConfigError, match="interval: expected float, got null"):
-        load_config(None, environ={"KVHIT_INTERVAL": "null"})
+        load_config(None, environ={"KVHIT_INTERVAL": "NULL"})
+    # and so for a refused configuration's lenient read (--on-config-error=serve): the file's target,
+    # not a target "null" (review)
+    from exporter.config import layered_string
+    path = _yaml(tmp_path, "target: http://vllm:8000/metrics\n")
+    assert layered_string("target", path, environ={"KVHIT_TARGET": "Null"}) == "http://vllm:8000/metrics"
     # a 10-byte cap passed --check-config and failed every scrape as too_large
     with pytest.raises(ConfigError, match="max_body_bytes: must be >= 4096"):
         load_config(None, environ={"KVHIT_MAX_BODY_BYTES": "10"})

@@ -145,6 +145,15 @@ class Target:
     def mode_redirect_tls(self, h) -> None:  # to https on this plain-HTTP port
         self.send(h, 302, b"", {"Location": f"https://127.0.0.1:{self.port}/real-metrics"})
 
+    def mode_redirect_big(self, h) -> None:  # the redirect's own body over the cap: never followed
+        self.send(h, 302, b"x" * (CAP + 1), {"Location": "/real-metrics"})
+
+    def mode_redirect_empty(self, h) -> None:  # requests does not follow an empty Location
+        self.send(h, 302, b"", {"Location": ""})
+
+    def mode_redirect_no_url(self, h) -> None:
+        self.send(h, 302, b"", {"Location": "http://[::1/metrics"})
+
     def mode_http500(self, h) -> None:
         self.send(h, 500, f"Traceback ... {SECRET}\n".encode())
 
@@ -411,8 +420,12 @@ def test_a_refusing_proxy_is_named_not_the_target(monkeypatch, proxy):
 
 
 @pytest.mark.parametrize("mode, reason, said", [
-    ("redirect_ftp", "redirect", "{url} (redirected to ftp://127.0.0.1/metrics): not an http(s) URL kvhit can follow"),
+    ("redirect_ftp", "redirect", "{url} (redirected to ftp://127.0.0.1/metrics): kvhit cannot follow it (InvalidSchema)"),
     ("redirect_tls", "refused", "TLS with {url} (redirected to https://127.0.0.1:{port}/real-metrics) failed"),
+    ("redirect_no_url", "redirect", "{url} (redirected to a Location that is no URL): kvhit cannot follow it"),
+    # failures before requests follows anything are the target's own (review)
+    ("redirect_big", "too_large", "from {url}"),
+    ("redirect_empty", "http_302", "HTTP 302 from {url}"),
 ])
 def test_a_failure_after_a_redirect_names_where_it_led(target, mode, reason, said):
     # a 302 to https on a plain port was logged as "TLS with http://…/metrics failed", the target's
@@ -422,6 +435,8 @@ def test_a_failure_after_a_redirect_names_where_it_led(target, mode, reason, sai
         LiveSource(target.url, timeout=TIMEOUT, max_bytes=CAP).fetch()
     assert info.value.reason == reason
     assert said.format(url=target.url, port=target.port) in str(info.value), str(info.value)
+    if mode in ("redirect_big", "redirect_empty"):
+        assert "redirected" not in str(info.value) and str(info.value).endswith(target.url)
 
 
 # mode → the reason kvhit must report
