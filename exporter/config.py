@@ -704,19 +704,25 @@ MAX_TOKEN_BYTES = 64 * 1024  # a Kubernetes service-account token is ~1 KB
 
 
 def redact_url(url: str) -> str:
-    """The URL without ``user:password@`` and without query values (``?token=…`` → ``?token=<redacted>``:
-    a credential there is as secret) — for logs, messages and the ``target`` label. Userinfo up to the
-    last ``@``, so a password with an unencoded ``/``, ``?`` or ``#`` (which ends the URL's
-    authority early) is hidden too; an ``@`` in a path or query hides more than needed."""
+    """The URL without ``user:password@`` and without the values of its query, path parameters and
+    fragment (``?token=…`` → ``?token=<redacted>``, ``;jsessionid=…``, ``#access_token=…`` alike: a
+    credential there is as secret; a redirect's Location may carry them) — for logs, messages and
+    the ``target`` label. Userinfo up to the last ``@``, so a password with an unencoded ``/``,
+    ``?`` or ``#`` (which ends the URL's authority early) is hidden too; an ``@`` in a path or
+    query hides more than needed."""
     scheme, sep, rest = url.partition("://")
     if sep and "@" in rest:
         rest = "<redacted>@" + rest.rpartition("@")[2]
+    rest, hash_, fragment = rest.partition("#")
     head, qmark, query = rest.partition("?")
-    if qmark:
-        query, hash_, fragment = query.partition("#")
-        query = "&".join(k + ("=<redacted>" if eq else "") for k, eq, _ in (kv.partition("=") for kv in query.split("&")))
-        rest = head + qmark + query + hash_ + fragment
-    return f"{scheme}{sep}{rest}"
+    path, semi, params = head.partition(";")
+    return f"{scheme}{sep}{path}{semi}{_values_redacted(params, ';')}{qmark}{_values_redacted(query, '&')}" \
+           f"{hash_}{_values_redacted(fragment, '&')}"
+
+
+def _values_redacted(pairs: str, sep: str) -> str:
+    """``k=v`` pairs joined by ``sep`` with every value ``<redacted>`` (keys stay: they tell URLs apart)."""
+    return sep.join(k + ("=<redacted>" if eq else "") for k, eq, _ in (kv.partition("=") for kv in pairs.split(sep)))
 
 
 def read_bearer_token(path: str) -> str:

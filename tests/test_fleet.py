@@ -1331,6 +1331,10 @@ def test_redact_url_hides_a_password_with_unencoded_characters():
     assert redact_url("http://admin:s3cr3t@vllm:8000/metrics?token=abc123#top") == \
         "http://<redacted>@vllm:8000/metrics?token=<redacted>#top"
     assert redact_url("http://vllm:8000/metrics?flag") == "http://vllm:8000/metrics?flag"
+    # a redirect's Location, named in messages (review): a Java session and an OAuth fragment too
+    assert redact_url("https://login:8443/metrics;jsessionid=ABC;x=1?next=/m#access_token=T&state=s") == \
+        "https://login:8443/metrics;jsessionid=<redacted>;x=<redacted>?next=<redacted>#access_token=<redacted>&state=<redacted>"
+    assert redact_url("http://vllm:8000/metrics#top") == "http://vllm:8000/metrics#top"
 
 
 def test_bad_selector_on_the_command_line_exits_2_with_one_line(capsys):
