@@ -212,24 +212,25 @@ def _thrash(h_recent: float | None, jitter: float | None, kv_usage_max: float | 
     return None, f"{high}{' and '.join(unknown)} unknown: thrash can neither be asserted nor ruled out"
 
 
-NO_HISTORY_H = "no prefix-cache queries in the history (token hit ratio unknown)"
-
-
 def decide(h_history: float | None, share_history: float | None, h_recent: float | None,
            jitter: float | None, kv_usage_max: float | None, kv_usage_partial: bool = False,
-           hits_partial: bool = False) -> tuple[str | None, str]:
+           hits_partial: bool = False, history_hits_partial: bool = False) -> tuple[str | None, str]:
     """(state, reason) by the rules in the module docstring. Pure. The first rule undecided (a
     term unknown: the recent h with hits unknown at some recent step, ``hits_partial``; the
     jitter with fewer than JITTER_MIN_MINUTES minutes of queries; the KV usage never read or,
     ``kv_usage_partial``, missing at some step so its max is a lower bound) leaves the verdict
-    unknown: no later rule may answer."""
+    unknown: no later rule may answer. ``history_hits_partial``: hits unknown at some step of the
+    history (its reason when the history's h is unknown)."""
     thrash, why = _thrash(h_recent, jitter, kv_usage_max, kv_usage_partial, hits_partial)
     if thrash is None:
         return None, why
     if thrash:
         return "thrash_risk", ""
     if h_history is None:
-        return None, NO_HISTORY_H
+        if history_hits_partial:  # steps with queries whose hits are unknown
+            return None, ("no prefix-cache query with known hits in the history (token hit ratio unknown; at some "
+                          "steps the hits, device or loaded, are unknown: kvhit_unknown_info says why)")
+        return None, "no prefix-cache queries in the history (token hit ratio unknown)"
     if h_history < NOT_PAYING_H:
         return "not_paying", ""
     if h_history > DEDICATED_H:
@@ -247,12 +248,11 @@ def verdict(rollup: HitRollup) -> CachingVerdict:
     """The current :class:`CachingVerdict` from a rollup (MODEL.md §5)."""
     h_hist, share = rollup.hit_ratio(), rollup.prefill_share()
     h_recent, jit, kv = rollup.hit_ratio(RECENT_MINUTES), rollup.jitter(), rollup.kv_usage_max()
-    state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial(), rollup.hits_partial())
+    # the whole history scanned only when its h is unknown
+    state, reason = decide(h_hist, share, h_recent, jit, kv, rollup.kv_usage_partial(), rollup.hits_partial(),
+                           h_hist is None and rollup.hits_partial(None))
     if not len(rollup):  # an empty history is no history of zero queries
         reason = "no step in the history yet (a step enters it when the scrape after it confirms it)"
-    elif reason == NO_HISTORY_H and rollup.hits_partial(None):  # steps with queries whose hits are unknown
-        reason = ("no prefix-cache query with known hits in the history (token hit ratio unknown; at some steps "
-                  "the hits, device or loaded, are unknown: kvhit_unknown_info says why)")
     return CachingVerdict(state, reason, rollup.provisional(), rollup.span_seconds(), h_hist, share,
                           h_recent, jit, kv)
 
