@@ -204,7 +204,12 @@ def operating_point() -> str:
         terms.append(
             f'(kvhit_bathtub_revenue_per_second{{hit_ratio="{g:.2f}", {SEL}}} and ignoring(hit_ratio) kvhit_valley_active{{{SEL}}})'
             f' and ignoring(form, hit_ratio, source) (kvhit_hit_ratio{{source="all", {SEL}}} >= {lo:g} {upper})')
-    return "avg by (hit_ratio) (\n  " + "\n  or\n  ".join(terms) + "\n)"
+    return _union("avg by (hit_ratio)", terms)
+
+
+def _union(aggregation: str, terms: list[str]) -> str:
+    """PromQL: ``aggregation`` over the union (``or``) of ``terms``, one per line."""
+    return f"{aggregation} (\n  " + "\n  or\n  ".join(terms) + "\n)"
 
 
 def curve_start() -> str:
@@ -212,7 +217,7 @@ def curve_start() -> str:
     curve published only where its fit speaks (the chip-time one near the current h in agentic
     traffic, the linear one over the miss slope's h range) starts at its first grid point."""
     terms = [f'kvhit_bathtub_revenue_per_second{{hit_ratio="{g:.2f}", {SEL}}} * 0 + {g:g}' for g in BATHTUB_GRID]
-    return "min without (hit_ratio) (\n  " + "\n  or\n  ".join(terms) + "\n)"
+    return _union("min without (hit_ratio)", terms)
 
 
 def valley_start(valley: str) -> str:
