@@ -621,16 +621,19 @@ class Analyzer:
         totals = observed_regressors(wobs)
         for which, h, seen in (("current", h_now, None if None in totals else totals),
                                ("target", cfg.target_hit_ratio, None)):
-            if h is not None:
-                problem = fitted.unidentified(h, isl, osl, seen)
-                if problem:
-                    unknown.setdefault(f"predicted_{which}", problem)
-                    continue
-                preds[which] = fitted.predict(h, isl, osl, seen)
-                if "ttft_service" in preds[which].unknown:
-                    unknown.setdefault(f"predicted_ttft_{which}", preds[which].unknown["ttft_service"])
-                elif "ttft_load_aware" in preds[which].unknown:
-                    unknown.setdefault(f"predicted_ttft_load_aware_{which}", preds[which].unknown["ttft_load_aware"])
+            if h is None:
+                continue
+            try:  # a request whose chip time is not identifiable keeps its TTFTs where its prefill is
+                p = preds[which] = fitted.predict(h, isl, osl, seen)
+            except ValueError as exc:  # neither its chip time nor its TTFT (fitters/whatif.py)
+                unknown.setdefault(f"predicted_{which}", str(exc))
+                continue
+            if "t_chip" in p.unknown:
+                unknown.setdefault(f"predicted_{which}", p.unknown["t_chip"])
+            if "ttft_service" in p.unknown:
+                unknown.setdefault(f"predicted_ttft_{which}", p.unknown["ttft_service"])
+            elif "ttft_load_aware" in p.unknown:
+                unknown.setdefault(f"predicted_ttft_load_aware_{which}", p.unknown["ttft_load_aware"])
         bathtubs = dict(linear)
         derived, h_range = {}, out.miss_slope_h_range
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
@@ -877,14 +880,15 @@ def _tpm_target(observed: Mapping[tuple[str, str], float], preds: Mapping[str, P
     if target_h is None:
         return {}
     now, target, measured_tpm = preds.get("current"), preds.get("target"), observed.get(("delivered", "instance"))
-    if now is None or target is None or measured_tpm is None:
+    c_now, c_target = (None if p is None else p.t_chip for p in (now, target))
+    if c_now is None or c_target is None or measured_tpm is None:
         missing = [what for what, absent in (("the observed delivered TPM", measured_tpm is None),
-                                             ("the chip time per request at the current h", now is None),
-                                             ("the chip time per request at the target h", target is None)) if absent]
+                                             ("the chip time per request at the current h", c_now is None),
+                                             ("the chip time per request at the target h", c_target is None)) if absent]
         unknown.setdefault("tpm_target", f"needs {' and '.join(missing)} (see tpm_observed, predicted_current, "
                                          "predicted_target)")
         return {}
-    delivered, physical = tpm_hit_correction(measured_tpm, now.t_chip, target.t_chip, isl, osl, target.hit_ratio)
+    delivered, physical = tpm_hit_correction(measured_tpm, c_now, c_target, isl, osl, target.hit_ratio)
     return _with_per_gpu({("delivered", "instance"): delivered, ("physical", "instance"): physical}, gpus)
 
 

@@ -221,8 +221,8 @@ def describe_model(m: ModelAnalysis) -> str:
     for which, p in m.predictions.items():
         spread = "" if p.ttft_service_stderr is None else f"±{p.ttft_service_stderr:.2g}s"
         lines.append(f"  {which:7s} h={p.hit_ratio:.3f}: TTFT service={fmt(p.ttft_service, unit='s')}{spread} "
-                     f"load_aware={fmt(p.ttft_load_aware, unit='s')}  TPM delivered={p.tpm_delivered:.0f} "
-                     f"physical={p.tpm_physical:.0f}")
+                     f"load_aware={fmt(p.ttft_load_aware, unit='s')}  TPM delivered={fmt(p.tpm_delivered, '.0f')} "
+                     f"physical={fmt(p.tpm_physical, '.0f')}")
     if m.observed_ttft is not None:
         lines.append(f"  observed TTFT (window mean) {m.observed_ttft:.3f}s")
     for form, b in m.bathtubs.items():

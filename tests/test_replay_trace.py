@@ -248,6 +248,40 @@ def test_what_ifs_wait_until_attention_is_told_apart_from_ffn_work(raw, result, 
     assert set(full.predictions) == {"current", "target"} and "chip_time" in full.bathtubs
 
 
+def test_a_request_whose_chip_time_is_unknown_keeps_its_predicted_ttfts(result, monkeypatch):
+    """MODEL.md §6 (report what stands, mark the rest not identifiable): where the chip time of
+    the window's request is not identifiable but its prefill is, the analysis keeps the TTFTs (a
+    prefill needs none of the decode terms) and withholds t_chip, the TPMs and the target TPM,
+    with why; as `kvhit predict` does. The trace's prefill is identified, so the TTFTs must be
+    those of the unpatched analysis (tested against hand values elsewhere); before, the whole
+    prediction was withheld."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.cli import describe_model
+    from exporter.collector import Health, KvhitCollector
+    from fitters.whatif import FittedModel
+
+    full = result.runner.current()[0].models[MODEL_NAME]
+    assert {"current", "target"} <= set(full.predictions) and full.predictions["target"].t_chip is not None
+    why = "not identifiable: decode context rides on decode tokens (patched for this test)"
+    monkeypatch.setattr(FittedModel, "unidentified", lambda self, *args, **kwargs: why)
+    analysis = replay(load_trace(TRACE), load_config(None, environ={}), "trace").runner.current()[0]
+    m = analysis.models[MODEL_NAME]
+    for which in ("current", "target"):
+        p, before = m.predictions[which], full.predictions[which]
+        assert p.ttft_service == pytest.approx(before.ttft_service, rel=1e-9)
+        assert p.ttft_load_aware == pytest.approx(before.ttft_load_aware, rel=1e-9)
+        assert p.t_chip is None and p.tpm_delivered is None and p.revenue is None
+        assert m.unknown[f"predicted_{which}"] == why
+    assert m.tpm_target == {} and "chip time per request at the current h" in m.unknown["tpm_target"]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KvhitCollector(lambda: (analysis, Health("t", up=True, last_success=0.0))))
+    text = generate_latest(registry).decode()
+    assert re.search(r'kvhit_predicted_ttft_seconds\{[^}]*hit_ratio="target",kind="service"', text)
+    assert 'basis="predicted"' not in text  # the predicted TPMs read the chip time
+    assert re.search(r"target +h=0\.\d+: TTFT service=\d\.\d+s.* TPM delivered=- physical=-", describe_model(m))
+
+
 def test_a_busy_step_the_model_cannot_read_is_left_out_of_its_phase_s_prediction_not_the_phase():
     # Noise-free steps of Δt = 0.01·steps + 1e-4·M + 1e-8·W + 2e-3·G + 1e-7·C: the chip-time fit
     # on phase A alone recovers these coefficients, so phase B's busy time is predicted exactly
