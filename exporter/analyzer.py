@@ -996,13 +996,13 @@ def _overlap_identified(overlap: FitResult, chip: FitResult) -> FitResult:
 # --- seed 003 and sizing: cost, caching verdict, KV sizing, max-num-seqs, first-order Θ ----------
 
 
+_TPOT_SOURCES = {"request": "request_tpot", "itl": "itl"}  # source → its canonical histogram, preferred first
+
+
 def _tpot_histogram(d: Delta):
     """(TPOT histogram delta, source): per-request TPOT (vLLM ≥ 0.11) else inter-token latency."""
-    if "request_tpot" in d.histograms:
-        return d.histograms["request_tpot"], "request"
-    if "itl" in d.histograms:
-        return d.histograms["itl"], "itl"
-    return None, None
+    return next(((d.histograms[name], source) for source, name in _TPOT_SOURCES.items() if name in d.histograms),
+                (None, None))
 
 
 def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: int,
@@ -1093,8 +1093,9 @@ def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, busy: int, runni
 
 def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
     """Feed one step to the 24 h hit rollup and the TPOT-vs-concurrency fitter (MODEL.md §5);
-    the fitter's concurrency is per engine (``--max-num-seqs`` is), running / ``engines``, those
-    running requests at either end of the step (an idle one decodes none)."""
+    the fitter's concurrency is per engine (``--max-num-seqs`` is): each data-parallel engine's
+    TPOTs at its own mean running (:attr:`Delta.engine_steps`), else the step's at running /
+    ``engines``, those running requests at either end of the step (an idle one decodes none)."""
     hits = None
     if obs.hit_tokens_device is not None and obs.hit_tokens_loaded is not None:
         hits = obs.hit_tokens_device + obs.hit_tokens_loaded
@@ -1103,9 +1104,14 @@ def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> 
     st.rollup.update(d.t0, d.t1, obs.queried_tokens, hits, (pre.sum, pre.count) if both else None,
                      (dec.sum, dec.count) if both else None, d.end.get("kv_usage"))
     tpot, source = _tpot_histogram(d)
-    running = None if obs.running is None else obs.running / engines
-    if (tpot is not None and tpot.problem != SUM_DISAGREES and not obs.anomaly_hint  # buckets _sum refutes: no P95
-            and st.tpot.update(obs.t, running, tpot.buckets, tpot.count)):
+    if tpot is None or tpot.problem == SUM_DISAGREES or obs.anomaly_hint:  # buckets _sum refutes: no P95
+        return
+    # data-parallel engines: each one's TPOTs at its own concurrency (merged, the busier engine's
+    # TPOTs read at the mean level: 18 for 26 on two uneven engines, review)
+    parts = [(e.running, e.histograms[_TPOT_SOURCES[source]]) for e in d.engine_steps]
+    if not parts or any(r is None or h.problem == SUM_DISAGREES for r, h in parts):
+        parts = [(None if obs.running is None else obs.running / engines, tpot)]
+    if any([st.tpot.update(obs.t, running, h.buckets, h.count) for running, h in parts]):
         st.tpot_source = source
 
 

@@ -107,6 +107,16 @@ class HistogramDelta(Buckets):
 
 
 @dataclass(frozen=True)
+class EngineStep:
+    """One data-parallel engine's part of a step: its mean ``num_requests_running`` over the step
+    (the two scrapes'; None without the gauge at either end) [requests] and its histogram
+    increases (canonical name → :class:`HistogramDelta`)."""
+
+    running: float | None
+    histograms: Mapping[str, HistogramDelta]
+
+
+@dataclass(frozen=True)
 class Delta:
     """Increase of one model's signals over an interval [t0, t1].
 
@@ -138,6 +148,9 @@ class Delta:
         doubted: 1 for a step whose end scrape the next one contradicted (a value went down
             after it: it read high, or the next one low, which the scrape after tells; marked by
             :meth:`Windows.push` until then): the publish window ends before it meanwhile.
+        engine_steps: of a step with increases on two or more data-parallel engines, each
+            engine's own part (:class:`EngineStep`; ``histograms`` adds them up): for what is per
+            engine, as ``--max-num-seqs``; () for one engine and for an interval.
     """
 
     t0: float
@@ -156,6 +169,7 @@ class Delta:
     instance_seconds: float | None = None
     rescaled: int = 0
     doubted: int = 0
+    engine_steps: tuple[EngineStep, ...] = ()
 
     @property
     def dt(self) -> float:
@@ -216,8 +230,8 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     clock stepped back reads a restart as a restart. ``known``: the processes the model's scrapes
     came from before (:func:`_step_kind`).
     """
-    r0, r1 = prev.gauges.get("running"), cur.gauges.get("running")
-    running = None if r0 is None or r1 is None else (r0 + r1) / 2.0 * (t1 - t0)
+    mean = _mean_running(prev, cur)
+    running = None if mean is None else mean * (t1 - t0)
     if prev.engines and cur.engines:
         if set(prev.engines) != set(cur.engines):
             return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, rescaled=1, running_seconds=running)
@@ -229,6 +243,7 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     if kinds & {"foreign", "glitch"}:  # two processes' counters, or a value that went back: no increase
         return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, foreign=int("foreign" in kinds),
                      glitches=int("foreign" not in kinds), running_seconds=running)
+    engine_steps: tuple[EngineStep, ...] = ()
     if len(parts) == 1:  # one engine: its increases (+ 0.0: as fsum of one value, -0.0 becomes 0.0)
         counters = {n: v + 0.0 for n, v in parts[0][0].items()}
         hists = parts[0][1]
@@ -237,8 +252,17 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
                     for n in set(parts[0][0]).intersection(*(c for c, _, _ in parts[1:]))}
         hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
                  for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
+        engine_steps = tuple(EngineStep(_mean_running(prev.engines[e], cur.engines[e]), h)
+                             for e, (_, h, _) in zip(sorted(cur.engines), parts))
     return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int("restart" in kinds),
-                 running_seconds=running, partial=frozenset(prev.counters.keys() ^ cur.counters.keys()))
+                 running_seconds=running, partial=frozenset(prev.counters.keys() ^ cur.counters.keys()),
+                 engine_steps=engine_steps)
+
+
+def _mean_running(prev: ModelSignals, cur: ModelSignals) -> float | None:
+    """Mean num_requests_running of a step [requests]: its two scrapes' (None without either)."""
+    r0, r1 = prev.gauges.get("running"), cur.gauges.get("running")
+    return None if r0 is None or r1 is None else (r0 + r1) / 2.0
 
 
 def _engine_increase(prev: ModelSignals, cur: ModelSignals, wall_t0: float, known: Container[float]

@@ -225,6 +225,30 @@ def test_max_num_seqs_levels_are_per_engine_with_data_parallel_engines():
     assert m.fits["max_num_seqs"].extra["levels"] == [[4, pytest.approx(0.0875), 20.0]]
 
 
+def test_max_num_seqs_levels_of_uneven_data_parallel_engines_are_each_engine_s_own():
+    # two engines at different concurrency: engine 0 runs 2 requests and its 10 TPOTs a step fall
+    # in (0, 0.02] s, engine 1 runs 6 and its 10 fall in (0.05, 0.1] s. Three steps fitted, 10 s
+    # apart, each level n = 10·(1 + 2^(-10/3600) + 2^(-20/3600)) requests (1 h half-life), one
+    # bucket each: level 2 P95 = 0.02·0.95 = 0.019 s; level 6 = 0.05 + 0.05·0.95 = 0.0975 s.
+    # Merged they read level (2 + 6)/2 = 4 at the busier engine's tail: 0.05 + 0.05·0.9 = 0.095 s.
+    def engine(e: int, k: int, running: int, buckets: tuple[int, int, int], total: float) -> list[str]:
+        lines = [ln for ln in scrape(k).splitlines() if 'engine="0"' in ln and "cache_config_info" not in ln
+                 and "request_time_per_output_token" not in ln]
+        lines = [ln.replace(f"running{{{L}}} 4", f"running{{{L}}} {running}") for ln in lines]
+        tpot = _hist("request_time_per_output_token_seconds",
+                     [(le, c * k) for le, c in zip(("0.02", "0.05", "0.1", "+Inf"), (*buckets, 10))], 10 * k, total * k)
+        return [ln.replace('engine="0"', f'engine="{e}"') for ln in [*lines, *tpot.splitlines()]]
+
+    def two(k: int) -> str:
+        return "\n".join([*engine(0, k, 2, (10, 10, 10), 0.15), *engine(1, k, 6, (0, 0, 10), 0.75)]) + "\n"
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for k in range(5):  # steps 0→1 to 2→3 fitted (a step is fitted at the next scrape)
+        a.ingest(parse_exposition(two(k), 1000.0 + 10 * k))
+    levels = a.analysis().models["m"].fits["max_num_seqs"].extra["levels"]
+    n = pytest.approx(10 * (1 + 2 ** (-10 / 3600) + 2 ** (-20 / 3600)))
+    assert levels == [[2, pytest.approx(0.019), n], [6, pytest.approx(0.0975), n]]
+
+
 def test_max_num_seqs_levels_count_the_busy_engines_only():
     # as above, plus a third engine idle throughout (scrape 0's zero counters, nothing running):
     # the busy two still run 4 each, level 4 (8 running over 3 engines read 2.7: physics audit)
