@@ -317,7 +317,8 @@ def bathtub_chip_time(
             exit_ = False
         else:
             exit_ = True
-            h_even = float(brentq(lambda h: rev(h) - r0, h_star, h_max, xtol=1e-12))
+            # a bottom within rounding of R(0) (R'(0) a hair below 0): the curve is back at once
+            h_even = h_star if rev(h_star) >= r0 else float(brentq(lambda h: rev(h) - r0, h_star, h_max, xtol=1e-12))
         if c is not None and h_star < h_max:
             # F = R'(h*) = 0: ∂F/∂h = R''(h*), by central differences of R' (e: within [0, h_max])
             e = min(1e-4, h_star, h_max - h_star)

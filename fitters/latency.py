@@ -224,14 +224,15 @@ def service_ttft_gradient(
 ) -> tuple[float, float, float, float, float] | None:
     """∂TTFT/∂(t_step, k_ffn, k_attn, k_dec, k_ctx) of :func:`service_ttft` at these inputs [s per
     unit of each coefficient] (MODEL.md §3.2, §7): 1 for T_step; for k_ffn and k_attn T_compute's
-    regressors M = (1-h)·ISL and M·H + M²/2, × (1 − α) where T_compute ≤ T_load (the overlap then
-    hides α of T_compute), else × 1 (it hides α of T_load, which no coefficient moves); 0 for the
-    decode terms. Arguments, None and errors as :func:`service_ttft`."""
+    regressors M = (1-h)·ISL and M·H + M²/2, × (1 − α) where T_compute < T_load (the overlap then
+    hides α of T_compute), else × 1 (it hides α of T_load, which no coefficient moves; at a tie,
+    the derivative as T_compute grows, the one way coefficients at 0 move: both 0 without loaded
+    hits); 0 for the decode terms. Arguments, None and errors as :func:`service_ttft`."""
     parts = _load_compute_alpha(coef, isl, h, h_load, alpha, kv_bytes_per_token, load_bandwidth)
     if parts is None:
         return None
     t_load, t_compute, a = parts
-    share = 1.0 - a if t_compute <= t_load else 1.0
+    share = 1.0 - a if t_compute < t_load else 1.0
     _, miss, attention, _, _ = chip_time_regressors(isl, 0.0, h, 1.0)
     return 1.0, share * miss, share * attention, 0.0, 0.0
 

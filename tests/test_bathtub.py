@@ -458,3 +458,13 @@ def test_a_linear_valley_with_a_bottom_has_no_such_reason():
     b = Analyzer(Config())._linear_bathtub(slope, 0.3, unknown)["linear"]
     assert b.h_star == pytest.approx(2 / 3)  # MODEL.md §4's example: a = 0.5, ρ = 0.1
     assert "valley_bottom_linear" not in unknown
+
+
+def test_a_valley_within_rounding_of_r0_has_its_exit_at_its_bottom():
+    # R'(0) = −4.3e-12, a hair below 0 (R'(0) ≈ P_miss·… within 3e-9 of it), and R(h_max) > R(0):
+    # a valley of zero width at h = 0 with an exit. The bounded search's bottom came out 2e-8, a
+    # rounding above R(0), and brentq raised (same sign at both ends): the model was dropped (audit)
+    coef = ChipTimeCoefficients(0.023, 1.2e-4, 5.3e-8, 0.035, 7.5e-8)
+    b = bathtub_chip_time(coef, None, 0.013, 14072, 91, 0.0, 1e-6, 8.328066938842936e-07, 2e-6)
+    assert b.slope_now < 0 and b.exit is True
+    assert b.h_star == pytest.approx(0.0, abs=1e-6) and b.h_even == pytest.approx(0.0, abs=1e-6)

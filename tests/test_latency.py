@@ -17,6 +17,7 @@ from fitters.latency import (
     fit_latency,
     predict_prefill_latency,
     service_ttft,
+    service_ttft_gradient,
 )
 from fitters.model import ChipTimeCoefficients
 from fitters.observation import Observation
@@ -438,3 +439,11 @@ def test_chip_time_uncertainty_propagates_to_alpha_and_contention():
     la0, ov0 = fit_latency(samples, COEF, S_KV, B_LOAD, coef_covariance=np.zeros((3, 3)))
     assert ov0.params["alpha"].stderr == base_ov.params["alpha"].stderr
     assert la0.covariance == base_la.covariance
+
+
+def test_service_ttft_gradient_with_no_load_and_no_compute_counts_the_prefill_terms_whole():
+    # h_load = 0: T_load = 0, and with k_ffn = k_attn = 0 T_compute = 0 too. TTFT = T_step + T_c −
+    # α·min(0, T_c) = T_step + T_c for every T_c ≥ 0 (coefficients ≥ 0), so ∂/∂k_ffn = M = 0.7·1000 =
+    # 700 and ∂/∂k_attn = M·H + M²/2 = 700·300 + 700²/2 = 455000, at α = 1 too (they read 0: audit)
+    g = service_ttft_gradient(ChipTimeCoefficients(0.01, 0.0, 0.0, 0.0, 0.0), 1000, 0.3, 0.0, 1.0)
+    assert g == pytest.approx((1.0, 700.0, 455000.0, 0.0, 0.0))
