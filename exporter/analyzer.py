@@ -31,7 +31,7 @@ from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeC
 from fitters.observation import Observation
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
-from fitters.whatif import LOAD_SHARE_UNKNOWN, STEPS_UNKNOWN, FittedModel, Prediction, unidentified_terms
+from fitters.whatif import STEPS_UNKNOWN, FittedModel, Prediction, unidentified_terms
 
 log = logging.getLogger("kvhit")
 
@@ -641,7 +641,10 @@ class Analyzer:
         h_at = min(h_now, h_max)
         # unidentified over [0, 1), and at h_now too (its chip time or its slope): nothing to publish
         withheld = h_shape and (fitted.unidentified(h_at, isl, osl) or fitted.unidentified_slope(h_at, isl))
-        if withheld:
+        if h_max <= 0:  # health probes of one token: nothing to reuse, so no curve over h
+            unknown.setdefault("bathtub_chip_time", "the window's mean prompt is one token (ISL 1): the last prompt "
+                                                    "token is never a hit, so h can only be 0; no bathtub over h")
+        elif withheld:
             unknown.setdefault("bathtub_chip_time", h_shape)
         else:
             b = bathtub_chip_time(coef, cov, fitted.t_fixed, isl, osl, h_at, cfg.prices.p_miss, cfg.prices.p_hit,
@@ -1283,16 +1286,21 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         # and Θ's load bound the E engines' together, as Θ0 is
         fo = first_order_capacity(isl, t0, kv, bandwidth[0] * engines if bandwidth else None)
         out["load_compute_ratio"] = fo.delta
-        bound = {}
-        now = fo.theta(h_all, h_load)
-        if now is not None:
-            bound["current"] = now
+        bound, points = {}, [("current", h_all, h_load)]
         if cfg.target_hit_ratio is not None:
             load_share = _load_share(w, h_all, h_load)
-            t = fo.theta(cfg.target_hit_ratio, None if load_share is None else cfg.target_hit_ratio * load_share)
-            if t is not None:
-                bound["target"] = t
-            elif load_share is None and cfg.target_hit_ratio > 0:
-                unknown.setdefault("capacity_bound_target", LOAD_SHARE_UNKNOWN)
+            points.append(("target", cfg.target_hit_ratio,
+                           None if load_share is None else cfg.target_hit_ratio * load_share))
+        for which, h, hl in points:
+            theta = fo.theta(h, hl)
+            if theta is not None:
+                bound[which] = theta
+            elif fo.delta is None:  # needed: hits loaded, or their loaded share unknown (all taken as loaded)
+                unknown.setdefault(f"capacity_bound_{which}", (
+                    f"Theta(h) = Theta0 / max(1-h, delta x h_load) at h={h:g} needs delta = ISL x S_kv / (B_load x T0) for "
+                    f"its loaded hits ({'h_load unknown: every hit taken as loaded' if hl is None else f'h_load {hl:.3g}'}), "
+                    "and S_kv or B_load is unknown (kv_bytes_per_token, load_bandwidth)"))
+            else:
+                unknown.setdefault(f"capacity_bound_{which}", f"unbounded at h={h:g} without loaded hits (1-h = 0)")
         out["capacity_bound"] = bound
     return out

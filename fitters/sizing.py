@@ -82,12 +82,10 @@ class FirstOrderCapacity:
 
     def theta(self, h: float, h_load: float | None) -> float | None:
         """Θ(h) [prompt tokens/s]. ``h_load`` None (loaded share unknown) uses the seed's δ·h
-        (every hit loaded — the conservative reading); None when δ would be needed but is
-        unknown, or at h = 1 without loaded hits (unbounded)."""
+        (every hit loaded — the conservative reading); None when δ would be needed (h_load > 0)
+        but is unknown, or at h = 1 without loaded hits (unbounded)."""
         if h_load is None:
-            if self.delta is None:
-                return None
-            h_load = h
+            h_load = h  # every hit loaded (at h = 0 none: no δ needed)
         if h_load > 0 and self.delta is None:
             return None
         delta = self.delta if self.delta is not None else 0.0

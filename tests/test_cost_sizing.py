@@ -168,6 +168,8 @@ def test_first_order_capacity_by_hand():
     assert bare.theta(0.9, 0.0) == pytest.approx(20000.0, rel=1e-12)
     assert bare.theta(0.9, 0.3) is None and bare.theta(0.9, None) is None
     assert bare.theta(1.0, 0.0) is None  # unbounded at h = 1 without loads
+    # h = 0: h_load ≤ h = 0 whatever its share, so Θ(0) = Θ0/max(1, δ·0) = 2000 without δ
+    assert bare.theta(0.0, None) == 2000.0
 
 
 # --- economic max-num-seqs (seed 003 §3) --------------------------------------------------------

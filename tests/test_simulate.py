@@ -1049,6 +1049,48 @@ def test_no_current_prediction_at_an_isl_that_can_no_longer_be_read():
     assert m.isl is None and "current" not in m.predictions and "predicted_current" in m.unknown
 
 
+def test_one_token_prompts_keep_the_model_published_without_a_chip_time_bathtub():
+    # health probes of one token after a fitted ramp: ISL 1 leaves h_max = 1 − 1/ISL = 0, h can
+    # only be 0 and there is no curve over h (a physics audit saw the whole model dropped, every
+    # gauge, by a ValueError from the bathtub)
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    clock, last = TraceClock(), 0.0
+    runner = Runner(Config(interval=5.0), "sim", clock=clock)
+    ramp = Scenario(schedule=(Segment("ramp", 1200.0, 0.0, 0.9),), interval=5.0, seed=1)
+    probes = Scenario(truth=replace(Truth(), isl=1.0), schedule=(Segment("step", 300.0, 0.0),), interval=5.0, seed=2)
+    for sc in (ramp, replace(probes, start=ramp.start + 1205.0)):
+        for t, text, _ in generate(sc):
+            clock.t = t
+            runner.ingest_text(t, text)
+    analysis = runner.current()[0]
+    m = analysis.models[ramp.model_name]
+    assert not analysis.failed and m.isl == pytest.approx(1.0)
+    assert "chip_time" not in m.bathtubs and "ISL 1" in m.unknown["bathtub_chip_time"]
+
+
+def test_capacity_bound_without_s_kv_says_why_at_each_hit_ratio():
+    # the sweep loads half its hits (h_load = 0.5·h > 0) and no model geometry is configured: δ =
+    # ISL·S_kv/(B_load·T0) is unknown, and Θ(h) = Θ0/max(1 − h, δ·h_load) needs it at both points
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep", noise=0.0)
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for t, text, _ in generate(sc):
+        clock.t = t
+        runner.ingest_text(t, text)
+    m = runner.current()[0].models[sc.model_name]
+    assert m.fits["chip_time"].ok and m.hit_ratio["loaded"] > 0 and m.load_compute_ratio is None
+    assert m.capacity_bound == {}
+    for which in ("current", "target"):
+        assert "needs delta" in m.unknown[f"capacity_bound_{which}"]
+
+
 def test_the_linear_valley_bottom_and_breakeven_stay_inside_the_h_range_of_their_line():
     # The direct a is a secant over the h it saw. A newcomer saw h* 0.62 and h_even 0.86 published
     # from a line over h 0-0.25 (0.83 and 0.97 over the whole sweep's 0-0.99).
