@@ -983,11 +983,13 @@ def _external_exposed(b: _Builder, model: str) -> bool:
 
 def _era(b: _Builder) -> str:
     running_help = b.docs.get("num_requests_running", "")
-    if any(m in b.declared for m in _V0_MARKERS) or "on GPU" in running_help:
+    if any(m in b.declared for m in _V0_MARKERS):
         return "vllm_v0"
+    # V1's families before V0's HELP wording: llm-d-inference-sim keeps V0's "… running on GPU."
+    # next to V1's token counters (its hit ratio was withheld as V0's, compatibility audit)
     if any(m in b.declared for m in _V1_MARKERS) or "execution batches" in running_help:
         return "vllm_v1"
-    return "vllm"  # a partial exposition that names no era
+    return "vllm_v0" if "on GPU" in running_help else "vllm"  # else a partial exposition that names no era
 
 
 def _since(b: _Builder, model: str | None = None) -> tuple[int, ...]:

@@ -166,6 +166,7 @@ def test_hicache_needs_the_cache_source_split():
 
 
 SIM = """\
+# HELP vllm:num_requests_running Number of requests currently running on GPU.
 # TYPE vllm:prefix_cache_hits counter
 vllm:prefix_cache_hits{{model_name="sim"}} {hits}
 # TYPE vllm:prefix_cache_queries counter
@@ -183,7 +184,8 @@ vllm:cache_config_info{{block_size="16",num_gpu_blocks="1000"}} 1
 
 def test_llm_d_inference_sim_counters_without_total():
     # llm-d-inference-sim (Mar–Aug 2026): vllm:prefix_cache_hits / _queries without _total,
-    # model_name only, cache_config_info with block_size and num_gpu_blocks only
+    # model_name only, cache_config_info with block_size and num_gpu_blocks only, and V0's HELP
+    # for num_requests_running ("… running on GPU.", its docs/metrics.md)
     snap = parse_exposition(SIM.format(hits=300, queries=1000), T0)
     assert snap.engine == "vllm_v1"  # prefix_cache_queries proves V1
     assert dict(snap.models["sim"].counters) == {"hits": 300.0, "queries": 1000.0, "prompt_tokens": 1000.0}
