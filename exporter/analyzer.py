@@ -21,7 +21,7 @@ from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_cach
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
-from fitters.chiptime import DRIFT_NEWEST, DRIFT_REASON, ChipTimeFitter, observed_regressors
+from fitters.chiptime import CELL_H, DRIFT_NEWEST, DRIFT_REASON, ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
@@ -585,7 +585,7 @@ class Analyzer:
         # a window without queries says nothing of the loaded share: the latest step's that told it
         share = st.load_share if wobs.queried_tokens == 0 else _load_share(w, hit.get("all"), hit.get("loaded"))
         fitted = self._fitted(coef, cov, steps_per_request, fits, wobs, share, kv, bandwidth, engines, busy,
-                              st.chip.length_ranges())
+                              st.chip.ranges())
         if (fits["load_aware"].ok or fits["overlap"].ok) and (
                 problem := _prefill_unidentified(fitted, st.latency.extreme_points())):
             if fits["load_aware"].ok:
@@ -692,7 +692,8 @@ class Analyzer:
         return replace(out, predictions=preds, tpm_target=tpm_target,
                        bathtubs=bathtubs, miss_slope_derived=derived, miss_slope_h_range=h_range,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
-                       warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean)})
+                       warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean),
+                                 **_bathtub_extrapolated(bathtubs.get("chip_time"), fitted.h_range, h_max)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None, unknown: dict[str, str]) -> dict[str, BathtubCurve]:
         """The seed's linear bathtub of the direct slope; its h*, h_even (and exit) and curve
@@ -733,10 +734,12 @@ class Analyzer:
                 steps_per_request: float | None, fits: dict[str, FitResult], wobs: Observation,
                 load_share: float | None, kv: float | None, bandwidth: tuple[float, str] | None,
                 engines: int, busy: float,
-                lengths: tuple[tuple[float, float], tuple[float, float]] | None) -> FittedModel:
+                ranges: tuple[tuple[float, float] | None, tuple[float, float], tuple[float, float]] | None
+                ) -> FittedModel:
         cfg = self.config
         la, chip = fits["load_aware"], fits["chip_time"]
         running = wobs.running
+        h_range, isl_range, osl_range = (None if r is None else list(r) for r in ranges or (None,) * 3)
         return FittedModel(
             *coef.as_tuple(), steps_per_request=steps_per_request,
             c0=la.value("c0"), c1=la.value("c1") if la.value("c1") is not None else (0.0 if la.ok else None),
@@ -748,7 +751,7 @@ class Analyzer:
             p_out=cfg.prices.p_out,
             collinear=chip.extra.get("collinear"),
             chip_covariance=[list(row) for row in cov] if cov else None,
-            isl_range=list(lengths[0]) if lengths else None, osl_range=list(lengths[1]) if lengths else None)
+            h_range=h_range, isl_range=isl_range, osl_range=osl_range)
 
 
 def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float, why: str,
@@ -771,6 +774,29 @@ def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float,
         unknown.setdefault(signal, "they compare with R(0), at h = 0, where the chip time is " + why)
     return replace(b, h_star=h_star, h_star_stderr=b.h_star_stderr if h_star is not None else None, h_even=None,
                    h_even_stderr=None, exit=None, revenue_zero=math.nan, curve=tuple((h, r) for h, r in b.curve if known(h)))
+
+
+def _bathtub_extrapolated(b: BathtubCurve | None, h_range: list[float] | None, h_max: float) -> dict[str, str]:
+    """{"bathtub_extrapolated": why} when the chip-time bathtub's h* or h_even lies beyond the h
+    of its fit's steps (``h_range``), or its "no exit" (R below R(0) up to ``h_max``) is read more
+    than one chip-time cell (CELL_H) beyond them, else {}: there it reads coefficients
+    extrapolated in h, an error their standard errors do not count (MODEL.md §7). A bottom at the
+    wall (h_max: R still falls there) is where h ends, no point located. Published, not withheld:
+    the chip-time form is §7's physics, and where the valley lies ahead of the traffic is what it
+    is for."""
+    if b is None or h_range is None:
+        return {}
+    lo, hi = h_range
+    beyond = [f"{name} {h:.3f}" for name, h in (("h*", None if b.h_star == h_max else b.h_star), ("h_even", b.h_even))
+              if h is not None and not lo <= h <= hi]
+    if b.exit is False and hi < h_max - CELL_H:
+        beyond.append(f"no exit (R below R(0) up to h {h_max:.4f})")
+    if not beyond:
+        return {}
+    return {"bathtub_extrapolated": f"the chip-time bathtub reads beyond the h its fit's steps saw: {', '.join(beyond)}; "
+                                    "coefficients extrapolated in h, whose standard errors do not count that (on the "
+                                    "bundled CPU trace a fit over h <= 0.3 put h* at 0.33 for the whole sweep's 0.53); "
+                                    "traffic at those h tells" + measured(f"h range [{lo:.3f}, {hi:.3f}]")}
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:

@@ -13,8 +13,8 @@ Schema (``schema_version`` 1; every number in base units, null = unknown)::
         "tpm_observed": {"delivered_instance": tokens/min, ...}, "tpm_target": {the same at target_hit_ratio},
         "fits": {"chip_time"|"miss_slope"|"overlap"|"load_aware": {"status", "reason", "samples", "r2",
                  "params": {"name": {"value" (null unless that parameter's status is ok; a fit that is not ok
-                 passes its status and reason to each parameter), "stderr", "status",
-                 "reason"}}, "extra": {...}}},
+                 passes its status and reason to each parameter it has; one that never solved has none),
+                 "stderr", "status", "reason"}}, "extra": {...}}},
         "miss_slope_derived": {"tps0": {...}, "a": {...}},
         "fit": FittedModel fields (or null) — what ``kvhit predict`` loads,
         "predictions": {"current"|"target": Prediction fields},

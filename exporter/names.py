@@ -77,7 +77,8 @@ WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values publish
                   "fitted as one machine), kv_cache_dtype (vLLM's KV cache dtype unknown to kvhit or not the configured "
                   "model.dtype_bytes), load_aware_off (the load-aware TTFT misses the window's observed one by more "
                   "than 25 %), engine_speed_changed (the engine's chip time per unit of work moved by more than 15 %: "
-                  "the fits started afresh, for an hour after); reason explains.", MODEL + ("warning", "reason"))
+                  "the fits started afresh, for an hour after), bathtub_extrapolated (the chip-time bathtub's h*, "
+                  "h_even or no-exit read beyond the h its fit's steps saw); reason explains.", MODEL + ("warning", "reason"))
 
 # --- observed over the publish window (MODEL.md §1, §2) ----------------------------------
 WINDOW = _m("kvhit_window_seconds", "Length of the publish window the observed values cover [s] "
@@ -168,7 +169,9 @@ PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the curre
 PREDICTED_TTFT_STDERR = _m("kvhit_predicted_ttft_stderr_seconds", "Standard error of kvhit_predicted_ttft_seconds "
                            "kind=service from the chip-time fit's covariance (delta method; the overlap alpha's own "
                            "error is not in it, see kvhit_overlap_ratio_stderr): a young or noisy fit's service TTFT "
-                           "may be off by twice this [s].", MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
+                           "may be off by twice this; at an h, ISL or OSL beyond the fit's steps (the prediction's "
+                           "extrapolated, /api/v1/analysis) it does not count the extrapolation's error [s].",
+                           MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
 REVENUE = _m("kvhit_revenue_per_second", "R(h) at the current hit ratio, revenue per machine-second in configured "
              "price units (form=linear: seed 002 with the direct a; chip_time: from the §7 model) [price/s].",
              MODEL + ("form",), section="§4")

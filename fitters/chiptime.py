@@ -450,8 +450,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every, basis_width=len(CHIP_TIME_TERMS) + 1)
         self.capacity = capacity
         self.min_samples = min_samples
-        # each row's (ISL, OSL, cell, busy engines, epoch, concurrency octave), evicted with it; rows per cell
-        self._tags = RowBuffer(capacity, 6)
+        # each row's (ISL, OSL, cell, busy engines, epoch, concurrency octave, h), evicted with it; rows per cell
+        self._tags = RowBuffer(capacity, 7)
         self._cells: dict[float, int] = {}
         self._epoch = 0.0  # engine restarts so far (restarted)
         self._multi = 0  # rows with other than one busy engine (busy_engines' mean is 1 without them)
@@ -479,7 +479,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             self._multi -= gone[3] != 1.0
         running = math.nan if obs.running is None else obs.running / engines
         # ISL, OSL known: ΔC_dec needs both
-        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, _octave(running)), k)
+        h = math.nan if obs.hit_ratio is None else obs.hit_ratio
+        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, _octave(running), h), k)
         self._cells[cell] = self._cells.get(cell, 0) + 1
         self._multi += engines != 1.0
         state = self._state
@@ -570,16 +571,19 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             return default
         return float(len(self._tags) / np.sum(1.0 / self._tags.view()[:, 3]))
 
-    def length_ranges(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
-        """((ISL min, max), (OSL min, max)) [tokens] of the buffered steps' mean ISL and OSL (each
-        step's, as its regressors took them): the lengths the coefficients were fitted at (beyond
-        them a prediction extrapolates, MODEL.md §7; a request of mixed traffic may be longer than
-        every step's mean); None without a step."""
+    def ranges(self) -> tuple[tuple[float, float] | None, tuple[float, float], tuple[float, float]] | None:
+        """((h min, max) [1], (ISL min, max), (OSL min, max) [tokens]) of the buffered steps' h
+        and mean ISL and OSL (each step's, as its regressors took them): where the coefficients
+        were fitted (beyond it a prediction extrapolates, MODEL.md §7: on the bundled CPU trace a
+        fit over h ≤ 0.3 gave half the chip time at h 0.96 that the whole sweep's did; a request
+        of mixed traffic may be longer than every step's mean); h's None when no step told it;
+        None without a step."""
         if not len(self._tags):
             return None
-        x = self._tags.view()[:, :2]
-        lo, hi = x.min(axis=0).tolist(), x.max(axis=0).tolist()
-        return (lo[0], hi[0]), (lo[1], hi[1])
+        tags = self._tags.view()
+        h = tags[:, 6][np.isfinite(tags[:, 6])]
+        lo, hi = tags[:, :2].min(axis=0).tolist(), tags[:, :2].max(axis=0).tolist()
+        return (float(h.min()), float(h.max())) if h.size else None, (lo[0], hi[0]), (lo[1], hi[1])
 
     def result(self) -> FitResult:
         """The fit over the buffered rows (class docstring); cached until new data."""

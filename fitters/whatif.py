@@ -41,7 +41,8 @@ class Prediction:
     revenue [price/s per machine] (chip_time form); t_chip [s per request]: these six None
     together when the request's chip time is not identifiable while its prefill is (MODEL.md §6:
     the TTFTs stand); unknown: output name → why it is None; extrapolated: why every output reads
-    the chip-time fit beyond the ISL or OSL of its steps (None inside them).
+    the chip-time fit beyond the h, ISL or OSL of its steps (None inside them): its standard
+    errors do not count that.
     """
 
     hit_ratio: float
@@ -87,7 +88,7 @@ def finite_number(v: object) -> bool:
 
 
 # fields of other shapes (mappings, lists), each checked by from_dict itself
-STRUCTURED = ("collinear", "chip_covariance", "isl_range", "osl_range")
+STRUCTURED = ("collinear", "chip_covariance", "isl_range", "osl_range", "h_range")
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
             "hit_load_share", "busy_engines"}
 
@@ -174,9 +175,9 @@ class FittedModel:
         chip_covariance: the chip-time coefficients' covariance, 5×5 in CHIP_TIME_TERMS order
             (None: not known, as in fits saved before it was): a prefill whose chip time it leaves
             uncertain beyond PREFILL_REL_STDERR has no TTFT (:meth:`unidentified_prefill`).
-        isl_range, osl_range: [min, max] of the chip-time fit's steps' mean ISL and OSL [tokens]
-            (:meth:`ChipTimeFitter.length_ranges`; None: not known, as in fits saved before
-            them): a what-if beyond them says so (``Prediction.extrapolated``).
+        isl_range, osl_range, h_range: [min, max] of the chip-time fit's steps' mean ISL and OSL
+            [tokens] and h [1] (:meth:`ChipTimeFitter.ranges`; None: not known, as in fits saved
+            before them): a what-if beyond them says so (``Prediction.extrapolated``).
     """
 
     t_step: float
@@ -203,6 +204,7 @@ class FittedModel:
     busy_engines: float | None = None
     isl_range: list[float] | None = None
     osl_range: list[float] | None = None
+    h_range: list[float] | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -345,15 +347,18 @@ class FittedModel:
                 t_chip=t_chip, tpm_delivered=delivered, tpm_physical=physical,
                 tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
                 revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out))
-        beyond = [f"{what} {x:g} outside the [{r[0]:g}, {r[1]:g}] tokens"
-                  for what, x, r in (("ISL", isl, self.isl_range), ("OSL", osl, self.osl_range))
+        beyond = [f"{what} {x:g} outside the [{r[0]:g}, {r[1]:g}]{unit}"
+                  for what, x, r, unit in (("h", hit_ratio, self.h_range, ""), ("ISL", isl, self.isl_range, " tokens"),
+                                           ("OSL", osl, self.osl_range, " tokens"))
                   if r is not None and not r[0] <= x <= r[1]]
         return Prediction(
             hit_ratio=hit_ratio, isl=isl, osl=osl, **per_request,
             ttft_service=ttft_s, ttft_load_aware=ttft_l, ttft_service_stderr=ttft_se,
             unknown=unknown,
-            extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps' means: the prediction extrapolates its "
-                          "coefficients (MODEL.md §7: another recording's lengths erred up to 15 %)") if beyond else None,
+            extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps: the prediction extrapolates its "
+                          "coefficients, and its standard errors do not count that (MODEL.md §7: another recording's "
+                          "lengths erred up to 15 %; on the bundled CPU trace a fit over h <= 0.3 gave half the chip "
+                          "time at h 0.96 that the whole sweep's did)") if beyond else None,
         )
 
     def to_dict(self) -> dict:
@@ -368,7 +373,7 @@ class FittedModel:
                 message names it): coefficients, running, queue time and prices finite and ≥ 0,
                 steps per request in (0, 1e7], c0/c1 ≥ 0, α and the loaded share in [0, 1], S_kv and
                 B_load > 0, gpus a whole number ≥ 1, collinear a mapping of chip-time terms,
-                isl_range and osl_range [min, max] with 0 ≤ min ≤ max.
+                isl_range and osl_range [min, max] with 0 ≤ min ≤ max, h_range with 0 ≤ min ≤ max ≤ 1.
         """
         if data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError(f"fit schema_version must be {SCHEMA_VERSION} (a fit saved by an older kvhit: save it "
@@ -395,9 +400,10 @@ class FittedModel:
                 isinstance(row, list) and len(row) == len(CHIP_TIME_TERMS) and all(map(finite_number, row))
                 for row in cov)):
             raise ValueError("fit field chip_covariance must be null or 5 rows of 5 finite numbers")
-        for name in ("isl_range", "osl_range"):
+        for name, top in (("isl_range", math.inf), ("osl_range", math.inf), ("h_range", 1.0)):
             r = getattr(model, name)
             if r is not None and not (isinstance(r, list) and len(r) == 2 and all(map(finite_number, r))
-                                      and 0 <= r[0] <= r[1]):
-                raise ValueError(f"fit field {name} must be null or [min, max], finite numbers 0 <= min <= max")
+                                      and 0 <= r[0] <= r[1] <= top):
+                raise ValueError(f"fit field {name} must be null or [min, max], finite numbers 0 <= min <= max"
+                                 + (f" <= {top:g}" if top < math.inf else ""))
         return model

@@ -521,24 +521,25 @@ def test_a_carried_term_s_reason_shows_the_dropped_term_s_whole_relation():
     assert est.reason.endswith("decode context ≈ 4018 × engine steps - 3100 × decode tokens)"), est.reason
 
 
-def test_the_fitter_keeps_the_isl_and_osl_range_of_its_buffered_steps():
+def test_the_fitter_keeps_the_h_isl_and_osl_range_of_its_buffered_steps():
     # what a what-if beyond them extrapolates from (fitters/whatif.py); an evicted step leaves the
-    # range with its row. Capacity 2: the 512-token step is evicted by the third.
+    # range with its row. Capacity 2: the 512-token step is evicted by the third. h = hits/queries.
     from fitters.chiptime import ChipTimeFitter
 
-    def step(isl: float, osl: float) -> Observation:
-        return Observation(t=0.0, dt=2.0, busy=True, steps=100.0, queried_tokens=2 * isl, hit_tokens_device=0.0,
-                           hit_tokens_loaded=0.0, miss_tokens=2 * isl, attention_work=2 * isl * isl / 2,
+    def step(isl: float, osl: float, h: float) -> Observation:
+        m = 2 * isl * (1 - h)
+        return Observation(t=0.0, dt=2.0, busy=True, steps=100.0, queried_tokens=2 * isl, hit_tokens_device=2 * isl * h,
+                           hit_tokens_loaded=0.0, miss_tokens=m, attention_work=m * isl * h + m * m / 2,
                            generation_tokens=64.0, decode_context_tokens=64 * (isl + osl / 2), isl=isl, osl=osl)
     f = ChipTimeFitter(capacity=2)
-    assert f.length_ranges() is None
-    f.update(step(512.0, 32.0))
-    f.update(step(2048.0, 16.0))
-    assert f.length_ranges() == ((512.0, 2048.0), (16.0, 32.0))
-    f.update(step(1024.0, 64.0))
-    assert f.length_ranges() == ((1024.0, 2048.0), (16.0, 64.0))
-    assert not f.update(dataclasses.replace(step(99.0, 1.0), busy=False))  # not stored: no range change
-    assert f.length_ranges() == ((1024.0, 2048.0), (16.0, 64.0))
+    assert f.ranges() is None
+    f.update(step(512.0, 32.0, 0.5))
+    f.update(step(2048.0, 16.0, 0.0))
+    assert f.ranges() == ((0.0, 0.5), (512.0, 2048.0), (16.0, 32.0))
+    f.update(step(1024.0, 64.0, 0.25))
+    assert f.ranges() == ((0.0, 0.25), (1024.0, 2048.0), (16.0, 64.0))
+    assert not f.update(dataclasses.replace(step(99.0, 1.0, 0.9), busy=False))  # not stored: no range change
+    assert f.ranges() == ((0.0, 0.25), (1024.0, 2048.0), (16.0, 64.0))
 
 
 def test_a_full_fit_replaces_the_steps_of_the_busiest_cell_and_keeps_the_other_h():

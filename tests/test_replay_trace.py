@@ -248,6 +248,36 @@ def test_what_ifs_wait_until_attention_is_told_apart_from_ffn_work(raw, result, 
     assert set(full.predictions) == {"current", "target"} and "chip_time" in full.bathtubs
 
 
+def test_a_bathtub_and_what_ifs_read_beyond_the_h_the_fit_saw_say_so(raw, result, tmp_path):
+    """Newcomer: the trace's first 61 scrapes saw h <= 0.3 only; the chip-time bathtub put h* at
+    0.33 and h_even at 0.56 (0.53 and 0.80 over the whole sweep) and the target's chip time at
+    half the whole sweep's, with tiny standard errors and nothing said. The step h (Δhits/Δqueries
+    by regex, no kvhit code) bounds what the fit's steps saw: past it the analysis warns and the
+    target prediction says it extrapolates; over the whole sweep neither (a bottom at the wall,
+    h_max, is where h ends, not a point located)."""
+    snaps, _ = read_raw_trace(TRACE)
+    for ms, text in snaps[:61]:
+        (tmp_path / f"{ms}.prom").write_text(text)
+    rows = raw[0][:61]
+    seen = max((b["hits"] - a["hits"]) / (b["queries"] - a["queries"])
+               for a, b in zip(rows, rows[1:]) if b["queries"] > a["queries"])
+    assert seen < 0.31
+    early = replay(load_trace(tmp_path), load_config(None, environ={}), "first61").runner.current()[0].models[MODEL_NAME]
+    tub = early.bathtubs["chip_time"]
+    assert tub.h_star > seen and tub.h_even > seen
+    why = early.warnings["bathtub_extrapolated"]
+    assert f"h* {tub.h_star:.3f}, h_even {tub.h_even:.3f}" in why and "standard errors do not count that" in why
+    assert early.predictions["target"].extrapolated.startswith("h 0.9 outside the [0, ")
+    full = result.runner.current()[0].models[MODEL_NAME]
+    everything = max((b["hits"] - a["hits"]) / (b["queries"] - a["queries"])
+                     for a, b in zip(raw[0], raw[0][1:]) if b["queries"] > a["queries"])
+    # at its end R falls all the way to the wall (no exit), read up to h_max = 1 − 1/ISL: within one
+    # chip-time cell (0.05) of the steps' top h, which counts as seen
+    end = full.bathtubs["chip_time"]
+    assert end.exit is False and end.h_star == 1 - 1 / full.isl and everything >= end.h_star - 0.05
+    assert "bathtub_extrapolated" not in full.warnings
+
+
 def test_a_request_whose_chip_time_is_unknown_keeps_its_predicted_ttfts(result, monkeypatch):
     """MODEL.md §6 (report what stands, mark the rest not identifiable): where the chip time of
     the window's request is not identifiable but its prefill is, the analysis keeps the TTFTs (a

@@ -1057,7 +1057,7 @@ def test_one_token_prompts_keep_the_model_published_without_a_chip_time_bathtub(
     from exporter.replay import TraceClock
     from exporter.runner import Runner
 
-    clock, last = TraceClock(), 0.0
+    clock = TraceClock()
     runner = Runner(Config(interval=5.0), "sim", clock=clock)
     ramp = Scenario(schedule=(Segment("ramp", 1200.0, 0.0, 0.9),), interval=5.0, seed=1)
     probes = Scenario(truth=replace(Truth(), isl=1.0), schedule=(Segment("step", 300.0, 0.0),), interval=5.0, seed=2)

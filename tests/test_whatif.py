@@ -149,7 +149,7 @@ def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates
     far = fit.predict(0.5, 8192.0, 512.0)
     assert far.t_chip == FittedModel(**FIT).predict(0.5, 8192.0, 512.0).t_chip
     assert far.extrapolated.startswith("ISL 8192 outside the [512, 2048] tokens and OSL 512 outside the [32, 32] "
-                                       "tokens of the chip-time fit's steps' means")
+                                       "tokens of the chip-time fit's steps")
     assert fit.predict(0.5, 512.0, 32.0).extrapolated is None and fit.predict(0.5, 2048.0, 32.0).extrapolated is None
     assert fit.predict(0.5, 1000.0, 33.0).extrapolated.startswith("OSL 33 outside the [32, 32] tokens")
     assert FittedModel(**FIT).predict(0.5, 8192.0, 512.0).extrapolated is None
@@ -157,6 +157,20 @@ def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates
     for bad in ([2048.0, 512.0], [1.0], ["1", 2.0], [float("nan"), 1.0], [True, 2.0]):
         with pytest.raises(ValueError, match="isl_range must be null or"):
             FittedModel.from_dict({**fit.to_dict(), "isl_range": bad})
+    assert FittedModel.from_dict(fit.to_dict()) == fit
+
+
+def test_a_what_if_beyond_the_hit_ratios_the_chip_time_fit_saw_says_it_extrapolates():
+    # newcomer: the bundled trace's first 61 scrapes (h <= 0.3) gave half the chip time at h 0.96
+    # that the whole sweep's did, with a tiny standard error and nothing said. The bounds are in.
+    fit = FittedModel(**FIT, h_range=[0.0, 0.3])
+    assert fit.predict(0.96, 1000.0, 32.0).extrapolated.startswith("h 0.96 outside the [0, 0.3] of the chip-time "
+                                                                   "fit's steps")
+    assert "standard errors do not count that" in fit.predict(0.96, 1000.0, 32.0).extrapolated
+    assert fit.predict(0.3, 1000.0, 32.0).extrapolated is None and fit.predict(0.0, 1000.0, 32.0).extrapolated is None
+    for bad in ([0.5, 0.2], [0.0, 1.5], [-0.1, 0.5]):
+        with pytest.raises(ValueError, match=r"h_range must be null or \[min, max\], finite numbers 0 <= min <= max <= 1"):
+            FittedModel.from_dict({**fit.to_dict(), "h_range": bad})
     assert FittedModel.from_dict(fit.to_dict()) == fit
 
 
