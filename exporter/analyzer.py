@@ -795,8 +795,8 @@ def _bathtub_extrapolated(b: BathtubCurve | None, h_range: list[float] | None, h
         return {}
     return {"bathtub_extrapolated": f"the chip-time bathtub reads beyond the h its fit's steps saw: {', '.join(beyond)}; "
                                     "coefficients extrapolated in h, whose standard errors do not count that (on the "
-                                    "bundled CPU trace a fit over h <= 0.3 put h* at 0.33 for the whole sweep's 0.53); "
-                                    "traffic at those h tells" + measured(f"h range [{lo:.3f}, {hi:.3f}]")}
+                                    "bundled CPU trace a fit over h <= 0.3 put h* at 0.33 for the 0.53 it read once its "
+                                    "sweep reached h 0.97); traffic at those h tells" + measured(f"h range [{lo:.3f}, {hi:.3f}]")}
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:

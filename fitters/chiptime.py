@@ -575,9 +575,9 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         """((h min, max) [1], (ISL min, max), (OSL min, max) [tokens]) of the buffered steps' h
         and mean ISL and OSL (each step's, as its regressors took them): where the coefficients
         were fitted (beyond it a prediction extrapolates, MODEL.md §7: on the bundled CPU trace a
-        fit over h ≤ 0.3 gave half the chip time at h 0.96 that the whole sweep's did; a request
-        of mixed traffic may be longer than every step's mean); h's None when no step told it;
-        None without a step."""
+        fit over h ≤ 0.3 gave half the chip time at h 0.96 that its first sweep's, to h 0.97, did;
+        a request of mixed traffic may be longer than every step's mean); h's None when no step
+        told it; None without a step."""
         if not len(self._tags):
             return None
         tags = self._tags.view()

@@ -358,7 +358,7 @@ class FittedModel:
             extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps: the prediction extrapolates its "
                           "coefficients, and its standard errors do not count that (MODEL.md §7: another recording's "
                           "lengths erred up to 15 %; on the bundled CPU trace a fit over h <= 0.3 gave half the chip "
-                          "time at h 0.96 that the whole sweep's did)") if beyond else None,
+                          "time at h 0.96 that its first sweep's (to h 0.97) did)") if beyond else None,
         )
 
     def to_dict(self) -> dict:

@@ -250,10 +250,10 @@ def test_what_ifs_wait_until_attention_is_told_apart_from_ffn_work(raw, result, 
 
 def test_a_bathtub_and_what_ifs_read_beyond_the_h_the_fit_saw_say_so(raw, result, tmp_path):
     """Newcomer: the trace's first 61 scrapes saw h <= 0.3 only; the chip-time bathtub put h* at
-    0.33 and h_even at 0.56 (0.53 and 0.80 over the whole sweep) and the target's chip time at
-    half the whole sweep's, with tiny standard errors and nothing said. The step h (Δhits/Δqueries
-    by regex, no kvhit code) bounds what the fit's steps saw: past it the analysis warns and the
-    target prediction says it extrapolates; over the whole sweep neither (a bottom at the wall,
+    0.33 and h_even at 0.56 (0.53 and 0.80 once sweep A reached h 0.97) and the h 0.96 chip time
+    at half, with tiny standard errors and nothing said. The step h (Δhits/Δqueries by regex, no
+    kvhit code) bounds what the fit's steps saw: past it the analysis warns and the target
+    prediction says it extrapolates; over the whole trace neither (a bottom at the wall,
     h_max, is where h ends, not a point located)."""
     snaps, _ = read_raw_trace(TRACE)
     for ms, text in snaps[:61]:

@@ -162,7 +162,7 @@ def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates
 
 def test_a_what_if_beyond_the_hit_ratios_the_chip_time_fit_saw_says_it_extrapolates():
     # newcomer: the bundled trace's first 61 scrapes (h <= 0.3) gave half the chip time at h 0.96
-    # that the whole sweep's did, with a tiny standard error and nothing said. The bounds are in.
+    # that its first sweep, to h 0.97, did, with a tiny standard error and nothing said. Bounds in.
     fit = FittedModel(**FIT, h_range=[0.0, 0.3])
     assert fit.predict(0.96, 1000.0, 32.0).extrapolated.startswith("h 0.96 outside the [0, 0.3] of the chip-time "
                                                                    "fit's steps")
