@@ -787,16 +787,19 @@ def _bathtub_extrapolated(b: BathtubCurve | None, h_range: list[float] | None, h
     if b is None or h_range is None:
         return {}
     lo, hi = h_range
-    beyond = [f"{name} {h:.3f}" for name, h in (("h*", None if b.h_star == h_max else b.h_star), ("h_even", b.h_even))
+    # (what the label names, the h it reads at): the numbers move every scrape, so they go in measured()
+    beyond = [(name, name, h) for name, h in (("h*", None if b.h_star == h_max else b.h_star), ("h_even", b.h_even))
               if h is not None and not lo <= h <= hi]
     if b.exit is False and hi < h_max - CELL_H:
-        beyond.append(f"no exit (R below R(0) up to h {h_max:.4f})")
+        beyond.append(("no exit (R below R(0) up to h_max)", "h_max", h_max))
     if not beyond:
         return {}
-    return {"bathtub_extrapolated": f"the chip-time bathtub reads beyond the h its fit's steps saw: {', '.join(beyond)}; "
-                                    "coefficients extrapolated in h, whose standard errors do not count that (on the "
-                                    "bundled CPU trace a fit over h <= 0.3 put h* at 0.33 for the 0.53 it read once its "
-                                    "sweep reached h 0.97); traffic at those h tells" + measured(f"h range [{lo:.3f}, {hi:.3f}]")}
+    return {"bathtub_extrapolated": f"the chip-time bathtub reads {', '.join(name for name, _, _ in beyond)} beyond the h "
+                                    "its fit's steps saw: coefficients extrapolated in h, whose standard errors do not "
+                                    "count that (on the bundled CPU trace a fit over h <= 0.3 put h* at 0.33 for the 0.53 "
+                                    "it read once its sweep reached h 0.97); traffic at those h tells"
+                                    + measured(", ".join(f"{at} {h:.4g}" for _, at, h in beyond)
+                                               + f"; its steps' h [{lo:.3f}, {hi:.3f}]")}
 
 
 def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> str | None:
@@ -1323,10 +1326,11 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
                 bound[which] = theta
             elif fo.delta is None:  # needed: hits loaded, or their loaded share unknown (all taken as loaded)
                 unknown.setdefault(f"capacity_bound_{which}", (
-                    f"Theta(h) = Theta0 / max(1-h, delta x h_load) at h={h:g} needs delta = ISL x S_kv / (B_load x T0) for "
-                    f"its loaded hits ({'h_load unknown: every hit taken as loaded' if hl is None else f'h_load {hl:.3g}'}), "
-                    "and S_kv or B_load is unknown (kv_bytes_per_token, load_bandwidth)"))
+                    "Theta(h) = Theta0 / max(1-h, delta x h_load) needs delta = ISL x S_kv / (B_load x T0) for the loaded "
+                    f"hits ({'h_load unknown: every hit taken as loaded' if hl is None else 'some hits loaded'}), and S_kv "
+                    "or B_load is unknown (kv_bytes_per_token, load_bandwidth)"
+                    + measured(f"h {h:g}" + ("" if hl is None else f", h_load {hl:.3g}"))))
             else:
-                unknown.setdefault(f"capacity_bound_{which}", f"unbounded at h={h:g} without loaded hits (1-h = 0)")
+                unknown.setdefault(f"capacity_bound_{which}", "unbounded at h = 1 without loaded hits (1-h = 0)")
         out["capacity_bound"] = bound
     return out

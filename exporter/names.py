@@ -102,7 +102,9 @@ TPM = _m("kvhit_tpm_tokens_per_minute", "Delivered TPM counts cached input, phys
 # --- fits (MODEL.md §4, §6, §7, §3.2) -----------------------------------------------------
 FIT_STATUS = _m("kvhit_fit_status", "1 for the current status of each fit (ok, insufficient_data, "
                 "insufficient_variation, not_identifiable), 0 for the others.", MODEL + ("fit", "status"), section="§6")
-FIT_SAMPLES = _m("kvhit_fit_samples", "Observations (steps) used by the last fit [1].", MODEL + ("fit",), section="§6")
+FIT_SAMPLES = _m("kvhit_fit_samples", "Observations used by the last fit: steps (max_num_seqs: one per data-parallel "
+                 "engine busy in a step, each engine's TPOTs at its own concurrency) [1].", MODEL + ("fit",),
+                 section="§6")
 FIT_R2 = _m("kvhit_fit_r2", "Coefficient of determination of the last fit (chip_time: uncentred, the model has "
             "no intercept) [1].", MODEL + ("fit",), section="§6")
 CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficient (robust NNLS on busy steps): "

@@ -150,7 +150,8 @@ class TpotConcurrencyFitter:
         return len(self._levels)
 
     def update(self, t: float, running: float | None, buckets: Sequence[tuple[float, float]], count: float) -> bool:
-        """Add one step: ``running`` = mean num_requests_running of the step, ``buckets`` /
+        """Add one step (of one engine: data-parallel engines are each one observation, at their
+        own concurrency): ``running`` = mean num_requests_running of the step, ``buckets`` /
         ``count`` = the step's TPOT histogram delta. True if used (running ≥ 0.5, count > 0,
         buckets present and finite)."""
         if running is None or not math.isfinite(running) or running < 0.5 or not count > 0 or not buckets:

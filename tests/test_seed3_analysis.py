@@ -244,9 +244,10 @@ def test_max_num_seqs_levels_of_uneven_data_parallel_engines_are_each_engine_s_o
     a = Analyzer(load_config(None, environ={}, flags=CONFIG))
     for k in range(5):  # steps 0→1 to 2→3 fitted (a step is fitted at the next scrape)
         a.ingest(parse_exposition(two(k), 1000.0 + 10 * k))
-    levels = a.analysis().models["m"].fits["max_num_seqs"].extra["levels"]
+    fit = a.analysis().models["m"].fits["max_num_seqs"]
     n = pytest.approx(10 * (1 + 2 ** (-10 / 3600) + 2 ** (-20 / 3600)))
-    assert levels == [[2, pytest.approx(0.019), n], [6, pytest.approx(0.0975), n]]
+    assert fit.extra["levels"] == [[2, pytest.approx(0.019), n], [6, pytest.approx(0.0975), n]]
+    assert fit.samples == 3 * 2  # an observation per engine per step (kvhit_fit_samples' HELP)
 
 
 def test_max_num_seqs_levels_count_the_busy_engines_only():

@@ -1081,14 +1081,19 @@ def test_capacity_bound_without_s_kv_says_why_at_each_hit_ratio():
     sc = preset("sweep", noise=0.0)
     clock = TraceClock()
     runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    labels = set()
     for t, text, _ in generate(sc):
         clock.t = t
         runner.ingest_text(t, text)
-    m = runner.current()[0].models[sc.model_name]
+        m = runner.current()[0].models.get(sc.model_name)
+        if m is not None and "capacity_bound_current" in m.unknown and "loaded" in m.hit_ratio:
+            labels.add(label_reason(m.unknown["capacity_bound_current"]))
     assert m.fits["chip_time"].ok and m.hit_ratio["loaded"] > 0 and m.load_compute_ratio is None
     assert m.capacity_bound == {}
     for which in ("current", "target"):
         assert "needs delta" in m.unknown[f"capacity_bound_{which}"]
+    # one kvhit_unknown_info series while h moves: this scrape's h is measured, not in the label
+    assert labels == {label_reason(m.unknown["capacity_bound_current"])}
 
 
 def test_the_linear_valley_bottom_and_breakeven_stay_inside_the_h_range_of_their_line():
