@@ -705,7 +705,7 @@ class PrometheusSource:
         down = {(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
                 if labels.get(_QUERY_LABEL) == "down:"}
         self._warn_on_change(rows, "unwatched:", "fleet mode: %.0f pod(s) with vLLM counters have no up series the "
-                             "selector's matchers select (a matcher on a label up lacks, such as model_name?): kvhit "
+                             "selector's matchers select (a matcher on a label up lacks, other than model_name?): kvhit "
                              "cannot see when they are down, and a down pod's growth would land in one later step",
                              "fleet mode: every pod's up series is selected again")
         self._warn_on_change(rows, "twice:", "fleet mode: %.0f target(s) (instance) with vLLM counters are scraped "
@@ -846,13 +846,16 @@ class PrometheusSource:
         return _pods(" or ".join(ends))
 
     def _up(self) -> str:
-        """The pods' ``up`` series, with the selector's matchers: another cluster's target at the
-        same job and address (Thanos) is none of the fleet's."""
-        return "up{" + ", ".join(self.matchers) + "}"
+        """The pods' ``up`` series, with the selector's matchers but those on ``model_name`` (a
+        series label ``up`` lacks; the pods are joined to the counters, which keep it): another
+        cluster's target at the same job and address (Thanos) is none of the fleet's."""
+        return "up{" + ", ".join(_target_matchers(self.matchers)) + "}"
 
     def _selector(self, f: Family, suffix: str) -> str:
-        # vllm: or vllm_ prefix, counters with or without _total: every spelling parse reads
-        matchers = [f'__name__=~"{_PREFIX}{f.name}{suffix}"', *self.matchers]
+        # vllm: or vllm_ prefix, counters with or without _total: every spelling parse reads; an
+        # info family has no model_name (its pods are joined to the models of their counters, pm:)
+        own = _target_matchers(self.matchers) if f.kind == "info" else self.matchers
+        matchers = [f'__name__=~"{_PREFIX}{f.name}{suffix}"', *own]
         if f.match is not None:
             matchers.append(f'{f.match[0]}="{f.match[1]}"')
         return "{" + ", ".join(matchers) + "}"
@@ -1134,9 +1137,16 @@ def _connected(counters: str, matchers: Sequence[str]) -> str:
     recording rule reads them) with the selector's ``matchers`` but those on ``model_name`` (LMCache
     names the model by its path: the pods are the counters'): before vLLM 0.11.1 nothing else
     tells that the model's loaded hits are uncounted (parse._connector)."""
-    own = [m for m in matchers if not re.match(r"\s*model_name\s*[=!]", m)]
-    lmcache = "{" + ", ".join(('__name__=~"lmcache[:_].+"', *own)) + "}"
+    lmcache = "{" + ", ".join(('__name__=~"lmcache[:_].+"', *_target_matchers(matchers))) + "}"
     return f"count by (model_name) (count by (job, instance, model_name) ({counters}) and on (job, instance) {lmcache})"
+
+
+def _target_matchers(matchers: Sequence[str]) -> list[str]:
+    """The selector's ``matchers`` but those on ``model_name``: vLLM's series label, which a pod's
+    ``up``, its ``cache_config_info`` and LMCache's metrics lack (a fleet kvhit per model, selected
+    by ``{model_name="…"}``, found none of them: no KV capacity, down pods unseen, fleet review);
+    each query joins their pods to the model's counters, which keep it."""
+    return [m for m in matchers if not re.match(r"\s*model_name\s*[=!]", m)]
 
 
 def _pods(expr: str) -> str:

@@ -249,6 +249,21 @@ def test_pods_of_an_older_vllm_make_the_fleet_h_unknown_not_a_partial_sum(fleet)
     assert {"queries", "hits", "prompt_tokens"} <= set(alike.counters) and "hit_ratio" not in alike.unknown
 
 
+def test_a_selector_on_model_name_reads_the_pods_cache_config_and_up(fleet):
+    # a fleet kvhit per model, {model_name="…"}: vLLM's cache_config_info and up have no model_name,
+    # and the matcher found none of them (KV capacity, block size, offloading unknown; down pods
+    # unseen: fleet review). Now both are read with the other matchers, joined to the model's pods.
+    def snap(selector: str):
+        src = PrometheusSource(fleet["prom"], fleet_families(), selector_matchers(selector), interval=INTERVAL)
+        t, text = src.fetch()
+        return parse_exposition(text, t)
+
+    by_namespace, by_model = snap(SELECTOR), snap(SELECTOR[:-1] + f', model_name="{MODEL}"}}')
+    assert by_namespace.cache_config_of(MODEL)["block_size"] == "16"  # the simulators' (exporter/simulate.py)
+    assert by_model.cache_config_of(MODEL) == by_namespace.cache_config_of(MODEL)
+    assert snap(f'{{model_name="{MODEL}"}}').cache_config_of(MODEL) == by_namespace.cache_config_of(MODEL)
+
+
 def test_the_selector_check_refuses_the_escapes_a_real_prometheus_refuses(fleet):
     # kvhit's check at start against the real thing: each value in a matcher, accepted by
     # selector_matchers exactly when this Prometheus parses the query (else every poll was HTTP 400)
@@ -2031,13 +2046,15 @@ def test_a_kvhit_started_while_both_spellings_are_fresh_polls_without_an_error(t
 
 
 def test_a_selector_on_a_label_up_lacks_is_logged_as_hiding_down_pods(tmp_path, caplog):
-    # README "Fleet mode": a matcher on a label up lacks (model_name) finds no up, and a down pod
-    # then goes unseen; that used to be said nowhere at run time. up carries the target's pod label.
-    pod, procs = _pod(lambda: _counters("vllm:prefix_cache_queries", 100.0)), Processes(tmp_path)
+    # README "Fleet mode": a matcher on a label up lacks (engine) finds no up, and a down pod then
+    # goes unseen; that used to be said nowhere at run time. up carries the target's pod label; one
+    # on model_name is not applied to up (the pods are joined to the model's counters).
+    pod = _pod(lambda: 'vllm:prefix_cache_queries_total{model_name="m",engine="0"} 100.0\n')
+    procs = Processes(tmp_path)
     try:
         prom, _ = _prometheus(procs, {"a": pod})
         wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 1, 30, "a sample")
-        _warns_once(prom, caplog, ('pod="a"',), ('model_name="m"',),
+        _warns_once(prom, caplog, ('pod="a"', 'model_name="m"'), ('engine="0"',),
                     "fleet mode: 1 pod(s) with vLLM counters have no up series the selector's matchers select")
     finally:
         _stop([pod], procs)
@@ -2061,12 +2078,11 @@ def test_a_target_scraped_twice_is_logged_as_counted_twice(tmp_path, caplog):
         wait_for(lambda: len(prometheus_query(prom, "vllm:prefix_cache_queries_total")) == 4, 30, "every target's samples")
         _warns_once(prom, caplog, ('job="vllm-pods"',), (),
                     "fleet mode: 2 target(s) (instance) with vLLM counters are scraped more than once")
-        # a selector on a label up lacks hides up: pod a's two jobs are still seen (pod b's one job
-        # finding it twice only up tells)
+        # a selector on model_name is not applied to up: both still seen
         caplog.clear()
         with caplog.at_level("INFO", logger="kvhit"):
             PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), matchers=('model_name="m"',)).fetch()
-        assert "fleet mode: 1 target(s) (instance) with vLLM counters are scraped more than once" in caplog.text
+        assert "fleet mode: 2 target(s) (instance) with vLLM counters are scraped more than once" in caplog.text
     finally:
         _stop(pods.values(), procs)
 
