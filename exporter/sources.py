@@ -815,11 +815,12 @@ class PrometheusSource:
             own = _preferred(f"max without (pid, {f.match[0]}) ({{}})", self._selector(f, ""))
             plain = _preferred("max without (pid) ({})", self._selector(Family(f.fallback, "gauge"), ""))
             # only for models some pod has it of: its presence tells parse the vLLM version (0.20+)
-            return [(f"g:{f.name}", f'label_replace({f.agg} by (model_name) ({own} or {plain}) and on (model_name) '
-                                    f'count by (model_name) ({own}), "{f.match[0]}", "{f.match[1]}", "", "")')]
+            return [(f"g:{f.name}", f'label_replace({_pods_gauge(f.agg, "model_name", f"({own} or {plain})")} '
+                                    f'and on (model_name) count by (model_name) ({own}), "{f.match[0]}", "{f.match[1]}", '
+                                    '"", "")')]
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
-            return [(f"g:{f.name}", f"{f.agg} by ({by}) ({gauge})")]
+            return [(f"g:{f.name}", _pods_gauge(f.agg, by, gauge))]
         # per pod: each model's (_metrics) from its own pods, joined here by (job, instance) with the pods' models
         # (pm:) — vLLM's info has no model_name, and one fleet-wide row gave every model the most pods' config
         return [(f"i:{f.name}", f"count by (job, instance, {', '.join(f.labels)}) ({self._selector(f, '')})"),
@@ -1139,6 +1140,14 @@ def _connected(counters: str, matchers: Sequence[str]) -> str:
     tells that the model's loaded hits are uncounted (parse._connector)."""
     lmcache = "{" + ", ".join(('__name__=~"lmcache[:_].+"', *_target_matchers(matchers))) + "}"
     return f"count by (model_name) (count by (job, instance, model_name) ({counters}) and on (job, instance) {lmcache})"
+
+
+def _pods_gauge(agg: str, by: str, gauge: str) -> str:
+    """PromQL: ``agg`` (sum, max) ``by`` the labels ``by`` of the pods' ``gauge``; where some pod's
+    reads below 0, the lowest such value instead: parse drops it as a damaged body's (quirk
+    negative, unknown), as in a pod's own exposition, where a sum hid it (-3 running requests on
+    one pod read 2 over two)."""
+    return f"(({agg} by ({by}) ({gauge}) unless on ({by}) ({gauge} < 0)) or min by ({by}) ({gauge} < 0))"
 
 
 def _target_matchers(matchers: Sequence[str]) -> list[str]:

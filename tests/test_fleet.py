@@ -368,7 +368,9 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert f"sum by (model_name, le) ((((({b_now} - {b_then}) >= 0)" in q1
     assert f'ignoring(le) (last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
     assert f'sum by (model_name) ({pref("(0 * {})", "request_prompt_tokens_sum")})' in q0
-    assert f'sum by (model_name) ({pref("max without (pid) ({})", "num_requests_running")})' in q0
+    # a gauge summed, or where some pod's reads below 0 its lowest (parse drops it, as in a pod's own body)
+    g = pref("max without (pid) ({})", "num_requests_running")
+    assert f"((sum by (model_name) ({g}) unless on (model_name) ({g} < 0)) or min by (model_name) ({g} < 0))" in q0
     # tiles _growth reads wrong: a restart (d:, of the plain counters: a restart is the pod's), its
     # drops counted from the tile's start sample on (its lookback and the tile, less its lookback),
     # or a glitch (z:, every series of every counter and histogram), asked of ranges only
@@ -383,7 +385,8 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
                          pref("max_over_time({}[3250ms])", f"request_prompt_tokens_{s}") + " > 1e+18"
                          for s in ("bucket", "sum"))  # apart: with the name dropped, _sum and _count are one label set
     assert f"count by (model_name) ({glitch})" in q1
-    assert f'max by (model_name) ({pref("max without (pid) ({})", "kv_cache_usage_perc")})' in q0
+    g = pref("max without (pid) ({})", "kv_cache_usage_perc")
+    assert f"((max by (model_name) ({g}) unless on (model_name) ({g} < 0)) or min by (model_name) ({g} < 0))" in q0
     assert f'count by (job, instance, block_size, num_gpu_blocks) ({{__name__=~"vllm[:_]cache_config_info", {sel}}})' in q0
     assert 'count by (job, instance, model_name) ({__name__=~"vllm[:_](?:prefix_cache_queries|prefix_cache_hits)(_total)?", ' \
         f'{sel}}})' in q0  # each pod's models, whose configuration its info row is
@@ -2023,6 +2026,27 @@ def test_requests_waiting_for_capacity_add_up_over_a_fleet_mid_upgrade(tmp_path)
         snap = parse_exposition(text, t)
         assert snap.models["m"].gauges["waiting"] == 4.0 and snap.models["old"].gauges["waiting"] == 5.0
         assert 'by_reason{model_name="old"' not in text and not snap.excludes_preempted("old")
+    finally:
+        _stop(pods.values(), procs)
+
+
+def test_a_pod_s_negative_gauge_is_unknown_for_its_model_not_hidden_in_the_sum(tmp_path):
+    # Pod a reads num_requests_running -3 (a damaged body), pod b 5: summed, model m read 2 running,
+    # where a pod's own body has the gauge dropped, quirk negative (breaker). Model n, pods c and d at
+    # 1 and 2: 3 by hand.
+    def body(model: str, running: float) -> str:
+        return (_counters("vllm:prefix_cache_queries", 100.0, model=model)
+                + f'vllm:num_requests_running{{model_name="{model}"}} {running}\n')
+    pods = {"a": _pod(lambda: body("m", -3)), "b": _pod(lambda: body("m", 5)),
+            "c": _pod(lambda: body("n", 1)), "d": _pod(lambda: body("n", 2))}
+    procs = Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, pods)
+        _three_samples(prom, "vllm:num_requests_running", 4)
+        t, text = PrometheusSource(prom, fleet_families()).fetch()
+        snap = parse_exposition(text, t)
+        assert "running" not in snap.models["m"].gauges and snap.quirks.get("negative") == 1
+        assert snap.models["n"].gauges["running"] == 3.0
     finally:
         _stop(pods.values(), procs)
 
