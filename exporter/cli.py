@@ -59,7 +59,8 @@ def fleet_families() -> tuple[Family, ...]:
     variants, plus cache_config_info), for fleet mode's :class:`PrometheusSource`; gauges combine
     over pods as parse combines them over data-parallel engines."""
     out = [Family(name, "counter", lazy=canon in LAZY_COUNTERS) for canon, names in COUNTERS.items() for name in names]
-    out += [Family(base, "counter", (label,), (label, value)) for base, label, value in LABELLED_COUNTERS.values()]
+    out += [Family(base, "counter", (label,), (label, value), lazy=canon in LAZY_COUNTERS)
+            for canon, (base, label, value) in LABELLED_COUNTERS.items()]
     out += [Family(name, "histogram") for names in HISTOGRAMS.values() for name in names]
     out += [Family(name, "gauge", agg=agg) for names, agg in GAUGES.values() for name in names]
     out += [Family(base, "gauge", (label,), (label, value), GAUGES[canon][1], fallback=GAUGES[canon][0][0])

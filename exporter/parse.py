@@ -76,9 +76,13 @@ COUNTERS: dict[str, tuple[str, ...]] = {
 # Counters vLLM creates at first use (0.32 offloading/metrics.py: at an engine's first KV load), not
 # at start: absent from a pod that has not loaded yet, where their value is 0.
 LAZY_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")
-# Counters kept per label value: canonical name → (exposed base, label, value).
+# Counters kept per label value: canonical name → (exposed base, label, value); one COUNTERS has
+# too is read from it for a model none of those names is present for (an older vLLM's spelling).
 LABELLED_COUNTERS: dict[str, tuple[str, str, str]] = {
     "prompt_local_compute": ("prompt_tokens_by_source", "source", "local_compute"),
+    # vLLM 0.16-0.23's offloading connector: both directions in one family (0.24+: kv_offload_load_*)
+    "kv_offload_load_bytes": ("kv_offload_total_bytes", "transfer_type", "CPU_to_GPU"),
+    "kv_offload_load_seconds": ("kv_offload_total_time", "transfer_type", "CPU_to_GPU"),
 }
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "iteration_tokens": ("iteration_tokens_total",),
@@ -852,8 +856,9 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
 
     acc = _Models(b)
     hit_unit: dict[str, str] = {}
+    read: dict[str, set[str]] = {}  # canonical counter → the models it was read for
     for canon, names in COUNTERS.items():
-        done: set[str] = set()
+        done = read[canon] = set()
         for exposed in names:  # first exposed name present for the model wins
             slot = b.series.get(("counter", exposed, ""))
             if not slot:
@@ -867,7 +872,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                     hit_unit[model] = _hit_unit(b, exposed, model)
     for canon, (exposed, label, value) in LABELLED_COUNTERS.items():
         for model, per in _split(b.series.get(("counter", exposed, ""), {}), {label: value}).items():
-            acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
+            if model not in read.get(canon, ()):
+                acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
 
     for canon, (names, agg) in GAUGES.items():
         fn = _sum if agg == "sum" else _max

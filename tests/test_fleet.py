@@ -973,7 +973,8 @@ def test_a_family_vllm_creates_at_first_use_is_whole_over_the_pods_that_have_it(
     # has none, and its share is 0, not missing. B_load = Δbytes/Δseconds of the pod that loaded.
     fams = {f.name: f for f in fleet_families()}
     assert fams["kv_offload_load_bytes"].lazy and fams["kv_offload_load_time"].lazy
-    assert not any(f.lazy for name, f in fams.items() if not name.startswith("kv_offload_load_"))
+    assert fams["kv_offload_total_bytes"].lazy and fams["kv_offload_total_time"].lazy  # vLLM 0.16-0.23's
+    assert not any(f.lazy for name, f in fams.items() if not name.startswith(("kv_offload_load_", "kv_offload_total_")))
     src = PrometheusSource(fake.url, (*FAMILIES, fams["kv_offload_load_bytes"]), interval=5.0, clock=Clock(7000.0))
     fake.answer([_row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "300"),
                  _row("c:kv_offload_load_bytes", "5e9"), _row("n:prefix_cache_queries", "2"),

@@ -209,6 +209,28 @@ def test_config_keys_validated_and_named():
             load_config(None, environ={}, flags=flags)
 
 
+def test_b_load_is_measured_from_vllm_0_16_s_offload_counters_too():
+    # vLLM 0.16-0.23 export the offloading connector's transfers both ways in one family,
+    # kv_offload_total_bytes/_time{transfer_type} (0.24+: kv_offload_load_*): B_load = Δbytes/Δtime of
+    # CPU_to_GPU alone = 2.5e9 B / 0.2 s = 12.5e9 B/s (GPU_to_CPU's 4e9 B / 0.5 s = 8e9 read otherwise).
+    # Where both spellings are exported (0.24+ keeps the old one, deprecated), the new one is read.
+    def offload(k: int, new: bool) -> str:
+        lines = [f'vllm:kv_offload_total_bytes_total{{{L},transfer_type="CPU_to_GPU"}} {2.5e9 * k}',
+                 f'vllm:kv_offload_total_bytes_total{{{L},transfer_type="GPU_to_CPU"}} {4e9 * k}',
+                 f'vllm:kv_offload_total_time_total{{{L},transfer_type="CPU_to_GPU"}} {0.2 * k}',
+                 f'vllm:kv_offload_total_time_total{{{L},transfer_type="GPU_to_CPU"}} {0.5 * k}']
+        if new:  # 1e9 B in 0.1 s: 10e9 B/s
+            lines += [f'vllm:kv_offload_load_bytes_total{{{L},transfer_type="CPU_to_GPU"}} {1e9 * k}',
+                      f'vllm:kv_offload_load_time_total{{{L},transfer_type="CPU_to_GPU"}} {0.1 * k}']
+        return "\n".join(lines) + "\n"
+    for new, expected in ((False, 12.5e9), (True, 10e9)):
+        a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+        for k in range(1, 3):
+            a.ingest(parse_exposition(scrape(k) + offload(k, new), 1000.0 + 10 * k))
+        m = a.analysis().models["m"]
+        assert m.load_bandwidth == (pytest.approx(expected), "measured")
+
+
 def test_max_num_seqs_levels_are_per_engine_with_data_parallel_engines():
     # the same step on two data-parallel engines: num_requests_running 4 on each (8 summed), 10
     # requests each. --max-num-seqs is per engine, so the concurrency level is 4 with 20 requests;
