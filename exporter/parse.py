@@ -833,7 +833,8 @@ class _Models:
             value = combine(list(per_engine.values()))
             if value is not None:
                 self.model.setdefault(model, {}).setdefault(field_, {})[canon] = value
-        else:
+        elif canon not in LAZY_COUNTERS:  # those an engine creates at first use: one without has not used
+            # it yet (no damage), and the model's total waits for every engine's (unknown until then)
             self.b.quirk("engine_incomplete")
             self.incomplete.setdefault(model, set()).add(canon)
 
@@ -856,9 +857,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
 
     acc = _Models(b)
     hit_unit: dict[str, str] = {}
-    read: dict[str, set[str]] = {}  # canonical counter → the models it was read for
     for canon, names in COUNTERS.items():
-        done = read[canon] = set()
+        done: set[str] = set()
         for exposed in names:  # first exposed name present for the model wins
             slot = b.series.get(("counter", exposed, ""))
             if not slot:
@@ -872,7 +872,8 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                     hit_unit[model] = _hit_unit(b, exposed, model)
     for canon, (exposed, label, value) in LABELLED_COUNTERS.items():
         for model, per in _split(b.series.get(("counter", exposed, ""), {}), {label: value}).items():
-            if model not in read.get(canon, ()):
+            # the spelling by presence, usable or not: a NaN new one is unknown, never the old one's total
+            if not any((name, model) in b.model_samples for name in COUNTERS.get(canon, ())):
                 acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
 
     for canon, (names, agg) in GAUGES.items():
@@ -889,6 +890,9 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                     continue
                 done.add(model)
                 acc.put("gauges", canon, model, {e: fn(v for _, v in rows) for e, rows in per.items()}, fn)
+            if where is not None:  # a labelled family exported (usable or not) is read alone: its
+                # unusable value is unknown, never the plain gauge, which counts what it leaves out
+                done |= {m for base, m in b.model_samples if base == exposed}
 
     for canon, names in HISTOGRAMS.items():
         done = set()

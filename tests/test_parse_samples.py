@@ -250,6 +250,26 @@ def test_dp2_complete_series_summed_over_engines():
     assert snap.cache_config["num_gpu_blocks"] == "2000"
 
 
+def test_a_counter_an_engine_creates_at_first_use_is_no_damage_when_one_engine_lacks_it():
+    # vLLM creates kv_offload_* per engine at its first transfer: engine 1 has stored (GPU_to_CPU)
+    # but not loaded yet. Not engine_incomplete (a damaged body, which also took every later scrape
+    # off the fast path: review); the model's load total waits for both engines' (unknown).
+    from exporter.parse import Parser
+    lines = ["# TYPE vllm:prefix_cache_queries counter", "# TYPE vllm:kv_offload_total_bytes counter"]
+    for e in "01":
+        lab = f'engine="{e}",model_name="m"'
+        lines += [f"vllm:prefix_cache_queries_total{{{lab}}} 1000", f"vllm:prefix_cache_hits_total{{{lab}}} 400",
+                  f'vllm:kv_offload_total_bytes_total{{{lab},transfer_type="GPU_to_CPU"}} 4e9']
+    lines.append('vllm:kv_offload_total_bytes_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 2.5e9')
+    body = "\n".join(lines) + "\n"
+    snap = parse_exposition(body, T)
+    assert snap.quirks == {} and dict(snap.models["m"].counters) == {"queries": 2000.0, "hits": 800.0}
+    p = Parser()
+    p.parse(body, T)
+    assert repr(p.parse(body.replace(" 1000", " 1100"), T + 1)) == repr(parse_exposition(body.replace(" 1000", " 1100"), T + 1))
+    assert p._plan is not None  # the fast path reads it
+
+
 def test_histogram_sum_unknown_when_one_engine_lacks_it():
     # engine 1's _sum line removed: 1250 + ? is unknown, not 1250
     text = DP2.replace('vllm:request_generation_tokens_sum{engine="1",model_name="/models/qwen3-8b"} 400.0\n', "")

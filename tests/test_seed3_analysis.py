@@ -229,6 +229,13 @@ def test_b_load_is_measured_from_vllm_0_16_s_offload_counters_too():
             a.ingest(parse_exposition(scrape(k) + offload(k, new), 1000.0 + 10 * k))
         m = a.analysis().models["m"]
         assert m.load_bandwidth == (pytest.approx(expected), "measured")
+    # the new bytes NaN at the second scrape: unknown (no B_load configured here), never the old
+    # spelling's total against the new one's seconds ((5e9 − 1e9)/0.1 = 4e10 B/s: review)
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    for k in range(1, 3):
+        text = scrape(k) + offload(k, True)
+        a.ingest(parse_exposition(text.replace(f"}} {1e9 * k}", "} NaN") if k == 2 else text, 1000.0 + 10 * k))
+    assert a.analysis().models["m"].load_bandwidth is None
 
 
 def test_max_num_seqs_levels_are_per_engine_with_data_parallel_engines():

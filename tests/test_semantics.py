@@ -183,6 +183,12 @@ vllm:num_requests_waiting_by_reason{engine="1",model_name="m",reason="deferred"}
     # before 0.20 (no _by_reason) num_requests_waiting is the same quantity: 7 + 2 = 9
     plain = "".join(ln + "\n" for ln in body.splitlines() if "by_reason" not in ln)
     assert parse_exposition(plain, T0).models["m"].gauges["waiting"] == 9.0
+    # engine 0 alone with a damaged capacity value (below 0; fleet mode renders a pod's so): unknown,
+    # never the plain gauge's 7, which counts the 4 deferred (review)
+    one = "".join(ln + "\n" for ln in body.splitlines() if 'engine="1"' not in ln)
+    damaged = parse_exposition('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 10\n'
+                               + one.replace('reason="capacity"} 3.0', 'reason="capacity"} -3.0'), T0)
+    assert "waiting" not in damaged.models["m"].gauges and damaged.quirks == {"negative": 1}
 
 
 # --- h = 0 with prompts shorter than a block -------------------------------------------------
