@@ -1667,6 +1667,19 @@ def _warns_once(prom: str, caplog, quiet: tuple[str, ...], loud: tuple[str, ...]
     assert caplog.text.count(warning) == 1, caplog.text
 
 
+def _fleet_snapshot(tmp_path, pods: Mapping[str, object], metric: str):
+    """Prometheus scraping ``pods`` until it holds three samples of ``metric`` from each, then one
+    fleet-mode fetch of every family parse reads: (its exposition, the parsed Snapshot)."""
+    procs = Processes(tmp_path)
+    try:
+        prom, _ = _prometheus(procs, pods)
+        _three_samples(prom, metric, len(pods))
+        t, text = PrometheusSource(prom, fleet_families()).fetch()
+        return text, parse_exposition(text, t)
+    finally:
+        _stop(pods.values(), procs)
+
+
 def _three_samples(prom: str, metric: str, series: int) -> None:
     """Wait (30 s at most) until Prometheus holds three samples within 10 s of ``series`` series of ``metric``."""
     wait_for(lambda: len(prometheus_query(prom, f"count_over_time({metric}[10s]) >= 3")) == series, 30,
@@ -2019,16 +2032,9 @@ def test_requests_waiting_for_capacity_add_up_over_a_fleet_mid_upgrade(tmp_path)
                     'vllm:num_requests_waiting_by_reason{model_name="m",reason="deferred"} 3\n')
         return out
     pods = {"a": _pod(lambda: body(False)), "b": _pod(lambda: body(True)), "c": _pod(lambda: body(False, "old", 5))}
-    procs = Processes(tmp_path)
-    try:
-        prom, _ = _prometheus(procs, pods)
-        _three_samples(prom, "vllm:num_requests_waiting", 3)
-        t, text = PrometheusSource(prom, fleet_families()).fetch()
-        snap = parse_exposition(text, t)
-        assert snap.models["m"].gauges["waiting"] == 4.0 and snap.models["old"].gauges["waiting"] == 5.0
-        assert 'by_reason{model_name="old"' not in text and not snap.excludes_preempted("old")
-    finally:
-        _stop(pods.values(), procs)
+    text, snap = _fleet_snapshot(tmp_path, pods, "vllm:num_requests_waiting")
+    assert snap.models["m"].gauges["waiting"] == 4.0 and snap.models["old"].gauges["waiting"] == 5.0
+    assert 'by_reason{model_name="old"' not in text and not snap.excludes_preempted("old")
 
 
 def test_a_pod_s_negative_gauge_is_unknown_for_its_model_not_hidden_in_the_sum(tmp_path):
@@ -2040,16 +2046,9 @@ def test_a_pod_s_negative_gauge_is_unknown_for_its_model_not_hidden_in_the_sum(t
                 + f'vllm:num_requests_running{{model_name="{model}"}} {running}\n')
     pods = {"a": _pod(lambda: body("m", -3)), "b": _pod(lambda: body("m", 5)),
             "c": _pod(lambda: body("n", 1)), "d": _pod(lambda: body("n", 2))}
-    procs = Processes(tmp_path)
-    try:
-        prom, _ = _prometheus(procs, pods)
-        _three_samples(prom, "vllm:num_requests_running", 4)
-        t, text = PrometheusSource(prom, fleet_families()).fetch()
-        snap = parse_exposition(text, t)
-        assert "running" not in snap.models["m"].gauges and snap.quirks.get("negative") == 1
-        assert snap.models["n"].gauges["running"] == 3.0
-    finally:
-        _stop(pods.values(), procs)
+    _, snap = _fleet_snapshot(tmp_path, pods, "vllm:num_requests_running")
+    assert "running" not in snap.models["m"].gauges and snap.quirks.get("negative") == 1
+    assert snap.models["n"].gauges["running"] == 3.0
 
 
 def test_a_kvhit_started_while_both_spellings_are_fresh_polls_without_an_error(tmp_path):
