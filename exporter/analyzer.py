@@ -648,7 +648,7 @@ class Analyzer:
             unknown.setdefault("bathtub_chip_time", h_shape)
         else:
             b = bathtub_chip_time(coef, cov, fitted.t_fixed, isl, osl, h_at, cfg.prices.p_miss, cfg.prices.p_hit,
-                                  cfg.prices.p_out, grid=[h for h in BATHTUB_GRID if h <= h_max],
+                                  cfg.prices.p_out, h_max=h_max, grid=[h for h in BATHTUB_GRID if h <= h_max],
                                   fixed_steps=steps_per_request)
             bathtubs["chip_time"] = _local_bathtub(b, fitted, isl, osl, h_shape, unknown) if h_shape else b
         def spans(lo: object, hi: object) -> bool:  # an h range the direct fit would draw a line over
