@@ -1,7 +1,8 @@
 """Every ``kvhit_*`` metric name, its HELP text and its label keys — defined once, here.
 
 Convention (Prometheus naming): base units as suffix (``_seconds``, ``_bytes``, ``_ratio`` for
-0–1 fractions, ``_total`` only on counters, ``_info`` for value-1 label carriers); no ``_rate``.
+dimensionless ratios, 0–1 where a fraction: δ, ``kvhit_load_compute_ratio``, exceeds 1), ``_total``
+only on counters, ``_info`` for value-1 label carriers; no ``_rate``.
 TPM keeps the seeds' unit, tokens per minute (MODEL.md §3.4). Every series carries
 ``model_name`` and ``target`` unless it describes the scrape itself (``target`` only).
 HELP states the unit and the estimator. Unknown values are absent, never 0 (MODEL.md §6).

@@ -204,7 +204,8 @@ def service_ttft(
     Returns:
         seconds, or None when h_load > 0 and α, S_kv or B_load is unknown (None).
     Raises:
-        ValueError: h outside [0, 1], h_load outside [0, h], α outside [0, 1], B_load ≤ 0.
+        ValueError: ISL < 0, h outside [0, 1], h_load outside [0, h], α outside [0, 1], B_load ≤ 0
+            (or not a number) when h_load > 0.
     """
     parts = _load_compute_alpha(coef, isl, h, h_load, alpha, kv_bytes_per_token, load_bandwidth)
     if parts is None:

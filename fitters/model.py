@@ -41,9 +41,9 @@ def load_time(h_load: float, isl: float, kv_bytes_per_token: float, load_bandwid
     """T_load = h_load·N·S_kv / B_load [s] (MODEL.md §3.2).
 
     ``kv_bytes_per_token`` must be the per-GPU shard (§3.6); ``load_bandwidth`` in bytes/s per GPU.
-    Raises ValueError for a non-positive bandwidth.
+    Raises ValueError for a bandwidth that is not a number > 0.
     """
-    if load_bandwidth <= 0:
+    if not load_bandwidth > 0:  # NaN too: no T_load from an unknown bandwidth
         raise ValueError("load_bandwidth must be > 0 bytes/s")
     return h_load * isl * kv_bytes_per_token / load_bandwidth
 
@@ -260,14 +260,14 @@ def revenue_slope_linear(h: float, tps0: float, a: float, p_miss: float, rho: fl
 
 
 def valley_bottom_linear(a: float, rho: float) -> float | None:
-    """h* = 1 - sqrt(ρ(1-a)/(a(1-ρ))), the bottom of the bathtub; None unless ρ < a < 1 (MODEL.md §4)."""
+    """h* = 1 - sqrt(ρ(1-a)/(a(1-ρ))), the bottom of the bathtub; None unless 0 < ρ < a < 1 (MODEL.md §4)."""
     if not (0.0 < rho < a < 1.0):
         return None
     return 1.0 - math.sqrt(rho * (1.0 - a) / (a * (1.0 - rho)))
 
 
 def breakeven_linear(a: float, rho: float) -> float | None:
-    """h_even = (a-ρ)/(a(1-ρ)), where R climbs back to R(0); None unless ρ < a < 1 (MODEL.md §4)."""
+    """h_even = (a-ρ)/(a(1-ρ)), where R climbs back to R(0); None unless 0 < ρ < a < 1 (MODEL.md §4)."""
     if not (0.0 < rho < a < 1.0):
         return None
     return (a - rho) / (a * (1.0 - rho))

@@ -89,7 +89,7 @@ def test_load_time_by_hand():
     assert m.load_time(0.5, 8192, 81_920, 25e9) == pytest.approx(0.0134217728, rel=1e-12)
 
 
-@pytest.mark.parametrize("bw", [0.0, -1.0])
+@pytest.mark.parametrize("bw", [0.0, -1.0, math.nan])
 def test_load_time_rejects_bad_bandwidth(bw):
     with pytest.raises(ValueError):
         m.load_time(0.5, 8192, 81_920, bw)
