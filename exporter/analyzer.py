@@ -639,18 +639,19 @@ class Analyzer:
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
         h_shape = fitted.unidentified(0.0, isl, osl) or fitted.unidentified(h_max, isl, osl)
         h_at = min(h_now, h_max)
-        # unidentified over [0, 1), and at h_now too (its chip time or its slope): nothing to publish
-        withheld = h_shape and (fitted.unidentified(h_at, isl, osl) or fitted.unidentified_slope(h_at, isl))
+        # its chip time or its slope unidentified at h_now: no R(h_now), R'(h_now) or valley test to publish
+        # (a fit that told every term apart identifies every request: nothing to check)
+        local = fitted.collinear and (fitted.unidentified(h_at, isl, osl) or fitted.unidentified_slope(h_at, isl))
         if h_max <= 0:  # health probes of one token: nothing to reuse, so no curve over h
             unknown.setdefault("bathtub_chip_time", "the window's mean prompt is one token (ISL 1): the last prompt "
                                                     "token is never a hit, so h can only be 0; no bathtub over h")
-        elif withheld:
-            unknown.setdefault("bathtub_chip_time", h_shape)
+        elif local:
+            unknown.setdefault("bathtub_chip_time", h_shape or local)
         else:
             b = bathtub_chip_time(coef, cov, fitted.t_fixed, isl, osl, h_at, cfg.prices.p_miss, cfg.prices.p_hit,
                                   cfg.prices.p_out, h_max=h_max, grid=[h for h in BATHTUB_GRID if h <= h_max],
                                   fixed_steps=steps_per_request)
-            bathtubs["chip_time"] = _local_bathtub(b, fitted, isl, osl, h_shape, unknown) if h_shape else b
+            bathtubs["chip_time"] = _local_bathtub(b, fitted, isl, osl, h_shape, unknown) if fitted.collinear else b
         def spans(lo: object, hi: object) -> bool:  # an h range the direct fit would draw a line over
             return isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
@@ -754,26 +755,41 @@ class Analyzer:
             h_range=h_range, isl_range=isl_range, osl_range=osl_range)
 
 
-def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float, why: str,
+def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float, why: str | None,
                    unknown: dict[str, str]) -> BathtubCurve:
-    """The chip-time bathtub ``b`` of a fit that cannot tell its terms apart over all of [0, 1)
-    (``why``) but can at h_now, its chip time and its slope in h there: R(h_now), R'(h_now) with
-    its interval and valley_active stand (MODEL.md §4's test is local); curve points only where
-    the chip time is identified; h* only where it and its slope are; R(0) (nan), h_even and the
-    exit, which compare with it, withheld with ``why`` in ``unknown``. Agentic traffic (h 0.85-0.99) had
-    its whole bathtub withheld and the valley follow the linear form, whose line through the
-    curve's steep end put a bottom at h 0.94 where R still fell (R' of the wrong sign, no page)."""
-    def known(h: float) -> bool:
-        return fitted.unidentified(h, isl, osl) is None
+    """The chip-time bathtub ``b`` (its chip time and its slope identified at h_now) with only
+    what the fit identifies elsewhere: curve points where the chip time is identified; h* where it
+    and its slope are; h_even (and the exit) where its chip time is. A fit that cannot tell its
+    terms apart at h = 0 or h_max (``why``) keeps R(h_now), R'(h_now) with its interval and
+    valley_active (MODEL.md §4's test is local); R(0) (nan), h_even and the exit, which compare
+    with it, are withheld with ``why`` in ``unknown``. Agentic traffic (h 0.85-0.99) had its whole
+    bathtub withheld and the valley follow the linear form, whose line through the curve's steep
+    end put a bottom at h 0.94 where R still fell (R' of the wrong sign, no page). Both ends
+    identified say nothing of the h between: traffic at h ≈ 0 leaves the attention work's share
+    unknown mid-range (a real vLLM's curve at h 0.5 was 24 % uncertain, published as good)."""
+    def unidentified(h: float) -> str | None:
+        return fitted.unidentified(h, isl, osl)
 
-    h_star = b.h_star if b.h_star is not None and known(b.h_star) and fitted.unidentified_slope(b.h_star, isl) is None \
-        else None
-    if h_star is None:  # none found rests on R'(0) < 0 too
-        unknown.setdefault("valley_bottom_chip_time", why)
-    for signal in ("valley_breakeven_chip_time", "valley_exit_chip_time"):
-        unknown.setdefault(signal, "they compare with R(0), at h = 0, where the chip time is " + why)
-    return replace(b, h_star=h_star, h_star_stderr=b.h_star_stderr if h_star is not None else None, h_even=None,
-                   h_even_stderr=None, exit=None, revenue_zero=math.nan, curve=tuple((h, r) for h, r in b.curve if known(h)))
+    h_star, problem = b.h_star, why  # none found rests on R'(0) < 0 too
+    if h_star is not None:
+        problem = unidentified(h_star) or fitted.unidentified_slope(h_star, isl)
+        if problem:
+            h_star = None
+    if h_star is None and problem:
+        unknown.setdefault("valley_bottom_chip_time", why or problem)
+    h_even, exit_, revenue_zero = b.h_even, b.exit, b.revenue_zero
+    problem = why and "they compare with R(0), at h = 0, where the chip time is " + why
+    if not problem and h_even is not None:
+        problem = unidentified(h_even)
+    if problem:
+        for signal in ("valley_breakeven_chip_time", "valley_exit_chip_time"):
+            unknown.setdefault(signal, problem)
+        h_even, exit_ = None, None
+    if why:
+        revenue_zero = math.nan
+    return replace(b, h_star=h_star, h_star_stderr=b.h_star_stderr if h_star is not None else None, h_even=h_even,
+                   h_even_stderr=b.h_even_stderr if h_even is not None else None, exit=exit_, revenue_zero=revenue_zero,
+                   curve=tuple((h, r) for h, r in b.curve if unidentified(h) is None))
 
 
 def _bathtub_extrapolated(b: BathtubCurve | None, h_range: list[float] | None, h_max: float) -> dict[str, str]:

