@@ -317,7 +317,7 @@ def model_dashboard() -> Dashboard:
     d = d.with_panel(
         stat_panel(ids, "Valley", "none",
                    "kvhit_valley_active of the form the alert follows; kvhit_valley_exit: whether R(h) climbs back "
-                   "to R(0) before h = 1.", w=24, h=4)
+                   "to R(0) before h = 1.", w=12, h=8)
         .mappings([ValueMap(options={"0": ValueMappingResult(text="no", color="green", index=0),
                                      "1": ValueMappingResult(text="ACTIVE", color="red", index=1)})])
         .with_target(now("A", f"kvhit_valley_active{{{SEL}}}", "valley {{form}} {{pod}}"))

@@ -55,6 +55,18 @@ def test_every_panel_sets_a_unit():
                     assert prop["id"] != "unit" or prop["value"], f"{uid} / {p['title']}: empty unit override"
 
 
+def test_every_panel_fits_grafana_s_24_columns_without_overlap():
+    # the Valley stat sat at x 12 with width 24 (an SRE review): Grafana moves such a panel elsewhere
+    for uid, d in dashboards().items():
+        taken = set()
+        for p in panels(d):
+            g = p["gridPos"]
+            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, f"{uid} / {p['title']}: {g}"
+            cells = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+            assert not cells & taken, f"{uid} / {p['title']} overlaps another panel: {g}"
+            taken |= cells
+
+
 def test_variables_and_data_source():
     for uid, d in dashboards().items():
         v = dashboard_variables(d)
