@@ -337,7 +337,7 @@ def model_dashboard() -> Dashboard:
                        "stderr of predicted {{kind}} at {{hit_ratio}} h {{pod}}"))
         .with_target(q("B", f"kvhit_observed_ttft_seconds{{{SEL}}}", "observed mean, kvhit window {{pod}}"))
         .with_target(q("C", f"sum by (pod) (rate(vllm:time_to_first_token_seconds_sum{{{SEL}}}[{RI}]))"
-                            f" / sum by (pod) (rate(vllm:time_to_first_token_seconds_count{{{SEL}}}[{RI}]))",
+                            f" / (sum by (pod) (rate(vllm:time_to_first_token_seconds_count{{{SEL}}}[{RI}])) > 0)",
                        "observed mean, vLLM {{pod}}"))
         .with_target(q("D", f'kvhit_slo_seconds{{slo="ttft", {SEL}}}', "TTFT SLO {{pod}}"))
         .override_by_regexp("^TTFT SLO", [prop("color", {"mode": "fixed", "fixedColor": "red"}),
