@@ -183,8 +183,14 @@ def poll_loop(runner: Runner, source, stop: threading.Event, clock=time.monotoni
 # --- replay / demo ------------------------------------------------------------------------
 
 
+def _state(o) -> str:
+    """A step's state: busy (MODEL.md §7: requests running at both scrapes, what the fits take),
+    part (engine steps ran, not all of it busy), idle (no engine step, or their count unknown)."""
+    return "busy" if o.busy else "part" if o.steps else "idle"
+
+
 def _step_line(i: int, t0: float, model: str, o) -> str:
-    return (f"{i:5d} {o.t - t0:8.1f} {model[:16]:16s} {fmt(o.hit_ratio):>6s} {'busy' if o.busy else 'idle':4s} "
+    return (f"{i:5d} {o.t - t0:8.1f} {model[:16]:16s} {fmt(o.hit_ratio):>6s} {_state(o):4s} "
             f"{fmt(o.miss_tps, '.0f'):>7s} {fmt(o.steps, '.0f'):>6s} {fmt(o.isl, '.0f'):>6s} {fmt(o.osl, '.0f'):>5s} "
             f"{fmt(o.prefill_time_mean):>7s} {o.anomaly_hint}")
 

@@ -1568,3 +1568,13 @@ def test_target_hit_ratio_null_publishes_no_target_series(tmp_path):
         assert main(["replay", str(tmp_path), "--quiet", "--config", str(tmp_path / "kvhit.yaml"),
                      "--metrics-out", str(out)]) == 0
         assert bool(target.search(out.read_text())) is found
+
+
+def test_the_step_table_tells_a_working_step_that_is_not_busy_from_an_idle_one():
+    # a real vLLM ran ~250 engine steps in a step whose running count was 0 at one scrape: not
+    # busy (MODEL.md §7, what the fits take), yet the table said "idle" (a helper's report)
+    from types import SimpleNamespace
+    from exporter.cli import _state
+    assert _state(SimpleNamespace(busy=True, steps=250.0)) == "busy"
+    assert _state(SimpleNamespace(busy=False, steps=250.0)) == "part"
+    assert _state(SimpleNamespace(busy=False, steps=0.0)) == "idle"
