@@ -17,7 +17,7 @@ from exporter.config import Config
 from exporter.engines import missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               kv_capacity_tokens, observe, request_isl, request_osl, window_notes)
-from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
+from exporter.parse import HISTOGRAMS, LAZY_COUNTERS, PREFIX_CACHING_OFF, ModelSignals, Snapshot, prefix_caching_off
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
@@ -353,7 +353,7 @@ class Analyzer:
             if st is None:  # not setdefault: a _ModelState is every fitter's buffers, built once per model
                 st = self._state[model] = _ModelState()
             # a fleet's (engines counted by its source) is its pods' mix, which scaling and rollouts move
-            identity = _Identity(len(snap.models[model].engines),
+            identity = _Identity(_complete_engines(snap.models[model]),
                                  {} if model in snap.engine_counts else snap.cache_config_of(model))
             if (why := st.another_engine(identity)) is not None:
                 log.info("model %r is served by another engine now (%s): its fits start afresh", model, why)
@@ -1071,6 +1071,16 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
     busy = sum(1 for e, sig in now.items()
                if ends((sig.gauges.get("running", 0.0) > 0, e in before and before[e].gauges.get("running", 0.0) > 0)))
     return max(1, busy)
+
+
+def _complete_engines(sig: ModelSignals) -> int:
+    """Data-parallel engines of one exposition that export every counter another of them does
+    (counters vLLM creates at first use aside: parse.LAZY_COUNTERS): a few series with another
+    ``engine`` label (a stray copy, a partial paste; parse counts engine_incomplete) are no engine,
+    whose coming and going restarted every fit as "another engine" (a fault breaker)."""
+    engines = sig.engines.values()
+    names = set().union(*(e.counters.keys() for e in engines)) - set(LAZY_COUNTERS)
+    return sum(names <= e.counters.keys() for e in engines)
 
 
 def _engine_count(snap: Snapshot, model: str) -> int:

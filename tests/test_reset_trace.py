@@ -295,3 +295,20 @@ def test_a_target_url_reaching_two_pods_adds_no_lifetime_total_to_the_24h_rollup
     kept_k = k[-2] - k[0] - sum(k[i + 1] - k[i - 1] for i in flips)
     assert m.caching.history_hit_ratio == pytest.approx(kept_k / kept_q, rel=1e-12)
     assert sum(1 for _, o in result.steps if o.queried_tokens is None) == 2 * len(flips)
+
+
+def test_a_stray_series_of_another_engine_is_no_engine_change(original):
+    # A fault breaker's proxy appended vllm:prefix_cache_hits_total with engine="1" (and nothing
+    # else of that engine) to two scrapes: "data-parallel engines 1 → 2", then "2 → 1", and every
+    # fit started afresh (chip-time samples 90 → 1). One family of an engine is no engine: the
+    # fits keep their rows, as for one odd scrape.
+    def stray(text: str) -> str:
+        lines = [ln.replace('engine="0"', 'engine="1"') for ln in text.splitlines()
+                 if ln.startswith("vllm:prefix_cache_hits_total{")]
+        assert lines  # the trace's engine label, whose copy is the stray series
+        return text + "".join(ln + "\n" for ln in lines)
+
+    snaps = list(original.snapshots)
+    snaps[K:K + 3] = [(t, stray(text)) for t, text in snaps[K:K + 3]]
+    samples = chip_samples(Trace(snaps, original.phases, original.meta))
+    assert samples[N - 1] > samples[K - 1] > N - 1 - K
