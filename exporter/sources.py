@@ -346,7 +346,9 @@ class LiveSource:
         location = resp.headers.get("Location", "") if resp.is_redirect else ""
         if location and resp.request.method == "GET":  # requests follows it next: failures are where it leads
             try:
-                self._at.to = redact_url(urllib.parse.urljoin(resp.url, location))
+                # the server's bytes go into a log line: a NUL or an ESC there is shown, not written
+                self._at.to = "".join(c if c.isprintable() else f"\\x{ord(c):02x}"
+                                      for c in redact_url(urllib.parse.urljoin(resp.url, location)))
             except ValueError:  # requests refuses it next (ValueError: _request)
                 self._at.to = "a Location that is no URL"
         return resp

@@ -142,6 +142,9 @@ class Target:
     def mode_redirect_ftp(self, h) -> None:  # a scheme requests cannot follow
         self.send(h, 302, b"", {"Location": "ftp://127.0.0.1/metrics"})
 
+    def mode_redirect_control(self, h) -> None:  # an ESC sequence, which would colour the log's terminal
+        self.send(h, 302, b"", {"Location": "ftp://127.0.0.1/met\x1b[31mrics"})
+
     def mode_redirect_tls(self, h) -> None:  # to https on this plain-HTTP port
         self.send(h, 302, b"", {"Location": f"https://127.0.0.1:{self.port}/real-metrics"})
 
@@ -422,6 +425,8 @@ def test_a_refusing_proxy_is_named_not_the_target(monkeypatch, proxy):
 @pytest.mark.parametrize("mode, reason, said", [
     ("redirect_ftp", "redirect", "{url} (redirected to ftp://127.0.0.1/metrics): kvhit cannot follow it (InvalidSchema)"),
     ("redirect_tls", "refused", "TLS with {url} (redirected to https://127.0.0.1:{port}/real-metrics) failed"),
+    # the server's bytes in a log line: shown escaped (a fault breaker's NUL made grep call the log binary)
+    ("redirect_control", "redirect", "{url} (redirected to ftp://127.0.0.1/met\\x1b[31mrics): kvhit cannot follow it"),
     ("redirect_no_url", "redirect", "{url} (redirected to a Location that is no URL): kvhit cannot follow it"),
     # failures before requests follows anything are the target's own (review)
     ("redirect_big", "too_large", "from {url}"),
