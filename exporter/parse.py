@@ -456,9 +456,12 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
         text: exposition body (str; decode bytes as UTF-8 with replacement first).
         timestamp: scrape time [unix s].
     Raises:
-        ParseError: the body is empty, or is not text exposition: more than half of its sample
-            lines are malformed (message without the body).
+        ParseError: the body is empty, gzip data (its magic bytes, decoded), or is not text
+            exposition: more than half of its sample lines are malformed (message without the body).
     """
+    if text.startswith("\x1f\ufffd\x08"):  # gzip's 1f 8b 08 as UTF-8 with replacement decodes it
+        raise ParseError("gzip-compressed data without Content-Encoding: gzip (a proxy that compressed the "
+                         "body and dropped the header?): not text exposition")
     lines, truncated = _body_lines(text)
     if len(text) > LIBRARY_MAX_CHARS:
         return _parse(lines, truncated, timestamp, _read_lines)

@@ -508,6 +508,15 @@ def test_one_line_without_newline_is_not_called_an_empty_body(body):
     assert "empty" not in str(info.value) and body not in str(info.value)
 
 
+def test_a_gzip_body_without_its_header_is_called_gzip():
+    # a proxy that compresses /metrics and drops Content-Encoding: the body was called "10 of 10
+    # sample lines are malformed" (a fault breaker); the sample body, compressed as such a proxy does
+    import gzip
+    raw = gzip.compress((SAMPLES / "08_vllm_v1_0.10.x_dp2_engine_label_histograms.prom").read_bytes())
+    with pytest.raises(ParseError, match="gzip-compressed data without Content-Encoding: gzip"):
+        parse_exposition(raw.decode("utf-8", errors="replace"), T)
+
+
 def test_an_empty_body_keeps_the_runner_state():
     from exporter.config import Config
     from exporter.replay import TraceClock
