@@ -659,6 +659,11 @@ class Analyzer:
             # the current bucket's traffic has not spanned h (yet): the h range of the steps of all
             # buckets, where the workload has been (traffic whose OSL grew keeps its derived line)
             lo, hi = st.slope.h_range() or (lo, hi)
+        if not spans(lo, hi) and fitted.h_range is not None:
+            # nor have the miss slope's newest steps (512 per bucket, 43 min at 5 s: a daily cycle of h
+            # moves less in that time, and no slope was drawn all day, a soak): the chip-time fit's, whose
+            # coefficients the derived line reads, over the h its steps saw
+            lo, hi = fitted.h_range
         if spans(lo, hi):
             problem = fitted.unidentified(lo, isl, osl) or fitted.unidentified(hi, isl, osl)
             if problem:
@@ -670,8 +675,8 @@ class Analyzer:
                 h_range = (lo, hi)
         else:  # drawn over the direct line's h range, else that of the steps of every bucket
             unknown.setdefault("miss_slope_derived", "no h range to draw it over: the direct miss slope's busy steps "
-                                                     "(of the current ISL and OSL bucket, or of all) are too few or "
-                                                     "span less than its minimum h span"
+                                                     "(of the current ISL and OSL bucket, or of all) and the chip-time "
+                                                     "fit's are too few or span less than its minimum h span"
                                + (measured(f"h {lo:.3f} to {hi:.3f}") if isinstance(lo, float) and
                                   isinstance(hi, float) else ""))
         factor = None

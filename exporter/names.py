@@ -139,7 +139,8 @@ MISS_SLOPE_OSL_BUCKET = _m("kvhit_miss_slope_osl_bucket_tokens", "OSL bucket [lo
                            "request); absent when the OSL is unknown [tokens].", MODEL + ("bound",), section="§4")
 MISS_SLOPE_RANGE = _m("kvhit_miss_slope_hit_ratio", "h range [lower, upper] of the busy steps the miss-slope fit saw "
                       "(dips and outliers included; of every ISL and OSL bucket when only the derived slope is "
-                      "published, its bucket's steps spanning too little h): the derived slope's line spans it, the "
+                      "published, its bucket's steps spanning too little h; the chip-time fit's steps when those "
+                      "span too little too): the derived slope's line spans it, the "
                       "direct line what its kept steps cover; a is a secant over it and says nothing beyond it "
                       "[ratio].", MODEL + ("bound",),
                       section="§4")

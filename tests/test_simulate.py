@@ -13,7 +13,7 @@ import pytest
 
 from exporter.parse import parse_exposition
 from exporter.simulate import (Engine, Scenario, Segment, Truth, calibrate_truth, generate, preset, serve,
-                               true_miss_slope)
+                               true_line, true_miss_slope)
 from fitters.result import Status, label_reason
 
 
@@ -527,6 +527,34 @@ def test_a_value_gone_with_num_requests_running_or_the_h_span_says_why():
     m = runner.current()[0].models[one_h.model_name]
     assert m.fits["chip_time"].ok and m.fits["miss_slope"].status is Status.INSUFFICIENT_VARIATION
     assert m.miss_slope_derived == {} and "no h range" in m.unknown["miss_slope_derived"]
+
+
+def test_h_moving_slower_than_the_miss_slope_s_buffer_keeps_the_derived_slope(monkeypatch):
+    # A soak: h following a daily cycle (0.2-0.95) at 5-s scrapes moves less than the direct fit's
+    # minimum span (0.1) within its 512 newest steps per bucket (43 min), so neither slope was
+    # published all day. Here the same, scaled: a buffer of 64 steps against a 1-h ramp. The chip-time
+    # fit's steps span the ramp: the derived slope is drawn over their h range, and its a matches the
+    # truth's least-squares line over that range (MODEL.md §4) within its standard error.
+    import fitters.missslope as ms
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    defaults = list(ms.MissSlopeFitter.__init__.__defaults__)
+    defaults[0] = 64  # capacity_per_bucket
+    monkeypatch.setattr(ms.MissSlopeFitter.__init__, "__defaults__", tuple(defaults))
+    sc = Scenario(truth=calibrate_truth(Truth(), 0.5), schedule=(Segment("ramp", 3600.0, 0.2, 0.95),), seed=1)
+    runner = Runner(Config(interval=sc.interval), "sim", clock=(clock := TraceClock()))
+    for t, text, _ in generate(sc):
+        clock.t = t
+        runner.ingest_text(t, text)
+    m = runner.current()[0].models[sc.model_name]
+    assert m.fits["miss_slope"].status is Status.INSUFFICIENT_VARIATION  # the direct line's steps span too little
+    lo, hi = m.miss_slope_h_range
+    assert [lo, hi] == m.fitted.h_range and hi - lo > 0.7
+    a = m.miss_slope_derived["a"]
+    assert a.value == pytest.approx(true_line(sc.truth, h_max=hi, h_min=lo, running=m.fitted.running)[1],
+                                    abs=3 * a.stderr)
 
 
 def test_the_published_slope_says_which_h_range_it_spans():
