@@ -596,7 +596,7 @@ class Analyzer:
             if fits["overlap"].ok:
                 why = f"α is fitted against the loaded steps' prefill chip time, which is {problem}"
                 fits = {**fits, "overlap": FitResult.failed(Status.NOT_IDENTIFIABLE, why, fits["overlap"].samples)}
-                fitted = replace(fitted, alpha=None)
+                fitted = replace(fitted, alpha=None, alpha_stderr=None)
         out = replace(out, fits=fits, fitted=fitted)
         if steps_per_request is None:
             unknown.setdefault("fixed_time", STEPS_UNKNOWN)
@@ -746,10 +746,12 @@ class Analyzer:
         la, chip = fits["load_aware"], fits["chip_time"]
         running = wobs.running
         h_range, isl_range, osl_range = (None if r is None else list(r) for r in ranges or (None,) * 3)
+        alpha_se = getattr(fits["overlap"].params.get("alpha"), "stderr", math.nan)
         return FittedModel(
             *coef.as_tuple(), steps_per_request=steps_per_request,
             c0=la.value("c0"), c1=la.value("c1") if la.value("c1") is not None else (0.0 if la.ok else None),
             running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
+            alpha_stderr=alpha_se if fits["overlap"].value("alpha") is not None and math.isfinite(alpha_se) else None,
             hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
             gpus=cfg.model.gpus * engines, engines=engines, busy_engines=busy, p_miss=cfg.prices.p_miss,

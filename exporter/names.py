@@ -171,8 +171,8 @@ PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the curre
                     "observed TTFT by more than 25 %) [s].",
                     MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
 PREDICTED_TTFT_STDERR = _m("kvhit_predicted_ttft_stderr_seconds", "Standard error of kvhit_predicted_ttft_seconds "
-                           "kind=service from the chip-time fit's covariance (delta method; the overlap alpha's own "
-                           "error is not in it, see kvhit_overlap_ratio_stderr): a young or noisy fit's service TTFT "
+                           "kind=service from the chip-time fit's covariance and, with loaded hits, the overlap alpha's "
+                           "standard error (delta method, the two fitted apart): a young or noisy fit's service TTFT "
                            "may be off by twice this; at an h, ISL or OSL beyond the fit's steps (the prediction's "
                            "extrapolated, /api/v1/analysis) it does not count the extrapolation's error [s].",
                            MODEL + ("hit_ratio", "kind"), section="§3.2, §7")

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from fitters.latency import predict_prefill_latency, service_ttft, service_ttft_gradient
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressor_slopes,
-                           chip_time_regressors, relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
+                           chip_time_regressors, load_time, relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered,
+                           tpm_physical)
 from fitters.result import measured
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
@@ -71,7 +72,7 @@ MAX_STEPS_PER_REQUEST = 1e7
 _FIELD_RANGES = (
     *((n, lambda v: v >= 0, "a finite number >= 0") for n in ("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx",
                                                              "c0", "c1", "running", "queue_time", "p_miss",
-                                                             "p_hit", "p_out")),
+                                                             "p_hit", "p_out", "alpha_stderr")),
     # a request's share of the engine steps, > 0: every prefill takes part in a step
     ("steps_per_request", lambda v: 0 < v <= MAX_STEPS_PER_REQUEST, "a number in (0, 1e7]"),
     *((n, lambda v: 0 <= v <= 1, "a number in [0, 1]") for n in ("alpha", "hit_load_share")),
@@ -90,7 +91,7 @@ def finite_number(v: object) -> bool:
 # fields of other shapes (mappings, lists), each checked by from_dict itself
 STRUCTURED = ("collinear", "chip_covariance", "isl_range", "osl_range", "h_range")
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
-            "hit_load_share", "busy_engines"}
+            "hit_load_share", "busy_engines", "alpha_stderr"}
 
 
 def unidentified_terms(collinear: dict[str, dict[str, float]] | None, coef: ChipTimeCoefficients,
@@ -156,7 +157,8 @@ class FittedModel:
         c0, c1: contention factor c = c0 + c1·running (None when the load-aware fit is not ok).
         running: num_requests_running at which load-aware predictions are made [1].
         queue_time: mean queue time of the publish window [s] (None when unknown).
-        alpha: overlap α (None when not identifiable).
+        alpha: overlap α (None when not identifiable); alpha_stderr: its standard error (None: not
+            known, as in fits saved before it was).
         hit_load_share: h_load / h at the current operating point (scales a what-if h; a window
             without prefix-cache queries: the latest step's that told it) [1]; None
             when unknown (no hit in the window while a KV connector counts them): a what-if at
@@ -205,6 +207,7 @@ class FittedModel:
     isl_range: list[float] | None = None
     osl_range: list[float] | None = None
     h_range: list[float] | None = None
+    alpha_stderr: float | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -319,6 +322,11 @@ class FittedModel:
                 # one engine's coefficients are the fit's × engines: their errors too
                 ttft_se = self.engines * self._chip_stderr(service_ttft_gradient(
                     one, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token, self.load_bandwidth))
+                if h_load > 0 and self.alpha_stderr is not None:
+                    # and α's, fitted apart: ∂TTFT/∂α = -min(T_load, T_compute) (MODEL.md §3.2). Left
+                    # out, a soak's target TTFT was 8-16 % off, 30 of these σ (α 0.15 ± 0.22)
+                    t_load = load_time(h_load, isl, self.kv_bytes_per_token, self.load_bandwidth)
+                    ttft_se = math.hypot(ttft_se, min(t_load, one.compute_time(isl, hit_ratio)) * self.alpha_stderr)
             if ttft_s is None:
                 why = ("hits are loaded from host memory (h_load > 0) and α, kv_bytes_per_token or the load "
                        "bandwidth is unknown, so T_load and its overlap are")

@@ -212,6 +212,14 @@ def test_the_service_ttft_carries_its_standard_error_from_the_chip_time_covarian
     assert two.ttft_service_stderr == pytest.approx(2 * 8.6e-5 ** 0.5)
     # no covariance (a fit saved before it was kept): no standard error, the TTFT stands
     assert FittedModel(**FIT, hit_load_share=0.0).predict(0.5, 1000.0, 20.0).ttft_service_stderr is None
+    # α's own error, fitted apart, adds in quadrature: ∂TTFT/∂α = −min(T_load, T_compute). On the slow
+    # link min = T_compute 0.1225 s; σ(α) 0.2: var = 1.85e-5 + (0.1225·0.2)² = 1.85e-5 + 6.0025e-4
+    # (a soak: the target TTFT 8-16 % off, 30 of the chip-only σ, α 0.15 ± 0.22)
+    with_alpha = FittedModel(**{**FIT, "load_bandwidth": 1e8}, hit_load_share=1.0, chip_covariance=cov, alpha_stderr=0.2)
+    assert with_alpha.predict(0.5, 1000.0, 20.0).ttft_service_stderr == pytest.approx((1.85e-5 + 6.0025e-4) ** 0.5)
+    # nothing loaded: α moves nothing, nor does its error
+    alone = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov, alpha_stderr=0.2).predict(0.5, 1000.0, 20.0)
+    assert alone.ttft_service_stderr == pytest.approx(8.6e-5 ** 0.5)
 
 
 def test_a_request_whose_chip_time_is_unknown_keeps_its_ttft_when_its_prefill_is_identified():
