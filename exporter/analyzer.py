@@ -637,7 +637,6 @@ class Analyzer:
         bathtubs = dict(linear)
         derived, h_range = {}, out.miss_slope_h_range
         h_max = 1 - 1 / isl  # the last prompt token is never a hit
-        h_shape = fitted.unidentified(0.0, isl, osl) or fitted.unidentified(h_max, isl, osl)
         h_at = min(h_now, h_max)
         # its chip time or its slope unidentified at h_now: no R(h_now), R'(h_now) or valley test to publish
         # (a fit that told every term apart identifies every request: nothing to check)
@@ -646,12 +645,12 @@ class Analyzer:
             unknown.setdefault("bathtub_chip_time", "the window's mean prompt is one token (ISL 1): the last prompt "
                                                     "token is never a hit, so h can only be 0; no bathtub over h")
         elif local:
-            unknown.setdefault("bathtub_chip_time", h_shape or local)
+            unknown.setdefault("bathtub_chip_time", local)
         else:
             b = bathtub_chip_time(coef, cov, fitted.t_fixed, isl, osl, h_at, cfg.prices.p_miss, cfg.prices.p_hit,
                                   cfg.prices.p_out, h_max=h_max, grid=[h for h in BATHTUB_GRID if h <= h_max],
                                   fixed_steps=steps_per_request)
-            bathtubs["chip_time"] = _local_bathtub(b, fitted, isl, osl, h_shape, unknown) if fitted.collinear else b
+            bathtubs["chip_time"] = _local_bathtub(b, fitted, isl, osl, h_max, unknown) if fitted.collinear else b
         def spans(lo: object, hi: object) -> bool:  # an h range the direct fit would draw a line over
             return isinstance(lo, float) and isinstance(hi, float) and hi - lo >= st.slope.min_h_span
         lo, hi = slope.extra.get("h_min"), slope.extra.get("h_max")
@@ -762,40 +761,42 @@ class Analyzer:
             h_range=h_range, isl_range=isl_range, osl_range=osl_range)
 
 
-def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float, why: str | None,
+def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float, h_max: float,
                    unknown: dict[str, str]) -> BathtubCurve:
-    """The chip-time bathtub ``b`` (its chip time and its slope identified at h_now) with only
-    what the fit identifies elsewhere: curve points where the chip time is identified; h* where it
-    and its slope are; h_even (and the exit) where its chip time is. A fit that cannot tell its
-    terms apart at h = 0 or h_max (``why``) keeps R(h_now), R'(h_now) with its interval and
-    valley_active (MODEL.md §4's test is local); R(0) (nan), h_even and the exit, which compare
-    with it, are withheld with ``why`` in ``unknown``. Agentic traffic (h 0.85-0.99) had its whole
-    bathtub withheld and the valley follow the linear form, whose line through the curve's steep
-    end put a bottom at h 0.94 where R still fell (R' of the wrong sign, no page). Both ends
-    identified say nothing of the h between: traffic at h ≈ 0 leaves the attention work's share
-    unknown mid-range (a real vLLM's curve at h 0.5 was 24 % uncertain, published as good)."""
+    """The chip-time bathtub ``b`` of a fit that could not tell some terms apart (its chip time and
+    its slope identified at h_now: R(h_now), R'(h_now) with its interval and valley_active stand,
+    MODEL.md §4's test is local) with only what the fit identifies elsewhere, the rest withheld with
+    why in ``unknown``: curve points where the chip time is identified; h* where it and its slope
+    are (and "no valley" only where R'(0) is); R(0) where h = 0 is; h_even and the exit, which
+    compare with R(0), only then, h_even where its chip time is, "no exit" (R below R(0) up to
+    h_max) where h_max's is. Agentic traffic (h 0.85-0.99) had its whole bathtub withheld and the
+    valley follow the linear form, whose line through the curve's steep end put a bottom at h 0.94
+    where R still fell (R' of the wrong sign, no page); traffic at h ≈ 0 passed a check at h = 0
+    and h_max alone, and its curve at h 0.5 (24 % off) was published as good."""
     def unidentified(h: float) -> str | None:
         return fitted.unidentified(h, isl, osl)
 
-    h_star, problem = b.h_star, why  # none found rests on R'(0) < 0 too
-    if h_star is not None:
-        problem = unidentified(h_star) or fitted.unidentified_slope(h_star, isl)
-        if problem:
-            h_star = None
-    if h_star is None and problem:
-        unknown.setdefault("valley_bottom_chip_time", why or problem)
-    h_even, exit_, revenue_zero = b.h_even, b.exit, b.revenue_zero
-    problem = why and "they compare with R(0), at h = 0, where the chip time is " + why
-    if not problem and h_even is not None:
-        problem = unidentified(h_even)
+    h_star = b.h_star
+    problem = ((unidentified(h_star) or fitted.unidentified_slope(h_star, isl)) if h_star is not None
+               else fitted.unidentified_slope(0.0, isl))  # none found rests on R'(0) < 0 failing
+    if problem:
+        unknown.setdefault("valley_bottom_chip_time", problem)
+        h_star = None
+    at_zero = unidentified(0.0)
+    h_even, exit_ = b.h_even, b.exit
+    if at_zero:
+        problem = "they compare with R(0), at h = 0, where the chip time is " + at_zero
+    elif exit_ is False:
+        problem = unidentified(h_max)  # no exit: R below R(0) all the way to h_max
+    else:
+        problem = h_even is not None and unidentified(h_even)
     if problem:
         for signal in ("valley_breakeven_chip_time", "valley_exit_chip_time"):
             unknown.setdefault(signal, problem)
         h_even, exit_ = None, None
-    if why:
-        revenue_zero = math.nan
     return replace(b, h_star=h_star, h_star_stderr=b.h_star_stderr if h_star is not None else None, h_even=h_even,
-                   h_even_stderr=b.h_even_stderr if h_even is not None else None, exit=exit_, revenue_zero=revenue_zero,
+                   h_even_stderr=b.h_even_stderr if h_even is not None else None, exit=exit_,
+                   revenue_zero=math.nan if at_zero else b.revenue_zero,
                    curve=tuple((h, r) for h, r in b.curve if unidentified(h) is None))
 
 
