@@ -50,7 +50,7 @@ kvhit's own HTTP server at 50 requests/s while an analysis thread ingests the tr
 than it was scraped (bar p99 < 50 ms). Start-up body scaling (``startup_scaling``): the first
 scrape of a body that names ``MANY_MODELS`` vs 4× as many models beyond ``max_series`` (their hit
 counters appended to a trace body), its time per extra model at 4× over that at 1× (bar ≤ 2: linear
-in the body; a per-model pass over every sample made it 3.9, 8 s at 4000 models, a fault breaker's
+in the body; a per-model pass over every sample made it 4–5, 8 s at 4000 models, a fault breaker's
 find). ``--check`` exits 1 when a bar is missed by more than ``MARGIN`` (relative, for timer noise on
 shared CI machines).
 """

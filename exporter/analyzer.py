@@ -1093,9 +1093,9 @@ def _complete_engines(sig: ModelSignals) -> int:
 
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
-    engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``); 1 for
-    signals built by hand."""
-    return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
+    engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``; those that
+    export every counter another does, :func:`_complete_engines`); 1 for signals built by hand."""
+    return snap.engine_counts.get(model) or max(1, _complete_engines(snap.models[model]))
 
 
 def _confirms(d: Delta, pending: Delta) -> bool:

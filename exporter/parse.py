@@ -460,8 +460,8 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
             exposition: more than half of its sample lines are malformed (message without the body).
     """
     if text.startswith("\x1f\ufffd\x08"):  # gzip's 1f 8b 08 as UTF-8 with replacement decodes it
-        raise ParseError("gzip-compressed data without Content-Encoding: gzip (a proxy that compressed the "
-                         "body and dropped the header?): not text exposition")
+        raise ParseError("gzip-compressed data where text exposition was expected (a proxy that compressed the "
+                         "body without Content-Encoding: gzip, or compressed it twice?)")
     lines, truncated = _body_lines(text)
     if len(text) > LIBRARY_MAX_CHARS:
         return _parse(lines, truncated, timestamp, _read_lines)

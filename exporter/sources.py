@@ -347,7 +347,7 @@ class LiveSource:
         if location and resp.request.method == "GET":  # requests follows it next: failures are where it leads
             try:
                 # the server's bytes go into a log line: a NUL or an ESC there is shown, not written
-                self._at.to = "".join(c if c.isprintable() else f"\\x{ord(c):02x}"
+                self._at.to = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
                                       for c in redact_url(urllib.parse.urljoin(resp.url, location)))
             except ValueError:  # requests refuses it next (ValueError: _request)
                 self._at.to = "a Location that is no URL"

@@ -513,7 +513,7 @@ def test_a_gzip_body_without_its_header_is_called_gzip():
     # sample lines are malformed" (a fault breaker); the sample body, compressed as such a proxy does
     import gzip
     raw = gzip.compress((SAMPLES / "08_vllm_v1_0.10.x_dp2_engine_label_histograms.prom").read_bytes())
-    with pytest.raises(ParseError, match="gzip-compressed data without Content-Encoding: gzip"):
+    with pytest.raises(ParseError, match="gzip-compressed data where text exposition was expected"):
         parse_exposition(raw.decode("utf-8", errors="replace"), T)
 
 

@@ -300,8 +300,8 @@ def test_a_target_url_reaching_two_pods_adds_no_lifetime_total_to_the_24h_rollup
 def test_a_stray_series_of_another_engine_is_no_engine_change(original):
     # A fault breaker's proxy appended vllm:prefix_cache_hits_total with engine="1" (and nothing
     # else of that engine) to two scrapes: "data-parallel engines 1 → 2", then "2 → 1", and every
-    # fit started afresh (chip-time samples 90 → 1). One family of an engine is no engine: the
-    # fits keep their rows, as for one odd scrape.
+    # fit started afresh (chip-time samples 90 → 1). Here three scrapes: one family of an engine is
+    # no engine, and the fits keep their rows, as for one odd scrape.
     def stray(text: str) -> str:
         lines = [ln.replace('engine="0"', 'engine="1"') for ln in text.splitlines()
                  if ln.startswith("vllm:prefix_cache_hits_total{")]
