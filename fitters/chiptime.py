@@ -407,12 +407,6 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
 
 # The cells a full chip-time fit evicts from (ChipTimeFitter._evict): h in steps of CELL_H, ISL by octave
 CELL_H = 0.05
-# A full chip-time fit's steps older than this go first (ChipTimeFitter._evict), whatever their cell:
-# kept for their h, a sweep's steps outlived an engine that slowed by less than DRIFT, or slowly
-# (+30 % over a day), and the fit stayed on the old engine for days, rejecting every current step
-# as an outlier, ok (a soak: t_chip at the current h 23 % short 24 h on). Within this age a change
-# DRIFT misses bends the fit for at most that long; beyond it, traffic at one h leaves one h's steps.
-MAX_ROW_AGE_SECONDS = 6 * 3600.0
 
 
 def _octave(x: float) -> float:
@@ -431,10 +425,10 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
     (MODEL.md §7, §6; fitters/online.py).
 
     Memory bound: a :class:`~fitters.online.RowBuffer` of ``capacity`` usable steps (default 720
-    rows = an hour of 5-s scrapes; beyond it a step replaces one from before the latest restart or
-    older than MAX_ROW_AGE_SECONDS, or the oldest of the (h, ISL) cell holding the most, :meth:`_evict`), 7 floats each (5 regressors,
-    Δt, frozen weight), 2·capacity rows of storage, and 8 floats beside each (ISL, OSL, cell, busy
-    engines, restarts before it, concurrency octave, h, t). :meth:`result` is :func:`fit_chip_time` (warm-started) on the
+    rows = an hour of 5-s scrapes; beyond it a step replaces one from before the latest restart, or
+    the oldest of the (h, ISL) cell holding the most, :meth:`_evict`), 7 floats each (5 regressors,
+    Δt, frozen weight), 2·capacity rows of storage, and 5 floats beside each (ISL, OSL, cell, busy
+    engines, restarts before it). :meth:`result` is :func:`fit_chip_time` (warm-started) on the
     buffered rows when no ok refit exists or ``every`` rows arrived since the last one; in
     between, the exact weighted least squares of all buffered rows in the relative residuals of
     that refit (each row divided by its size under the refit's NNLS start), with its soft_l1
@@ -456,9 +450,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         super().__init__(capacity, len(CHIP_TIME_TERMS) + 1, every, basis_width=len(CHIP_TIME_TERMS) + 1)
         self.capacity = capacity
         self.min_samples = min_samples
-        # each row's (ISL, OSL, cell, busy engines, epoch, concurrency octave, h, t), evicted with it; rows per cell
-        self._tags = RowBuffer(capacity, 8)
-        self._now = -math.inf  # t of the step being added (_evict)
+        # each row's (ISL, OSL, cell, busy engines, epoch, concurrency octave, h), evicted with it; rows per cell
+        self._tags = RowBuffer(capacity, 7)
         self._cells: dict[float, int] = {}
         self._epoch = 0.0  # engine restarts so far (restarted)
         self._multi = 0  # rows with other than one busy engine (busy_engines' mean is 1 without them)
@@ -477,7 +470,6 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         if row is None:
             return False
         cell = _cell(obs.hit_ratio, obs.isl)
-        self._now = obs.t
         k = self.append((*row, obs.dt))
         if len(self._tags) == self.capacity:
             gone = self._tags.view()[k]
@@ -488,7 +480,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         running = math.nan if obs.running is None else obs.running / engines
         # ISL, OSL known: ΔC_dec needs both
         h = math.nan if obs.hit_ratio is None else obs.hit_ratio
-        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, _octave(running), h, obs.t), k)
+        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, _octave(running), h), k)
         self._cells[cell] = self._cells.get(cell, 0) + 1
         self._multi += engines != 1.0
         state = self._state
@@ -557,14 +549,14 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         self._epoch += 1.0
 
     def _evict(self) -> int:
-        """The oldest row when it predates the latest restart (:meth:`restarted`) or is older than
-        MAX_ROW_AGE_SECONDS, else the oldest of the (h, ISL) cell (:func:`_cell`) holding the most:
-        steady traffic replaces its own steps and keeps those of the other h and ISL it saw (for
-        MAX_ROW_AGE_SECONDS at most), which tell the prefill's terms apart (at one h and ISL, FFN
-        and attention work grow alike: collinear, one term dropped, the chip-time bathtub withheld
-        after 720 steps of it). Rows stay in time order, so the oldest rows are the first."""
+        """The oldest row when it predates the latest restart (:meth:`restarted`), else the oldest
+        of the (h, ISL) cell (:func:`_cell`) holding the most: steady traffic replaces its own
+        steps and keeps those of the other h and ISL it saw, which tell the prefill's terms apart
+        (at one h and ISL, FFN and attention work grow alike: collinear, one term dropped, the
+        chip-time bathtub withheld after 720 steps of it). Rows stay in time order, so the
+        restart's older rows are the first."""
         tags = self._tags.view()
-        if tags[0, 4] < self._epoch or self._now - tags[0, 7] > MAX_ROW_AGE_SECONDS:
+        if tags[0, 4] < self._epoch:
             return 0
         cell = max(self._cells, key=self._cells.__getitem__)
         return int(np.argmax(tags[:, 2] == cell))

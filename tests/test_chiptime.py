@@ -585,26 +585,6 @@ def test_a_full_fit_evicts_from_the_busiest_cell_by_hand():
     assert [int(np.sum(h == c)) for c in sorted(set(h.tolist()))] == [6, 6, 8]
 
 
-def test_a_full_fit_evicts_steps_older_than_its_age_cap_first_by_hand():
-    # capacity 20: 10 steps at h = 0 (t 0-18 s) and 10 at h = 0.525 an hour later, then 15 at h =
-    # 0.825 from MAX_ROW_AGE_SECONDS + 100 s: the h = 0 steps are then older than the cap and go
-    # first, oldest first, though their cell is no larger (10 new: (0, 10, 10)); then the cell rule:
-    # the tie goes to the cell met first, h = 0.525 (9, 11), and h = 0.825, the largest, evicts its
-    # own: (9, 11). Without the cap, the cell rule alone kept (6, 6, 8) (the test above), and a
-    # sweep's steps outlived an engine that slowed by less than DRIFT for days (a soak).
-    from fitters.chiptime import MAX_ROW_AGE_SECONDS
-
-    def steps(h: float, n: int, t0: float) -> list[Observation]:
-        return make_steps(np.random.default_rng(int(h * 1000)), n, isls=(1024.0,), osls=(64.0,), h_range=(h, h), t0=t0)
-    fitter = ChipTimeFitter(capacity=20)
-    for o in steps(0.0, 10, 0.0) + steps(0.525, 10, 3600.0) + steps(0.825, 15, MAX_ROW_AGE_SECONDS + 100.0):
-        fitter.update(o)
-    tags = fitter._tags.view()
-    cells = {c: int(np.sum(tags[:, 2] == c)) for c in sorted(set(tags[:, 2].tolist()))}
-    assert list(cells.values()) == [9, 11]
-    assert tags[:, 6].min() > 0.5  # no h = 0 step left
-
-
 def test_the_busy_engines_mean_is_harmonic_over_the_rows_held():
     # rows hold 3 steps (one cell): after busy 1, 2, 4, 4 the first is gone; 3 / (1/2 + 1/4 + 1/4) = 3
     fitter = ChipTimeFitter(capacity=3)
