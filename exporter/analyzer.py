@@ -778,7 +778,7 @@ def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float,
 
     h_star = b.h_star
     problem = ((unidentified(h_star) or fitted.unidentified_slope(h_star, isl)) if h_star is not None
-               else fitted.unidentified_slope(0.0, isl))  # none found rests on R'(0) < 0 failing
+               else unidentified(0.0) or fitted.unidentified_slope(0.0, isl))  # none found rests on R'(0) ≥ 0
     if problem:
         unknown.setdefault("valley_bottom_chip_time", problem)
         h_star = None
