@@ -140,7 +140,7 @@ def _check_hits(isl: float, h: float, h_load: float) -> None:
         raise ValueError(f"h_load must be in [0, h] = [0, {h}], got {h_load!r}")
 
 
-def _load_and_compute(
+def load_and_compute(
     coef: ChipTimeCoefficients,
     isl: float,
     h: float,
@@ -148,7 +148,8 @@ def _load_and_compute(
     kv_bytes_per_token: float | None,
     load_bandwidth: float | None,
 ) -> tuple[float, float] | None:
-    """(T_load, T_compute) [s]; None when loaded hits exist but S_kv or B_load is unknown."""
+    """(T_load, T_compute) [s] of a request's prefill (MODEL.md §3.2); None when loaded hits exist but
+    S_kv or B_load is unknown. Raises ValueError for B_load not a number > 0 with loaded hits."""
     t_compute = coef.compute_time(isl, h)
     if h_load <= 0:
         return 0.0, t_compute
@@ -169,7 +170,7 @@ def _load_compute_alpha(
     """(T_load, T_compute, α to apply) shared by both TTFT layers; None when loaded hits need an
     unknown α, S_kv or B_load. Raises ValueError as :func:`service_ttft`."""
     _check_hits(isl, h, h_load)
-    lc = _load_and_compute(coef, isl, h, h_load, kv_bytes_per_token, load_bandwidth)
+    lc = load_and_compute(coef, isl, h, h_load, kv_bytes_per_token, load_bandwidth)
     if lc is None:
         return None
     t_load, t_compute = lc

@@ -11,10 +11,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
-from fitters.latency import predict_prefill_latency, service_ttft, service_ttft_gradient
+from fitters.latency import load_and_compute, predict_prefill_latency, service_ttft, service_ttft_gradient
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressor_slopes,
-                           chip_time_regressors, load_time, relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered,
-                           tpm_physical)
+                           chip_time_regressors, relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
 from fitters.result import measured
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
@@ -325,8 +324,8 @@ class FittedModel:
                 if h_load > 0 and self.alpha_stderr is not None:
                     # and α's, fitted apart: ∂TTFT/∂α = -min(T_load, T_compute) (MODEL.md §3.2). Left
                     # out, a soak's target TTFT was 8-16 % off, 30 of these σ (α 0.15 ± 0.22)
-                    t_load = load_time(h_load, isl, self.kv_bytes_per_token, self.load_bandwidth)
-                    ttft_se = math.hypot(ttft_se, min(t_load, one.compute_time(isl, hit_ratio)) * self.alpha_stderr)
+                    times = load_and_compute(one, isl, hit_ratio, h_load, self.kv_bytes_per_token, self.load_bandwidth)
+                    ttft_se = math.hypot(ttft_se, min(times) * self.alpha_stderr)
             if ttft_s is None:
                 why = ("hits are loaded from host memory (h_load > 0) and α, kv_bytes_per_token or the load "
                        "bandwidth is unknown, so T_load and its overlap are")
