@@ -745,12 +745,13 @@ class Analyzer:
         la, chip = fits["load_aware"], fits["chip_time"]
         running = wobs.running
         h_range, isl_range, osl_range = (None if r is None else list(r) for r in ranges or (None,) * 3)
+        alpha = fits["overlap"].value("alpha")
         alpha_se = getattr(fits["overlap"].params.get("alpha"), "stderr", math.nan)
         return FittedModel(
             *coef.as_tuple(), steps_per_request=steps_per_request,
             c0=la.value("c0"), c1=la.value("c1") if la.value("c1") is not None else (0.0 if la.ok else None),
-            running=running, queue_time=wobs.queue_time_mean, alpha=fits["overlap"].value("alpha"),
-            alpha_stderr=alpha_se if fits["overlap"].value("alpha") is not None and math.isfinite(alpha_se) else None,
+            running=running, queue_time=wobs.queue_time_mean, alpha=alpha,
+            alpha_stderr=alpha_se if alpha is not None and math.isfinite(alpha_se) else None,
             hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
             gpus=cfg.model.gpus * engines, engines=engines, busy_engines=busy, p_miss=cfg.prices.p_miss,
