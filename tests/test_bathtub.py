@@ -468,3 +468,55 @@ def test_a_valley_within_rounding_of_r0_has_its_exit_at_its_bottom():
     b = bathtub_chip_time(coef, None, 0.013, 14072, 91, 0.0, 1e-6, 8.328066938842936e-07, 2e-6)
     assert b.slope_now < 0 and b.exit is True
     assert b.h_star == pytest.approx(0.0, abs=1e-6) and b.h_even == pytest.approx(0.0, abs=1e-6)
+
+
+class _Identified:
+    """A collinear fit's two identification checks (FittedModel.unidentified, .unidentified_slope):
+    the chip time is unidentified at the h in ``bad`` (h → why), the slope everywhere identified."""
+
+    def __init__(self, bad: dict[float, str]):
+        self.bad = bad
+
+    def unidentified(self, h: float, isl: float, osl: float) -> str | None:
+        return self.bad.get(h)
+
+    def unidentified_slope(self, h: float, isl: float) -> str | None:
+        return None
+
+
+def _valley(exit_: bool, h_even: float | None) -> BathtubCurve:
+    # a valley whose bottom is at 0.6; the curve's last point is h_max 0.95
+    return BathtubCurve("chip_time", h_now=0.5, revenue_now=0.9, revenue_zero=1.0, slope_now=-0.1,
+                        slope_ci=(-0.2, -0.05), h_star=0.6, h_even=h_even, exit=exit_, valley_active=True,
+                        curve=((0.0, 1.0), (0.5, 0.9), (0.6, 0.85), (0.8, 1.0), (0.95, 0.97)),
+                        h_star_stderr=0.01, h_even_stderr=0.02 if h_even is not None else None)
+
+
+def test_no_exit_is_withheld_where_h_max_is_unidentified_and_r0_stays():
+    from exporter.analyzer import _local_bathtub
+    unknown: dict[str, str] = {}
+    b = _local_bathtub(_valley(False, None), _Identified({0.95: "off at h_max"}), 1000.0, 100.0, 0.95, unknown)
+    # "no exit" claims R < R(0) all the way to h_max: unread there, it is unknown (None), not False
+    assert b.exit is None and b.h_even is None
+    assert unknown == {"valley_breakeven_chip_time": "off at h_max", "valley_exit_chip_time": "off at h_max"}
+    # h = 0 and the bottom are identified: R(0) and h* stand; the curve drops h_max's point only
+    assert b.revenue_zero == 1.0 and b.h_star == 0.6 and b.h_star_stderr == 0.01
+    assert [h for h, _ in b.curve] == [0.0, 0.5, 0.6, 0.8]
+
+
+def test_an_exit_identified_where_it_is_stands_when_only_h_max_is_unidentified():
+    from exporter.analyzer import _local_bathtub
+    unknown: dict[str, str] = {}
+    b = _local_bathtub(_valley(True, 0.8), _Identified({0.95: "off at h_max"}), 1000.0, 100.0, 0.95, unknown)
+    # R climbs back to R(0) at 0.8, read where the chip time is identified: h_max plays no part
+    assert (b.exit, b.h_even, b.h_even_stderr, b.revenue_zero, b.h_star) == (True, 0.8, 0.02, 1.0, 0.6)
+    assert unknown == {}
+    assert [h for h, _ in b.curve] == [0.0, 0.5, 0.6, 0.8]
+
+
+def test_no_exit_stands_where_h_max_is_identified():
+    from exporter.analyzer import _local_bathtub
+    unknown: dict[str, str] = {}
+    b = _local_bathtub(_valley(False, None), _Identified({0.5: "off at 0.5"}), 1000.0, 100.0, 0.95, unknown)
+    assert b.exit is False and b.revenue_zero == 1.0 and unknown == {}
+    assert [h for h, _ in b.curve] == [0.0, 0.6, 0.8, 0.95]
