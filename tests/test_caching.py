@@ -21,6 +21,19 @@ from fitters.caching import HitRollup, decide, speedup, verdict
         (0.90, 0.5, 0.90, 0.00, None, "dedicated_pool_worth_it"),  # KV usage unknown, no jitter: no thrash
         (0.90, 0.5, 0.80, 0.06, None, "dedicated_pool_worth_it"),  # KV usage unknown, recent h ≤ 0.85
         (0.25, 0.5, 0.25, 0.00, 0.5, "linear"),  # 0.25 is not < 0.25
+        # each of MODEL.md §5's edges from both sides: h > 0.60, share > 0.40, h > 0.85 (history and recent)
+        (0.60, 0.5, 0.60, 0.00, 0.5, "linear"),
+        (0.61, 0.5, 0.61, 0.00, 0.5, "dedicated_pool_worth_it"),
+        (0.70, 0.40, 0.70, 0.00, 0.5, "linear"),
+        (0.70, 0.41, 0.70, 0.00, 0.5, "dedicated_pool_worth_it"),
+        (0.85, 0.3, 0.85, 0.00, 0.5, "linear"),
+        (0.86, 0.3, 0.86, 0.00, 0.5, "diminishing_returns"),
+        (0.90, 0.5, 0.85, 0.06, 0.95, "dedicated_pool_worth_it"),
+        (0.90, 0.5, 0.86, 0.06, 0.95, "thrash_risk"),
+        # kvhit's own edges (MODEL.md names no number): jitter ≥ 0.05, KV usage ≥ 0.90
+        (0.90, 0.5, 0.90, 0.05, 0.90, "thrash_risk"),
+        (0.90, 0.5, 0.90, 0.049, 0.95, "dedicated_pool_worth_it"),
+        (0.90, 0.5, 0.90, 0.06, 0.899, "dedicated_pool_worth_it"),
     ],
 )
 def test_decide_table(h_hist, share, h_recent, jitter, kv, state):

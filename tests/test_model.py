@@ -73,6 +73,8 @@ def test_regressor_slopes_by_hand():
     # 1000²·(1 - 0.251001)/2 = 374,499.5, 500.5 less per 0.001); the rest does not move with h
     assert m.chip_time_regressor_slopes(1000.0, 0.5) == (0.0, 1000.0, 500_000.0, 0.0, 0.0)
     assert m.attention_work(1000, 0.501) == pytest.approx(374_499.5)
+    # at h = 0.25, where W ∝ 1 - h would fall by N²/2 = 500,000 too: N²·h = 250,000
+    assert m.chip_time_regressor_slopes(1000.0, 0.25) == (0.0, 1000.0, 250_000.0, 0.0, 0.0)
 
 
 def test_compute_time_seed():

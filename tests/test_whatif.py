@@ -206,6 +206,12 @@ def test_the_service_ttft_carries_its_standard_error_from_the_chip_time_covarian
     # var = 1e-6 + 250²·4e-10 + 2·250·(−1.5e-8) = 1e-6 + 2.5e-5 − 7.5e-6 = 1.85e-5
     slow = FittedModel(**{**FIT, "load_bandwidth": 1e8}, hit_load_share=1.0, chip_covariance=cov)
     assert slow.predict(0.5, 1000.0, 20.0).ttft_service_stderr == pytest.approx(1.85e-5 ** 0.5)
+    # α 0.3 (where α and 1 - α differ): 1 - α = 0.7 of T_compute shows, TTFT = 0.002 + 0.5 + 0.7·0.1225
+    # = 0.58775 s; g = (1, 0.7·500, 0.7·375,000, 0, 0), var = 1e-6 + 350²·4e-10 + 2·350·(−1.5e-8)
+    # = 1e-6 + 4.9e-5 − 1.05e-5 = 3.95e-5
+    p = FittedModel(**{**FIT, "load_bandwidth": 1e8, "alpha": 0.3}, hit_load_share=1.0,
+                    chip_covariance=cov).predict(0.5, 1000.0, 20.0)
+    assert p.ttft_service == pytest.approx(0.58775, rel=1e-12) and p.ttft_service_stderr == pytest.approx(3.95e-5 ** 0.5)
     # two data-parallel engines: a request's TTFT takes one engine's coefficients, the fit's × 2,
     # and its standard error with them: 2 × 9.2736e-3 s
     two = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov, engines=2.0).predict(0.5, 1000.0, 20.0)
