@@ -272,10 +272,15 @@ class FittedModel:
         stderr = self._chip_stderr(z)
         if stderr <= PREFILL_REL_STDERR * chip:
             return None
+        # the cause is not known here: traffic at one h, ISL and OSL, or steps too few or noisy for
+        # the ranges they span (a real vLLM's at h 0-0.97, ISL 1024-2795 had been told the first)
+        spans = "".join(f"; its steps' {what} [{r[0]:.4g}, {r[1]:.4g}]"
+                        for what, r in (("h", self.h_range), ("ISL", self.isl_range), ("OSL", self.osl_range)) if r)
         return (f"not identifiable: the chip-time fit leaves a prefill's chip time uncertain by more than "
-                f"{PREFILL_REL_STDERR:.0%} of it: its traffic never varied the prefill's work apart from the rest "
-                "(one h, ISL and OSL); fit on traffic that varies them"
-                + measured(f"at h={hit_ratio:g}, ISL={isl:g} {chip:.4g} ± {stderr:.4g} s of chip time"))
+                f"{PREFILL_REL_STDERR:.0%} of it: its steps do not tell a prefill's work from the rest of their "
+                "time (traffic at one h, ISL and OSL, or steps too few or too noisy for the ranges they span); "
+                "more steps, over more varied traffic, tell it"
+                + measured(f"at h={hit_ratio:g}, ISL={isl:g} {chip:.4g} ± {stderr:.4g} s of chip time{spans}"))
 
     def _chip_stderr(self, g: Sequence[float]) -> float:
         """Standard error √(gᵀΣg) of g·β, a linear function of the chip-time coefficients

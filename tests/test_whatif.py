@@ -121,6 +121,13 @@ def test_a_prefill_the_covariance_leaves_uncertain_has_no_ttft():
     wide = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov(4e-4)).predict(0.5, 1000.0, 20.0)
     assert wide.ttft_service is None and wide.ttft_load_aware is None
     assert "0.1245 ± 0.2 s" in wide.unknown["ttft_service"]
+    # the reason says what is measured, not a cause it cannot know (a real vLLM's steps spanned h 0-0.97
+    # and ISL 1024-2795, and were told their traffic had one h, ISL and OSL)
+    spread = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov(4e-4), h_range=[0.0, 0.97],
+                         isl_range=[1024.0, 2795.0], osl_range=[16.0, 16.0])
+    assert spread.unidentified_prefill(0.5, 1000.0).endswith(
+        "(measured: at h=0.5, ISL=1000 0.1245 ± 0.2 s of chip time; its steps' h [0, 0.97]; its steps' ISL "
+        "[1024, 2795]; its steps' OSL [16, 16])")
     assert wide.t_chip == pytest.approx(0.1585)
     narrow = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov(1e-5)).predict(0.5, 1000.0, 20.0)
     assert narrow.ttft_service == pytest.approx(0.1245) and "ttft_service" not in narrow.unknown
