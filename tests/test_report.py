@@ -290,3 +290,25 @@ def test_a_kvhit_whose_configuration_was_refused_is_named_as_such(tmp_path, caps
     assert capsys.readouterr().err.strip() == (
         f"kvhit: HTTP 503 from http://<redacted>@127.0.0.1:{server.server_port}/api/v1/analysis: kvhit analyses "
         "nothing: its configuration was refused (kvhit's log says why)")
+
+
+def test_the_tpm_plot_draws_each_busy_step_s_delivered_and_physical_tpm_by_hand():
+    # A test audit: swapping physical for delivered passed every test (they checked images, not
+    # values). A stand-in for pyplot records what is drawn. Busy step: 10 s, 2,000 queried tokens,
+    # 1,500 of them hits (h 0.75), 500 missed, 100 generated: delivered (2,000 + 100)·60/10 = 12,600
+    # per minute, physical (500 + 100)·60/10 = 3,600 (MODEL.md §3.4). An idle step is not drawn.
+    from unittest.mock import MagicMock
+
+    from exporter.report import plot_tpm
+    from fitters.observation import Observation
+
+    def step(busy: bool) -> Observation:
+        return Observation(t=10.0, dt=10.0, busy=busy, steps=50.0, queried_tokens=2000.0, hit_tokens_device=1500.0,
+                           hit_tokens_loaded=0.0, miss_tokens=500.0, attention_work=1.0, generation_tokens=100.0,
+                           decode_context_tokens=1.0, isl=1000.0, osl=50.0)
+    plt = MagicMock()
+    fig, ax = MagicMock(), MagicMock()
+    plt.subplots.return_value = (fig, ax)
+    plot_tpm(plt, {}, [step(True), step(False)])
+    drawn = {call.kwargs["label"].split(",")[0]: (list(call.args[0]), list(call.args[1])) for call in ax.plot.call_args_list}
+    assert drawn == {"delivered": ([0.75], [12_600.0]), "physical": ([0.75], [3_600.0])}
