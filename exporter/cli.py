@@ -25,7 +25,7 @@ from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, layered_string,
-                             load_config, load_web_config, redact_url, selector_matchers, stop_event)
+                             load_config, load_web_config, number, redact_url, selector_matchers, stop_event)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, read_doc, what_if, why_unread
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, phase_footnotes, replay
@@ -233,7 +233,10 @@ def describe_model(m: ModelAnalysis) -> str:
     if m.observed_ttft is not None:
         lines.append(f"  observed TTFT (window mean) {m.observed_ttft:.3f}s")
     for form, b in m.bathtubs.items():
-        lines.append(f"  bathtub {form:9s} R'(h)={b.slope_now:.3g} h*={fmt(b.h_star)} h_even={fmt(b.h_even)} "
+        # a bottom at the wall, h_max = 1 - 1/ISL (R still falls there), is said as such: at .3f 0.9995 read 1.000
+        wall = b.h_star is not None and m.isl is not None and b.h_star == 1 - 1 / m.isl
+        h_star = f"{b.h_star:.6g} (the wall: R still falls there)" if wall else fmt(b.h_star)
+        lines.append(f"  bathtub {form:9s} R'(h)={b.slope_now:.3g} h*={h_star} h_even={fmt(b.h_even)} "
                      f"exit={'-' if b.exit is None else b.exit} valley_active={b.valley_active}")
     return "\n".join(lines)
 
@@ -517,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="replay a recorded trace (directory or .tar.gz of <unix_ms>.prom)")
     rp.add_argument("path", help="trace directory or .tar.gz of <unix_ms>.prom files (phases.json optional)")
     rp.add_argument("--config", help="YAML config file")
-    rp.add_argument("--window-seconds", type=float, dest="window_seconds", help=f"publish window in seconds (default: the config's window_seconds, {Config.window_seconds:g})")
+    rp.add_argument("--window-seconds", type=number, dest="window_seconds", help=f"publish window in seconds (default: the config's window_seconds, {Config.window_seconds:g})")
     rp.add_argument("--json", help="write steps, phases and the analysis as JSON")
     rp.add_argument("--metrics-out", dest="metrics_out", help="write kvhit's exposition after the last snapshot")
     rp.add_argument("--save-fit", dest="save_fit", help="write the analysis document kvhit predict loads")
@@ -564,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="trace (dir or .tar.gz; replayed), analysis .json, or kvhit's base URL (/api/v1/analysis)")
     rep.add_argument("--out", default="kvhit-report", help="output directory (default ./kvhit-report)")
     rep.add_argument("--config", help="YAML config file (prices, SLOs, instance_hour_price, geometry, sizing)")
-    rep.add_argument("--window-seconds", type=float, dest="window_seconds", help=f"publish window in seconds (default: the config's window_seconds, {Config.window_seconds:g})")
+    rep.add_argument("--window-seconds", type=number, dest="window_seconds", help=f"publish window in seconds (default: the config's window_seconds, {Config.window_seconds:g})")
     rep.set_defaults(func=cmd_report)
     for command in sub.choices.values():
         command.set_defaults(command_parser=command)

@@ -445,7 +445,7 @@ def calibrate_truth(base: Truth, a: float, h_max: float = 0.95, running: float =
     lo, hi = 0.0, 1.0
     if not slope_of(lo) <= a <= slope_of(hi):
         raise ValueError(f"a={a} not reachable by k_dec with this base truth "
-                         f"({slope_of(lo):.3f}..{slope_of(hi):.3f})")
+                         f"({slope_of(lo):.5g}..{slope_of(hi):.5g})")
     for _ in range(80):
         mid = (lo + hi) / 2.0
         if slope_of(mid) < a:

@@ -490,6 +490,20 @@ def test_replay_exits_0_and_prints_phases_and_final_fit(replayed):
     assert "final fit" in done.stdout
     assert "fit chip_time  ok" in done.stdout
     assert "miss slope a: direct=" in done.stdout
+    # the chip-time bottom at the wall, 1 − 1/1024 = 0.9990234375 (test_replay_trace: R still falls
+    # there), is said as such: at three decimals it read "h*=0.999", at 0.9995 (ISL 2048) "1.000"
+    assert "bathtub chip_time R'(h)=" in done.stdout
+    assert "h*=0.999023 (the wall: R still falls there)" in done.stdout
+
+
+def test_replay_and_report_refuse_a_window_with_an_underscore(capsys):
+    # argparse's float read "0_5" as 5: a 5-s window where the other numeric flags refuse it
+    from exporter.cli import main
+    for command in ("replay", "report"):
+        with pytest.raises(SystemExit) as exc:
+            main([command, str(TRACE), "--window-seconds", "0_5"])
+        assert exc.value.code == 2
+        assert "argument --window-seconds: invalid number value: '0_5'" in capsys.readouterr().err
 
 
 def test_a_replay_whose_reader_leaves_still_writes_its_files(tmp_path):

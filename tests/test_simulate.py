@@ -1289,3 +1289,11 @@ def test_the_valley_edges_standard_errors_cover_the_true_edges():
         z += [(b.h_star - h_star) / b.h_star_stderr, (b.h_even - h_even) / b.h_even_stderr]
     assert max(map(abs, z)) < 2.5, z
     assert 0.5 < math.sqrt(sum(x * x for x in z) / len(z)) < 1.6, z
+
+
+def test_an_unreachable_miss_slope_names_a_bound_that_excludes_it():
+    # a = 0.9998 is refused; the reachable range was printed to 3 decimals, "..1.000", as if it held it
+    with pytest.raises(ValueError) as exc:
+        calibrate_truth(Truth(), 0.9998)
+    hi = float(re.search(r"\.\.([0-9.]+)\)", str(exc.value)).group(1))
+    assert hi < 0.9998
