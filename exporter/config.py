@@ -45,8 +45,8 @@ prices.hit_price_ratio                    ρ = hit price / miss price, in [0, 1]
 prices.output_per_million                 price of 1M output tokens (0: seed 002 prices input only)
 slo.ttft_seconds / slo.tpot_seconds       TTFT / TPOT SLOs, seconds (unset)
 instance_hour_price                       price of one instance-hour (a pod; fleet mode: x its pods),
-                                          for cost per 1M SLO-passing output tokens (unset: cost
-                                          unknown; MODEL.md §5)
+                                          in (0, 1e12], for cost per 1M SLO-passing output tokens
+                                          (unset: cost unknown; MODEL.md §5)
 retry_rate                                share of requests retried, in [0, 1): effective cost =
                                           cost / (1 - retry_rate) (0)
 sizing.batch / sizing.max_len             planned batch B and max length N_max [tokens] for the peak
@@ -99,6 +99,7 @@ from fitters.model import kv_bytes_per_token, kv_bytes_per_token_mla
 
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 86400.0  # seconds between scrapes
 MAX_WINDOW = 3600.0  # seconds of the publish window
+MAX_PRICE = 1e12  # an instance-hour in any currency: the cost per token stays finite
 MAX_WINDOW_STEPS = 720  # scrapes the publish window holds (an hour at the default interval)
 T = TypeVar("T")
 
@@ -628,7 +629,8 @@ def validate(cfg: Config) -> None:
         ("slo.ttft_seconds", cfg.slo.ttft_seconds, lambda v: v > 0, "must be > 0"),
         ("slo.tpot_seconds", cfg.slo.tpot_seconds, lambda v: v > 0, "must be > 0"),
         ("target_hit_ratio", cfg.target_hit_ratio, lambda v: 0 <= v < 1, "must be in [0, 1)"),
-        ("instance_hour_price", cfg.instance_hour_price, lambda v: v > 0, "must be > 0"),
+        # above it the cost per token could overflow to inf, published as absent with no reason (a hand-checker)
+        ("instance_hour_price", cfg.instance_hour_price, lambda v: 0 < v <= MAX_PRICE, f"must be in (0, {MAX_PRICE:g}]"),
         ("retry_rate", cfg.retry_rate, lambda v: 0 <= v < 1, "must be in [0, 1)"),
         ("sizing.batch", cfg.sizing.batch, lambda v: v >= 1, "must be >= 1"),
         ("sizing.max_len", cfg.sizing.max_len, lambda v: v >= 1, "must be >= 1 tokens"),
