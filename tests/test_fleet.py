@@ -2431,3 +2431,30 @@ def test_a_spelling_change_back_to_vllm__across_a_restart_stalls_no_poll(tmp_pat
         at = _raw_at(prom, "vllm[:_]prefix_cache_queries_total", polls[-1][0])
         assert polls[-1][1]["queries"] - polls[0][1]["queries"] == pytest.approx(
             at("a", polls[-1][0]) - at("a", polls[0][0]), abs=1e-6), polls
+
+
+def test_a_pod_whose_target_labels_change_is_not_counted_whole_as_a_new_pod(tmp_path):
+    # A breaker: a controller labels a running pod (same job and instance, one target label more);
+    # its series under the new labels had no sample at the tile's start and a _created after the
+    # baseline, so they were counted whole: the pod's traffic up to the change twice (fleet TPM
+    # +11 %). By hand, the counter 1000 + 10/s: old labels to t 5 s (1050), new ones from 6 s; at
+    # 12 s over 8 s, then = 1040 (t 4 s): the old labels grew 1050 − 1040 = 10 and the new ones
+    # count from the next tile on (70 lost), where 1130 was read. A new pod (another instance,
+    # created after the baseline) still counts whole: 200.
+    from observability import tool
+    sel = '{__name__=~"vllm[:_]q(_total)?"}'
+    created = '{__name__=~"vllm[:_]q_created"}'
+    expr = f"sum by (model_name) ({sources._growth(sel, '8s', (created, 50.0))})"
+    pod = 'model_name="m", job="j", instance="i"'
+    series = [(f'vllm:q_total{{{pod}, pod="a"}}', "1000+10x5 stale"),
+              (f'vllm:q_created{{{pod}, pod="a"}}', "100x5 stale"),
+              (f'vllm:q_total{{{pod}, pod="a", team="x"}}', "_x5 1060+10x6"),
+              (f'vllm:q_created{{{pod}, pod="a", team="x"}}', "_x5 100x6"),
+              ('vllm:q_total{model_name="m", job="j", instance="other"}', "_x9 170+10x3"),
+              ('vllm:q_created{model_name="m", job="j", instance="other"}', "_x9 100x3")]
+    doc = {"evaluation_interval": "1s", "tests": [{"interval": "1s", "input_series": [
+        {"series": s, "values": v} for s, v in series],
+        "promql_expr_test": [{"expr": expr, "eval_time": "12s", "exp_samples": [{"labels": '{model_name="m"}', "value": 210}]}]}]}
+    (tmp_path / "t.yml").write_text(json.dumps(doc))
+    out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
