@@ -52,6 +52,9 @@ STATE_TTL_WINDOWS = 10
 # still caught. A step over SPIKE_FACTOR times the peak is suspect from its own scrape on: the
 # publish windows holding it say why their hit ratio and TPM are unknown until the next scrape
 # tells a jump (then until it leaves them) from traffic.
+# why a counter of every scrape is not in a window (Delta.counters holds those at every scrape)
+MISSING_IN_WINDOW = ("missing at a scrape inside the publish window (a cut or bad body, or in fleet mode a family left "
+                     "out of a poll, logged): unknown until that scrape leaves the window")
 SPIKE_COUNTERS = ("queries", "external_queries", "prompt_tokens", "generation_tokens")
 SPIKE_FACTOR = 100.0
 SPIKE_LEARN = 2.0
@@ -853,8 +856,7 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
         unknown.setdefault("hit_ratio", why)
         return out
     if "hit_ratio" not in unknown and not {"queries", "hits"} <= set(w.counters):
-        unknown["hit_ratio"] = ("prefix_cache_queries/hits missing at a scrape inside the publish window (a cut or "
-                                "bad body): unknown until that scrape leaves the window")
+        unknown["hit_ratio"] = f"prefix_cache_queries/hits {MISSING_IN_WINDOW}"
         return out
     if q is None or q <= 0:
         if q is not None:
@@ -900,7 +902,11 @@ def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, s
     if why:
         unknown.setdefault("tpm_observed", why)
         return {}
-    if prompt is None or gen is None or w.dt <= 0:
+    if prompt is None or gen is None:  # a breaker (fleet mode, two restarts in a poll): absent without a word
+        missing = " and ".join(name for name, v in (("prompt_tokens", prompt), ("generation_tokens", gen)) if v is None)
+        unknown.setdefault("tpm_observed", f"{missing} {MISSING_IN_WINDOW}")
+        return {}
+    if w.dt <= 0:
         return {}
     out = {("delivered", "instance"): (prompt + gen) * 60.0 / w.dt}
     # Miss prompt tokens counted where prompt_tokens is (at prefill completion), so physical ≤

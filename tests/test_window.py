@@ -782,6 +782,26 @@ def test_a_scrape_without_hit_counters_inside_the_window_gives_a_reason_not_sile
     assert "device" not in m.hit_ratio and "missing at a scrape inside the publish window" in m.unknown["hit_ratio"]
 
 
+def test_a_scrape_without_token_counters_inside_the_window_gives_the_tpm_a_reason_not_silence():
+    # a breaker (fleet mode, two restarts in one poll: the family left out): the observed TPM was
+    # absent with no kvhit_unknown_info, where h, ISL and the rest said why
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    clock = TraceClock()
+    r = Runner(Config(window_seconds=60.0), "t", clock=clock)
+    full = ('vllm:prompt_tokens_total{{model_name="m"}} {p}\nvllm:generation_tokens_total{{model_name="m"}} {g}\n'
+            'vllm:prefix_cache_queries_total{{model_name="m"}} {p}\n')
+    cut = 'vllm:prefix_cache_queries_total{{model_name="m"}} {p}\n'  # token counters lost at one scrape
+    for t, body in ((0.0, full.format(p=0.0, g=0.0)), (5.0, cut.format(p=40.0)), (10.0, full.format(p=80.0, g=8.0))):
+        clock.t = t
+        assert r.ingest_text(t, body)
+    m = r.current()[0].models["m"]
+    assert not m.tpm_observed
+    assert m.unknown["tpm_observed"].startswith("prompt_tokens and generation_tokens missing at a scrape inside the "
+                                                "publish window")
+
+
 def test_an_analysis_that_fails_on_read_is_counted_once_per_snapshot_and_is_no_failed_scrape():
     # Before, every read (a /readyz probe, a Prometheus scrape of kvhit) counted one more internal
     # error and set kvhit_up 0, so the count and the scrape backoff depended on who was reading.
