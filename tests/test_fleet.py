@@ -355,13 +355,15 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     now = pref("last_over_time({}[5m])", "prefix_cache_queries(_total)?")
     then = pref("last_over_time({}[5m] offset 3250ms)", "prefix_cache_queries(_total)?")
     # a restart (a difference below 0): the growth up to it in the tile (its highest sample) and the
-    # value since; a series without a sample at t - d: its whole value when its _created is after the
+    # value since; a series without a sample of its pod and vLLM labels at t - d (not one whose target
+    # labels changed): its whole value when its _created is after the
     # baseline (1000) and t - d - 5 min (then it had no sample before t - d either), less 60 s of clock
     # skew (1000 - 240 here), and only while Prometheus kept its samples (history:, the latest query)
     restarted = f'(clamp_min({pref("max_over_time({}[3250ms])", "prefix_cache_queries(_total)?")} - {then}, 0) + {now})'
     born = f'last_over_time({{__name__=~"vllm[:_]prefix_cache_queries_created", {sel}}}[5m]) > 1000.000'
     grown = f"((({now} - {then}) >= 0) or {restarted})"
-    assert f"sum by (model_name) (({grown} or (({now} unless {then}) and ignoring(le) ({born}))))" in q1
+    assert (f"sum by (model_name) (({grown} or (({now} unless on (job, instance, model_name, engine) {then}) "
+            f"and ignoring(le) ({born}))))") in q1
     assert "[5m] offset 7250ms))) and ignoring(le) (last_over_time(" in q3 and "[5m]) > 1000.000)" in q3
     b_now = pref("last_over_time({}[5m])", "request_prompt_tokens_bucket")
     b_then = pref("last_over_time({}[5m] offset 3250ms)", "request_prompt_tokens_bucket")
