@@ -444,8 +444,9 @@ def calibrate_truth(base: Truth, a: float, h_max: float = 0.95, running: float =
 
     lo, hi = 0.0, 1.0
     if not slope_of(lo) <= a <= slope_of(hi):
-        raise ValueError(f"a={a} not reachable by k_dec with this base truth "
-                         f"({slope_of(lo):.5g}..{slope_of(hi):.5g})")
+        # the bounds rounded inwards: to nearest, 0.999844 printed 0.99984 refusing a = 0.99984 (review)
+        inner = math.ceil(slope_of(lo) * 1e5) / 1e5, math.floor(slope_of(hi) * 1e5) / 1e5
+        raise ValueError(f"a={a} not reachable by k_dec with this base truth ({inner[0]:.5f}..{inner[1]:.5f})")
     for _ in range(80):
         mid = (lo + hi) / 2.0
         if slope_of(mid) < a:

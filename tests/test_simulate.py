@@ -1291,9 +1291,11 @@ def test_the_valley_edges_standard_errors_cover_the_true_edges():
     assert 0.5 < math.sqrt(sum(x * x for x in z) / len(z)) < 1.6, z
 
 
-def test_an_unreachable_miss_slope_names_a_bound_that_excludes_it():
-    # a = 0.9998 is refused; the reachable range was printed to 3 decimals, "..1.000", as if it held it
+@pytest.mark.parametrize("truth, a", [(Truth(), 0.9998), (Truth(isl=512, osl=64), 0.99984)])
+def test_an_unreachable_miss_slope_names_a_bound_that_excludes_it(truth, a):
+    # a refused; the reachable range was printed to 3 decimals, "..1.000", then to 5 significant
+    # digits rounded to nearest, "..0.99984" refusing 0.99984 (review), as if it held it
     with pytest.raises(ValueError) as exc:
-        calibrate_truth(Truth(), 0.9998)
+        calibrate_truth(truth, a)
     hi = float(re.search(r"\.\.([0-9.]+)\)", str(exc.value)).group(1))
-    assert hi < 0.9998
+    assert hi < a
