@@ -686,3 +686,19 @@ def test_a_noisy_engine_s_own_scatter_is_no_change_of_speed(monkeypatch):
         return found
     assert changes(chiptime.DRIFT_SIGMAS) == 0
     assert changes(0.0) > 10  # the guard is what holds: the fixed threshold alone reads changes
+
+
+def test_an_engine_grown_noisier_at_the_same_speed_is_no_change_of_speed():
+    # A review: 700 steps at 3 % noise, then 1500 at 12 %, the same engine (h 0.5-0.6): the guard's
+    # σ was the earlier steps' alone, and an 8 % threshold read 3 changes (of speed that never moved);
+    # the newest steps' own σ counts for their median now
+    rng = np.random.default_rng(0)
+    steps = [*make_steps(rng, 700, isls=(1024.0,), osls=(256.0,), noise=0.03, h_range=(0.5, 0.6)),
+             *make_steps(rng, 1500, isls=(1024.0,), osls=(256.0,), noise=0.12, t0=10_000.0, h_range=(0.5, 0.6))]
+    fitter, found = ChipTimeFitter(), 0
+    for o in steps:
+        fitter.update(dataclasses.replace(o, running=8.0))
+        fitter.result()
+        found += fitter.drift is not None
+        fitter.drift = None
+    assert found == 0
