@@ -1038,10 +1038,11 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     a range skips the staleness marker a pod restart's missed scrape leaves, which would hide the
     pod at one end, and its growth with it). ``offset`` None: 0 for every series (a baseline).
 
-    A series without a sample at t − offset within LOOKBACK, nor any series of its pod (``job``,
-    ``instance``) and vLLM labels (``model_name``, ``engine``) there (a new pod; not one whose target
-    labels changed: its series under the new labels count from the next tile on, and its growth
-    from its last sample under the old ones to t is lost), adds its whole value at t
+    A series without a sample at t − offset within LOOKBACK (a new pod) adds its whole value at t
+    unless its pod (``job``, ``instance``) and vLLM labels (``model_name``, ``engine``) had a series
+    of the same process (a ``_created`` not earlier) there under other labels (its target labels
+    changed: the series under the new labels count from the next tile on, and its growth from its
+    last sample under the old ones to t is lost), and
     when ``born`` = (its ``_created`` selector, a time [unix s]), its ``_created`` is after that
     time (the caller's guarantee that none of its value was counted: a counter starts from 0 at
     its ``_created``; given only while Prometheus has samples at t − offset, not after it lost
@@ -1064,11 +1065,16 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
     restarted = f"(clamp_min({_preferred(f'max_over_time({{}}[{offset}])', selector)} - {then}, 0) + {now})"
     grown = f"(({diff} >= 0) or {restarted})"
     if born is not None:
-        # new: no series of its pod (job, instance) and vLLM labels at then; a pod whose target labels
-        # changed (a controller labelling it after its start) is none: counted whole, its traffic up to
-        # the change was counted twice (a breaker: fleet TPM +11 %). A histogram's one _created has no le.
-        new = (f"(({now} unless on (job, instance, model_name, engine) {then}) "
-               f"and ignoring(le) (last_over_time({born[0]}[{LOOKBACK}]) > {born[1]:.3f}))")
+        # new: created after born, and not the process its pod (job, instance) and vLLM labels had at
+        # then under other labels: a pod whose target labels changed (a controller labelling it after
+        # its start) counted whole had its traffic up to the change counted twice (a breaker: fleet TPM
+        # +11 %); a new process at a reused address still counts whole (review). A histogram's one
+        # _created has no le.
+        ident = "job, instance, model_name, engine"
+        created = f"last_over_time({born[0]}[{LOOKBACK}])"
+        before = f"max by ({ident}) (last_over_time({born[0]}[{LOOKBACK}] offset {offset}))"
+        new = (f"(({now} unless {then}) and ignoring(le) "
+               f"(({created} > {born[1]:.3f}) unless ({created} <= on ({ident}) group_left {before})))")
         grown = f"({grown} or {new})"
     return grown if out is None else f"({grown} unless on (job, instance) {out})"
 

@@ -362,13 +362,15 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     restarted = f'(clamp_min({pref("max_over_time({}[3250ms])", "prefix_cache_queries(_total)?")} - {then}, 0) + {now})'
     born = f'last_over_time({{__name__=~"vllm[:_]prefix_cache_queries_created", {sel}}}[5m]) > 1000.000'
     grown = f"((({now} - {then}) >= 0) or {restarted})"
-    assert (f"sum by (model_name) (({grown} or (({now} unless on (job, instance, model_name, engine) {then}) "
-            f"and ignoring(le) ({born}))))") in q1
-    assert "[5m] offset 7250ms))) and ignoring(le) (last_over_time(" in q3 and "[5m]) > 1000.000)" in q3
+    created = f'last_over_time({{__name__=~"vllm[:_]prefix_cache_queries_created", {sel}}}[5m]'
+    same = (f"({created}) <= on (job, instance, model_name, engine) group_left max by (job, instance, model_name, "
+            f"engine) ({created} offset 3250ms)))")
+    assert f"sum by (model_name) (({grown} or (({now} unless {then}) and ignoring(le) (({born}) unless {same}))))" in q1
+    assert "[5m] offset 7250ms))) and ignoring(le) ((last_over_time(" in q3 and "[5m]) > 1000.000)" in q3
     b_now = pref("last_over_time({}[5m])", "request_prompt_tokens_bucket")
     b_then = pref("last_over_time({}[5m] offset 3250ms)", "request_prompt_tokens_bucket")
     assert f"sum by (model_name, le) ((((({b_now} - {b_then}) >= 0)" in q1
-    assert f'ignoring(le) (last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
+    assert f'ignoring(le) ((last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
     assert f'sum by (model_name) ({pref("(0 * {})", "request_prompt_tokens_sum")})' in q0
     # a gauge summed, or where some pod's reads below 0 its lowest (parse drops it, as in a pod's own body)
     g = pref("max without (pid) ({})", "num_requests_running")
@@ -2435,28 +2437,32 @@ def test_a_spelling_change_back_to_vllm__across_a_restart_stalls_no_poll(tmp_pat
             at("a", polls[-1][0]) - at("a", polls[0][0]), abs=1e-6), polls
 
 
-def test_a_pod_whose_target_labels_change_is_not_counted_whole_as_a_new_pod(tmp_path):
+@pytest.mark.parametrize("relabelled, created, value", [(True, 100, 210), (False, 120, 280)])
+def test_a_pod_whose_target_labels_change_is_not_counted_whole_as_a_new_pod(tmp_path, relabelled, created, value):
     # A breaker: a controller labels a running pod (same job and instance, one target label more);
     # its series under the new labels had no sample at the tile's start and a _created after the
     # baseline, so they were counted whole: the pod's traffic up to the change twice (fleet TPM
     # +11 %). By hand, the counter 1000 + 10/s: old labels to t 5 s (1050), new ones from 6 s; at
     # 12 s over 8 s, then = 1040 (t 4 s): the old labels grew 1050 − 1040 = 10 and the new ones
-    # count from the next tile on (70 lost), where 1130 was read. A new pod (another instance,
-    # created after the baseline) still counts whole: 200.
+    # (the same process: _created 100 both) count from the next tile on (70 lost), where 1130 was
+    # read. A new process at the same address (a review: _created 120, counting 10 + 10/s from 6 s,
+    # 70 at 12 s) is a new pod: counted whole, 10 + 70. A new pod at another instance (created after
+    # the baseline) counts whole: 200.
     from observability import tool
     sel = '{__name__=~"vllm[:_]q(_total)?"}'
-    created = '{__name__=~"vllm[:_]q_created"}'
-    expr = f"sum by (model_name) ({sources._growth(sel, '8s', (created, 50.0))})"
+    born = '{__name__=~"vllm[:_]q_created"}'
+    expr = f"sum by (model_name) ({sources._growth(sel, '8s', (born, 50.0))})"
     pod = 'model_name="m", job="j", instance="i"'
     series = [(f'vllm:q_total{{{pod}, pod="a"}}', "1000+10x5 stale"),
               (f'vllm:q_created{{{pod}, pod="a"}}', "100x5 stale"),
-              (f'vllm:q_total{{{pod}, pod="a", team="x"}}', "_x5 1060+10x6"),
-              (f'vllm:q_created{{{pod}, pod="a", team="x"}}', "_x5 100x6"),
+              (f'vllm:q_total{{{pod}, pod="a", team="x"}}', "_x5 1060+10x6" if relabelled else "_x5 10+10x6"),
+              (f'vllm:q_created{{{pod}, pod="a", team="x"}}', f"_x5 {created}x6"),
               ('vllm:q_total{model_name="m", job="j", instance="other"}', "_x9 170+10x3"),
               ('vllm:q_created{model_name="m", job="j", instance="other"}', "_x9 100x3")]
     doc = {"evaluation_interval": "1s", "tests": [{"interval": "1s", "input_series": [
         {"series": s, "values": v} for s, v in series],
-        "promql_expr_test": [{"expr": expr, "eval_time": "12s", "exp_samples": [{"labels": '{model_name="m"}', "value": 210}]}]}]}
+        "promql_expr_test": [{"expr": expr, "eval_time": "12s",
+                              "exp_samples": [{"labels": '{model_name="m"}', "value": value}]}]}]}
     (tmp_path / "t.yml").write_text(json.dumps(doc))
     out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
