@@ -52,9 +52,6 @@ STATE_TTL_WINDOWS = 10
 # still caught. A step over SPIKE_FACTOR times the peak is suspect from its own scrape on: the
 # publish windows holding it say why their hit ratio and TPM are unknown until the next scrape
 # tells a jump (then until it leaves them) from traffic.
-# why a counter of every scrape is not in a window (Delta.counters holds those at every scrape)
-MISSING_IN_WINDOW = ("missing at a scrape inside the publish window (a cut or bad body, or in fleet mode a family left "
-                     "out of a poll, logged): unknown until that scrape leaves the window")
 SPIKE_COUNTERS = ("queries", "external_queries", "prompt_tokens", "generation_tokens")
 SPIKE_FACTOR = 100.0
 SPIKE_LEARN = 2.0
@@ -77,6 +74,9 @@ BATHTUB_GRID = tuple(i / 20 for i in range(20)) + (0.97, 0.99)
 # How long kvhit_warning_info{warning="engine_speed_changed"} stays after the chip-time fit found
 # the engine's speed changed and the fits started afresh [s]: long enough for a 15-min alert's eyes.
 CHANGED_NOTE_SECONDS = 3600.0
+# why a counter of every scrape is not in a window (Delta.counters holds those at every scrape)
+MISSING_IN_WINDOW = ("missing at a scrape inside the publish window (a cut or bad body, or in fleet mode a family left "
+                     "out of a poll, logged): unknown until that scrape leaves the window")
 
 
 @dataclass(frozen=True)
