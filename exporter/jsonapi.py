@@ -44,6 +44,7 @@ from dataclasses import MISSING, asdict, fields
 from exporter.analyzer import Analysis, ModelAnalysis
 from exporter.collector import Health
 from exporter.config import FileTooLarge, bounded, number, read_bounded
+from fitters.model import max_hit_ratio
 from fitters.result import Estimate, FitResult
 from fitters.whatif import MAX_STEPS_PER_REQUEST, NULLABLE, STRUCTURED, FittedModel, finite_number
 
@@ -183,8 +184,8 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
     for name, x in (("isl", n_in), ("osl", n_out)):
         if not 1 <= x <= MAX_TOKENS:
             raise ValueError(f"{name} must be in [1, {MAX_TOKENS}] tokens, got {x:g}")
-    if not 0 <= h <= 1 - 1 / n_in:
-        raise ValueError(f"hit_ratio must be in [0, 1 - 1/isl] = [0, {1 - 1 / n_in:.6g}] (the last prompt token "
+    if not 0 <= h <= max_hit_ratio(n_in):
+        raise ValueError(f"hit_ratio must be in [0, 1 - 1/isl] = [0, {max_hit_ratio(n_in):.6g}] (the last prompt token "
                          f"is always computed), got {h!r}")
     return h, n_in, n_out
 

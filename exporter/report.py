@@ -44,6 +44,7 @@ from exporter.replay import replay
 from exporter.sources import load_trace, write_atomic
 from fitters.chiptime import design_row, predict_busy_time
 from fitters.missslope import bucket_key, length_bucket
+from fitters.model import max_hit_ratio
 from fitters.observation import Observation
 from fitters.whatif import FittedModel
 
@@ -181,7 +182,7 @@ def _predicting(m: dict) -> FittedModel | None:
 
 
 def _h_grid(isl: float | None, n: int = 200) -> list[float]:
-    h_max = min(0.995, 1.0 - 1.0 / isl) if isl and isl > 1 else 0.995
+    h_max = min(0.995, max_hit_ratio(isl)) if isl and isl > 1 else 0.995
     return [h_max * i / (n - 1) for i in range(n)]
 
 

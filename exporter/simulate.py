@@ -46,7 +46,7 @@ from typing import Callable, Iterator
 
 from exporter.config import (MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening,
                              stop_event)
-from fitters.model import attention_work, decode_context_per_token, kv_bytes_per_token
+from fitters.model import attention_work, decode_context_per_token, kv_bytes_per_token, max_hit_ratio
 
 # Bucket edges as vLLM 0.32 exports them (tests/data/samples/25_*).
 _TIME_EDGES = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
@@ -299,7 +299,7 @@ class Engine:
         sc, tr, rng = self.sc, self.sc.truth, self.rng
         dt = sc.interval
         t_mid = self.t + dt / 2.0
-        h = min(max(sc.hit_ratio(t_mid, rng), 0.0), 1.0 - 1.0 / tr.isl)
+        h = min(max(sc.hit_ratio(t_mid, rng), 0.0), max_hit_ratio(tr.isl))
         restart = bool(self._restart_at and self._restart_at[0] <= self.t + dt)
         if restart:
             self._restart_at.pop(0)

@@ -20,6 +20,7 @@ from fitters.model import (
     ChipTimeCoefficients,
     breakeven_linear,
     chip_time_regressors,
+    max_hit_ratio,
     revenue_chip_time,
     revenue_linear,
     revenue_slope_chip_time,
@@ -282,7 +283,7 @@ def bathtub_chip_time(
     if isl <= 0:
         raise ValueError("isl must be > 0 tokens")
     if h_max is None:
-        h_max = 1.0 - 1.0 / isl
+        h_max = max_hit_ratio(isl)
     if not 0.0 < h_max <= 1.0:
         raise ValueError("h_max must be in (0, 1]")
     if not 0.0 <= h_now <= h_max:

@@ -12,6 +12,12 @@ from dataclasses import dataclass
 # --- §3.1 / §3.2: hit-ratio correction of prefill work ------------------------------------
 
 
+def max_hit_ratio(isl: float) -> float:
+    """h_max = 1 − 1/ISL [1], the highest token hit ratio of an ISL-token prompt: vLLM always
+    computes its last token (it needs its logits), so it is never a hit. ``isl`` > 0 [tokens]."""
+    return 1.0 - 1.0 / isl
+
+
 def attention_work(isl: float, h: float) -> float:
     """Causal attention work of a prefill with a cached prefix: W = M·H + M²/2 [tokens²].
 
