@@ -671,19 +671,25 @@ def test_steps_that_always_fit_worse_more_engines_or_noise_are_no_change_of_spee
         assert _drifting(**case)[1] == [], case
 
 
+def _speed_changes(steps: list[Observation]) -> int:
+    """How many times a fitter fed ``steps`` (8 requests running) reads a change of speed, each read
+    cleared so the next can come."""
+    fitter, found = ChipTimeFitter(), 0
+    for o in steps:
+        fitter.update(dataclasses.replace(o, running=8.0))
+        fitter.result()
+        found += fitter.drift is not None
+        fitter.drift = None
+    return found
+
+
 def test_a_noisy_engine_s_own_scatter_is_no_change_of_speed(monkeypatch):
     # 1500 steps of one engine at 30 % per-step noise: a 32-step median moves ~7 % by itself, and a
     # fixed 15 % read a change 20-31 times per seed (review: 12 false restarts in 2 h of the
     # simulator); the 6 standard errors under the earlier steps' scatter read none
     def changes(sigmas: float) -> int:
         monkeypatch.setattr(chiptime, "DRIFT_SIGMAS", sigmas)
-        fitter, found = ChipTimeFitter(), 0
-        for o in make_steps(np.random.default_rng(1), 1500, isls=(1024.0,), osls=(256.0,), noise=0.3):
-            fitter.update(dataclasses.replace(o, running=8.0))
-            fitter.result()
-            found += fitter.drift is not None
-            fitter.drift = None
-        return found
+        return _speed_changes(make_steps(np.random.default_rng(1), 1500, isls=(1024.0,), osls=(256.0,), noise=0.3))
     assert changes(chiptime.DRIFT_SIGMAS) == 0
     assert changes(0.0) > 10  # the guard is what holds: the fixed threshold alone reads changes
 
@@ -695,10 +701,4 @@ def test_an_engine_grown_noisier_at_the_same_speed_is_no_change_of_speed():
     rng = np.random.default_rng(0)
     steps = [*make_steps(rng, 700, isls=(1024.0,), osls=(256.0,), noise=0.03, h_range=(0.5, 0.6)),
              *make_steps(rng, 1500, isls=(1024.0,), osls=(256.0,), noise=0.12, t0=10_000.0, h_range=(0.5, 0.6))]
-    fitter, found = ChipTimeFitter(), 0
-    for o in steps:
-        fitter.update(dataclasses.replace(o, running=8.0))
-        fitter.result()
-        found += fitter.drift is not None
-        fitter.drift = None
-    assert found == 0
+    assert _speed_changes(steps) == 0
