@@ -21,7 +21,7 @@ from exporter.parse import HISTOGRAMS, LAZY_COUNTERS, PREFIX_CACHING_OFF, ModelS
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
-from fitters.chiptime import CELL_H, DRIFT_NEWEST, DRIFT_REASON, ChipTimeFitter, observed_regressors
+from fitters.chiptime import CELL_H, DRIFT_REASON, ChipTimeFitter, Drift, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
@@ -224,7 +224,7 @@ class _ModelState:
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
     identity: "_Identity | None" = None  # the engine of the latest steps
     candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
-    changed: tuple[float, float] | None = None  # (when, how much) the engine last changed speed (ChipTimeFitter.drift)
+    changed: tuple[float, Drift] | None = None  # (when, how much) the engine last changed speed (ChipTimeFitter.drift)
 
     def another_engine(self, identity: "_Identity") -> str | None:
         """Why the engine of this step (``identity``) is another than the one fitted so far, when it
@@ -384,7 +384,7 @@ class Analyzer:
                     _fit_step_rows(st, p.delta, p.obs, p.busy, p.running)
                     _raise_peak(st.peak, p.rates)
                     if (size := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
-                        log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON, measured(_drift(size)))
+                        log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON, measured(size.text()))
                         st = self._state[model] = st.afresh(st.identity)
                         st.changed = (p.delta.t1, size)
                 else:
@@ -557,7 +557,7 @@ class Analyzer:
             warnings["kv_cache_dtype"] = note
         if st.changed is not None and w.t1 - st.changed[0] <= CHANGED_NOTE_SECONDS:
             warnings["engine_speed_changed"] = (DRIFT_REASON + ": the fits started afresh (published for an hour)"
-                                                + measured(f"{_drift(st.changed[1])}, {w.t1 - st.changed[0]:.0f} s ago"))
+                                                + measured(f"{st.changed[1].text()}, {w.t1 - st.changed[0]:.0f} s ago"))
         if engines > 1:
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
                     else "data-parallel engines in one exposition")
@@ -1129,11 +1129,6 @@ def _rates(d: Delta) -> dict[str, float]:
     """Increase per second over step ``d`` of each SPIKE_COUNTERS counter it has (rare counters
     such as preemptions burst for real; so does one long queue time in queue_time's sum)."""
     return {name: d.counters[name] / d.dt for name in SPIKE_COUNTERS if name in d.counters} if d.dt > 0 else {}
-
-
-def _drift(size: float) -> str:
-    """The measured size of an engine's speed change (ChipTimeFitter.drift), as logged and warned."""
-    return f"{size:+.0%} in its last {DRIFT_NEWEST} busy steps"
 
 
 def _spike(pending: Mapping[str, float], after: Mapping[str, float],

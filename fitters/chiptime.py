@@ -64,6 +64,22 @@ DRIFT_NEWEST = DRIFT_STEPS // 4  # the newest steps the change's size is read fr
 DRIFT_REASON = (f"the engine's chip time per unit of work changed against earlier steps of the same traffic (h, ISL, "
                 f"OSL and concurrency): the median of its last {DRIFT_STEPS} busy steps by more than {DRIFT:.0%}, as "
                 "after a power or clock cap, a co-located job, or flags changed at a restart")
+
+
+@dataclass(frozen=True)
+class Drift:
+    """An engine's change of speed as :meth:`ChipTimeFitter.update` found it [1, + slower: +0.5 is
+    1.5x the chip time]: ``shift``, the median over its last DRIFT_STEPS busy steps (what passed
+    DRIFT); ``size``, over its newest DRIFT_NEWEST (the changed engine's alone, its best estimate)."""
+    shift: float
+    size: float
+
+    def text(self) -> str:
+        """Both, as logged and warned (one alone read as below DRIFT when the newest were, review)."""
+        return (f"{self.shift:+.0%} (the median over its last {DRIFT_STEPS} busy steps), "
+                f"{self.size:+.0%} in its newest {DRIFT_NEWEST}")
+
+
 DRIFT_REFERENCE = 8  # earlier steps of a step's traffic it is compared with, at least
 DRIFT_SIGMAS = 6.0  # standard errors of the median shift a change must pass too
 
@@ -460,7 +476,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         self._arrived: deque[float] = deque(maxlen=DRIFT_STEPS)  # new rows' relative residuals when they came
         self._above = self._below = 0  # … of them above DRIFT, below -DRIFT
         self._compared = -DRIFT_STEPS  # rows.appended when _changed last read the earlier steps
-        self.drift: float | None = None  # how much the engine changed speed (:meth:`update`, DRIFT_REASON), once found
+        self.drift: Drift | None = None  # how much the engine changed speed (:meth:`update`, DRIFT_REASON), once found
 
     def update(self, obs: Observation, engines: float = 1.0) -> bool:
         """Add one step; True if it was usable (see :func:`design_row`) and stored. ``engines``:
@@ -514,10 +530,9 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             dt = dt * engines / self.busy_engines(1.0)
         return (x @ state.beta - dt) / np.maximum(x @ state.start, state.floor)
 
-    def _changed(self, state: _Frozen) -> float | None:
-        """How much the engine's chip time per unit of work changed [1] (+0.5: 1.5x slower; the
-        median over the newest DRIFT_NEWEST rows), or None when the last DRIFT_STEPS rows do not
-        say it changed. Each of them with DRIFT_REFERENCE earlier rows of its traffic gives a shift:
+    def _changed(self, state: _Frozen) -> Drift | None:
+        """How much the engine's chip time per unit of work changed (:class:`Drift`), or None when
+        the last DRIFT_STEPS rows do not say it changed. Each of them with DRIFT_REFERENCE earlier rows of its traffic gives a shift:
         its relative residual less the median of theirs (a misfit the traffic always had, tail-chunk
         dips or a concurrency the linear model fits less well, is no change). A change is a median
         shift, over at least half of them, beyond DRIFT and beyond DRIFT_SIGMAS standard errors of
@@ -542,10 +557,11 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         # 12 %) passed 8 % against its quieter past's σ alone (review)
         stderr = 1.25 * math.sqrt(robust_sigma(r[n:]) ** 2 / len(shifts)
                                   + robust_sigma(r[:n]) ** 2 / median(np.array(refs, dtype=float)))
-        if not abs(median(np.array(shifts))) > max(DRIFT, DRIFT_SIGMAS * stderr):
+        shift = median(np.array(shifts))
+        if not abs(shift) > max(DRIFT, DRIFT_SIGMAS * stderr):
             return None
         # found once most of the window is the changed engine's: its newest steps tell the size
-        return -median(np.array(shifts[-DRIFT_NEWEST:]))
+        return Drift(-shift, -median(np.array(shifts[-DRIFT_NEWEST:])))
 
     def restarted(self) -> None:
         """The engine restarted (as the same engine: its configuration unchanged): the steps
