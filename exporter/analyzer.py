@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from exporter.config import Config
 from exporter.engines import missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
-                              kv_capacity_tokens, observe, request_isl, request_osl, window_notes)
+                              hit_sums, kv_capacity_tokens, observe, request_isl, request_osl, window_notes)
 from exporter.parse import HISTOGRAMS, LAZY_COUNTERS, PREFIX_CACHING_OFF, ModelSignals, Snapshot, prefix_caching_off
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
@@ -311,6 +311,7 @@ class _Pending:
     doubtful: bool
     rates: dict[str, float]  # _rates(delta)
     suspect: bool  # over SPIKE_FACTOR times the peak on arrival: marked in its window (Windows.mark_spike)
+    hits: tuple[float, float] | None  # its (Δqueried, Δhits) as read, for the 24 h rollup (observe.hit_sums)
 
 
 class Analyzer:
@@ -363,7 +364,8 @@ class Analyzer:
                 st = self._state[model] = st.afresh(identity)
             if delta.resets:
                 st.chip.restarted()
-            obs = observe(delta, self._context(snap, model, st, unobserved))
+            ctx = self._context(snap, model, st, unobserved)
+            obs = observe(delta, ctx)
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None
             if share is not None:
@@ -381,7 +383,7 @@ class Analyzer:
                 if p.suspect or learned is not None:
                     self.windows.mark_spike(model, p.delta.t1, learned is not None)
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
-                    _fit_step_rows(st, p.delta, p.obs, p.busy, p.running)
+                    _fit_step_rows(st, p)
                     _raise_peak(st.peak, p.rates)
                     if (size := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
                         log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON, measured(size.text()))
@@ -396,7 +398,7 @@ class Analyzer:
             st.pending = _Pending(delta, obs, _busy_in_step(prev, snap, model, engines),
                                   _busy_in_step(prev, snap, model, engines, either=True), went_back,
                                   p is not None and p.went_back,
-                                  rates, suspect)
+                                  rates, suspect, hit_sums(delta, ctx))
             out[model] = obs
         self.last_observations = out
         # A model missing from one scrape (a cut body) keeps its fit history; one gone for
@@ -1151,25 +1153,24 @@ def _raise_peak(peak: dict[str, float], rates: Mapping[str, float]) -> None:
             peak[name] = rate
 
 
-def _fit_step_rows(st: _ModelState, d: Delta, obs: Observation, busy: int, running: int) -> None:
+def _fit_step_rows(st: _ModelState, p: _Pending) -> None:
     """Feed one step to every fitter of the model (one scrape after it was taken: ``pending``)."""
-    st.chip.update(obs, busy)
-    st.slope.update(obs)
-    st.latency.update(obs)
-    _update_seed3(st, d, obs, running)
+    st.chip.update(p.obs, p.busy)
+    st.slope.update(p.obs)
+    st.latency.update(p.obs)
+    _update_seed3(st, p.delta, p.obs, p.running, p.hits)
 
 
-def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int) -> None:
-    """Feed one step to the 24 h hit rollup and the TPOT-vs-concurrency fitter (MODEL.md §5);
+def _update_seed3(st: _ModelState, d: Delta, obs: Observation, engines: int, hits: tuple[float, float] | None) -> None:
+    """Feed one step to the 24 h hit rollup (``hits``: its (Δqueried, Δhits) as read, or None)
+    and the TPOT-vs-concurrency fitter (MODEL.md §5);
     the fitter's concurrency is per engine (``--max-num-seqs`` is): each data-parallel engine's
     TPOTs at its own mean running (:attr:`Delta.engine_steps`), else the step's at running /
     ``engines``, those running requests at either end of the step (an idle one decodes none)."""
-    hits = None
-    if obs.hit_tokens_device is not None and obs.hit_tokens_loaded is not None:
-        hits = obs.hit_tokens_device + obs.hit_tokens_loaded
     pre, dec = d.histograms.get("prefill_time"), d.histograms.get("decode_time")
     both = pre is not None and dec is not None
-    st.rollup.update(d.t0, d.t1, obs.queried_tokens, hits, (pre.sum, pre.count) if both else None,
+    queried, hit = (obs.queried_tokens, None) if hits is None else hits
+    st.rollup.update(d.t0, d.t1, queried, hit, (pre.sum, pre.count) if both else None,
                      (dec.sum, dec.count) if both else None, d.end.get("kv_usage"))
     tpot, source = _tpot_histogram(d)
     if tpot is None or tpot.problem == SUM_DISAGREES or obs.anomaly_hint:  # buckets _sum refutes: no P95

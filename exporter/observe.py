@@ -95,6 +95,14 @@ def hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None, 
     return q, k, e
 
 
+def hit_sums(delta: Delta, ctx: Context) -> tuple[float, float] | None:
+    """(Δqueried, Δhits device + loaded) [tokens] as read, hits above queries too (a torn read,
+    which the 24 h rollup adds with the next step: fitters.caching.HitRollup); None when either
+    is unknown (:func:`hit_tokens`' scaling and rules)."""
+    q, k, e = _hit_tokens(delta, ctx)
+    return None if q is None or k is None or e is None else (q, k + e)
+
+
 def hit_problem(delta: Delta, ctx: Context) -> str:
     """Why the delta's hit counts, although present, cannot be used ("" when they can).
 

@@ -43,6 +43,7 @@ THRASH_KV_USAGE = 0.90
 RECENT_MINUTES = 15
 JITTER_MIN_MINUTES = 3  # minutes with queries before the per-minute h has a jitter
 HISTORY_SECONDS = 24 * 3600.0
+TORN_STEPS = 4  # steps a torn read's group may span (HitRollup): its difference is in the step before or after
 
 
 @dataclass
@@ -66,6 +67,14 @@ class HitRollup:
 
     Memory bound: a ``deque(maxlen=minutes)``; minutes older than the newest minute − ``minutes``
     are also dropped when traffic had gaps. A step is attributed to the minute of its end.
+
+    A step whose hits exceed its queries (a scrape read one counter before the other had caught
+    up: a torn read) is added together with its neighbours, which carry the difference: the step
+    before it (taken back out of its minute) and, while the sum still exceeds, the steps after it,
+    up to TORN_STEPS in all; the group's increases are the counters' over all of them, and go to
+    the minute of its end. Left out alone, its neighbour's error stayed in, always the same way (a
+    breaker: one torn read in five took the 24 h h from 0.773 to 0.693). A group that still
+    exceeds, or that a step not starting at its end follows, is left out (:meth:`hits_partial`).
     """
 
     def __init__(self, minutes: int = 1440, bucket_seconds: float = 60.0) -> None:
@@ -75,6 +84,9 @@ class HitRollup:
         self.bucket_seconds = bucket_seconds
         self._buf: deque[_Minute] = deque(maxlen=minutes)
         self._t: float | None = None
+        # the last step added (its minutes, end [s], Δqueries, Δhits), taken back when a torn one follows
+        self._last: tuple[list[_Minute], float, float, float] | None = None
+        self._held: tuple[list[_Minute], float, float, float] | None = None  # a torn group whose hits still exceed
 
     def __len__(self) -> int:
         return len(self._buf)
@@ -82,20 +94,16 @@ class HitRollup:
     def update(self, t0: float, t1: float, queried: float | None, hits: float | None,
                prefill: tuple[float, float] | None = None, decode: tuple[float, float] | None = None,
                kv_usage: float | None = None) -> None:
-        """Add one step [t0, t1]: Δqueried and Δhits tokens (None = unknown, not added),
-        prefill / decode = (Δsum [s], Δcount) of the request time histograms, KV usage [0–1]
-        at the step's end (outside [0, 1]: left out)."""
+        """Add one step [t0, t1]: Δqueried and Δhits tokens (None = unknown, not added; hits above
+        queries: held for the next step, class docstring), prefill / decode = (Δsum [s], Δcount)
+        of the request time histograms, KV usage [0–1] at the step's end (outside [0, 1]: left out)."""
         minute = int(math.floor(t1 / self.bucket_seconds))
         if self._buf and minute < self._buf[-1].minute:
             return  # out of order: the rollup only moves forward
         if not self._buf or self._buf[-1].minute != minute:
             self._buf.append(_Minute(minute, t0))
         m = self._buf[-1]
-        if queried is not None and hits is not None and queried >= 0 and hits >= 0:
-            m.queries += queried
-            m.hits += hits
-        elif queried is None or queried > 0:
-            m.hits_missing = True
+        self._hits(m, t0, t1, queried, hits)
         if prefill is not None and decode is not None and all(map(math.isfinite, (*prefill, *decode))):
             m.prefill_sum += prefill[0]
             m.prefill_count += prefill[1]
@@ -109,6 +117,37 @@ class HitRollup:
         self._t = t1
         while self._buf and self._buf[0].minute <= minute - self.minutes:
             self._buf.popleft()
+
+    def _hits(self, m: _Minute, t0: float, t1: float, queried: float | None, hits: float | None) -> None:
+        """:meth:`update`'s Δqueried and Δhits of a step into minute ``m`` (torn reads: class docstring)."""
+        held, last, self._held, self._last = self._held, self._last, None, None
+        group = None
+        if queried is None or hits is None or queried < 0 or hits < 0:
+            if queried is None or queried > 0:
+                m.hits_missing = True
+        else:
+            if held is not None or hits > queried * (1 + 1e-9):
+                group = held or last  # the torn step's neighbour before it (last: still in its minute)
+                if group is not None and group[1] != t0:
+                    group = None  # not adjacent: no difference to carry
+                elif group is last:
+                    last[0][-1].queries -= last[2]
+                    last[0][-1].hits -= last[3]
+            group = ([m], t1, queried, hits) if group is None else (group[0] + [m], t1, group[2] + queried, group[3] + hits)
+        if held is not None and (group is None or group[0][0] is not held[0][0]):
+            for x in held[0]:  # a step after it carries no difference: left out
+                x.hits_missing = True
+        if group is None:
+            return
+        if group[3] <= group[2] * (1 + 1e-9):
+            m.queries += group[2]
+            m.hits += group[3]
+            self._last = group if len(group[0]) < TORN_STEPS else None
+        elif len(group[0]) < TORN_STEPS:
+            self._held = group
+        else:
+            for x in group[0]:
+                x.hits_missing = True
 
     def _recent(self, minutes: int | None) -> list[_Minute]:
         if not self._buf:
@@ -164,7 +203,9 @@ class HitRollup:
     def hits_partial(self, minutes: int = RECENT_MINUTES) -> bool:
         """True when a step of the last ``minutes`` had queries whose hits are unknown (left out of
         :meth:`hit_ratio` and :meth:`jitter`, so theirs are of the other steps only)."""
-        return any(m.hits_missing for m in self._recent(minutes))
+        recent = self._recent(minutes)
+        held = self._held[0] if self._held is not None else []
+        return any(m.hits_missing or any(m is x for x in held) for m in recent)
 
 
 @dataclass(frozen=True)

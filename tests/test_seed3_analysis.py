@@ -418,3 +418,30 @@ def test_a_kv_pool_beyond_a_float_is_unknown_not_an_overflow():
     # the concurrency ceiling it bounds is absent with a reason too (a review: block_size="0" left none)
     assert "kv_capacity_tokens reason" in m.unknown["max_concurrency"]
     assert m.hit_ratio["device"] == 0.8  # 8000 hits of 10000 queries: the rest of the analysis stands
+
+
+def test_torn_reads_of_a_hit_counter_leave_the_24_h_hit_ratio_unbiased():
+    # A breaker's case: vLLM 0.32's real body, every cumulative counter grown by 0.2 % of its value
+    # a second, so every step's h is the body's hits / queries, 4131168 / 5346304. Every 5th scrape
+    # reads one counter 5000 tokens low for that scrape only (never below the scrape before): the
+    # step into it or out of it has hits above queries. Left out alone, its neighbour's error went
+    # in, always lowering h: the history read 0.693 (queries low) and 0.658 (hits low).
+    import re
+    from pathlib import Path
+
+    from exporter.runner import Runner
+
+    body = (Path(__file__).parent / "data" / "samples" / "25_vllm_v1_0.32_cpu_full_snapshot.prom").read_text()
+    cumulative = re.compile(r"^(vllm:[a-z0-9_:]+?(?:_total|_count|_sum|_bucket))(\{[^}]*\})? (\S+)$", re.M)
+    for dipped in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+        config = load_config(None, environ={}, flags={"target": "http://127.0.0.1:1/metrics", "window_seconds": 10,
+                                                      "interval": 1})
+        runner = Runner(config, "synthetic")
+        for i in range(60):
+            def grown(m: re.Match, i: int = i) -> str:
+                v = float(m.group(3)) * (1.0 + 0.002 * i) - (5000.0 if m.group(1) == dipped and i and i % 5 == 0 else 0.0)
+                return f"{m.group(1)}{m.group(2) or ''} {v!r}"
+            runner.clock = lambda i=i: 1.8e9 + i  # the scrape's time: nothing stale
+            assert runner.ingest_text(1.8e9 + i, cumulative.sub(grown, body))
+        caching = runner.analyzer.analysis().models["tiny"].caching
+        assert caching.history_hit_ratio == pytest.approx(4131168 / 5346304, rel=1e-9), dipped
