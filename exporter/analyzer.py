@@ -77,6 +77,8 @@ CHANGED_NOTE_SECONDS = 3600.0
 # why a counter of every scrape is not in a window (Delta.counters holds those at every scrape)
 MISSING_IN_WINDOW = ("missing at a scrape inside the publish window (a cut or bad body, or in fleet mode a family left "
                      "out of a poll, logged): unknown until that scrape leaves the window")
+ABSENT_NOW = ("absent from the latest scrape (not exported, or dropped as NaN, negative or duplicated: see "
+              "kvhit_input_quirks_total; fleet mode: not from every pod)")
 
 
 @dataclass(frozen=True)
@@ -535,7 +537,7 @@ class Analyzer:
         isl, osl = wobs.isl, wobs.osl
         isl_w, osl_w = histogram_mean(w, ISL_HISTOGRAM), histogram_mean(w, OSL_HISTOGRAM)
         engines = _engine_count(snap, model)
-        tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines, unknown)
+        tpm = _observed_tpm(w, hit.get("all"), cfg.model.gpus * engines, unknown, snap.models[model].counters)
         kv = self._kv_bytes_per_token(model)
         if kv is None:
             unknown.setdefault("kv_bytes_per_token", "model geometry (model.layers, kv_heads, head_dim or "
@@ -896,17 +898,21 @@ def _counts_off(w: Delta) -> str | None:
     return SPIKE_IN_WINDOW if w.spikes else _no_increases(w)
 
 
-def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, str]) -> dict[tuple[str, str], float]:
-    """Observed TPM over the window (MODEL.md §3.4 basis="observed"); why physical TPM is not
-    known goes into ``unknown["tpm_observed_physical"]``."""
+def _observed_tpm(w: Delta, h_all: float | None, gpus: int, unknown: dict[str, str],
+                  latest: Mapping[str, float]) -> dict[tuple[str, str], float]:
+    """Observed TPM over the window (MODEL.md §3.4 basis="observed"); why it, or physical TPM, is
+    not known goes into ``unknown["tpm_observed"]``, ``unknown["tpm_observed_physical"]``
+    (``latest``: the latest scrape's counters, which tell a family gone from one it lacks)."""
     prompt, gen = w.counters.get("prompt_tokens"), w.counters.get("generation_tokens")
     why = _counts_off(w)
     if why:
         unknown.setdefault("tpm_observed", why)
         return {}
     if prompt is None or gen is None:  # a breaker (fleet mode, two restarts in a poll): absent without a word
-        missing = " and ".join(name for name, v in (("prompt_tokens", prompt), ("generation_tokens", gen)) if v is None)
-        unknown.setdefault("tpm_observed", f"{missing} {MISSING_IN_WINDOW}")
+        missing = [name for name, v in (("prompt_tokens", prompt), ("generation_tokens", gen)) if v is None]
+        gone = [name for name in missing if name not in latest]  # "until it leaves the window" would wait for nothing
+        unknown.setdefault("tpm_observed", f"{' and '.join(gone)} {ABSENT_NOW}" if gone else
+                           f"{' and '.join(missing)} {MISSING_IN_WINDOW}")
         return {}
     if w.dt <= 0:
         return {}

@@ -57,8 +57,8 @@ def test_a_window_without_prompt_tokens_computed_none_and_an_unknown_h_says_why(
     from exporter.window import Delta
     unknown: dict[str, str] = {}
     idle = Delta(0.0, 60.0, {"prompt_tokens": 0.0, "generation_tokens": 6.0}, {}, {}, {})
-    assert _observed_tpm(idle, None, 1, unknown)[("physical", "instance")] == 6.0 and not unknown
+    assert _observed_tpm(idle, None, 1, unknown, idle.counters)[("physical", "instance")] == 6.0 and not unknown
     busy = Delta(0.0, 60.0, {"prompt_tokens": 600.0, "generation_tokens": 6.0}, {}, {}, {})
-    tpm = _observed_tpm(busy, None, 1, unknown)
+    tpm = _observed_tpm(busy, None, 1, unknown, busy.counters)
     assert tpm == {("delivered", "instance"): 606.0, ("delivered", "gpu"): 606.0}
     assert unknown["tpm_observed_physical"].startswith("the publish window's hit ratio is unknown")

@@ -802,6 +802,23 @@ def test_a_scrape_without_token_counters_inside_the_window_gives_the_tpm_a_reaso
                                                 "publish window")
 
 
+def test_a_token_counter_gone_from_the_latest_scrape_is_told_absent_not_to_wait_for_the_window():
+    # a breaker: generation_tokens_total dropped from every scrape read "missing at a scrape inside
+    # the publish window … unknown until that scrape leaves the window": the latest scrape never leaves
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    clock = TraceClock()
+    r = Runner(Config(window_seconds=60.0), "t", clock=clock)
+    body = 'vllm:prompt_tokens_total{{model_name="m"}} {p}\nvllm:prefix_cache_queries_total{{model_name="m"}} {p}\n'
+    for t in (0.0, 5.0, 10.0):
+        clock.t = t
+        assert r.ingest_text(t, body.format(p=8.0 * t))
+    m = r.current()[0].models["m"]
+    assert not m.tpm_observed
+    assert m.unknown["tpm_observed"].startswith("generation_tokens absent from the latest scrape (not exported")
+
+
 def test_an_analysis_that_fails_on_read_is_counted_once_per_snapshot_and_is_no_failed_scrape():
     # Before, every read (a /readyz probe, a Prometheus scrape of kvhit) counted one more internal
     # error and set kvhit_up 0, so the count and the scrape backoff depended on who was reading.
