@@ -41,6 +41,17 @@ def test_every_trace_snapshot_reads_the_same_with_both_readers():
         assert lib == own
 
 
+def test_a_gauge_declared_a_counter_reads_the_same_with_both_readers():
+    # prometheus-client names the sample num_requests_running_total: kvhit read no running gauge,
+    # unless an unrelated malformed line sent the body to the line reader, which read it (breaker)
+    text = ('# TYPE vllm:num_requests_running counter\nvllm:num_requests_running{engine="0",model_name="m"} 4.0\n'
+            '# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{engine="0",model_name="m"} 9.0\n')
+    lib, own = _both(text)
+    assert lib == own
+    snap = parse.parse_exposition(text, 0.0)
+    assert snap.models["m"].gauges["running"] == 4.0 and snap.models["m"].counters["queries"] == 9.0
+
+
 def test_a_malformed_line_is_dropped_not_the_body():
     text = ('# TYPE vllm:prefix_cache_queries_total counter\n'
             'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0\n'
