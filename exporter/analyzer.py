@@ -551,6 +551,9 @@ class Analyzer:
         full = busy / engines
         coef = None if coef is None else coef.per_engine(full)
         cov = None if chip.covariance is None else tuple(tuple(full * full * c for c in row) for row in chip.covariance)
+        if not chip.ok and "running" not in snap.models[model].gauges:  # the fit cannot say why it has no steps
+            chip = replace(chip, reason=f"{chip.reason}: vllm:num_requests_running is absent from the latest scrape, "
+                                        "so no step can be told busy")
         fits = {"chip_time": chip, "miss_slope": slope, "overlap": _overlap_identified(mf.overlap, chip),
                 "load_aware": mf.load_aware}
         seed3 = _seed3(cfg, snap, model, w, st, hit, unknown, isl_w, osl_w, kv, bandwidth, coef, fits, engines)

@@ -819,6 +819,27 @@ def test_a_token_counter_gone_from_the_latest_scrape_is_told_absent_not_to_wait_
     assert m.unknown["tpm_observed"].startswith("generation_tokens absent from the latest scrape (not exported")
 
 
+def test_a_chip_time_fit_without_the_running_gauge_says_so():
+    # a breaker: num_requests_running absent, the fit read only "too few usable busy steps" (a step is
+    # busy when requests run at both of its ends: observe.py), the gauge never named
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    clock = TraceClock()
+    r = Runner(Config(window_seconds=60.0), "t", clock=clock)
+    body = ('vllm:prompt_tokens_total{{model_name="m"}} {p}\nvllm:generation_tokens_total{{model_name="m"}} {p}\n'
+            'vllm:prefix_cache_queries_total{{model_name="m"}} {p}\nvllm:prefix_cache_hits_total{{model_name="m"}} 0\n')
+    for t in (0.0, 5.0, 10.0):
+        clock.t = t
+        assert r.ingest_text(t, body.format(p=8.0 * t))
+    chip = r.current()[0].models["m"].fits["chip_time"]
+    assert not chip.ok and chip.reason.endswith(": vllm:num_requests_running is absent from the latest scrape, so no "
+                                                "step can be told busy")
+    clock.t = 15.0
+    assert r.ingest_text(15.0, body.format(p=120.0) + 'vllm:num_requests_running{model_name="m"} 2\n')
+    assert "num_requests_running" not in r.current()[0].models["m"].fits["chip_time"].reason
+
+
 def test_an_analysis_that_fails_on_read_is_counted_once_per_snapshot_and_is_no_failed_scrape():
     # Before, every read (a /readyz probe, a Prometheus scrape of kvhit) counted one more internal
     # error and set kvhit_up 0, so the count and the scrape backoff depended on who was reading.
