@@ -257,11 +257,13 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
         if "int" in typ and "float" not in typ:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
+            if isinstance(value, str):
+                number(value)  # int() reads "1_0" and fullwidth digits too: refused first
             return int(value)
         if "float" in typ:
             if isinstance(value, bool):
                 raise ValueError
-            out = float(value)
+            out = number(value) if isinstance(value, str) else float(value)
         elif "str" in typ:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError
@@ -518,9 +520,9 @@ def _check_hf_geometry(g: Geometry) -> None:
 
 def number(text: str) -> float:
     """``float(text)`` of a number as people write one. Raises ValueError, also for an underscore
-    (float() reads "0_5" as 5.0)."""
-    if "_" in text:
-        raise ValueError(f"{text!r}: no number has an underscore")
+    (float() reads "0_5" as 5.0) or a character beyond ASCII (it reads fullwidth "５" as 5.0)."""
+    if "_" in text or not text.isascii():
+        raise ValueError(f"{text!r}: not a number as written in ASCII without underscores")
     return float(text)
 
 

@@ -194,6 +194,16 @@ def test_a_number_argument_refuses_underscores():
         with pytest.raises(argparse.ArgumentTypeError, match="expected a number"):
             bounded(0.0, 1e9)(text)
     assert bounded(0.0, 1e9)("1000") == 1000.0
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a number"):
+        bounded(0.0, 1e9)("\uff15")  # fullwidth 5, which float() reads as 5.0
+
+
+def test_a_setting_from_a_flag_or_the_environment_refuses_underscores_and_fullwidth_digits():
+    # `kvhit run --interval 1_0` scraped every 10 s, KVHIT_MAX_SERIES=1_0 tracked 10 (a breaker)
+    for flags, environ in (({"interval": "1_0"}, {}), ({"interval": "\uff15"}, {}), ({}, {"KVHIT_MAX_SERIES": "1_0"})):
+        with pytest.raises(ConfigError, match="expected (float|int), got"):
+            load_config(None, environ=environ, flags=flags)
+    assert load_config(None, environ={"KVHIT_MAX_SERIES": "8"}, flags={"interval": " 10 "}).interval == 10.0
 
 
 def test_stop_event_keeps_a_signal_the_process_was_started_ignoring():
