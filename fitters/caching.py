@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .model import caching_speedup, prefill_share
 
@@ -61,6 +61,32 @@ class _Minute:
     hits_missing: bool = False  # a step ending in this minute had queries (or unknown ones) but unknown hits
 
 
+@dataclass
+class _Step:
+    minute: _Minute  # where its increases went
+    t1: float
+    queried: float
+    hits: float
+
+
+@dataclass
+class _Group:
+    """A torn read's steps (HitRollup): their minutes, end [s], summed increases, and the steps
+    after it still to come before it may close."""
+    minutes: list[_Minute] = field(default_factory=list)
+    t1: float = math.nan
+    queried: float = 0.0
+    hits: float = 0.0
+    waiting: int = 0
+
+    def add(self, minute: _Minute, t1: float, queried: float, hits: float) -> None:
+        self.minutes.append(minute)
+        self.t1, self.queried, self.hits = t1, self.queried + queried, self.hits + hits
+
+    def exceeds(self) -> bool:
+        return self.hits > self.queried * (1 + 1e-9)
+
+
 class HitRollup:
     """Per-minute sums of Δqueries, Δhits (device + loaded), prefill/decode time sums and counts,
     and the max KV usage, over at most ``minutes`` minutes (default 1440 = 24 h).
@@ -68,13 +94,18 @@ class HitRollup:
     Memory bound: a ``deque(maxlen=minutes)``; minutes older than the newest minute − ``minutes``
     are also dropped when traffic had gaps. A step is attributed to the minute of its end.
 
-    A step whose hits exceed its queries (a scrape read one counter before the other had caught
-    up: a torn read) is added together with its neighbours, which carry the difference: the step
-    before it (taken back out of its minute) and, while the sum still exceeds, the steps after it,
-    up to TORN_STEPS in all; the group's increases are the counters' over all of them, and go to
-    the minute of its end. Left out alone, its neighbour's error stayed in, always the same way (a
-    breaker: one torn read in five took the 24 h h from 0.773 to 0.693). A group that still
-    exceeds, or that a step not starting at its end follows, is left out (:meth:`hits_partial`).
+    A step whose hits exceed its queries (a scrape read one counter lower than it was: a torn
+    read) has the difference in a neighbour: the step after it when its end scrape read queries
+    low, the step before it when its start read hits low (or further on when the read stayed low
+    for scrapes). Its group is it and the step after it (and after each further step that exceeds),
+    and more steps after while the group exceeds, up to TORN_STEPS in all; if it still exceeds,
+    the steps before it are taken back out of their minutes into it, the latest first, up to
+    TORN_STEPS more. A group within goes to the minute of its end: the counters' increase over all of it (left out alone, its
+    neighbour's error went in, always the same way: a breaker's torn read in five scrapes took the
+    24 h h from 0.773 to 0.693). One that still exceeds (a hit counter that jumped and stayed), or
+    that a step not starting at its end or with unknown hits breaks, is left out, its minutes
+    partial (:meth:`hits_partial`). The price: a jump within 2 × TORN_STEPS steps' misses is
+    taken.
     """
 
     def __init__(self, minutes: int = 1440, bucket_seconds: float = 60.0) -> None:
@@ -84,9 +115,10 @@ class HitRollup:
         self.bucket_seconds = bucket_seconds
         self._buf: deque[_Minute] = deque(maxlen=minutes)
         self._t: float | None = None
-        # the last step added (its minutes, end [s], Δqueries, Δhits), taken back when a torn one follows
-        self._last: tuple[list[_Minute], float, float, float] | None = None
-        self._held: tuple[list[_Minute], float, float, float] | None = None  # a torn group whose hits still exceed
+        # steps (or groups) added, the latest last, each [minute it went to, end [s], Δqueries, Δhits]:
+        # a torn group takes them back
+        self._added: deque[_Step] = deque(maxlen=TORN_STEPS)
+        self._open: _Group | None = None  # a torn read's group waiting for the step after it
 
     def __len__(self) -> int:
         return len(self._buf)
@@ -120,34 +152,57 @@ class HitRollup:
 
     def _hits(self, m: _Minute, t0: float, t1: float, queried: float | None, hits: float | None) -> None:
         """:meth:`update`'s Δqueried and Δhits of a step into minute ``m`` (torn reads: class docstring)."""
-        held, last, self._held, self._last = self._held, self._last, None, None
-        group = None
+        g, added = self._open, self._added
+        if (g.t1 if g is not None else added[-1].t1 if added else t0) != t0:  # a step lost in between
+            self._drop()
+            g = None
         if queried is None or hits is None or queried < 0 or hits < 0:
+            self._drop()
             if queried is None or queried > 0:
                 m.hits_missing = True
-        else:
-            if held is not None or hits > queried * (1 + 1e-9):
-                group = held or last  # the torn step's neighbour before it (last: still in its minute)
-                if group is not None and group[1] != t0:
-                    group = None  # not adjacent: no difference to carry
-                elif group is last:
-                    last[0][-1].queries -= last[2]
-                    last[0][-1].hits -= last[3]
-            group = ([m], t1, queried, hits) if group is None else (group[0] + [m], t1, group[2] + queried, group[3] + hits)
-        if held is not None and (group is None or group[0][0] is not held[0][0]):
-            for x in held[0]:  # a step after it carries no difference: left out
-                x.hits_missing = True
-        if group is None:
             return
-        if group[3] <= group[2] * (1 + 1e-9):
-            m.queries += group[2]
-            m.hits += group[3]
-            self._last = group if len(group[0]) < TORN_STEPS else None
-        elif len(group[0]) < TORN_STEPS:
-            self._held = group
-        else:
-            for x in group[0]:
+        exceeds = hits > queried * (1 + 1e-9)
+        if g is None and not exceeds:
+            m.queries += queried
+            m.hits += hits
+            added.append(_Step(m, t1, queried, hits))
+            return
+        if g is None:
+            g = self._open = _Group()
+        g.add(m, t1, queried, hits)
+        # the step after each that exceeds, and more while the group exceeds, up to TORN_STEPS in all
+        g.waiting = 1 if exceeds or (g.exceeds() and len(g.minutes) < TORN_STEPS) else g.waiting - 1
+        if g.waiting and len(g.minutes) >= 2 * TORN_STEPS:  # exceeding step after step: no torn read
+            self._drop()
+        if g.waiting:
+            return
+        self._open = None
+        taken = 0
+        while g.exceeds() and added and taken < TORN_STEPS:  # the difference is in a step before it
+            taken += 1
+            before = added.pop()
+            # ≥ 0: taking back what was added leaves a rounding error of either sign
+            before.minute.queries = max(before.minute.queries - before.queried, 0.0)
+            before.minute.hits = max(before.minute.hits - before.hits, 0.0)
+            g.add(before.minute, g.t1, before.queried, before.hits)
+        if g.exceeds():
+            for x in g.minutes:
                 x.hits_missing = True
+            added.clear()
+            return
+        m.queries += g.queried
+        m.hits += g.hits
+        added.clear()
+        added.append(_Step(m, t1, g.queried, g.hits))
+
+    def _drop(self) -> None:
+        """An open group that no step after it can complete is left out; steps before a gap are
+        taken back no more."""
+        if self._open is not None:
+            for x in self._open.minutes:
+                x.hits_missing = True
+        self._open = None
+        self._added.clear()
 
     def _recent(self, minutes: int | None) -> list[_Minute]:
         if not self._buf:
@@ -204,7 +259,7 @@ class HitRollup:
         """True when a step of the last ``minutes`` had queries whose hits are unknown (left out of
         :meth:`hit_ratio` and :meth:`jitter`, so theirs are of the other steps only)."""
         recent = self._recent(minutes)
-        held = self._held[0] if self._held is not None else []
+        held = self._open.minutes if self._open is not None else []
         return any(m.hits_missing or any(m is x for x in held) for m in recent)
 
 

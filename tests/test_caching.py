@@ -95,47 +95,51 @@ def test_rollup_knows_when_hits_were_unknown_at_a_step_with_queries():
     assert r2.hits_partial()
 
 
-def _rollup(*steps: tuple[float, float], gap_after: int | None = None) -> HitRollup:
-    """A rollup fed 60-s steps of (Δqueries, Δhits); ``gap_after``: the step after that index
-    starts 60 s after it ends (a scrape lost between)."""
+def _rollup(*steps: tuple[float, float | None], gap_after: int | None = None, seconds: float = 60.0) -> HitRollup:
+    """A rollup fed steps of ``seconds`` with (Δqueries, Δhits); ``gap_after``: the step after that
+    index starts a step later (a scrape lost between)."""
     r, t = HitRollup(), 0.0
     for i, (q, h) in enumerate(steps):
-        r.update(t, t + 60.0, q, h)
-        t += 120.0 if i == gap_after else 60.0
+        r.update(t, t + seconds, q, h)
+        t += seconds * (2 if i == gap_after else 1)
     return r
 
 
 def test_a_torn_read_s_step_is_added_with_the_neighbour_that_carries_its_difference():
-    # every step truly 1000 queried, 900 hits (h 0.9). Queries read 200 low at step 2's end: step 2
-    # (800, 900) exceeds, step 3 (1200, 900) carries the difference: 2700 / 3000 = 0.9 by hand
-    # (step 2 left out alone: 1800 / 2200 = 0.818)
+    # every step truly 1000 queried, 900 hits (h 0.9); by hand from the counters' increase
+    # queries read 200 low at step 2's end: (800, 900), then (1200, 900): 2700 / 3000 (step 2
+    # left out alone: 1800 / 2200 = 0.818)
     r = _rollup((1000.0, 900.0), (800.0, 900.0), (1200.0, 900.0))
     assert r.hit_ratio() == pytest.approx(0.9, abs=1e-12) and not r.hits_partial()
-    # hits read 200 low at step 2's end: step 2 (1000, 700) is within, step 3 (1000, 1100) exceeds
-    # and step 2 carries its difference: 2700 / 3000 (step 3 left out: 1600 / 2000 = 0.8)
+    # hits read 200 low at step 2's end: (1000, 700), then (1000, 1100) exceeds; with the step after
+    # it (2000, 2000) it is within: 3600 / 4000 (step 3 left out: 2500 / 3000 = 0.833)
     r = _rollup((1000.0, 900.0), (1000.0, 700.0), (1000.0, 1100.0))
+    assert r.hit_ratio() == pytest.approx(1600.0 / 2000.0) and r.hits_partial()  # waiting for the step after it
+    r.update(180.0, 240.0, 1000.0, 900.0)
     assert r.hit_ratio() == pytest.approx(0.9, abs=1e-12) and not r.hits_partial()
-    # h 0.98, queries read 100 low at step 2's end: (900, 980), beyond what step 1's 20 misses
-    # carry (1900, 1960); step 3 (1100, 980) carries the rest: 2940 / 3000 = 0.98
-    r = _rollup((1000.0, 980.0), (900.0, 980.0), (1100.0, 980.0))
-    assert r.hit_ratio() == pytest.approx(0.98, abs=1e-12) and not r.hits_partial()
+    # the first step torn (nothing before it), and h 0.98: queries read 100 low at steps 2 and 4's
+    # ends (a review); hits read 100 low at two scrapes in a row, steps 2-4 (880, 980, 1080: steps
+    # 4-7 exceed, (4000, 4020), and so do steps 3-7, steps 2-7 do not): 0.98 in all
+    assert _rollup((800.0, 900.0), (1200.0, 900.0)).hit_ratio() == pytest.approx(0.9, abs=1e-12)
+    for steps in (((1000.0, 980.0), (900.0, 980.0), (1100.0, 980.0), (900.0, 980.0), (1100.0, 980.0), (1000.0, 980.0)),
+                  ((1000.0, 980.0), (1000.0, 880.0), (1000.0, 980.0), (1000.0, 1080.0)) + ((1000.0, 980.0),) * 3):
+        r = _rollup(*steps)
+        assert r.hit_ratio() == pytest.approx(0.98, abs=1e-12) and not r.hits_partial(), steps
 
 
-def test_hits_that_still_exceed_after_torn_steps_or_lose_their_neighbour_are_left_out():
-    # hits jumped by 5000 and stayed (no torn read): A, A+B, A+B+C, A+B+C+D = (4000, 8600) still
-    # exceed at TORN_STEPS = 4 steps: all four left out, the minutes said partial; E alone is 0.5
-    # (with A kept: 1400 / 2000 = 0.7)
-    r = _rollup((1000.0, 900.0), (1000.0, 5900.0), (1000.0, 900.0), (1000.0, 900.0), (1000.0, 500.0))
+def test_hits_that_still_exceed_with_their_neighbours_or_lose_them_are_left_out():
+    # hits jumped by 5000 and stayed (no torn read): B to E (4000, 8600) exceed, with A too
+    # (5000, 9500): the five left out, their minutes partial; F alone is 0.5 (with A: 0.7)
+    r = _rollup((1000.0, 900.0), (1000.0, 5900.0), *((1000.0, 900.0),) * 3, (1000.0, 500.0))
     assert r.hit_ratio() == pytest.approx(0.5) and r.hits_partial()
-    # a step that exceeds with the one before it, (1000 + 700, 900 + 900), then a scrape lost: the
-    # next starts elsewhere and carries no difference: 900 / 1300 alone
-    r = _rollup((1000.0, 900.0), (700.0, 900.0), (1300.0, 900.0), gap_after=1)
-    assert r.hit_ratio() == pytest.approx(900.0 / 1300.0) and r.hits_partial()
+    # a step that exceeds, then a scrape lost: the next starts elsewhere and carries no difference;
+    # also with 10-s steps, the next in the same minute (a review: it was not said partial)
+    for seconds in (60.0, 10.0):
+        r = _rollup((1000.0, 900.0), (700.0, 900.0), (1300.0, 900.0), gap_after=1, seconds=seconds)
+        assert r.hit_ratio() == pytest.approx(1800.0 / 2300.0) and r.hits_partial(), seconds
     # a step whose hits are unknown after one that exceeds: both left out
-    r = _rollup((1000.0, 900.0), (700.0, 900.0))
-    assert r.hits_partial() and r.hit_ratio() is None  # held with the step before it: not added yet
-    r.update(120.0, 180.0, 1300.0, None)
-    assert r.hit_ratio() is None and r.hits_partial()
+    r = _rollup((1000.0, 900.0), (700.0, 900.0), (1300.0, None))
+    assert r.hit_ratio() == pytest.approx(0.9) and r.hits_partial()
 
 
 def test_rollup_knows_when_the_kv_usage_was_missing_at_a_step():
