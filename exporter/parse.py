@@ -681,6 +681,10 @@ def _read_lines(b: _Builder, lines: list[str]) -> None:
 
 def _read_library(b: _Builder, lines: list[str]) -> None:
     """prometheus-client's parser (the reference); raises _Rejected when it refuses the body."""
+    @functools.cache
+    def written() -> frozenset[str]:  # the sample names as written, built only when asked
+        return frozenset(line[:_HEAD.match(line).end()] for line in lines if line[0] != "#")
+
     for line in lines:  # HELP/TYPE as written (the library renames counter families)
         if line[0] == "#":
             _comment(b, line)
@@ -698,7 +702,7 @@ def _read_library(b: _Builder, lines: list[str]) -> None:
             # the library names a counter's sample <family>_total, also when written without (a
             # gauge declared a counter); kvhit's reader reads it as written (a breaker: the running
             # gauge read or not by whether an unrelated line sent the body to the line reader)
-            if fam.type == "counter" and name == fam.name + "_total":
+            if fam.type == "counter" and name == fam.name + "_total" and fam.name in written():
                 info = _name_info(name)
                 name = name if info is None or info[4] or info[5] else fam.name
             if not _take(b, name, dict(s.labels), float(s.value)):
