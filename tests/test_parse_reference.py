@@ -50,8 +50,8 @@ def test_a_gauge_declared_a_counter_reads_the_same_with_both_readers():
     assert lib == own
     snap = parse.parse_exposition(text, 0.0)
     assert snap.models["m"].gauges["running"] == 4.0 and snap.models["m"].counters["queries"] == 9.0
-    # written with _total, it is no gauge kvhit reads, by either reader (a review)
-    text = text.replace("vllm:num_requests_running{", "vllm:num_requests_running_total{")
+    # declared and written with _total, it is no gauge kvhit reads, by either reader (a review)
+    text = text.replace("vllm:num_requests_running", "vllm:num_requests_running_total")
     lib, own = _both(text)
     assert lib == own and "running" not in parse.parse_exposition(text, 0.0).models["m"].gauges
 
