@@ -67,6 +67,7 @@ class _Step:
     t1: float
     queried: float
     hits: float
+    steps: int  # 1, or a group's
 
 
 @dataclass
@@ -97,15 +98,15 @@ class HitRollup:
     A step whose hits exceed its queries (a scrape read one counter lower than it was: a torn
     read) has the difference in a neighbour: the step after it when its end scrape read queries
     low, the step before it when its start read hits low (or further on when the read stayed low
-    for scrapes). Its group is it and the step after it (and after each further step that exceeds),
-    and more steps after while the group exceeds, up to TORN_STEPS in all; if it still exceeds,
-    the steps before it are taken back out of their minutes into it, the latest first, up to
-    TORN_STEPS more. A group within goes to the minute of its end: the counters' increase over all of it (left out alone, its
-    neighbour's error went in, always the same way: a breaker's torn read in five scrapes took the
-    24 h h from 0.773 to 0.693). One that still exceeds (a hit counter that jumped and stayed), or
-    that a step not starting at its end or with unknown hits breaks, is left out, its minutes
-    partial (:meth:`hits_partial`). The price: a jump within 2 × TORN_STEPS steps' misses is
-    taken.
+    for scrapes). Its group is it and the step after it (and after each further step that exceeds,
+    up to 2 × TORN_STEPS steps), and more steps after while the group exceeds, up to TORN_STEPS in
+    all; then the step before it, taken back out of its minute, and more before while the group
+    exceeds, up to TORN_STEPS steps taken back. A group within goes to the minute of its end: the
+    counters' increase over all of it (left out alone, its neighbour's error went in, always the
+    same way: a breaker's torn read in five scrapes took the 24 h h from 0.773 to 0.693). One that
+    still exceeds (a hit counter that jumped and stayed), or that a step not starting at its end or
+    with unknown hits breaks, is left out, its minutes partial (:meth:`hits_partial`). The price: a
+    jump less than the misses of the steps grouped with it is taken.
     """
 
     def __init__(self, minutes: int = 1440, bucket_seconds: float = 60.0) -> None:
@@ -130,7 +131,7 @@ class HitRollup:
         queries: held for the next step, class docstring), prefill / decode = (Δsum [s], Δcount)
         of the request time histograms, KV usage [0–1] at the step's end (outside [0, 1]: left out)."""
         minute = int(math.floor(t1 / self.bucket_seconds))
-        if self._buf and minute < self._buf[-1].minute:
+        if self._buf and minute < self._buf[-1].minute or self._t is not None and t1 <= self._t:
             return  # out of order: the rollup only moves forward
         if not self._buf or self._buf[-1].minute != minute:
             self._buf.append(_Minute(minute, t0))
@@ -156,7 +157,7 @@ class HitRollup:
         if (g.t1 if g is not None else added[-1].t1 if added else t0) != t0:  # a step lost in between
             self._drop()
             g = None
-        if queried is None or hits is None or queried < 0 or hits < 0:
+        if queried is None or hits is None or not (0 <= queried < math.inf and 0 <= hits < math.inf):
             self._drop()
             if queried is None or queried > 0:
                 m.hits_missing = True
@@ -165,7 +166,7 @@ class HitRollup:
         if g is None and not exceeds:
             m.queries += queried
             m.hits += hits
-            added.append(_Step(m, t1, queried, hits))
+            added.append(_Step(m, t1, queried, hits, 1))
             return
         if g is None:
             g = self._open = _Group()
@@ -177,14 +178,18 @@ class HitRollup:
         if g.waiting:
             return
         self._open = None
+        # the step before it too, within or not: a read of hits low put its difference there, and
+        # left in its minute that minute's h and the group's were off as much (a false thrash
+        # verdict's jitter, review); more while the group exceeds, up to TORN_STEPS steps
         taken = 0
-        while g.exceeds() and added and taken < TORN_STEPS:  # the difference is in a step before it
-            taken += 1
+        while (g.exceeds() or not taken) and added and taken < TORN_STEPS:
             before = added.pop()
-            # ≥ 0: taking back what was added leaves a rounding error of either sign
-            before.minute.queries = max(before.minute.queries - before.queried, 0.0)
-            before.minute.hits = max(before.minute.hits - before.hits, 0.0)
-            g.add(before.minute, g.t1, before.queried, before.hits)
+            taken += before.steps
+            x = before.minute
+            x.queries, x.hits = x.queries - before.queried, max(x.hits - before.hits, 0.0)
+            if x.queries <= 1e-9 * before.queried:  # all of it taken back: no rounding residue as an h
+                x.queries = x.hits = 0.0
+            g.add(x, g.t1, before.queried, before.hits)
         if g.exceeds():
             for x in g.minutes:
                 x.hits_missing = True
@@ -193,7 +198,7 @@ class HitRollup:
         m.queries += g.queried
         m.hits += g.hits
         added.clear()
-        added.append(_Step(m, t1, g.queried, g.hits))
+        added.append(_Step(m, t1, g.queried, g.hits, len(g.minutes)))
 
     def _drop(self) -> None:
         """An open group that no step after it can complete is left out; steps before a gap are
