@@ -55,7 +55,10 @@ _STEP_NOTES = ("the engine restarted (every _created moved, or a counter went do
                "stayed up): that step is kept from the fits and the 24 h rollup")
 # a _STEP_NOTES line and the time of the scrape that told it (a jump is told a scrape after it)
 STEP_NOTE_FORMAT = "%s (told by the scrape at %s UTC)"
-MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down
+MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down,
+# and at most 5 min (never under one interval): at fleet mode's 120-s interval, 8 intervals held
+# kvhit_up at 0 for up to 16 min after Prometheus was back (SRE review)
+MAX_BACKOFF_SECONDS = 300.0
 DEFAULT_MAX_SERIES = 64
 # a source's counts (PrometheusSource.counts) → the Snapshot field each sets
 _COUNTS = {"engines": "engine_counts", "instances": "instance_counts", "busy": "busy_counts", "active": "active_counts"}
@@ -322,10 +325,12 @@ class Runner:
         single blip must not hide the values: :meth:`fresh`) and after a refused connection (it
         costs the target nothing, and a restarting vLLM refuses until it listens: its first answer
         is read within an interval; so does a fleet poll waiting for a pod), else doubled per further
-        consecutive failure that cost the target, at most MAX_BACKOFF_FACTOR intervals."""
+        consecutive failure that cost the target, at most MAX_BACKOFF_FACTOR intervals and
+        MAX_BACKOFF_SECONDS (one interval when that is longer)."""
+        interval = self.config.interval
         if self._costless or not self._backoff:
-            return self.config.interval
-        return self.config.interval * min(2 ** (self._backoff - 1), MAX_BACKOFF_FACTOR)
+            return interval
+        return min(interval * min(2 ** (self._backoff - 1), MAX_BACKOFF_FACTOR), max(interval, MAX_BACKOFF_SECONDS))
 
     # --- output ----------------------------------------------------------------------------
 

@@ -543,6 +543,19 @@ def test_only_a_refused_connection_skips_the_back_off(target):
         assert runner.current()[1].errors["refused"] == 3 and got == waits
 
 
+def test_the_back_off_is_at_most_five_minutes_and_never_under_an_interval():
+    # fleet mode's example polls every 120 s: 8 intervals held kvhit_up 0 for up to 16 min after
+    # Prometheus was back (SRE review). 120, 240, then 300 s; at 5 s, 5-40 s as before; at 400 s, 400 s
+    for interval, waits in ((120.0, [120.0, 240.0, 300.0, 300.0]), (5.0, [5.0, 10.0, 20.0, 40.0, 40.0]),
+                            (400.0, [400.0, 400.0])):
+        runner = Runner(Config(interval=interval, timeout=TIMEOUT), "http://127.0.0.1:1/metrics", clock=lambda: 1000.0)
+        got = []
+        for _ in waits:
+            runner.record_failure("timeout", "no answer")
+            got.append(runner.next_delay())
+        assert got == waits, interval
+
+
 def test_a_host_name_that_does_not_resolve_is_refused_and_says_dns(monkeypatch):
     def no_such_host(*args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
@@ -669,7 +682,7 @@ def test_ten_minute_flap_recovers_never_stale_errors_match(target):
             expected_errors[REASON[mode]] = expected_errors.get(REASON[mode], 0) + 1
         delay = runner.next_delay()
         # back-off: one interval after the first failure, then doubled per further one that cost
-        # the target, at most 8; a refused connection costs it nothing: one interval
+        # the target, at most 8 (5 min is more here); a refused connection costs it nothing: one interval
         assert delay == interval * (min(2 ** (costly_failures - 1), MAX_BACKOFF_FACTOR)
                                     if costly_failures and mode != "refused" else 1)
         # look at kvhit's /metrics every second until the next scrape (fake time)
