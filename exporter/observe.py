@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from exporter.window import Delta
-from fitters.model import attention_work, decode_context_per_token
+from fitters.model import attention_work, decode_context_per_token, hits_exceed
 from fitters.observation import Observation
 
 
@@ -97,7 +97,7 @@ def hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None, 
 
 def hit_sums(delta: Delta, ctx: Context) -> tuple[float, float] | None:
     """(Δqueried, Δhits device + loaded) [tokens] as read, hits above queries too (a torn read,
-    which the 24 h rollup adds with the next step: fitters.caching.HitRollup); None when either
+    which the 24 h rollup groups with its neighbours: fitters.caching.HitRollup); None when either
     is unknown (:func:`hit_tokens`' scaling and rules)."""
     q, k, e = _hit_tokens(delta, ctx)
     return None if q is None or k is None or e is None else (q, k + e)
@@ -112,7 +112,7 @@ def hit_problem(delta: Delta, ctx: Context) -> str:
     q, k, e = _hit_tokens(delta, ctx)
     # q = 0 too: hits with no query (a glitched hit counter in an idle step) are no 0/0 to skip; they
     # reached the 24-h rollup as a hit ratio of 540,000 (a review)
-    if q is not None and (k or 0.0) + (e or 0.0) > q * (1 + 1e-9):
+    if q is not None and hits_exceed(q, (k or 0.0) + (e or 0.0)):
         return "prefix-cache hits exceed queries over the interval (inconsistent counters): no hit ratio"
     return ""
 

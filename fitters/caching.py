@@ -31,7 +31,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from .model import caching_speedup, prefill_share
+from .model import caching_speedup, hits_exceed, prefill_share
 
 STATES = ("not_paying", "linear", "dedicated_pool_worth_it", "diminishing_returns", "thrash_risk")
 NOT_PAYING_H = 0.25
@@ -43,7 +43,7 @@ THRASH_KV_USAGE = 0.90
 RECENT_MINUTES = 15
 JITTER_MIN_MINUTES = 3  # minutes with queries before the per-minute h has a jitter
 HISTORY_SECONDS = 24 * 3600.0
-TORN_STEPS = 4  # steps a torn read's group may span (HitRollup): its difference is in the step before or after
+TORN_STEPS = 4  # steps a torn read's group takes after it while it exceeds, and before it (HitRollup)
 
 
 @dataclass
@@ -85,7 +85,7 @@ class _Group:
         self.t1, self.queried, self.hits = t1, self.queried + queried, self.hits + hits
 
     def exceeds(self) -> bool:
-        return self.hits > self.queried * (1 + 1e-9)
+        return hits_exceed(self.queried, self.hits)
 
 
 class HitRollup:
@@ -116,8 +116,7 @@ class HitRollup:
         self.bucket_seconds = bucket_seconds
         self._buf: deque[_Minute] = deque(maxlen=minutes)
         self._t: float | None = None
-        # steps (or groups) added, the latest last, each [minute it went to, end [s], Δqueries, Δhits]:
-        # a torn group takes them back
+        # steps (or groups) added, the latest last: a torn read's group takes them back
         self._added: deque[_Step] = deque(maxlen=TORN_STEPS)
         self._open: _Group | None = None  # a torn read's group waiting for the step after it
 
@@ -128,7 +127,7 @@ class HitRollup:
                prefill: tuple[float, float] | None = None, decode: tuple[float, float] | None = None,
                kv_usage: float | None = None) -> None:
         """Add one step [t0, t1]: Δqueried and Δhits tokens (None = unknown, not added; hits above
-        queries: held for the next step, class docstring), prefill / decode = (Δsum [s], Δcount)
+        queries: grouped with its neighbours, class docstring), prefill / decode = (Δsum [s], Δcount)
         of the request time histograms, KV usage [0–1] at the step's end (outside [0, 1]: left out)."""
         minute = int(math.floor(t1 / self.bucket_seconds))
         if self._buf and minute < self._buf[-1].minute or self._t is not None and t1 <= self._t:
@@ -162,7 +161,7 @@ class HitRollup:
             if queried is None or queried > 0:
                 m.hits_missing = True
             return
-        exceeds = hits > queried * (1 + 1e-9)
+        exceeds = hits_exceed(queried, hits)
         if g is None and not exceeds:
             m.queries += queried
             m.hits += hits
@@ -173,9 +172,9 @@ class HitRollup:
         g.add(m, t1, queried, hits)
         # the step after each that exceeds, and more while the group exceeds, up to TORN_STEPS in all
         g.waiting = 1 if exceeds or (g.exceeds() and len(g.minutes) < TORN_STEPS) else g.waiting - 1
-        if g.waiting and len(g.minutes) >= 2 * TORN_STEPS:  # exceeding step after step: no torn read
-            self._drop()
         if g.waiting:
+            if len(g.minutes) >= 2 * TORN_STEPS:  # exceeding step after step: no torn read
+                self._drop()
             return
         self._open = None
         # the step before it too, within or not: a read of hits low put its difference there, and

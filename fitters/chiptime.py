@@ -532,9 +532,10 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
 
     def _changed(self, state: _Frozen) -> Drift | None:
         """How much the engine's chip time per unit of work changed (:class:`Drift`), or None when
-        the last DRIFT_STEPS rows do not say it changed. Each of them with DRIFT_REFERENCE earlier rows of its traffic gives a shift:
-        its relative residual less the median of theirs (a misfit the traffic always had, tail-chunk
-        dips or a concurrency the linear model fits less well, is no change). A change is a median
+        the last DRIFT_STEPS rows do not say it changed. Each of them with DRIFT_REFERENCE earlier
+        rows of its traffic gives a shift: its relative residual less the median of theirs (a misfit
+        the traffic always had, tail-chunk dips or a concurrency the linear model fits less well, is
+        no change). A change is a median
         shift, over at least half of them, beyond DRIFT and beyond DRIFT_SIGMAS standard errors of
         that median under the earlier rows' scatter (a robust σ): a noisy engine's own spread
         (20 % per step) read as a change once every ~3 h at a fixed 15 % (review)."""

@@ -18,6 +18,12 @@ def max_hit_ratio(isl: float) -> float:
     return 1.0 - 1.0 / isl
 
 
+def hits_exceed(queried: float, hits: float) -> bool:
+    """Whether ``hits`` [tokens] exceed ``queried`` [tokens] beyond float rounding: impossible for
+    one engine's counters over one interval (MODEL.md §1, h ≤ 1), a corrupted or torn read."""
+    return hits > queried * (1 + 1e-9)
+
+
 def attention_work(isl: float, h: float) -> float:
     """Causal attention work of a prefill with a cached prefix: W = M·H + M²/2 [tokens²].
 
