@@ -90,9 +90,7 @@ def hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None, 
     ``ctx.unknown``); block counts are scaled by the block size, unknown without it.
     """
     q, k, e = _hit_tokens(delta, ctx)
-    if hit_problem(delta, ctx):
-        return None, None, None
-    return q, k, e
+    return (None, None, None) if _exceed(q, k, e) else (q, k, e)
 
 
 def hit_sums(delta: Delta, ctx: Context) -> tuple[float, float] | None:
@@ -109,12 +107,15 @@ def hit_problem(delta: Delta, ctx: Context) -> str:
     Hits (device + loaded) above queries are impossible: a corrupted or mixed-up counter, never
     a hit ratio above 1 (issue 7).
     """
-    q, k, e = _hit_tokens(delta, ctx)
-    # q = 0 too: hits with no query (a glitched hit counter in an idle step) are no 0/0 to skip; they
-    # reached the 24-h rollup as a hit ratio of 540,000 (a review)
-    if q is not None and hits_exceed(q, (k or 0.0) + (e or 0.0)):
+    if _exceed(*_hit_tokens(delta, ctx)):
         return "prefix-cache hits exceed queries over the interval (inconsistent counters): no hit ratio"
     return ""
+
+
+def _exceed(q: float | None, k: float | None, e: float | None) -> bool:
+    # q = 0 too: hits with no query (a glitched hit counter in an idle step) are no 0/0 to skip; they
+    # reached the 24-h rollup as a hit ratio of 540,000 (a review)
+    return q is not None and hits_exceed(q, (k or 0.0) + (e or 0.0))
 
 
 def _hit_tokens(delta: Delta, ctx: Context) -> tuple[float | None, float | None, float | None]:
