@@ -77,6 +77,7 @@ does not depend on: they are rejected with a message saying so.
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import json
 import math
@@ -244,6 +245,13 @@ class Config:
 _SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
 
 
+def _unknown(key: str, known: list[str], shown: Callable[[str], str] = str) -> str:
+    """"unknown key", with the known key closest to ``key`` (difflib, as ``shown`` spells it) when
+    one is close: a typo's fix, not the list of every key."""
+    near = difflib.get_close_matches(key, known, n=1)
+    return f"unknown key (did you mean {shown(near[0])}?)" if near else "unknown key"
+
+
 def _coerce(key: str, value: Any, typ: str) -> Any:
     if value is None:
         if "None" in typ:
@@ -301,7 +309,7 @@ def _build(cls, data: Mapping[str, Any], prefix: str = ""):
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in known:
-            raise ConfigError(f"config key {key}: unknown key")
+            raise ConfigError(f"config key {key}: {_unknown(k, list(known), lambda n: prefix + n)}")
         if k in _SECTIONS and cls is Config:
             if v is None:
                 v = {}
@@ -414,21 +422,23 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
     """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError."""
     out: dict = {}
     flat = {f.name: None for f in fields(Config) if f.name not in _SECTIONS}
+    # every variable's key as the environment spells it, for a typo's suggestion
+    known = [*flat, *(f"{s}_{f.name}" for s, c in _SECTIONS.items() for f in fields(c))]
     for name, value in environ.items():
         if not name.startswith("KVHIT_"):
             continue
         rest = name[len("KVHIT_"):].lower()
         value = None if _env_null(value) else value  # YAML's null: a nullable key unset
         section = next((s for s in _SECTIONS if rest.startswith(s + "_")), None)
-        if section:
+        if rest in known and section:
             out.setdefault(section, {})[rest[len(section) + 1:]] = value
-        elif rest in flat:
+        elif rest in known:
             out[rest] = value
         elif rest in _SECTIONS:
             raise ConfigError(f"environment variable {name}: {rest} is a section; set its keys one by one, e.g. "
                               f"{name}_{next(f.name for f in fields(_SECTIONS[rest])).upper()}")
-        else:
-            raise ConfigError(f"environment variable {name}: unknown key")
+        else:  # named as the variable, not as a file's key: the user may have no file (a newcomer's find)
+            raise ConfigError(f"environment variable {name}: {_unknown(rest, known, lambda k: 'KVHIT_' + k.upper())}")
     return out
 
 

@@ -42,10 +42,12 @@ def run_with(tmp_path, capsys, monkeypatch, yaml_text: str | None = None, env: d
 
 # (yaml, the key the one line must name)
 CASES = {
-    "unknown top-level key": ("intervall: 5\n", "config key intervall: unknown key"),
+    "unknown top-level key": ("intervall: 5\n", "config key intervall: unknown key (did you mean interval?)"),
     # where (1-based), not what: line 2's "[" is still open where the text ends, line 3 column 1
     "not YAML": ("interval: 5\nprices: [1, 2\n", "kvhit.yaml: not valid YAML at line 3, column 1 (ParserError)"),
-    "unknown nested key": ("prices:\n  hit_price: 0.1\n", "config key prices.hit_price: unknown key"),
+    "unknown nested key": ("prices:\n  hit_price: 0.1\n",
+                           "config key prices.hit_price: unknown key (did you mean prices.hit_price_ratio?)"),
+    "unknown key, nothing close": ("scrape_every: 5\n", "config key scrape_every: unknown key\n"),
     "wrong type, number": ("interval: fast\n", "config key interval: expected float"),
     "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
     "wrong type, section": ("prices: 5\n", "config key prices: expected a mapping"),
@@ -179,8 +181,14 @@ def test_free_hits_are_a_valid_price(tmp_path):
 
 def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch):
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MAX_SERIESS": "3"})
-    assert code == 2 and err.count("\n") == 1 and "KVHIT_MAX_SERIESS: unknown key" in err
+    assert code == 2 and err.count("\n") == 1 and "KVHIT_MAX_SERIESS: unknown key (did you mean KVHIT_MAX_SERIES?)" in err
     monkeypatch.delenv("KVHIT_MAX_SERIESS")
+    # a section's key mistyped in the environment is named as the variable the user set, not as a
+    # file's key (a newcomer with no file was told "config key prices.hit_ratio")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES_HIT_RATIO": "0.2"})
+    assert code == 2 and err.count("\n") == 1 and ("environment variable KVHIT_PRICES_HIT_RATIO: unknown key "
+                                                   "(did you mean KVHIT_PRICES_HIT_PRICE_RATIO?)") in err
+    monkeypatch.delenv("KVHIT_PRICES_HIT_RATIO")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES_HIT_PRICE_RATIO": "-1"})
     assert code == 2 and "config key prices.hit_price_ratio: must be in [0, 1]" in err
     monkeypatch.delenv("KVHIT_PRICES_HIT_PRICE_RATIO")
