@@ -491,6 +491,19 @@ def test_each_failure_kind_has_its_reason_and_never_echoes_the_body(target, mode
     assert analysis.engine_reason == f"no successful scrape yet (last attempt: {FAULTS[mode]})"
 
 
+@pytest.mark.parametrize("path, said", [
+    # a trailing slash is the likeliest typo of a URL without /metrics, which config refuses with
+    # this hint; accepted (a proxy may serve metrics at /), its 404 gave no hint (a newcomer's find)
+    ("/", "HTTP 404 from http://127.0.0.1:{port}/: vLLM serves /metrics, add it to the URL"),
+    ("/metrics", "HTTP 404 from http://127.0.0.1:{port}/metrics"),
+])
+def test_a_404_at_the_root_path_says_to_add_metrics(target, path, said):
+    target.mode = "http404"
+    with pytest.raises(ScrapeError) as info:
+        LiveSource(f"http://127.0.0.1:{target.port}{path}", timeout=TIMEOUT, max_bytes=CAP).fetch()
+    assert info.value.reason == "http_404" and str(info.value) == said.format(port=target.port)
+
+
 def test_a_late_answer_is_stamped_when_it_began_not_at_the_request(target):
     # The body is generated when the answer begins: stamped at the request instead, the step after
     # a stalled engine's late answer had its increases over LATE seconds too little time.
