@@ -6,6 +6,7 @@ failures (e.g. unreadable trace), with a one-line message on stderr.
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
 import json
 import logging
@@ -490,6 +491,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def _hint(parser: argparse.ArgumentParser, words: list[str]) -> str:
+    """The fix of the likeliest mistake among unrecognized ``words`` ("" when none is seen): a URL
+    given without its flag, an option mistyped (the closest option, difflib)."""
+    options = [o for a in parser._actions for o in a.option_strings]  # argparse keeps no public list
+    for word in words:
+        if word.startswith(("http://", "https://")) and "--target" in options:
+            return " (give the URL with --target, or --prometheus for fleet mode)"
+        near = difflib.get_close_matches(word.split("=", 1)[0], options, n=1) if word.startswith("--") else []
+        if near:
+            return f" (did you mean {near[0]}?)"
+    return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvhit", description="vLLM prefix-cache hit economics: exporter and analyzer")
     p.add_argument("--version", action="version", version=f"kvhit {__version__}")
@@ -611,7 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # said by the parser of the words it stands among: the command's ("kvhit run: …") after it
         words = sys.argv[1:] if argv is None else list(argv)
         before = [w for w in extra if w in words[:words.index(args.command)]]
-        (parser if before else args.command_parser).error(f"unrecognized arguments: {' '.join(before or extra)}")
+        said = parser if before else args.command_parser
+        said.error(f"unrecognized arguments: {' '.join(before or extra)}{_hint(said, before or extra)}")
     stdout = sys.stdout
     if stdout is not None:  # None: started with stdout closed (`>&-`), nothing is printed
         sys.stdout = _PipeSafe(stdout)

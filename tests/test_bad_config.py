@@ -199,7 +199,15 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
         main(["run", "--targt", "http://127.0.0.1:9/metrics"])
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == \
-        "kvhit run: unrecognized arguments: --targt http://127.0.0.1:9/metrics (see kvhit run --help)"
+        "kvhit run: unrecognized arguments: --targt http://127.0.0.1:9/metrics (did you mean --target?) " \
+        "(see kvhit run --help)"
+    # the URL without its flag: argparse's "unrecognized arguments" alone did not say the fix (a newcomer's find)
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "http://127.0.0.1:9/metrics"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "kvhit run: unrecognized arguments: http://127.0.0.1:9/metrics (give the URL with --target, or " \
+        "--prometheus for fleet mode) (see kvhit run --help)"
     with pytest.raises(SystemExit):  # before the command: the top parser's word, not the command's
         main(["--quiet", "replay", "trace", "--bogus"])
     assert capsys.readouterr().err.splitlines()[-1] == "kvhit: unrecognized arguments: --quiet (see kvhit --help)"
