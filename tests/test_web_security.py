@@ -74,6 +74,7 @@ def test_password_hash_is_django_pbkdf2_sha256():
     assert not verify_password("secret", "pbkdf2_sha256$1000$abc$not-base64!")
 
 
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")  # the client that must fail
 def test_tls_serves_metrics_with_a_verifiable_certificate(tmp_path):
     cert, key = self_signed(tmp_path)
     server, port = start(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n", tmp_path)
