@@ -53,8 +53,9 @@ _STEP_NOTES = ("the engine restarted (every _created moved, or a counter went do
                "one target URL reaching several pods?): the step has no increases",
                f"a token counter rose over {SPIKE_FACTOR:g}x both the next step's rate and its peak (it jumped and "
                "stayed up): that step is kept from the fits and the 24 h rollup")
-# a _STEP_NOTES line and the time of the scrape that told it (a jump is told a scrape after it)
-STEP_NOTE_FORMAT = "%s (told by the scrape at %s UTC)"
+# a _STEP_NOTES line, the time of the scrape that told it (a jump is told a scrape after it), and
+# how many of the same kind the rate limit kept from the log since the last such line
+STEP_NOTE_FORMAT = "%s (told by the scrape at %s UTC)%s"
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down,
 # and at most 5 min (never under one interval): at fleet mode's 120-s interval, 8 intervals held
 # kvhit_up at 0 for up to 16 min after Prometheus was back (SRE review)
@@ -119,6 +120,7 @@ class Runner:
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
         self._noted: dict[str, float] = {}  # _STEP_NOTES line, or "slow" → snapshot time it was last logged
+        self._held: dict[str, int] = {}  # _STEP_NOTES line → steps of its kind not logged since it was
 
     # --- input -----------------------------------------------------------------------------
 
@@ -206,10 +208,17 @@ class Runner:
         """Log each kind of unusual step (_STEP_NOTES) counted since ``seen``, each at most once per
         STEP_NOTE_SECONDS of snapshot time."""
         for before, now, what in zip(seen, self._unusual_steps(), _STEP_NOTES):
-            if now > before and timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS:
-                self._noted[what] = timestamp
-                # the scrape's time: a replay logs at the wall clock of the replay, not of the trace
-                log.info(STEP_NOTE_FORMAT, what, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(timestamp)))
+            if now <= before:
+                continue
+            if timestamp - self._noted.get(what, -math.inf) < STEP_NOTE_SECONDS:
+                # counted, so the next line says them: a second restart within 10 min went unsaid (breaker)
+                self._held[what] = self._held.get(what, 0) + now - before
+                continue
+            self._noted[what] = timestamp
+            held = self._held.pop(what, 0)
+            # the scrape's time: a replay logs at the wall clock of the replay, not of the trace
+            log.info(STEP_NOTE_FORMAT, what, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(timestamp)),
+                     f"; {held} more of these since the last such line, not logged then" if held else "")
 
     def poll(self, source: LiveSource | PrometheusSource) -> bool:
         """One live scrape (or fleet query) stamped with :attr:`clock` when its answer began

@@ -920,6 +920,16 @@ def test_restarts_glitches_and_another_process_are_logged(caplog):
     with caplog.at_level(logging.INFO, logger="kvhit"):
         assert runner.ingest_text(1030.0, EXPO.format(q=90.0, created=400.0))
     assert runner.analyzer.windows.foreign == 2 and not [r for r in caplog.records if r.msg == STEP_NOTE_FORMAT]
+    # 10 minutes on (scrapes every 5 s, same process), another process once more: logged, saying the
+    # one held back at 1030 (a breaker saw a second restart within 10 min leave no line at all)
+    for i in range(1, 120):
+        assert runner.ingest_text(1030.0 + 5 * i, EXPO.format(q=90.0 + i, created=400.0))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kvhit"):
+        assert runner.ingest_text(1630.0, EXPO.format(q=500.0, created=300.0))
+    assert runner.analyzer.windows.foreign == 3
+    assert [r.args for r in caplog.records if r.msg == STEP_NOTE_FORMAT] == [
+        (_STEP_NOTES[2], "1970-01-01 00:27:10", "; 1 more of these since the last such line, not logged then")]
 
 
 def test_a_restart_is_logged_when_the_fit_step_then_fails(caplog):
