@@ -309,7 +309,7 @@ def _build(cls, data: Mapping[str, Any], prefix: str = ""):
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in known:
-            raise ConfigError(f"config key {key}: {_unknown(k, list(known), lambda n: prefix + n)}")
+            raise ConfigError(f"config key {key}: {_unknown(str(k), list(known), lambda n: prefix + n)}")
         if k in _SECTIONS and cls is Config:
             if v is None:
                 v = {}

@@ -48,6 +48,9 @@ CASES = {
     "unknown nested key": ("prices:\n  hit_price: 0.1\n",
                            "config key prices.hit_price: unknown key (did you mean prices.hit_price_ratio?)"),
     "unknown key, nothing close": ("scrape_every: 5\n", "config key scrape_every: unknown key\n"),
+    # YAML keys need not be strings: the closest-key search crashed on them (TypeError, a self-review)
+    "key a number": ("123: 5\n", "config key 123: unknown key\n"),
+    "nested key null": ("prices:\n  null: 0.1\n", "config key prices.None: unknown key\n"),
     "wrong type, number": ("interval: fast\n", "config key interval: expected float"),
     "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
     "wrong type, section": ("prices: 5\n", "config key prices: expected a mapping"),
