@@ -54,8 +54,10 @@ _STEP_NOTES = ("the engine restarted (every _created moved, or a counter went do
                f"a token counter rose over {SPIKE_FACTOR:g}x both the next step's rate and its peak (it jumped and "
                "stayed up): that step is kept from the fits and the 24 h rollup")
 # a _STEP_NOTES line, the time of the scrape that told it (a jump is told a scrape after it), and
-# how many of the same kind the rate limit kept from the log since the last such line
+# how many scrapes told the same since the last such line, kept from the log by the rate limit
 STEP_NOTE_FORMAT = "%s (told by the scrape at %s UTC)%s"
+# the same count when no scrape told it again once the rate limit let it be said
+HELD_NOTE_FORMAT = "%d more scrape(s) after the one at %s UTC told: %s"
 MAX_BACKOFF_FACTOR = 8  # at most 8 intervals between attempts while the target is down,
 # and at most 5 min (never under one interval): at fleet mode's 120-s interval, 8 intervals held
 # kvhit_up at 0 for up to 16 min after Prometheus was back (SRE review)
@@ -86,6 +88,11 @@ class SteadyClock:
         if abs(now - self._offset) >= self.STEP_SECONDS:
             self._offset = now
         return self._offset
+
+
+def _utc(t: float) -> str:
+    """Unix time ``t`` [s] as a log line's UTC date and time."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
 
 class Runner:
@@ -120,7 +127,7 @@ class Runner:
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
         self._noted: dict[str, float] = {}  # _STEP_NOTES line, or "slow" → snapshot time it was last logged
-        self._held: dict[str, int] = {}  # _STEP_NOTES line → steps of its kind not logged since it was
+        self._held: dict[str, int] = {}  # _STEP_NOTES line → scrapes that told it, not logged since it was
 
     # --- input -----------------------------------------------------------------------------
 
@@ -207,18 +214,23 @@ class Runner:
     def _note_steps(self, seen: tuple[int, ...], timestamp: float) -> None:
         """Log each kind of unusual step (_STEP_NOTES) counted since ``seen``, each at most once per
         STEP_NOTE_SECONDS of snapshot time."""
+        # counted per scrape (one line tells all of a scrape's models), each count said once the rate
+        # limit allows, by the next scrape that tells it or by none: a second restart within 10 min
+        # left no line (breaker), and a count said only with the next such step never (review)
         for before, now, what in zip(seen, self._unusual_steps(), _STEP_NOTES):
-            if now <= before:
-                continue
-            if timestamp - self._noted.get(what, -math.inf) < STEP_NOTE_SECONDS:
-                # counted, so the next line says them: a second restart within 10 min went unsaid (breaker)
-                self._held[what] = self._held.get(what, 0) + now - before
-                continue
-            self._noted[what] = timestamp
-            held = self._held.pop(what, 0)
-            # the scrape's time: a replay logs at the wall clock of the replay, not of the trace
-            log.info(STEP_NOTE_FORMAT, what, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(timestamp)),
-                     f"; {held} more of these since the last such line, not logged then" if held else "")
+            due = timestamp - self._noted.get(what, -math.inf) >= STEP_NOTE_SECONDS
+            if now > before and not due:
+                self._held[what] = self._held.get(what, 0) + 1
+            elif now > before or (due and what in self._held):
+                # scrapes' times: a replay logs at the wall clock of the replay, not of the trace
+                last = _utc(self._noted.get(what, timestamp))
+                self._noted[what] = timestamp
+                held = self._held.pop(what, 0)
+                if now > before:
+                    log.info(STEP_NOTE_FORMAT, what, _utc(timestamp),
+                             f"; {held} more scrape(s) after the one at {last} UTC told it too" if held else "")
+                else:
+                    log.info(HELD_NOTE_FORMAT, held, last, what)
 
     def poll(self, source: LiveSource | PrometheusSource) -> bool:
         """One live scrape (or fleet query) stamped with :attr:`clock` when its answer began
