@@ -491,16 +491,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _hint(parser: argparse.ArgumentParser, words: list[str]) -> str:
+def _hint(parser: argparse.ArgumentParser, words: list[str], args: argparse.Namespace) -> str:
     """The fix of the likeliest mistake among unrecognized ``words`` ("" when none is seen): a URL
-    given without its flag, an option mistyped (the closest option, difflib)."""
-    options = [o for a in parser._actions for o in a.option_strings]  # argparse keeps no public list
+    given without its flag, an option mistyped (the closest option, difflib, compared without the
+    dashes every option shares: with them ``--port`` read as ``--out``)."""
+    options = {o.lstrip("-"): o for a in parser._actions for o in a.option_strings}  # argparse keeps no public list
     for word in words:
-        if word.startswith(("http://", "https://")) and "--target" in options:
+        if word.startswith(("http://", "https://")) and "--target" in options.values():
+            if getattr(args, "target", None) or getattr(args, "prometheus", None):
+                return " (kvhit run reads one target: a kvhit per vLLM pod, or fleet mode for many)"
             return " (give the URL with --target, or --prometheus for fleet mode)"
-        near = difflib.get_close_matches(word.split("=", 1)[0], options, n=1) if word.startswith("--") else []
-        if near:
-            return f" (did you mean {near[0]}?)"
+        if word.startswith("--"):
+            near = difflib.get_close_matches(word[2:].split("=", 1)[0], list(options), n=1)
+            if near:
+                return f" (did you mean {options[near[0]]}?)"
     return ""
 
 
@@ -626,7 +630,12 @@ def main(argv: list[str] | None = None) -> int:
         words = sys.argv[1:] if argv is None else list(argv)
         before = [w for w in extra if w in words[:words.index(args.command)]]
         said = parser if before else args.command_parser
-        said.error(f"unrecognized arguments: {' '.join(before or extra)}{_hint(said, before or extra)}")
+        message = f"unrecognized arguments: {' '.join(before or extra)}{_hint(said, before or extra, args)}"
+        if getattr(args, "on_config_error", None) == "serve" and not args.check_config:
+            # a flag is configuration too: a typo in a sidecar's args exited 2, the container
+            # crash-looped and took its pod out of the Service (found adding the hints above)
+            return _serve_refused(args, ConfigError(f"{said.prog}: {message}"))
+        said.error(message)
     stdout = sys.stdout
     if stdout is not None:  # None: started with stdout closed (`>&-`), nothing is printed
         sys.stdout = _PipeSafe(stdout)

@@ -211,6 +211,21 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
     assert capsys.readouterr().err.splitlines()[-1] == \
         "kvhit run: unrecognized arguments: http://127.0.0.1:9/metrics (give the URL with --target, or " \
         "--prometheus for fleet mode) (see kvhit run --help)"
+    # hints from review: options compared without their shared "--" (with it --port read as --out,
+    # --model as --help), and a second URL where --target is given already
+    for argv, said in [(["report", "http://127.0.0.1:9", "--port", "1"], "kvhit report: unrecognized arguments: --port 1 "
+                                                                         "(see kvhit report --help)"),
+                       (["run", "--target", "http://127.0.0.1:9/metrics", "--model", "m"],
+                        "kvhit run: unrecognized arguments: --model m (see kvhit run --help)"),
+                       (["run", "--web_config", "w.yml"], "kvhit run: unrecognized arguments: --web_config w.yml "
+                                                          "(did you mean --web-config?) (see kvhit run --help)"),
+                       (["run", "--target", "http://a:1/metrics", "http://b:1/metrics"],
+                        "kvhit run: unrecognized arguments: http://b:1/metrics (kvhit run reads one target: a kvhit per "
+                        "vLLM pod, or fleet mode for many) (see kvhit run --help)"),
+]:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == said
     with pytest.raises(SystemExit):  # before the command: the top parser's word, not the command's
         main(["--quiet", "replay", "trace", "--bogus"])
     assert capsys.readouterr().err.splitlines()[-1] == "kvhit: unrecognized arguments: --quiet (see kvhit --help)"

@@ -386,7 +386,10 @@ def _serving(proc: subprocess.Popen, answer):
 @pytest.mark.parametrize("refused, said", [
     (["--config", "rho.yaml"], "prices.hit_price_ratio: must be in [0, 1], got 1.5"),
     # a flag's bad number too: argparse's own type check had exited 2 before serve mode (review)
-    (["--interval", "abc"], "config key interval: expected float, got 'abc'")])
+    (["--interval", "abc"], "config key interval: expected float, got 'abc'"),
+    # a mistyped flag (a sidecar patch's typo) had exited 2 too: its pod went NotReady
+    (["--intervall=10"], "configuration refused: kvhit run: unrecognized arguments: --intervall=10 (did you mean "
+                         "--interval?); kvhit analyses nothing")])
 def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path, refused, said):
     # A container that exits makes its pod NotReady and takes vLLM out of its Service: the sidecar
     # manifests run kvhit with --on-config-error=serve.
@@ -407,7 +410,7 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
         assert not any(name.startswith("kvhit_up") for name in samples)  # nothing is scraped
         assert http_get(base + "/healthz")[0] == 200  # a restart cannot fix the file: no liveness failure
         status, body = http_get(base + "/readyz")
-        assert status == 503 and "1.5" not in body and "abc" not in body  # what was refused stays in the log
+        assert status == 503 and not any(w in body for w in ("1.5", "abc", "intervall"))  # what was refused stays in the log
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
