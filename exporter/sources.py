@@ -288,7 +288,8 @@ class LiveSource:
                             kind = _error_type(self._read(resp, deadline))
                         except ScrapeError:
                             pass
-                    if form is None and resp.status_code == 404 and urllib.parse.urlsplit(self.url).path == "/":
+                    # where the request ended: a redirect from / to a /metrics that 404s needs no such hint (review)
+                    if form is None and resp.status_code == 404 and urllib.parse.urlsplit(resp.url).path == "/":
                         kind = ": vLLM serves /metrics, add it to the URL"  # the hint a URL without a path gets
                     raise ScrapeError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {where}{kind}")
                 body = self._read(resp, deadline)

@@ -115,6 +115,11 @@ class Target:
     def mode_gzip_junk(self, h) -> None:  # a gzip member, then bytes that are none
         self.send(h, 200, gzip.compress(self.body()) + b"junk after it", {"Content-Encoding": "gzip"})
 
+    def mode_root_to_missing(self, h) -> None:  # / redirects to a /metrics that is not there
+        if h.path == "/":
+            return self.send(h, 302, b"", {"Location": "/metrics"})
+        self.send(h, 404, b"not found\n")
+
     def mode_redirect_drip(self, h) -> None:  # a 302 whose body trickles in: requests read it whole
         # before following, with its per-read timeout only
         body = b"moved" * 40
@@ -502,6 +507,16 @@ def test_a_404_at_the_root_path_says_to_add_metrics(target, path, said):
     with pytest.raises(ScrapeError) as info:
         LiveSource(f"http://127.0.0.1:{target.port}{path}", timeout=TIMEOUT, max_bytes=CAP).fetch()
     assert info.value.reason == "http_404" and str(info.value) == said.format(port=target.port)
+
+
+def test_a_404_after_a_redirect_from_the_root_to_metrics_gives_no_hint_to_add_it(target):
+    # the hint read the configured URL's path, not where the request ended (review)
+    target.mode = "root_to_missing"
+    url = f"http://127.0.0.1:{target.port}/"
+    with pytest.raises(ScrapeError) as info:
+        LiveSource(url, timeout=TIMEOUT, max_bytes=CAP).fetch()
+    assert info.value.reason == "http_404"
+    assert str(info.value) == f"HTTP 404 from {url} (redirected to http://127.0.0.1:{target.port}/metrics)"
 
 
 def test_a_late_answer_is_stamped_when_it_began_not_at_the_request(target):
