@@ -245,10 +245,16 @@ class Config:
 _SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
 
 
-def _unknown(key: str, known: list[str], shown: Callable[[str], str] = str) -> str:
-    """"unknown key", with the known key closest to ``key`` (difflib, as ``shown`` spells it) when
-    one is close: a typo's fix, not the list of every key."""
-    near = difflib.get_close_matches(key, known, n=1)
+def _unknown(key: str, leaf: str, sep: str, shown: Callable[[str], str] = str) -> str:
+    """"unknown key", with the known key a typo most likely meant, as ``shown`` spells it: the key
+    of that name in another section (``ttft_seconds`` → ``slo.ttft_seconds``), else the closest by
+    difflib over whole paths (``sep``: "." in a file, "_" in the environment) when it is close; a
+    guess further off misled more than it helped (``interval_seconds`` read as ``window_seconds``).
+    ``key``: the whole path written; ``leaf``: its last part."""
+    paths = {**{f.name: f.name for f in fields(Config) if f.name not in _SECTIONS},
+             **{f"{s}{sep}{f.name}": f.name for s, c in _SECTIONS.items() for f in fields(c)}}
+    near = [p for p, name in paths.items() if name == leaf] or difflib.get_close_matches(key, list(paths), n=1,
+                                                                                         cutoff=0.76)
     return f"unknown key (did you mean {shown(near[0])}?)" if near else "unknown key"
 
 
@@ -309,7 +315,7 @@ def _build(cls, data: Mapping[str, Any], prefix: str = ""):
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in known:
-            raise ConfigError(f"config key {key}: {_unknown(str(k), list(known), lambda n: prefix + n)}")
+            raise ConfigError(f"config key {key}: {_unknown(str(key), str(k), '.')}")
         if k in _SECTIONS and cls is Config:
             if v is None:
                 v = {}
@@ -422,8 +428,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
     """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError."""
     out: dict = {}
     flat = {f.name: None for f in fields(Config) if f.name not in _SECTIONS}
-    # every variable's key as the environment spells it, for a typo's suggestion
-    known = [*flat, *(f"{s}_{f.name}" for s, c in _SECTIONS.items() for f in fields(c))]
+    known = [*flat, *(f"{s}_{f.name}" for s, c in _SECTIONS.items() for f in fields(c))]  # as the environment spells them
     for name, value in environ.items():
         if not name.startswith("KVHIT_"):
             continue
@@ -437,8 +442,11 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
         elif rest in _SECTIONS:
             raise ConfigError(f"environment variable {name}: {rest} is a section; set its keys one by one, e.g. "
                               f"{name}_{next(f.name for f in fields(_SECTIONS[rest])).upper()}")
+        elif rest == "config":  # a natural guess at the file's variable: none exists
+            raise ConfigError(f"environment variable {name}: unknown key (the config file is given with --config FILE)")
         else:  # named as the variable, not as a file's key: the user may have no file (a newcomer's find)
-            raise ConfigError(f"environment variable {name}: {_unknown(rest, known, lambda k: 'KVHIT_' + k.upper())}")
+            leaf = rest[len(section) + 1:] if section else rest
+            raise ConfigError(f"environment variable {name}: {_unknown(rest, leaf, '_', lambda k: 'KVHIT_' + k.upper())}")
     return out
 
 

@@ -50,7 +50,10 @@ CASES = {
     "unknown key, nothing close": ("scrape_every: 5\n", "config key scrape_every: unknown key\n"),
     # YAML keys need not be strings: the closest-key search crashed on them (TypeError, a self-review)
     "key a number": ("123: 5\n", "config key 123: unknown key\n"),
-    "nested key null": ("prices:\n  null: 0.1\n", "config key prices.None: unknown key\n"),
+    # a section's key written at the top: named where it belongs; a guess further off is none
+    # (review: interval_seconds was read as window_seconds, ttft_seconds as gap_seconds)
+    "section key at the top": ("ttft_seconds: 1\n", "config key ttft_seconds: unknown key (did you mean slo.ttft_seconds?)"),
+    "nothing close enough": ("interval_seconds: 5\n", "config key interval_seconds: unknown key\n"),
     "wrong type, number": ("interval: fast\n", "config key interval: expected float"),
     "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
     "wrong type, section": ("prices: 5\n", "config key prices: expected a mapping"),
@@ -192,6 +195,9 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
     assert code == 2 and err.count("\n") == 1 and ("environment variable KVHIT_PRICES_HIT_RATIO: unknown key "
                                                    "(did you mean KVHIT_PRICES_HIT_PRICE_RATIO?)") in err
     monkeypatch.delenv("KVHIT_PRICES_HIT_RATIO")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_CONFIG": "kvhit.yaml"})  # no such variable
+    assert code == 2 and err.endswith("KVHIT_CONFIG: unknown key (the config file is given with --config FILE)\n")
+    monkeypatch.delenv("KVHIT_CONFIG")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES_HIT_PRICE_RATIO": "-1"})
     assert code == 2 and "config key prices.hit_price_ratio: must be in [0, 1]" in err
     monkeypatch.delenv("KVHIT_PRICES_HIT_PRICE_RATIO")
