@@ -458,6 +458,7 @@ TOTALS_TTL_SECONDS = 3600.0  # fleet mode forgets a running total no answer held
 CREATED_SKEW_SECONDS = 60.0
 _FLEET_HELP = "Over the selected pods, read from Prometheus by kvhit fleet mode."  # no unit words: parse reads HELP
 _CONNECTOR = "l:"  # the query of each model's pods with LMCache's metrics, rendered as the family below
+_AGE = "age:"  # the queries of each counter family's oldest last sample at the range's end (fetch)
 _CONNECTOR_FAMILY = "lmcache:kvhit_fleet_pods"  # parse: an LMCache family naming the model (parse._connector)
 
 
@@ -544,7 +545,9 @@ class PrometheusSource:
     ``query_error`` (a 200 answer with ``"status": "error"``; the message gives its
     ``errorType`` only, as its text may quote label values); ``bad_response`` (not JSON, or not
     an instant vector of ``[time, "value"]`` samples); ``catching_up`` (no sample of some pod since
-    the last range: above; or a pod Prometheus cannot scrape now, ``up == 0``, for less than
+    the last range: above; some pod's last sample at t FRESH_SAMPLE_SECONDS or more before t, whose
+    next sample would bring the growth of all that time into the next step however short: the
+    range waits for it; or a pod Prometheus cannot scrape now, ``up == 0``, for less than
     DOWN_WAIT_SECONDS: after it the polls go on without it until it is back).
     """
 
@@ -656,9 +659,18 @@ class PrometheusSource:
             # a model neither lists had no engine running throughout the range (busy) or ever (active)
             for kind in ("busy", "active"):
                 counts[kind] = {m: counts[kind].get(m, 0) for m in counts["engines"]}
+        last = [v for labels, v in rows if labels.get(_QUERY_LABEL, "").startswith(_AGE) and math.isfinite(v)]
+        if last and t - min(last) >= FRESH_SAMPLE_SECONDS:
+            # the range stays: the next ends after that pod's next sample, and its growth falls in this
+            # range's time, a step the windows leave out when it is a gap
+            raise ScrapeError("catching_up", f"{self._where}: some pod's last sample at the range's end is "
+                              f"{t - min(last):.0f} s older (Prometheus restarted or was down?): its next sample's "
+                              "growth covers all that time, which a short step cannot hold; the next range will "
+                              "end after it", costly=False)
         kept = dict(self._totals), dict(self._seen), self._partial, self._glitched
         try:
-            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in queries], t)
+            text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in queries
+                                 and not row[0].get(_QUERY_LABEL, "").startswith(_AGE)], t)
         except Exception as exc:  # an answer no Prometheus gives (a label that is no UTF-8 text): none of it stays
             self._totals, self._seen, self._partial, self._glitched = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
@@ -778,6 +790,12 @@ class PrometheusSource:
             queries.append(("e:", f"count by (model_name) (count by (model_name, job, instance, engine) "
                                   f"({self._counters_selector()}{unless}))"))
             queries.append((_CONNECTOR, _connected(f"{self._counters_selector()}{unless}", self.matchers)))
+        if r is not None:
+            # per counter family, the oldest of the pods' last samples at the range's end (fetch):
+            # a pod whose last is long before it brings the growth of all that time with its next
+            # sample, into the next step however short (a fleet breaker: h 0.43 for 0.15 after an outage)
+            queries += [(f"{_AGE}{f.name}", f"min({_newest('timestamp({})', self._selector(f, '(_total)?'))}{unless})")
+                        for f in self._counters]
         if r is not None and self._running is not None:
             # the engines busy throughout the step (MODEL.md §7, per engine: analyzer._busy_in_step),
             # whose machine the chip-time fit's coefficients are, and those running requests at some

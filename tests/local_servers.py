@@ -145,7 +145,7 @@ class FakePrometheus:
     """``POST /api/v1/query`` answered with the next queued (status, body), an empty instant
     vector when none is queued; ``forms`` and ``headers`` record every request's form fields and
     HTTP headers. The latest-sample query fleet mode sends before each range query (it has
-    ``timestamp(``) is answered from ``latest`` instead (an empty vector when none is queued: no
+    ``timestamp(``, which the range query has only in its ``age:`` parts) is answered from ``latest`` instead (an empty vector when none is queued: no
     sample time known) and recorded in ``latest_forms``. A queued 3xx answer redirects to
     ``redirect_to``."""
 
@@ -163,8 +163,9 @@ class FakePrometheus:
             def do_POST(self):  # noqa: N802 (http.server API)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode()).items()}
-                queue, forms = (fake.latest, fake.latest_forms) if "timestamp(" in form.get("query", "") else \
-                    (fake.answers, fake.forms)
+                query = form.get("query", "")
+                queue, forms = (fake.latest, fake.latest_forms) if "timestamp(" in query and '"age:' not in query \
+                    else (fake.answers, fake.forms)
                 forms.append(form)
                 fake.headers.append(dict(self.headers))
                 status, answer = queue.pop(0) if queue else (200, fake.vector([]))

@@ -615,6 +615,34 @@ def test_a_range_ends_where_every_pod_s_samples_end(fake):
     assert fake.forms[-1]["time"] == "1015.000"
 
 
+def test_a_range_does_not_end_where_a_pod_s_last_sample_is_a_minute_old_or_more(fake):
+    # After a Prometheus outage (a fleet breaker): the range ended at 1158, where every pod had a new
+    # sample but one whose last sample at 1158 was from before the outage (1001): its next one, at
+    # 1159, brought the growth of 158 s into the next 5-s step (fleet h 0.43 for 0.15, kvhit_up 1).
+    # The range waits for it: the long step holds that growth, and the windows leave it out.
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    _latest(fake, 999.0)
+    fake.answer([_row("c:prefix_cache_queries", "100")])
+    assert src.fetch()[0] == 999.0
+    clock.t = 1160.0
+    _latest(fake, 1158.0)
+    fake.answer([_row("c:prefix_cache_queries", "40"), ({"kvhit_query": "age:prefix_cache_queries"}, "1001")])
+    with pytest.raises(ScrapeError) as err:
+        src.fetch()
+    assert err.value.reason == "catching_up" and "last sample at the range's end is 157 s older" in str(err.value)
+    assert "offset 159000ms" in fake.forms[-1]["query"]  # 1158 - 999: the range asked for, not taken
+    assert 'label_replace(min(((timestamp(' in fake.forms[-1]["query"] and '"age:prefix_cache_queries"' in fake.forms[-1]["query"]
+    clock.t = 1165.0
+    _latest(fake, 1163.0)
+    # 59 s is no wait (FRESH_SAMPLE_SECONDS: a pod Prometheus scrapes every 30 s is 30 s old at most)
+    fake.answer([_row("c:prefix_cache_queries", "300"), ({"kvhit_query": "age:prefix_cache_queries"}, "1104")])
+    t, text = src.fetch()
+    assert t == 1163.0 and "offset 164000ms" in fake.forms[-1]["query"]  # from 999: the range that waited
+    # the running total: 100 at the baseline + 300, the refused range's 40 never added; age rows are no family
+    assert parse_exposition(text, t).models["m"].counters["queries"] == 400.0
+
+
 def test_running_totals_render_a_v1_exposition_and_a_missing_family_stays_unknown(fake):
     clock = Clock(2000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
