@@ -243,16 +243,23 @@ class Config:
 
 
 _SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
+METRICS_PATH_HINT = "vLLM serves /metrics, add it to the URL"  # a target URL without that path (also sources.py)
+
+
+def _paths(sep: str) -> dict[str, str]:
+    """Every settable key's whole path (sections joined by ``sep``: "." in a file, "_" in the
+    environment) → its last part."""
+    return {**{f.name: f.name for f in fields(Config) if f.name not in _SECTIONS},
+            **{f"{s}{sep}{f.name}": f.name for s, c in _SECTIONS.items() for f in fields(c)}}
 
 
 def _unknown(key: str, leaf: str, sep: str, shown: Callable[[str], str] = str) -> str:
     """"unknown key", with the known key a typo most likely meant, as ``shown`` spells it: the key
     of that name in another section (``ttft_seconds`` → ``slo.ttft_seconds``), else the closest by
-    difflib over whole paths (``sep``: "." in a file, "_" in the environment) when it is close; a
-    guess further off misled more than it helped (``interval_seconds`` read as ``window_seconds``).
-    ``key``: the whole path written; ``leaf``: its last part."""
-    paths = {**{f.name: f.name for f in fields(Config) if f.name not in _SECTIONS},
-             **{f"{s}{sep}{f.name}": f.name for s, c in _SECTIONS.items() for f in fields(c)}}
+    difflib over whole paths (:func:`_paths`) when it is close; a guess further off misled more
+    than it helped (``interval_seconds`` read as ``window_seconds``). ``key``: the whole path
+    written; ``leaf``: its last part."""
+    paths = _paths(sep)
     near = [p for p, name in paths.items() if name == leaf] or difflib.get_close_matches(key, list(paths), n=1,
                                                                                          cutoff=0.76)
     return f"unknown key (did you mean {shown(near[0])}?)" if near else "unknown key"
@@ -427,8 +434,7 @@ def _env_null(value: str) -> bool:
 def env_overrides(environ: Mapping[str, str]) -> dict:
     """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError."""
     out: dict = {}
-    flat = {f.name: None for f in fields(Config) if f.name not in _SECTIONS}
-    known = [*flat, *(f"{s}_{f.name}" for s, c in _SECTIONS.items() for f in fields(c))]  # as the environment spells them
+    known = _paths("_")
     for name, value in environ.items():
         if not name.startswith("KVHIT_"):
             continue
@@ -676,8 +682,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host (percent-encode "
                           f"/ ? # @ in a user:password), got {redact_url(cfg.target)!r}")
     if cfg.target is not None and not urlsplit(cfg.target).path:
-        raise ConfigError(f"config key target: no path in {redact_url(cfg.target)!r}: vLLM serves /metrics, "
-                          "add it to the URL")
+        raise ConfigError(f"config key target: no path in {redact_url(cfg.target)!r}: {METRICS_PATH_HINT}")
     if cfg.prometheus is not None:
         if not (cfg.prometheus.startswith(("http://", "https://")) and _host(cfg.prometheus)):
             raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API with a "

@@ -40,7 +40,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from exporter.config import Config, read_bearer_token, redact_url
+from exporter.config import METRICS_PATH_HINT, Config, read_bearer_token, redact_url
 
 log = logging.getLogger("kvhit")
 
@@ -290,7 +290,7 @@ class LiveSource:
                             pass
                     # where the request ended: a redirect from / to a /metrics that 404s needs no such hint (review)
                     if form is None and resp.status_code == 404 and urllib.parse.urlsplit(resp.url).path == "/":
-                        kind = ": vLLM serves /metrics, add it to the URL"  # the hint a URL without a path gets
+                        kind = f": {METRICS_PATH_HINT}"  # the hint a URL without a path gets
                     raise ScrapeError(f"http_{resp.status_code}", f"HTTP {resp.status_code} from {where}{kind}")
                 body = self._read(resp, deadline)
         except ScrapeError:
