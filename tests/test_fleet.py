@@ -810,6 +810,28 @@ def test_every_tile_shape_reads_its_growth_by_hand_or_unknown(tmp_path, offset):
         assert verdicts[name] == "right", verdicts
 
 
+def test_the_range_query_s_age_part_is_the_oldest_pod_s_last_sample_at_its_end(tmp_path):
+    # Evaluated by Prometheus' own engine (promtool test rules) on the whole range query: pod a is
+    # scraped every second, pod b at 0 and 1 s, then not until 9 s (Prometheus down). At 8 s b's last
+    # sample is the one at 1 s: the age part reads 1 (the poll waits: 7 s here, 60 s is the bar);
+    # at 10 s both pods' last samples are at 10 s: 10. Each spelling (vllm: and vllm_) alike.
+    from observability import tool
+    src = PrometheusSource("http://127.0.0.1:9", (Family("prefix_cache_queries", "counter"),), interval=5.0)
+    series = {"a": "1 2 3 4 5 6 7 8 9 10 11", "b": "1 2 _ _ _ _ _ _ _ 10 11"}
+    tests = []
+    for name in ("vllm:prefix_cache_queries_total", "vllm_prefix_cache_queries_total"):
+        tests.append({"interval": "1s", "input_series": [
+            {"series": f'{name}{{model_name="m", job="j", instance="{pod}"}}', "values": v} for pod, v in series.items()],
+            "promql_expr_test": [{"expr": src.promql(5.0), "eval_time": f"{at}s", "exp_samples": [
+                {"labels": '{model_name="none"}', "value": 0}]} for at in (8, 10)]})
+    (tmp_path / "t.yml").write_text(json.dumps({"evaluation_interval": "1s", "tests": tests}))
+    out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
+    got = re.findall(r"^\s*got: (.*)$", out.stderr + out.stdout, re.M)  # an expectation no answer meets
+    assert len(got) == 4, out.stderr
+    ages = [[float(v) for v in re.findall(r'kvhit_query="age:prefix_cache_queries"\} ([^,\s\]]+)', g)] for g in got]
+    assert ages == [[1.0], [10.0], [1.0], [10.0]], got
+
+
 def test_a_restart_the_growth_reads_wrong_leaves_the_model_out_and_a_glitch_its_family_twice(fake, caplog):
     # d: a pod of model m restarted in a way _growth reads wrong (a restart is the pod's: every
     # family of m is left out of that poll); z: a glitched sample of a family (left out of that
