@@ -485,10 +485,47 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with its usage errors as one line (exit 2), like kvhit's config errors."""
+    """argparse whose usage errors raise :class:`_UsageError` (said as one line, exit 2, like
+    kvhit's config errors), so that ``main`` can serve a sidecar's instead (``_serve_asked``)."""
 
     def error(self, message: str):
+        raise _UsageError(self, message)
+
+    def refuse(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class _UsageError(Exception):
+    def __init__(self, parser: _Parser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+def _serve_asked(words: list[str]) -> argparse.Namespace | None:
+    """The options ``_serve_refused`` reads from the words after ``run`` whose full parse failed,
+    None unless they ask to serve (``--on-config-error serve`` without ``--check-config``). Read
+    leniently: exact option names only (an abbreviation is what may have failed), and a use of
+    one whose value is missing is dropped (that option is then left to the environment and file)."""
+    if "run" not in words:
+        return None
+    words = words[words.index("run") + 1:]
+    lenient = _Parser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for key in ("target", "prometheus", "listen", "config", "web_config", "on_config_error"):
+        lenient.add_argument("--" + key.replace("_", "-"), dest=key)
+    lenient.add_argument("--check-config", dest="check_config", nargs="?", const=True)
+    while True:
+        try:
+            args = lenient.parse_known_args(words)[0]
+            break
+        except argparse.ArgumentError as exc:  # "expected one argument": last, or an option after it
+            valued = [w for i, w in enumerate(words) if not (
+                w == exc.argument_name and (i + 1 == len(words) or words[i + 1].startswith("-")))]
+            if valued == words:
+                return None
+            words = valued
+        except _UsageError:
+            return None
+    return args if args.on_config_error == "serve" and args.check_config is None else None
 
 
 def _hint(parser: argparse.ArgumentParser, words: list[str], args: argparse.Namespace) -> str:
@@ -625,9 +662,15 @@ class _PipeSafe:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kvhit %(levelname)s %(message)s")
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args, extra = parser.parse_known_args(words)
+    except _UsageError as exc:  # a value missing or refused, an ambiguous abbreviation
+        served = _serve_asked(words)
+        if served is None:
+            exc.parser.refuse(str(exc))
+        return _serve_refused(served, ConfigError(f"{exc.parser.prog}: {exc}"))
     if extra:  # said by the parser of the words it stands among: the command's ("kvhit run: …") after it
-        words = sys.argv[1:] if argv is None else list(argv)
         before = [w for w in extra if w in words[:words.index(args.command)]]
         said = parser if before else args.command_parser
         message = f"unrecognized arguments: {' '.join(before or extra)}{_hint(said, before or extra, args)}"
@@ -635,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
             # a flag is configuration too: a typo in a sidecar's args exited 2, the container
             # crash-looped and took its pod out of the Service (found adding the hints above)
             return _serve_refused(args, ConfigError(f"{said.prog}: {message}"))
-        said.error(message)
+        said.refuse(message)
     stdout = sys.stdout
     if stdout is not None:  # None: started with stdout closed (`>&-`), nothing is printed
         sys.stdout = _PipeSafe(stdout)

@@ -389,7 +389,11 @@ def _serving(proc: subprocess.Popen, answer):
     (["--interval", "abc"], "config key interval: expected float, got 'abc'"),
     # a mistyped flag (a sidecar patch's typo) had exited 2 too: its pod went NotReady
     (["--intervall=10"], "configuration refused: kvhit run: unrecognized arguments: --intervall=10 (did you mean "
-                         "--interval?); kvhit analyses nothing")])
+                         "--interval?); kvhit analyses nothing"),
+    # errors argparse raises while parsing exited 2 even then: a flag's value left out, an
+    # abbreviation two options share
+    (["--timeout"], "configuration refused: kvhit run: argument --timeout: expected one argument; kvhit analyses"),
+    (["--t=5"], "configuration refused: kvhit run: ambiguous option: --t=5 could match --target, --timeout; kvhit")])
 def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_analyses_nothing(tmp_path, refused, said):
     # A container that exits makes its pod NotReady and takes vLLM out of its Service: the sidecar
     # manifests run kvhit with --on-config-error=serve.
