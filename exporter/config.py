@@ -431,8 +431,16 @@ def _env_null(value: str) -> bool:
     return value.strip() in ("null", "Null", "NULL", "~")
 
 
+# The variables Kubernetes' service links give every pod of a namespace for each Service in it
+# (enableServiceLinks, on by default): a Service named kvhit or kvhit-fleet gives KVHIT_PORT,
+# KVHIT_FLEET_SERVICE_HOST, … No config key has this shape.
+_SERVICE_LINK = re.compile(r"KVHIT(?:_[A-Z0-9_]+)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+                           r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?)")
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict:
-    """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError."""
+    """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError, but for
+    those Kubernetes sets for a Service whose name starts with kvhit (``_SERVICE_LINK``), skipped."""
     out: dict = {}
     known = _paths("_")
     for name, value in environ.items():
@@ -448,6 +456,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
         elif rest in _SECTIONS:
             raise ConfigError(f"environment variable {name}: {rest} is a section; set its keys one by one, e.g. "
                               f"{name}_{next(f.name for f in fields(_SECTIONS[rest])).upper()}")
+        elif _SERVICE_LINK.fullmatch(name):  # Kubernetes sets these for a Service named kvhit or kvhit-…
+            continue
         elif rest == "config":  # a natural guess at the file's variable: none exists
             raise ConfigError(f"environment variable {name}: unknown key (the config file is given with --config FILE)")
         else:  # named as the variable, not as a file's key: the user may have no file (a newcomer's find)

@@ -63,6 +63,20 @@ def test_env_overrides_yaml_geometry(tmp_path):
     assert load_config(path, environ={"KVHIT_MODEL_TP": "4"}).model.kv_bytes_per_token() == 32768
 
 
+def test_kubernetes_service_links_of_a_service_named_kvhit_are_not_configuration():
+    # A Service named kvhit (or kvhit-fleet) gives every pod of its namespace these variables
+    # (enableServiceLinks): kvhit refused them as unknown keys, so a sidecar analysed nothing (breaker)
+    links = {"KVHIT_SERVICE_HOST": "10.96.0.15", "KVHIT_SERVICE_PORT": "9471", "KVHIT_SERVICE_PORT_METRICS": "9471",
+             "KVHIT_PORT": "tcp://10.96.0.15:9471", "KVHIT_PORT_9471_TCP": "tcp://10.96.0.15:9471",
+             "KVHIT_PORT_9471_TCP_PROTO": "tcp", "KVHIT_PORT_9471_TCP_PORT": "9471",
+             "KVHIT_PORT_9471_TCP_ADDR": "10.96.0.15", "KVHIT_FLEET_SERVICE_HOST": "10.96.0.16",
+             "KVHIT_FLEET_PORT_9471_UDP": "udp://10.96.0.16:9471"}
+    assert load_config(environ={**links, "KVHIT_INTERVAL": "7"}).interval == 7.0
+    for typo in ("KVHIT_PORTS", "KVHIT_SERVICE", "KVHIT_PORT_METRICS"):  # not a link's shape: still a typo
+        with pytest.raises(ConfigError, match=f"environment variable {typo}: unknown key"):
+            load_config(environ={typo: "1"})
+
+
 def test_a_quoted_number_is_the_number_and_a_word_is_a_wrong_type(tmp_path):
     # README "Configuration": a number may be quoted, as every environment value is a string
     path = _yaml(tmp_path, "model:\n  layers: '32'\n  kv_heads: \"8\"\n  head_dim: 128\n")
