@@ -149,7 +149,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"configuration OK: {reading} every {cfg.interval:g} s, window {cfg.window_seconds:g} s, listen {cfg.listen}")
         return 0
     runner, source = pipeline(cfg)
-    server, _ = serve(runner, cfg.listen, web)
+    try:
+        server, _ = serve(runner, cfg.listen, web)
+    except OSError as exc:  # busy, or no such address here: as a refused listen in serve mode
+        if args.on_config_error != "serve":
+            raise
+        return _serve_refused(args, ConfigError(str(exc)))
     log.info("kvhit serving on %s (%s%s), %s every %ss", cfg.listen, "https" if web.tls else "http",
              ", basic auth" if web.users else "", reading, cfg.interval)
     stop = stop_event()

@@ -451,6 +451,49 @@ def test_a_refused_config_is_served_with_the_listen_address_and_tls_its_file_giv
     assert proc.returncode == 2
 
 
+def test_a_sidecar_told_to_serve_whose_listen_address_is_busy_serves_its_refusal_on_the_default(monkeypatch, caplog):
+    # A valid listen that cannot be bound (vLLM's own port, one another container holds) exited 1
+    # even with --on-config-error=serve, and the container crash-looped (config breaker). The
+    # default address is a free local port here: tests bind 127.0.0.1 only.
+    from exporter import cli
+    from exporter.config import Config
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        default = f"127.0.0.1:{free_port()}"
+        monkeypatch.setattr(Config, "listen", default)
+        got, returned = {}, threading.Event()
+
+        def probe_then_stop():
+            deadline = time.monotonic() + 30
+            while not returned.is_set() and not (status := http_get(f"http://{default}/metrics"))[0]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            got["metrics"] = status
+            while not returned.is_set() and signal.getsignal(signal.SIGTERM) is handlers[signal.SIGTERM]:
+                time.sleep(0.01)  # it serves a moment before it waits for its stop
+            if not returned.is_set():  # kvhit's own handler: the refusal's stop (never pytest's)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        threading.Thread(target=probe_then_stop, daemon=True).start()
+        try:
+            with caplog.at_level("ERROR", logger="kvhit"):
+                rc = cli.main(["run", "--target", "http://127.0.0.1:9/metrics", "--listen",
+                               "127.0.0.1:%d" % busy.getsockname()[1], "--on-config-error=serve"])
+        finally:
+            returned.set()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    assert rc == 2
+    samples = {s.name: s.value for fam in text_string_to_metric_families(got["metrics"][1]) for s in fam.samples}
+    assert got["metrics"][0] == 200 and samples["kvhit_config_last_load_successful"] == 0.0
+    assert "configuration refused: cannot listen on 127.0.0.1:" in caplog.text
+    assert f"serving on the default {default}" in caplog.text
+
+
 def test_a_run_with_a_valid_config_says_its_configuration_loaded(sim_runner):
     from prometheus_client import CollectorRegistry, generate_latest
 
