@@ -26,7 +26,7 @@ from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, layered_string,
-                             load_config, load_web_config, number, redact_url, selector_matchers, stop_event)
+                             load_config, load_web_config, load_web_tls, number, redact_url, selector_matchers, stop_event)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, read_doc, what_if, why_unread
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, phase_footnotes, replay
@@ -112,8 +112,9 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     try:
         web = load_web_config(path)
     except ConfigError as why:
-        log.error("the web config cannot be loaded either (%s): serving plain HTTP without auth", why)
-        web = None
+        web = load_web_tls(path)
+        log.error("the web config cannot be loaded either (%s): serving %s without auth", why,
+                  "plain HTTP" if web is None else "HTTPS with its certificate")
     try:
         server, _ = serve_app(config_error_app(target), listen or Config.listen, web)
     except (ConfigError, OSError) as why:  # ssl.SSLError too: then no TLS either

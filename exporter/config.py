@@ -77,6 +77,8 @@ does not depend on: they are rejected with a message saying so.
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import difflib
 import ipaddress
 import json
@@ -391,6 +393,9 @@ def _read_yaml(path: str, where: str) -> Any:
     """The YAML document in file ``path``; every problem is a ConfigError starting with ``where``:
     unreadable, over MAX_FILE_BYTES, not UTF-8, not YAML (its place and type only: values can be secrets), a
     key given twice."""
+    if "\0" in path:  # open() raises ValueError
+        shown = where.replace("\0", "\\0")
+        raise ConfigError(f"{shown}: cannot read (a NUL byte in the path)")
     try:
         return yaml.load(read_bounded(path).decode("utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe)
     except OSError as exc:
@@ -928,7 +933,11 @@ def check_t_load(cfg: Config) -> None:
 # --- web-config: TLS and basic auth of kvhit's own endpoint --------------------------------
 
 _PBKDF2 = re.compile(r"pbkdf2_sha256\$([1-9][0-9]*)\$([^$]+)\$([A-Za-z0-9+/]+={0,2})\Z")
-_WEB_KEYS = {"tls_server_config": {"cert_file", "key_file"}, "basic_auth_users": None}
+# every new login (a header not seen yet) costs this many SHA-256 rounds of the sidecar's CPU: ~2 s
+MAX_PBKDF2_ITERATIONS = 5_000_000
+# exporter-toolkit's keys kvhit honours; client_auth_type only as its default (no client certificates)
+_TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+_WEB_KEYS = {"tls_server_config": {"cert_file", "key_file", "min_version", "client_auth_type"}, "basic_auth_users": None}
 
 
 @dataclass(frozen=True)
@@ -943,10 +952,24 @@ class WebConfig:
     cert_file: str | None = None
     key_file: str | None = None
     users: Mapping[str, str] = field(default_factory=dict)
+    min_version: str = "TLS12"  # exporter-toolkit's spelling, a key of _TLS_VERSIONS
 
     @property
     def tls(self) -> bool:
         return self.cert_file is not None
+
+    def context(self) -> ssl.SSLContext:
+        """The server's TLS context. Raises ssl.SSLError or OSError when the certificate and key do
+        not load, ConfigError when the key is encrypted (no passphrase is read: OpenSSL would
+        prompt on the terminal)."""
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = _TLS_VERSIONS[self.min_version]
+
+        def passphrase():
+            raise ConfigError(f"config key web_config.tls_server_config.key_file: {self.key_file} is encrypted; "
+                              "kvhit reads an unencrypted PEM key (as exporter-toolkit)")
+        ctx.load_cert_chain(self.cert_file, self.key_file, password=passphrase)
+        return ctx
 
 
 def load_web_config(path: str | None) -> WebConfig:
@@ -966,25 +989,9 @@ def load_web_config(path: str | None) -> WebConfig:
     tls = doc.get("tls_server_config") or {}
     for key in tls:
         if key not in _WEB_KEYS["tls_server_config"]:
-            raise ConfigError(f"config key web_config.tls_server_config.{key}: unknown key (cert_file, key_file)")
-    cert = key_file = None
-    if tls:
-        files = {}
-        for key in ("cert_file", "key_file"):
-            value = tls.get(key)
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"config key web_config.tls_server_config.{key}: required (a PEM file path)")
-            p = (where.parent / value).resolve()
-            if not p.is_file():
-                raise ConfigError(f"config key web_config.tls_server_config.{key}: no such file {p}")
-            files[key] = str(p)
-        cert, key_file = files["cert_file"], files["key_file"]
-        try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key_file)
-        except (ssl.SSLError, OSError) as exc:
-            raise ConfigError("config key web_config.tls_server_config.cert_file: certificate and key do not load "
-                              f"({type(exc).__name__}: {getattr(exc, 'reason', None) or exc.strerror or 'invalid'})"
-                              ) from None
+            raise ConfigError(f"config key web_config.tls_server_config.{key}: unknown key "
+                              f"({', '.join(sorted(_WEB_KEYS['tls_server_config']))})")
+    web = _tls(tls, where) if tls else WebConfig()
     users = doc.get("basic_auth_users") or {}
     for user, hashed in users.items():
         key = f"web_config.basic_auth_users.{user}"
@@ -993,6 +1000,55 @@ def load_web_config(path: str | None) -> WebConfig:
         if isinstance(hashed, str) and hashed.startswith(("$2a$", "$2b$", "$2y$")):
             raise ConfigError(f"config key {key}: bcrypt hashes are not supported (no bcrypt in Python's standard "
                               "library); use pbkdf2_sha256$<iterations>$<salt>$<base64 hash>")
-        if not isinstance(hashed, str) or not _PBKDF2.match(hashed):
+        match = _PBKDF2.match(hashed) if isinstance(hashed, str) else None
+        if not match:
             raise ConfigError(f"config key {key}: expected pbkdf2_sha256$<iterations>$<salt>$<base64 hash>")
-    return WebConfig(cert, key_file, dict(users))
+        if int(match[1]) > MAX_PBKDF2_ITERATIONS:
+            raise ConfigError(f"config key {key}: {match[1]} iterations, at most {MAX_PBKDF2_ITERATIONS} (every new "
+                              "login costs them on the sidecar's CPU)")
+        try:
+            base64.b64decode(match[3], validate=True)
+        except binascii.Error:  # every login would then be refused, with nothing to say why
+            raise ConfigError(f"config key {key}: the hash after the last $ is not base64 (cut short?)") from None
+    return replace(web, users=dict(users))
+
+
+def _tls(tls: Mapping[str, Any], where: Path) -> WebConfig:
+    """The WebConfig of a web-config file's ``tls_server_config`` (paths relative to the file at
+    ``where``), its certificate and key loaded once; every problem a ConfigError naming the key."""
+    version = tls.get("min_version", "TLS12")
+    if version not in _TLS_VERSIONS:
+        raise ConfigError(f"config key web_config.tls_server_config.min_version: {version!r}, expected "
+                          f"{' or '.join(_TLS_VERSIONS)}")
+    if tls.get("client_auth_type", "NoClientCert") != "NoClientCert":
+        raise ConfigError("config key web_config.tls_server_config.client_auth_type: only NoClientCert (client "
+                          "certificates are not supported)")
+    files = {}
+    for key in ("cert_file", "key_file"):
+        value = tls.get(key)
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise ConfigError(f"config key web_config.tls_server_config.{key}: required (a PEM file path)")
+        p = (where.parent / value).resolve()
+        if not p.is_file():
+            raise ConfigError(f"config key web_config.tls_server_config.{key}: no such file {p}")
+        files[key] = str(p)
+    web = WebConfig(files["cert_file"], files["key_file"], min_version=version)
+    try:
+        web.context()
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError("config key web_config.tls_server_config.cert_file: certificate and key do not load "
+                          f"({type(exc).__name__}: {getattr(exc, 'reason', None) or exc.strerror or 'invalid'})"
+                          ) from None
+    return web
+
+
+def load_web_tls(path: str | None) -> WebConfig | None:
+    """The TLS part alone of the web-config file at ``path`` when it loads (None otherwise), read
+    for a configuration refused as a whole, whose web config may be what was refused: its HTTPS
+    probes then still find HTTPS (nothing it serves is secret, so basic auth is not needed)."""
+    try:
+        doc = _read_yaml(path, "web_config") if path else None
+        tls = doc.get("tls_server_config") if isinstance(doc, Mapping) else None
+        return _tls(tls, Path(path)) if isinstance(tls, Mapping) and tls else None
+    except ConfigError:
+        return None

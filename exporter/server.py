@@ -311,10 +311,7 @@ def serve_app(app: Callable, listen: str, web: WebConfig | None = None) -> tuple
     server = listening(lambda: make_server(host, port, app, handler_class=_QuietHandler,
                                            server_class=_ThreadingServer6 if ":" in host else _ThreadingServer), listen)
     if web.tls:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(web.cert_file, web.key_file)
-        server.ssl_context = ctx
+        server.ssl_context = web.context()
     thread = threading.Thread(target=server.serve_forever, name="kvhit-http", daemon=True)
     thread.start()
     return server, thread

@@ -247,6 +247,17 @@ WEB = {
     "plain password": ("basic_auth_users:\n  prometheus: hunter2\n",
                        "config key web_config.basic_auth_users.prometheus: expected pbkdf2_sha256$"),
     "nested too deeply": ("a: " + "{a: " * 3000 + "}" * 3000 + "\n", "nested too deeply to be a configuration"),
+    # accepted, every request then ended in an OverflowError (over 2^32 - 1) or pinned a core (breaker)
+    "too many iterations": ("basic_auth_users:\n  prometheus: pbkdf2_sha256$5000001$abc$AAAA\n",
+                            "config key web_config.basic_auth_users.prometheus: 5000001 iterations, at most 5000000"),
+    # a hash cut short was accepted and every login refused without a word (breaker)
+    "hash cut short": ("basic_auth_users:\n  prometheus: pbkdf2_sha256$1000$abc$AAAAA\n",
+                       "config key web_config.basic_auth_users.prometheus: the hash after the last $ is not base64"),
+    "client certificates": ("tls_server_config:\n  client_auth_type: RequireAndVerifyClientCert\n",
+                            "config key web_config.tls_server_config.client_auth_type: only NoClientCert"),
+    "tls version": ("tls_server_config:\n  cert_file: a.pem\n  key_file: a.pem\n  min_version: TLS11\n",
+                    "config key web_config.tls_server_config.min_version: 'TLS11', expected TLS12 or TLS13"),
+    "nul in the path": (None, "web.yml\\0: cannot read (a NUL byte in the path)"),
 }
 
 
@@ -254,8 +265,9 @@ WEB = {
 def test_bad_web_config_exits_2_naming_the_key(tmp_path, capsys, monkeypatch, case):
     text, expected = WEB[case]
     web = tmp_path / "web.yml"
-    web.write_text(text)
-    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--web-config", str(web)])
+    if text is not None:
+        web.write_text(text)
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--web-config", str(web) + ("" if text else "\0")])
     assert code == 2 and err.count("\n") == 1, err
     assert expected in err, err
     assert "hunter2" not in err  # a secret in the file is never echoed

@@ -422,17 +422,21 @@ def test_a_sidecar_told_to_serve_on_a_config_error_keeps_serving_and_says_it_ana
     assert said in err
 
 
-def test_a_refused_config_is_served_with_the_listen_address_and_tls_its_file_gives(tmp_path):
+@pytest.mark.parametrize("prices, web_extra", [
+    ("prices:\n  hit_price_ratio: 1.5\n", ""),
+    # the web config itself refused (a key of exporter-toolkit's kvhit does not read): its TLS
+    # still loads, and plain HTTP failed the HTTPS probes the same way (breaker)
+    ("", "http_server_config:\n  http2: false\n")], ids=["config refused", "web config refused"])
+def test_a_refused_config_is_served_with_the_listen_address_and_tls_its_file_gives(tmp_path, prices, web_extra):
     # TLS set in the config file, not on the command line: serve mode answered plain HTTP, so
     # HTTPS probes failed and the kubelet restarted kvhit, the outage it exists to avoid
     import requests
     from test_web_security import self_signed
 
     cert, key = self_signed(tmp_path)
-    (tmp_path / "web.yml").write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    (tmp_path / "web.yml").write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n{web_extra}")
     port = free_port()
-    (tmp_path / "kvhit.yaml").write_text(f"listen: 127.0.0.1:{port}\nweb_config: {tmp_path / 'web.yml'}\n"
-                                         "prices:\n  hit_price_ratio: 1.5\n")
+    (tmp_path / "kvhit.yaml").write_text(f"listen: 127.0.0.1:{port}\nweb_config: {tmp_path / 'web.yml'}\n{prices}")
     proc = subprocess.Popen([*KVHIT, "run", *TARGET_ARGS, "--config", str(tmp_path / "kvhit.yaml"),
                              "--on-config-error=serve"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=clean_env())

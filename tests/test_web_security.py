@@ -16,11 +16,12 @@ import socket
 import ssl
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import requests
 
-from exporter.config import Config, load_web_config
+from exporter.config import Config, ConfigError, load_web_config
 from exporter.runner import Runner
 from exporter.server import hash_password, serve, verify_password
 
@@ -206,3 +207,37 @@ def test_metrics_answers_a_name_filter_with_those_series(tmp_path):
     finally:
         server.shutdown()
 
+
+
+def test_exporter_toolkit_s_tls_version_and_default_client_auth_are_honoured(tmp_path):
+    # a web config copied from another exporter carries these keys: kvhit refused the whole file,
+    # and a sidecar told to serve anyway answered plain HTTP to its HTTPS probes (breaker)
+    cert, key = self_signed(tmp_path)
+    server, port = start(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n  min_version: TLS13\n"
+                         "  client_auth_type: NoClientCert\n", tmp_path)
+    try:
+        assert requests.get(f"https://127.0.0.1:{port}/healthz", verify=cert, timeout=5).text == "ok\n"
+        tls12 = ssl.create_default_context(cafile=cert)
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+        with pytest.raises((ssl.SSLError, OSError)):  # TLS 1.2 is below the minimum asked for
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with tls12.wrap_socket(raw, server_hostname="127.0.0.1"):
+                    pass
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_encrypted_key_is_refused_saying_so_without_a_passphrase_prompt(tmp_path):
+    # OpenSSL prompted "Enter PEM pass phrase:" on the terminal (twice), then named the certificate
+    from cryptography.hazmat.primitives import serialization
+
+    cert, key = self_signed(tmp_path)
+    private = serialization.load_pem_private_key(Path(key).read_bytes(), None)
+    Path(key).write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.BestAvailableEncryption(b"pass phrase")))
+    (tmp_path / "web.yml").write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_web_config(str(tmp_path / "web.yml"))
+    assert str(exc.value) == (f"config key web_config.tls_server_config.key_file: {key} is encrypted; kvhit reads "
+                              "an unencrypted PEM key (as exporter-toolkit)")
