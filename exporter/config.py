@@ -294,10 +294,22 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
         else:
             return value
     except (TypeError, ValueError):
-        raise ConfigError(f"config key {key}: expected {typ.replace(' | None', '')}, got {value!r}") from None
+        raise ConfigError(f"config key {key}: expected {typ.replace(' | None', '')}, got {_got(value)}") from None
     if not math.isfinite(out):  # a float, but YAML's .nan / .inf is no setting
         raise ConfigError(f"config key {key}: must be a finite number, got {value!r}")
     return out
+
+
+def _got(value: Any) -> str:
+    """A wrong-typed value as a message quotes it: a scalar as written (cut at 80 characters), a
+    mapping or list by its type alone (it may hold a URL's credentials, or be a YAML alias bomb
+    whose repr is gigabytes)."""
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple, set)):
+        return "a list"
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _string_mapping(key: str, value: Any) -> dict[str, str]:
@@ -329,7 +341,7 @@ def _build(cls, data: Mapping[str, Any], prefix: str = ""):
             if v is None:
                 v = {}
             if not isinstance(v, Mapping):
-                raise ConfigError(f"config key {key}: expected a mapping, got {v!r}")
+                raise ConfigError(f"config key {key}: expected a mapping, got {_got(v)}")
             kwargs[k] = _build(_SECTIONS[k], v, key + ".")
         else:
             kwargs[k] = _coerce(key, v, str(known[k].type))
@@ -680,7 +692,9 @@ def validate(cfg: Config) -> None:
         ("model.head_dim", cfg.model.head_dim, lambda v: v > 0, "must be > 0"),
         ("model.kv_lora_rank", cfg.model.kv_lora_rank, lambda v: v > 0, "must be > 0"),
         ("model.qk_rope_head_dim", cfg.model.qk_rope_head_dim, lambda v: v >= 0, "must be >= 0"),
-        ("model.dtype_bytes", cfg.model.dtype_bytes, lambda v: v > 0, "must be > 0"),
+        # a KV element is 0.5 (FP4) to 4 bytes (FP32): 16 or 8 is a number of bits
+        ("model.dtype_bytes", cfg.model.dtype_bytes, lambda v: 0.5 <= v <= 4,
+         "must be in [0.5, 4] bytes per KV element (2 for bf16, 1 for fp8; not bits)"),
         ("model.tp", cfg.model.tp, lambda v: v >= 1, "must be >= 1"),
         ("model.pp", cfg.model.pp, lambda v: v >= 1, "must be >= 1"),
     ]
@@ -693,6 +707,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key {key}: must be at most {MAX_COUNT}, got {_shown(value)}")
         if not ok(value):
             raise ConfigError(f"config key {key}: {what}, got {value!r}")
+    for key in ("target", "prometheus"):  # a trailing space or a YAML block's newline: every scrape a 404
+        if any(c.isspace() for c in getattr(cfg, key) or ""):
+            raise ConfigError(f"config key {key}: holds whitespace (a trailing space, or the newline of a YAML "
+                              f"block?), got {redact_url(getattr(cfg, key))!r}")
+    if cfg.web_config == "":  # no file, unlike null (no web config): it turned off the file's TLS
+        raise ConfigError("config key web_config: empty (give a path, or null for none)")
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
         raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host (percent-encode "
                           f"/ ? # @ in a user:password), got {redact_url(cfg.target)!r}")
@@ -719,6 +739,8 @@ def validate(cfg: Config) -> None:
         for key in ("selector", "prometheus_headers", "prometheus_bearer_token_file"):
             if getattr(cfg, key) is not None:
                 raise ConfigError(f"config key {key}: only with prometheus (fleet mode)")
+        if cfg.prometheus_delay:
+            raise ConfigError("config key prometheus_delay: only with prometheus (fleet mode)")
     selector_matchers(cfg.selector)
     listen_address(cfg.listen, "config key listen")
     _validate_geometry(cfg)

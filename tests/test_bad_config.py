@@ -105,6 +105,18 @@ CASES = {
     "max_body_bytes null": ("max_body_bytes: null\n", "config key max_body_bytes: expected int, got null"),
     # PyYAML recurses per level: a RecursionError traceback, exit 1, before (review)
     "nested too deeply": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply to be a configuration"),
+    # accepted before (config breaker): bits for bytes made S_kv 8x, a pod's fleet-only key did nothing,
+    # an empty path turned off the file's TLS and auth
+    "dtype in bits": ("model:\n  dtype_bytes: 16\n", "config key model.dtype_bytes: must be in [0.5, 4] bytes per KV "
+                                                      "element (2 for bf16, 1 for fp8; not bits), got 16"),
+    "fleet delay in a pod": ("prometheus_delay: 30\n", "config key prometheus_delay: only with prometheus (fleet mode)"),
+    "empty web_config": ("web_config: ''\n", "config key web_config: empty (give a path, or null for none)"),
+    # the whole value was quoted: a URL's password, or the gigabytes of a YAML alias bomb's repr (breaker)
+    "mapping for a number": ("interval:\n  url: http://admin:hunter2@127.0.0.1:9/metrics\n",
+                             "config key interval: expected float, got a mapping"),
+    "alias bomb": ("interval: [" + ", ".join(["&l0 [x, x, x, x, x, x, x, x, x]"]
+                                             + [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 6)]) + "]\n",
+                   "config key interval: expected float, got a list"),
 }
 
 
@@ -115,6 +127,16 @@ def test_bad_yaml_exits_2_with_one_line_naming_the_key(tmp_path, capsys, monkeyp
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("kvhit: "), err
     assert expected in err, err
+    assert "hunter2" not in err and len(err) < 400, err  # never a secret, never a whole document
+
+
+@pytest.mark.parametrize("target", ["http://127.0.0.1:9/metrics ", "http://127.0.0.1:9/metrics\n"])
+def test_a_target_with_whitespace_exits_2_saying_so(tmp_path, capsys, monkeypatch, target):
+    # a trailing space (or a YAML block's newline) was kept: every scrape a 404 whose URL looked right (breaker)
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--target", target])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("kvhit: config key target: holds whitespace (a trailing space, or the newline of a YAML "
+                          "block?), got "), err
 
 
 @pytest.mark.parametrize("serve", [False, True], ids=["exit", "on_config_error_serve"])
