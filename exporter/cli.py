@@ -536,14 +536,18 @@ def _serve_asked(words: list[str]) -> argparse.Namespace | None:
 
 def _hint(parser: argparse.ArgumentParser, words: list[str], args: argparse.Namespace) -> str:
     """The fix of the likeliest mistake among unrecognized ``words`` ("" when none is seen): a URL
-    given without its flag, an option mistyped (the closest option, difflib, compared without the
-    dashes every option shares: with them ``--port`` read as ``--out``)."""
+    given without its flag, an option and its value in one word (a Kubernetes args item), an option
+    mistyped (the closest option, difflib, compared without the dashes every option shares: with
+    them ``--port`` read as ``--out``)."""
     options = {o.lstrip("-"): o for a in parser._actions for o in a.option_strings}  # argparse keeps no public list
     for word in words:
         if word.startswith(("http://", "https://")) and "--target" in options.values():
             if getattr(args, "target", None) or getattr(args, "prometheus", None):
                 return " (kvhit run reads one target: a kvhit per vLLM pod, or fleet mode for many)"
             return " (give the URL with --target, or --prometheus for fleet mode)"
+        flag, space, value = word.partition(" ")
+        if space and flag in options.values():  # a Kubernetes args item "--config /etc/kvhit/config.yaml"
+            return f" (one argument holds a space: give {flag}={value.strip()}, or {flag} and its value as two items)"
         if word.startswith("--"):
             near = difflib.get_close_matches(word[2:].split("=", 1)[0], list(options), n=1)
             if near:

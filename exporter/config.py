@@ -262,8 +262,10 @@ def _unknown(key: str, leaf: str, sep: str, shown: Callable[[str], str] = str) -
     than it helped (``interval_seconds`` read as ``window_seconds``). ``key``: the whole path
     written; ``leaf``: its last part."""
     paths = _paths(sep)
-    near = [p for p, name in paths.items() if name == leaf] or difflib.get_close_matches(key, list(paths), n=1,
-                                                                                         cutoff=0.76)
+    near = [p for p, name in paths.items() if name == leaf]
+    if not near:  # the start of one key alone (model.dtype → model.dtype_bytes: difflib read model.tp)
+        near = [p for p in paths if p.startswith(key)]
+        near = near if len(near) == 1 else difflib.get_close_matches(key, list(paths), n=1, cutoff=0.76)
     return f"unknown key (did you mean {shown(near[0])}?)" if near else "unknown key"
 
 
@@ -364,11 +366,14 @@ class _DuplicateKey(yaml.YAMLError):
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping (YAML forbids it; PyYAML would
-    keep the last one silently, so ``target:`` twice would scrape the second target unannounced)."""
+    keep the last one silently, so ``target:`` twice would scrape the second target unannounced).
+    A merge key's (``<<:``) keys are not the mapping's own: the mapping's own override them."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # <<: a mapping's keys, which its own override
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 if key in seen:
@@ -535,8 +540,12 @@ def _with_hf_config(g: Geometry) -> Geometry:
         hf = json.loads(read_bounded(g.hf_config))
     except FileTooLarge as exc:
         raise ConfigError(f"{key}: {exc}: not a Hugging Face config.json") from None
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than Python recurses
-        raise ConfigError(f"config key model.hf_config: cannot read JSON from {g.hf_config}") from None
+    except OSError as exc:  # the path is the process's working directory's when relative
+        raise ConfigError(f"{key}: cannot read ({exc.strerror or exc}; from {os.getcwd()})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{key}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except (ValueError, RecursionError):  # not UTF-8; RecursionError: nested deeper than Python recurses
+        raise ConfigError(f"{key}: cannot read JSON from it (not UTF-8, or nested too deeply)") from None
     if not isinstance(hf, dict):
         raise ConfigError(f"{key}: not a JSON object (a Hugging Face config.json)")
     if "num_hidden_layers" not in hf and isinstance(hf.get("text_config"), dict):

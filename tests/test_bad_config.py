@@ -53,6 +53,8 @@ CASES = {
     # a section's key written at the top: named where it belongs; a guess further off is none
     # (review: interval_seconds was read as window_seconds, ttft_seconds as gap_seconds)
     "section key at the top": ("ttft_seconds: 1\n", "config key ttft_seconds: unknown key (did you mean slo.ttft_seconds?)"),
+    # the start of one key: difflib's closest whole path was model.tp (config breaker)
+    "start of a key": ("model:\n  dtype: 2\n", "config key model.dtype: unknown key (did you mean model.dtype_bytes?)"),
     "nothing close enough": ("interval_seconds: 5\n", "config key interval_seconds: unknown key\n"),
     "wrong type, number": ("interval: fast\n", "config key interval: expected float"),
     "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
@@ -185,7 +187,18 @@ def test_an_hf_config_nested_too_deeply_is_a_config_error(tmp_path, capsys, monk
     hf.write_text("[" * 3000 + "]" * 3000)  # json recurses per level: a RecursionError traceback before (review)
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": str(hf)})
     assert code == 2 and err.count("\n") == 1, err[-300:]
-    assert f"config key model.hf_config: cannot read JSON from {hf}" in err, err
+    assert f"config key model.hf_config: {hf}: cannot read JSON from it (not UTF-8, or nested too deeply)" in err, err
+
+
+def test_an_hf_config_that_cannot_be_read_says_why(tmp_path, capsys, monkeypatch):
+    # "cannot read JSON from X" alone for a missing file, a directory and malformed JSON (config breaker)
+    (tmp_path / "bad.json").write_text('{"num_hidden_layers": 32,\n "head_dim": }\n')
+    monkeypatch.chdir(tmp_path)
+    for path, why in [("missing.json", f"missing.json: cannot read (No such file or directory; from {tmp_path})"),
+                      (".", f".: cannot read (Is a directory; from {tmp_path})"),
+                      ("bad.json", "bad.json: not JSON (Expecting value at line 2, column 14)")]:
+        code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": path})
+        assert code == 2 and err == f"kvhit: config key model.hf_config: {why}\n"
 
 
 def test_good_geometry_and_t_load_accepted(tmp_path):
@@ -245,6 +258,10 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
                                                                          "(see kvhit report --help)"),
                        (["run", "--target", "http://127.0.0.1:9/metrics", "--model", "m"],
                         "kvhit run: unrecognized arguments: --model m (see kvhit run --help)"),
+                       # a Kubernetes args item holding both: argparse's line looked right (config breaker)
+                       (["run", "--config /etc/kvhit/config.yaml"], "kvhit run: unrecognized arguments: --config "
+                        "/etc/kvhit/config.yaml (one argument holds a space: give --config=/etc/kvhit/config.yaml, "
+                        "or --config and its value as two items) (see kvhit run --help)"),
                        (["run", "--web_config", "w.yml"], "kvhit run: unrecognized arguments: --web_config w.yml "
                                                           "(did you mean --web-config?) (see kvhit run --help)"),
                        (["run", "--target", "http://a:1/metrics", "http://b:1/metrics"],

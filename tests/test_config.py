@@ -77,6 +77,16 @@ def test_kubernetes_service_links_of_a_service_named_kvhit_are_not_configuration
             load_config(environ={typo: "1"})
 
 
+def test_yaml_merge_keys_are_read_and_the_mapping_s_own_keys_override_them(tmp_path):
+    # "<<:" is YAML's (1.1 merge key): it was refused as "not valid YAML" (config breaker)
+    path = _yaml(tmp_path, "<<: {interval: 7, window_seconds: 60}\ninterval: 9\n"
+                           "slo:\n  <<: {ttft_seconds: 2, tpot_seconds: 0.1}\n  ttft_seconds: 1\n")
+    cfg = load_config(path, environ={})
+    assert (cfg.interval, cfg.window_seconds, cfg.slo.ttft_seconds, cfg.slo.tpot_seconds) == (9.0, 60.0, 1.0, 0.1)
+    with pytest.raises(ConfigError, match="key 'interval' twice"):  # its own key twice is still refused
+        load_config(_yaml(tmp_path, "<<: {window_seconds: 60}\ninterval: 9\ninterval: 8\n"), environ={})
+
+
 def test_a_quoted_number_is_the_number_and_a_word_is_a_wrong_type(tmp_path):
     # README "Configuration": a number may be quoted, as every environment value is a string
     path = _yaml(tmp_path, "model:\n  layers: '32'\n  kv_heads: \"8\"\n  head_dim: 128\n")
