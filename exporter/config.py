@@ -514,6 +514,11 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     data = _merge(data, env_overrides(os.environ if environ is None else environ))
     data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
     cfg = _build(Config, data)
+    if cfg.model.kv_lora_rank is not None:  # before hf_config fills them: DeepSeek's config.json has both
+        for key in ("kv_heads", "head_dim"):
+            if getattr(cfg.model, key) is not None:
+                raise ConfigError(f"config key model.{key}: not with model.kv_lora_rank (MLA caches the latent: S_kv "
+                                  "= layers x (kv_lora_rank + qk_rope_head_dim) x dtype_bytes, MODEL.md §3.6)")
     cfg = replace(cfg, model=_with_hf_config(cfg.model))
     validate(cfg)
     if live:

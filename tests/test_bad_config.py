@@ -88,6 +88,9 @@ CASES = {
     "geometry without kv_heads": ("model:\n  layers: 32\n  head_dim: 128\n", "config key model.kv_heads: required"),
     "geometry without layers": ("model:\n  kv_heads: 8\n  head_dim: 128\n", "config key model.layers: required"),
     "half of MLA": ("model:\n  layers: 61\n  kv_lora_rank: 512\n", "config key model.qk_rope_head_dim: required"),
+    # MLA won silently: the dense keys were read as nothing (config breaker)
+    "MLA and dense": ("model:\n  layers: 61\n  kv_heads: 128\n  head_dim: 128\n  kv_lora_rank: 512\n"
+                      "  qk_rope_head_dim: 64\n", "config key model.kv_heads: not with model.kv_lora_rank"),
     "T_load without geometry": ("load_bandwidth_bytes_per_second: 25.0e9\n",
                                 "config key model.layers: required when load_bandwidth_bytes_per_second is set"),
     "web_config missing file": ("web_config: /nonexistent/web.yml\n",
