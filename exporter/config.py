@@ -1053,8 +1053,8 @@ def _tls(tls: Mapping[str, Any], where: Path) -> WebConfig:
     """The WebConfig of a web-config file's ``tls_server_config`` (paths relative to the file at
     ``where``), its certificate and key loaded once; every problem a ConfigError naming the key."""
     version = tls.get("min_version", "TLS12")
-    if version not in _TLS_VERSIONS:
-        raise ConfigError(f"config key web_config.tls_server_config.min_version: {version!r}, expected "
+    if not isinstance(version, str) or version not in _TLS_VERSIONS:
+        raise ConfigError(f"config key web_config.tls_server_config.min_version: {_got(version)}, expected "
                           f"{' or '.join(_TLS_VERSIONS)}")
     if tls.get("client_auth_type", "NoClientCert") != "NoClientCert":
         raise ConfigError("config key web_config.tls_server_config.client_auth_type: only NoClientCert (client "

@@ -299,6 +299,8 @@ WEB = {
                             "config key web_config.tls_server_config.client_auth_type: only NoClientCert"),
     "tls version": ("tls_server_config:\n  cert_file: a.pem\n  key_file: a.pem\n  min_version: TLS11\n",
                     "config key web_config.tls_server_config.min_version: 'TLS11', expected TLS12 or TLS13"),
+    "tls version a list": ("tls_server_config:\n  min_version: [TLS13]\n",
+                           "config key web_config.tls_server_config.min_version: a list, expected TLS12 or TLS13"),
     "nul in the path": (None, "web.yml\\0: cannot read (a NUL byte in the path)"),
 }
 
