@@ -93,6 +93,8 @@ def _run_config(args: argparse.Namespace) -> tuple[Config, WebConfig]:
     if not (cfg.target or cfg.prometheus):
         raise ConfigError("config key target: required (--target URL of vLLM /metrics, or --prometheus URL "
                           "for fleet mode)")
+    if cfg.target and cfg.prometheus_delay:  # run only: replay and report read a fleet's file as well
+        raise ConfigError("config key prometheus_delay: only with prometheus (fleet mode)")
     check_t_load(cfg)
     return cfg, load_web_config(cfg.web_config)  # checked by load_config: nothing starts on a bad file
 
@@ -104,7 +106,7 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     ``web_config`` are read as the normal path layers them (flag, environment, config file) however
     the rest was refused: TLS and basic auth apply when the web config loads (nothing served is
     secret; its liveness probe and PodMonitor speak HTTPS), the default address when the listen
-    address is what was refused. Returns 2 when stopped."""
+    address is what was refused. Returns 2 when stopped, 1 when neither address can be served on."""
     listen, path = (layered_string(key, args.config, getattr(args, key)) for key in ("listen", "web_config"))
     # kvhit_build_info's target as a valid configuration would label it: the vLLM URL, in fleet mode Prometheus's
     target = redact_url(layered_string("target", args.config, args.target)
@@ -115,14 +117,22 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
         web = load_web_tls(path)
         log.error("the web config cannot be loaded either (%s): serving %s without auth", why,
                   "plain HTTP" if web is None else "HTTPS with its certificate")
+    listen = listen or Config.listen
     try:
-        server, _ = serve_app(config_error_app(target), listen or Config.listen, web)
+        server, _ = serve_app(config_error_app(target), listen, web)
     except (ConfigError, OSError) as why:  # ssl.SSLError too: then no TLS either
-        log.error("cannot serve on %s (%s): serving on the default %s", listen, why, Config.listen)
-        listen = None
-        server, _ = serve_app(config_error_app(target), Config.listen, None if isinstance(why, ssl.SSLError) else web)
+        if listen == Config.listen:
+            log.error("configuration refused: %s; and kvhit cannot serve on %s (%s)", exc, listen, why)
+            return 1
+        log.error("cannot serve on %s (%s): trying the default %s", listen, why, Config.listen)
+        listen = Config.listen
+        try:
+            server, _ = serve_app(config_error_app(target), listen, None if isinstance(why, ssl.SSLError) else web)
+        except OSError as again:
+            log.error("configuration refused: %s; and kvhit cannot serve on %s either (%s)", exc, listen, again)
+            return 1
     log.error("configuration refused: %s; kvhit analyses nothing and serves kvhit_config_last_load_successful 0 "
-              "on %s until restarted with a valid one", exc, listen or Config.listen)
+              "on %s until restarted with a valid one", exc, listen)
     stop_event().wait()
     server.shutdown()
     return 2
@@ -512,9 +522,12 @@ def _serve_asked(words: list[str]) -> argparse.Namespace | None:
     None unless they ask to serve (``--on-config-error serve`` without ``--check-config``). Read
     leniently: exact option names only (an abbreviation is what may have failed), and a use of
     one whose value is missing is dropped (that option is then left to the environment and file)."""
-    if "run" not in words:
+    command = next((i for i, w in enumerate(words) if not w.startswith("-")), None)  # kvhit's own options take no value
+    if command is None or words[command] != "run":
         return None
-    words = words[words.index("run") + 1:]
+    words = words[command + 1:]
+    if any(len(w.split("=")[0]) >= 4 and "--check-config".startswith(w.split("=")[0]) for w in words):
+        return None  # --check-config, or an abbreviation of it argparse takes: nothing is served
     lenient = _Parser(add_help=False, allow_abbrev=False, exit_on_error=False)
     for key in ("target", "prometheus", "listen", "config", "web_config", "on_config_error"):
         lenient.add_argument("--" + key.replace("_", "-"), dest=key)

@@ -456,8 +456,13 @@ def _env_null(value: str) -> bool:
 # The variables Kubernetes' service links give every pod of a namespace for each Service in it
 # (enableServiceLinks, on by default): a Service named kvhit or kvhit-fleet gives KVHIT_PORT,
 # KVHIT_FLEET_SERVICE_HOST, … No config key has this shape.
-_SERVICE_LINK = re.compile(r"KVHIT(?:_[A-Z0-9_]+)?_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
-                           r"|PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?)")
+# The name and value (NAME=value) together: KVHIT_PORT=9000 or KVHIT_LISTEN_PORT=9000 is a guess at a
+# key, refused (a link's …_PORT is a URL).
+_IP = r"[0-9A-Fa-f.:]+"
+_LINK_URL = rf"(?:tcp|udp|sctp)://(?:{_IP}|\[{_IP}\]):[0-9]+"
+_SERVICE_LINK = re.compile(
+    rf"KVHIT(?:_[A-Z0-9_]+)?_(?:SERVICE_HOST={_IP}|SERVICE_PORT(?:_[A-Z0-9_]+)?=[0-9]+|PORT={_LINK_URL}"
+    rf"|PORT_[0-9]+_(?:TCP|UDP|SCTP)(?:={_LINK_URL}|_PROTO=(?:tcp|udp|sctp)|_PORT=[0-9]+|_ADDR={_IP}))")
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict:
@@ -478,7 +483,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
         elif rest in _SECTIONS:
             raise ConfigError(f"environment variable {name}: {rest} is a section; set its keys one by one, e.g. "
                               f"{name}_{next(f.name for f in fields(_SECTIONS[rest])).upper()}")
-        elif _SERVICE_LINK.fullmatch(name):  # Kubernetes sets these for a Service named kvhit or kvhit-…
+        elif _SERVICE_LINK.fullmatch(f"{name}={value}"):  # Kubernetes sets these for a Service named kvhit or kvhit-…
             continue
         elif rest == "config":  # a natural guess at the file's variable: none exists
             raise ConfigError(f"environment variable {name}: unknown key (the config file is given with --config FILE)")
@@ -514,12 +519,13 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     data = _merge(data, env_overrides(os.environ if environ is None else environ))
     data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
     cfg = _build(Config, data)
-    if cfg.model.kv_lora_rank is not None:  # before hf_config fills them: DeepSeek's config.json has both
-        for key in ("kv_heads", "head_dim"):
-            if getattr(cfg.model, key) is not None:
+    given = cfg.model
+    cfg = replace(cfg, model=_with_hf_config(given))
+    if cfg.model.kv_lora_rank is not None:  # given, or hf_config's: the dense keys given would read as nothing
+        for key in ("kv_heads", "head_dim"):  # (DeepSeek's config.json has both, filled below MLA's)
+            if getattr(given, key) is not None:
                 raise ConfigError(f"config key model.{key}: not with model.kv_lora_rank (MLA caches the latent: S_kv "
                                   "= layers x (kv_lora_rank + qk_rope_head_dim) x dtype_bytes, MODEL.md §3.6)")
-    cfg = replace(cfg, model=_with_hf_config(cfg.model))
     validate(cfg)
     if live:
         listen_address(cfg.listen, "config key listen", resolve=True)
@@ -540,17 +546,24 @@ def _with_hf_config(g: Geometry) -> Geometry:
     """
     if not g.hf_config:
         return g
-    key = f"config key model.hf_config: {g.hf_config}"
+    key = f"config key model.hf_config: {g.hf_config}".replace("\0", "\\0")
+    if "\0" in g.hf_config:  # open() raises ValueError
+        raise ConfigError(f"{key}: cannot read (a NUL byte in the path)")
     try:
         hf = json.loads(read_bounded(g.hf_config))
     except FileTooLarge as exc:
         raise ConfigError(f"{key}: {exc}: not a Hugging Face config.json") from None
-    except OSError as exc:  # the path is the process's working directory's when relative
-        raise ConfigError(f"{key}: cannot read ({exc.strerror or exc}; from {os.getcwd()})") from None
+    except OSError as exc:  # a relative path is the working directory's
+        cwd = "" if os.path.isabs(g.hf_config) else f"; from {os.getcwd()}"
+        raise ConfigError(f"{key}: cannot read ({exc.strerror or exc}{cwd})") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{key}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
-    except (ValueError, RecursionError):  # not UTF-8; RecursionError: nested deeper than Python recurses
-        raise ConfigError(f"{key}: cannot read JSON from it (not UTF-8, or nested too deeply)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}: not UTF-8 text") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ConfigError(f"{key}: not a Hugging Face config.json ({exc})") from None
+    except RecursionError:  # nested deeper than Python recurses
+        raise ConfigError(f"{key}: nested too deeply to be a Hugging Face config.json") from None
     if not isinstance(hf, dict):
         raise ConfigError(f"{key}: not a JSON object (a Hugging Face config.json)")
     if "num_hidden_layers" not in hf and isinstance(hf.get("text_config"), dict):
@@ -753,8 +766,6 @@ def validate(cfg: Config) -> None:
         for key in ("selector", "prometheus_headers", "prometheus_bearer_token_file"):
             if getattr(cfg, key) is not None:
                 raise ConfigError(f"config key {key}: only with prometheus (fleet mode)")
-        if cfg.prometheus_delay:
-            raise ConfigError("config key prometheus_delay: only with prometheus (fleet mode)")
     selector_matchers(cfg.selector)
     listen_address(cfg.listen, "config key listen")
     _validate_geometry(cfg)
@@ -1039,24 +1050,27 @@ def load_web_config(path: str | None) -> WebConfig:
         match = _PBKDF2.match(hashed) if isinstance(hashed, str) else None
         if not match:
             raise ConfigError(f"config key {key}: expected pbkdf2_sha256$<iterations>$<salt>$<base64 hash>")
-        if int(match[1]) > MAX_PBKDF2_ITERATIONS:
-            raise ConfigError(f"config key {key}: {match[1]} iterations, at most {MAX_PBKDF2_ITERATIONS} (every new "
+        if len(match[1]) > 9 or int(match[1]) > MAX_PBKDF2_ITERATIONS:  # int() refuses 4301 digits
+            count = match[1] if len(match[1]) <= 9 else f"a {len(match[1])}-digit number of"
+            raise ConfigError(f"config key {key}: {count} iterations, at most {MAX_PBKDF2_ITERATIONS} (every new "
                               "login costs them on the sidecar's CPU)")
-        try:
-            base64.b64decode(match[3], validate=True)
-        except binascii.Error:  # every login would then be refused, with nothing to say why
-            raise ConfigError(f"config key {key}: the hash after the last $ is not base64 (cut short?)") from None
+        try:  # PBKDF2-SHA256's 32 bytes: else every login refused unsaid, or, cut at 4 characters, a weak check
+            digest = base64.b64decode(match[3], validate=True)
+        except binascii.Error:
+            digest = b""
+        if len(digest) != 32:
+            raise ConfigError(f"config key {key}: the hash after the last $ is not 32 bytes in base64 (cut short?)")
     return replace(web, users=dict(users))
 
 
 def _tls(tls: Mapping[str, Any], where: Path) -> WebConfig:
     """The WebConfig of a web-config file's ``tls_server_config`` (paths relative to the file at
     ``where``), its certificate and key loaded once; every problem a ConfigError naming the key."""
-    version = tls.get("min_version", "TLS12")
+    version = tls.get("min_version") or "TLS12"  # null or "": exporter-toolkit's default
     if not isinstance(version, str) or version not in _TLS_VERSIONS:
         raise ConfigError(f"config key web_config.tls_server_config.min_version: {_got(version)}, expected "
                           f"{' or '.join(_TLS_VERSIONS)}")
-    if tls.get("client_auth_type", "NoClientCert") != "NoClientCert":
+    if tls.get("client_auth_type") not in (None, "", "NoClientCert"):  # null or "": the default, NoClientCert
         raise ConfigError("config key web_config.tls_server_config.client_auth_type: only NoClientCert (client "
                           "certificates are not supported)")
     files = {}
@@ -1065,7 +1079,11 @@ def _tls(tls: Mapping[str, Any], where: Path) -> WebConfig:
         if not isinstance(value, str) or not value or "\0" in value:
             raise ConfigError(f"config key web_config.tls_server_config.{key}: required (a PEM file path)")
         p = (where.parent / value).resolve()
-        if not p.is_file():
+        try:
+            found = p.is_file()
+        except OSError as exc:  # a name too long
+            raise ConfigError(f"config key web_config.tls_server_config.{key}: {exc.strerror}") from None
+        if not found:
             raise ConfigError(f"config key web_config.tls_server_config.{key}: no such file {p}")
         files[key] = str(p)
     web = WebConfig(files["cert_file"], files["key_file"], min_version=version)

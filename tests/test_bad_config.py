@@ -7,6 +7,7 @@ started and the port is still free.
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 
@@ -190,7 +191,7 @@ def test_an_hf_config_nested_too_deeply_is_a_config_error(tmp_path, capsys, monk
     hf.write_text("[" * 3000 + "]" * 3000)  # json recurses per level: a RecursionError traceback before (review)
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": str(hf)})
     assert code == 2 and err.count("\n") == 1, err[-300:]
-    assert f"config key model.hf_config: {hf}: cannot read JSON from it (not UTF-8, or nested too deeply)" in err, err
+    assert f"config key model.hf_config: {hf}: nested too deeply to be a Hugging Face config.json" in err, err
 
 
 def test_an_hf_config_that_cannot_be_read_says_why(tmp_path, capsys, monkeypatch):
@@ -199,9 +200,28 @@ def test_an_hf_config_that_cannot_be_read_says_why(tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     for path, why in [("missing.json", f"missing.json: cannot read (No such file or directory; from {tmp_path})"),
                       (".", f".: cannot read (Is a directory; from {tmp_path})"),
-                      ("bad.json", "bad.json: not JSON (Expecting value at line 2, column 14)")]:
+                      ("bad.json", "bad.json: not JSON (Expecting value at line 2, column 14)"),
+                      # an absolute path is no working directory's (review)
+                      ("/nonexistent/config.json", "/nonexistent/config.json: cannot read (No such file or directory)")]:
         code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": path})
         assert code == 2 and err == f"kvhit: config key model.hf_config: {why}\n"
+    # a NUL: "cannot read JSON … not UTF-8" with the NUL itself on stderr (review)
+    monkeypatch.delenv("KVHIT_MODEL_HF_CONFIG")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, "model:\n  hf_config: \"a\\0b\"\n")
+    assert code == 2 and err == "kvhit: config key model.hf_config: a\\0b: cannot read (a NUL byte in the path)\n"
+
+
+def test_dense_keys_with_an_hf_config_s_mla_geometry_are_refused(tmp_path, capsys, monkeypatch):
+    # DeepSeek-V3's config.json gives kv_lora_rank: a kv_heads given too was read as nothing (review)
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps({"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+                              "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64}))
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": str(hf), "KVHIT_MODEL_KV_HEADS": "1"})
+    assert code == 2 and err.startswith("kvhit: config key model.kv_heads: not with model.kv_lora_rank"), err
+    monkeypatch.delenv("KVHIT_MODEL_KV_HEADS")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": str(hf)},
+                            extra=["--check-config"])
+    assert code == 0, err  # its own num_key_value_heads beside kv_lora_rank is no mistake
 
 
 def test_good_geometry_and_t_load_accepted(tmp_path):
@@ -292,9 +312,16 @@ WEB = {
     # accepted, every request then ended in an OverflowError (over 2^32 - 1) or pinned a core (breaker)
     "too many iterations": ("basic_auth_users:\n  prometheus: pbkdf2_sha256$5000001$abc$AAAA\n",
                             "config key web_config.basic_auth_users.prometheus: 5000001 iterations, at most 5000000"),
-    # a hash cut short was accepted and every login refused without a word (breaker)
+    # a hash cut short was accepted and every login refused without a word (breaker), or, cut at 4
+    # characters (3 bytes), a 3-byte check (review); 4301 digits: int()'s ValueError, exit 1 (review)
     "hash cut short": ("basic_auth_users:\n  prometheus: pbkdf2_sha256$1000$abc$AAAAA\n",
-                       "config key web_config.basic_auth_users.prometheus: the hash after the last $ is not base64"),
+                       "config key web_config.basic_auth_users.prometheus: the hash after the last $ is not 32 bytes "
+                       "in base64 (cut short?)"),
+    "hash of 3 bytes": ("basic_auth_users:\n  prometheus: pbkdf2_sha256$1000$abc$AAAA\n",
+                        "config key web_config.basic_auth_users.prometheus: the hash after the last $ is not 32 bytes"),
+    "iterations of 4301 digits": ("basic_auth_users:\n  prometheus: pbkdf2_sha256$" + "9" * 4301 + "$abc$AAAA\n",
+                                  "config key web_config.basic_auth_users.prometheus: a 4301-digit number of "
+                                  "iterations, at most 5000000"),
     "client certificates": ("tls_server_config:\n  client_auth_type: RequireAndVerifyClientCert\n",
                             "config key web_config.tls_server_config.client_auth_type: only NoClientCert"),
     "tls version": ("tls_server_config:\n  cert_file: a.pem\n  key_file: a.pem\n  min_version: TLS11\n",

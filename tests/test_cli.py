@@ -495,7 +495,39 @@ def test_a_sidecar_told_to_serve_whose_listen_address_is_busy_serves_its_refusal
     samples = {s.name: s.value for fam in text_string_to_metric_families(got["metrics"][1]) for s in fam.samples}
     assert got["metrics"][0] == 200 and samples["kvhit_config_last_load_successful"] == 0.0
     assert "configuration refused: cannot listen on 127.0.0.1:" in caplog.text
-    assert f"serving on the default {default}" in caplog.text
+    assert f"trying the default {default}" in caplog.text and f"0 on {default} until restarted" in caplog.text
+
+
+def test_serve_mode_is_read_from_run_s_own_words_and_never_with_check_config():
+    # review: "--check" (argparse's abbreviation of --check-config) with an argparse error served
+    # until killed, and a "run" anywhere on the line counted as the command
+    from exporter.cli import _serve_asked
+
+    serve = ["--on-config-error=serve", "--listen", "127.0.0.1:1"]
+    assert _serve_asked(["run", "--timeout", *serve]).listen == "127.0.0.1:1"
+    assert _serve_asked(["run", "--listen", *serve]).listen == "127.0.0.1:1"  # the first --listen lacks its value
+    assert _serve_asked(["run", "--check", "--timeout", *serve]) is None
+    assert _serve_asked(["run", "--check-config=1", *serve]) is None
+    assert _serve_asked(["replay", "--window-seconds", "x", "run", *serve]) is None
+    assert _serve_asked(["run", "--on-config-error=srve", "--timeout"]) is None
+
+
+def test_a_refusal_that_cannot_be_served_on_the_default_address_either_exits_1_in_one_line(monkeypatch, caplog):
+    # review: a traceback when the listen address and the default were both busy (from main), and
+    # a log line saying it served on the default before it tried
+    from exporter import cli
+    from exporter.config import Config
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        address = "127.0.0.1:%d" % busy.getsockname()[1]
+        monkeypatch.setattr(Config, "listen", address)
+        with caplog.at_level("ERROR", logger="kvhit"):
+            assert cli.main(["run", "--target", "http://127.0.0.1:9/metrics", "--on-config-error=serve",
+                             "--listen", address, "--timeout"]) == 1
+    assert caplog.messages == [f"configuration refused: kvhit run: argument --timeout: expected one argument; and "
+                               f"kvhit cannot serve on {address} (cannot listen on {address}: Address already in use)"]
 
 
 def test_a_run_with_a_valid_config_says_its_configuration_loaded(sim_runner):
