@@ -25,7 +25,7 @@ from fitters.chiptime import CELL_H, DRIFT_REASON, ChipTimeFitter, Drift, observ
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
-from fitters.missslope import MissSlopeFitter
+from fitters.missslope import H_RESOLUTION, MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
                            max_hit_ratio, prefill_share, tpm_hit_correction)
 from fitters.observation import Observation
@@ -714,7 +714,8 @@ class Analyzer:
         """The seed's linear bathtub of the direct slope; its h*, h_even (and exit) and curve
         points only inside the h range the slope was fitted on (a secant says nothing beyond it: on
         the simulator's sweep a line over h 0-0.25 put h* at 0.62 and h_even at 0.86, 0.83 and 0.97
-        over 0-0.99), else absent with why in ``unknown``."""
+        over 0-0.99), else absent with why in ``unknown``; h_even and the exit, which compare with
+        R(0), only when that range starts at h = 0 (within H_RESOLUTION)."""
         tps0, a = slope.value("tps0"), slope.value("a")
         if tps0 is None or a is None or h_now is None or h_now >= 1:
             return {}
@@ -735,7 +736,13 @@ class Analyzer:
                 unknown.setdefault(signal, "beyond the h range the direct miss slope was fitted on: its line says "
                                            "nothing there" + measured(f"h {h:.3f} outside [{lo:.3f}, {hi:.3f}]"))
                 beyond[key] = beyond[f"{key}_stderr"] = None
-        if "h_even" in beyond:  # whether R climbs back to R(0) is read at h_even (a review saw exit 1 without it)
+        if lo > H_RESOLUTION:  # h_even and the exit compare with R(0): agentic traffic (h 0.85-0.99) put
+            # an h_even and an exit where R' > 0 all along (SRE breaker)
+            for signal in ("valley_breakeven_linear", "valley_exit_linear"):
+                unknown.setdefault(signal, "they compare with R(0), at h = 0, below the h range the direct miss slope "
+                                           "was fitted on: its line says nothing there" + measured(f"h range [{lo:.3f}, {hi:.3f}]"))
+            beyond.update(h_even=None, h_even_stderr=None, exit=None)
+        elif "h_even" in beyond:  # whether R climbs back to R(0) is read at h_even (a review saw exit 1 without it)
             unknown.setdefault("valley_exit_linear", unknown["valley_breakeven_linear"])
             beyond["exit"] = None
         elif b.exit is False and hi < 1.0:  # "no exit" (a ≥ 1 or ρ = 0) reads the line up to h = 1

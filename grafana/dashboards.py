@@ -305,13 +305,14 @@ def model_dashboard() -> Dashboard:
 
     d = d.with_panel(
         ts(ids, "Valley edges and their standard errors", "percentunit",
-           "The valley bottom h* per form and the standard errors of h* and h_even (the delta method from the fit's "
+           "The valley bottom h* and break-even h_even per form and their standard errors (the delta method from the fit's "
            "covariance, through R'(h*) = 0 and R(h_even) = R(0)): an edge is an estimate, h* ± 2σ is where the "
            "bottom may be. Absent with its edge (kvhit_unknown_info says why); σ(h*) also when h* sits at the h "
            "grid's end, where R still falls.")
         .min(0)
         .with_target(q("A", f"kvhit_valley_bottom_hit_ratio{{{SEL}}}", "h* {{form}} {{pod}}"))
         .with_target(q("B", f"kvhit_valley_bottom_hit_ratio_stderr{{{SEL}}}", "σ(h*) {{form}} {{pod}}"))
+        .with_target(q("D", f"kvhit_valley_breakeven_hit_ratio{{{SEL}}}", "h_even {{form}} {{pod}}"))
         .with_target(q("C", f"kvhit_valley_breakeven_hit_ratio_stderr{{{SEL}}}", "σ(h_even) {{form}} {{pod}}")))
 
     d = d.with_panel(

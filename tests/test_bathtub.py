@@ -426,6 +426,28 @@ def test_the_analyzer_publishes_the_linear_exit_only_as_far_as_the_line_was_fitt
         assert unknown["valley_exit_linear"].startswith("beyond the h range the direct miss slope was fitted on")
 
 
+@pytest.mark.parametrize("h_min, published", [(0.85, False), (0.005, True)])
+def test_the_linear_breakeven_and_exit_need_the_line_fitted_down_to_h_0(h_min, published):
+    # SRE breaker: agentic traffic (h 0.85-0.99, no valley: R' > 0 there) fitted a = 0.663, and the
+    # line's h_even = (a − ρ)/(a(1 − ρ)) = 0.563/0.5967 = 0.943, inside that range, was published
+    # with an exit, both comparing with an R(0) the line never saw
+    from exporter.analyzer import Analyzer
+    from exporter.config import Config
+    from fitters.result import Estimate, FitResult, Status
+    slope = FitResult(Status.OK, params={"tps0": Estimate(1000.0, 1.0), "a": Estimate(0.663, 0.01)},
+                      extra={"h_min": h_min, "h_max": 0.99})
+    unknown: dict[str, str] = {}
+    b = Analyzer(Config())._linear_bathtub(slope, 0.9, unknown)["linear"]  # ρ = 0.1 (the default)
+    if published:
+        assert b.h_even == pytest.approx(0.563 / (0.663 * 0.9)) and b.exit is True
+        assert "valley_breakeven_linear" not in unknown and "valley_exit_linear" not in unknown
+    else:
+        assert b.h_even is None and b.h_even_stderr is None and b.exit is None
+        for signal in ("valley_breakeven_linear", "valley_exit_linear"):
+            assert unknown[signal] == ("they compare with R(0), at h = 0, below the h range the direct miss slope was "
+                                       "fitted on: its line says nothing there (measured: h range [0.850, 0.990])")
+
+
 @pytest.mark.parametrize("a,rho,why", [
     (1.05, 0.1, "the direct slope a >= 1"),   # R ∝ (1 − 1.05h)(1 − 0.9h)/(1 − h) falls to 0 at h = 1/1.05
     (0.5, 0.0, "hits are free"),              # R ∝ 1 − 0.5h: falls all the way to h = 1
