@@ -121,14 +121,16 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     try:
         server, _ = serve_app(config_error_app(target), listen, web)
     except (ConfigError, OSError) as why:  # ssl.SSLError too: then no TLS either
-        if listen == Config.listen:
+        tls = isinstance(why, ssl.SSLError)
+        if listen == Config.listen and not tls:
             log.error("configuration refused: %s; and kvhit cannot serve on %s (%s)", exc, listen, why)
             return 1
-        log.error("cannot serve on %s (%s): trying the default %s", listen, why, Config.listen)
+        log.error("cannot serve on %s (%s): trying the default %s%s", listen, why, Config.listen,
+                  " without TLS" if tls else "")
         listen = Config.listen
         try:
-            server, _ = serve_app(config_error_app(target), listen, None if isinstance(why, ssl.SSLError) else web)
-        except OSError as again:
+            server, _ = serve_app(config_error_app(target), listen, None if tls else web)
+        except (ConfigError, OSError) as again:
             log.error("configuration refused: %s; and kvhit cannot serve on %s either (%s)", exc, listen, again)
             return 1
     log.error("configuration refused: %s; kvhit analyses nothing and serves kvhit_config_last_load_successful 0 "

@@ -308,10 +308,10 @@ def serve_app(app: Callable, listen: str, web: WebConfig | None = None) -> tuple
     host = host or "0.0.0.0"
     if web.users:
         app = with_basic_auth(app, web.users)
+    context = web.context() if web.tls else None  # before binding: a failure leaves no socket open
     server = listening(lambda: make_server(host, port, app, handler_class=_QuietHandler,
                                            server_class=_ThreadingServer6 if ":" in host else _ThreadingServer), listen)
-    if web.tls:
-        server.ssl_context = web.context()
+    server.ssl_context = context
     thread = threading.Thread(target=server.serve_forever, name="kvhit-http", daemon=True)
     thread.start()
     return server, thread
