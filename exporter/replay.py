@@ -102,6 +102,20 @@ class ReplayResult:
     phases: dict[str, list[PhaseSummary]] = field(default_factory=dict)  # model → summaries
 
 
+def _missed(steps: list[float], k: int = 8) -> list[bool]:
+    """Per step [s] of a recording: whether it lacks a scrape, at least MISSED_STEPS × the larger of
+    the lower medians of the k steps before it and of the k after it (one side at an end). The
+    interval there, not the whole recording's: a recording whose interval grows from 2 s to 4 s
+    had every step after the change taken for a missed scrape, never busy (a breaker); a missed
+    scrape is one long step among its neighbours on both sides. The lower median: of two steps,
+    a 2-s one and a gap of 4 s, the gap must not set the scale."""
+    def lower_median(xs: list[float]) -> float:
+        xs = sorted(xs)
+        return xs[(len(xs) - 1) // 2] if xs else -math.inf
+    refs = (max(lower_median(steps[max(0, i - k):i]), lower_median(steps[i + 1:i + 1 + k])) for i in range(len(steps)))
+    return [ref > -math.inf and dt >= MISSED_STEPS * ref for dt, ref in zip(steps, refs)]
+
+
 class TraceClock:
     """"Now" for a replay: the timestamp of the snapshot being replayed (never the wall clock)."""
 
@@ -122,9 +136,9 @@ def replay(trace: Trace, config: Config, target: str,
     Returns the runner (for the final analysis), every step observation and per-phase
     summaries per model. ``config.interval`` is raised to the trace's median step, so that what
     follows the scrape interval (the default scrape-gap threshold, the age past which a model's
-    window is too old to publish) follows the recording. A step of MISSED_STEPS × the (lower)
-    median step or longer lacks a scrape (a recorder skips failed ones, exporter/calibrate.py): like a step
-    across failed scrapes of a live run it is no busy time.
+    window is too old to publish) follows the recording. A step of MISSED_STEPS × the recording's
+    interval there or longer (:func:`_missed`) lacks a scrape (a recorder skips failed ones,
+    exporter/calibrate.py): like a step across failed scrapes of a live run it is no busy time.
 
     Raises:
         ValueError: no snapshot of the trace could be read (one line: how many, and why).
@@ -136,8 +150,7 @@ def replay(trace: Trace, config: Config, target: str,
     steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
     if steps:
         config = replace(config, interval=max(config.interval, steps[len(steps) // 2]))
-    # the lower median: of two steps, a 2-s one and a gap of 4 s, the gap must not set the scale
-    median = steps[(len(steps) - 1) // 2] if steps else math.inf
+    missed = _missed([b - a for a, b in zip(stamps, stamps[1:])])
     if config.gap_seconds is not None and config.gap_seconds <= config.interval:
         raise ConfigError(f"config key gap_seconds: {config.gap_seconds:g} s is not above the recording's scrape "
                           f"interval ({config.interval:g} s, its median step): every step would be a gap")
@@ -148,7 +161,7 @@ def replay(trace: Trace, config: Config, target: str,
     result = ReplayResult(runner)
     for i, (t, text) in enumerate(trace.snapshots):
         clock.t = t
-        runner.ingest_text(t, text, missed=i > 0 and t - stamps[i - 1] >= MISSED_STEPS * median)
+        runner.ingest_text(t, text, missed=i > 0 and missed[i - 1])
         obs = runner.analyzer.last_observations
         result.steps.extend(obs.items())
         result.unfitted.update(id(o) for o in runner.analyzer.last_dropped.values())

@@ -466,3 +466,26 @@ def test_a_step_across_a_scrape_missing_from_the_recording_is_no_busy_time():
     short = [o for _, o in replay(Trace([snaps[k - 1], snaps[k], snaps[k + 2]], [], {}), Config(), "trace").steps]
     assert [o.dt for o in short] == pytest.approx([snaps[k][0] - snaps[k - 1][0], snaps[k + 2][0] - snaps[k][0]])
     assert short[0].busy and not short[1].busy
+
+
+def test_a_missed_scrape_is_a_long_step_among_its_neighbours_on_both_sides():
+    # A recording whose interval grew from 2 s to 4 s had every step after the change taken for a
+    # missed scrape (1.5 x the whole recording's median step), never busy, unsaid (a breaker).
+    from exporter.replay import _missed
+    assert _missed([2.0] * 10 + [4.0] * 10) == [False] * 20
+    assert _missed([4.0] * 10 + [2.0] * 10) == [False] * 20
+    assert _missed([2.0] * 10 + [4.0] + [2.0] * 10) == [False] * 10 + [True] + [False] * 10
+    # at the change: 8 s >= 1.5 x 4 s, the larger of the medians before (2 s) and after (4 s)
+    assert _missed([2.0] * 10 + [8.0] + [4.0] * 10) == [False] * 10 + [True] + [False] * 10
+    assert _missed([5.0]) == [False] and _missed([]) == []
+
+
+def test_a_recording_whose_interval_grows_keeps_its_busy_steps():
+    # the bundled trace's 2-s scrapes, every other one left out after the first 186 (the breaker's):
+    # every B phase had 0 busy steps; each still has some
+    snaps = load_trace(TRACE).snapshots
+    trace = load_trace(TRACE)
+    thin = Trace(snaps[:186] + snaps[186::2], trace.phases, {})
+    result = replay(thin, Config(), "trace")
+    phases = {p.name: p for p in result.phases["tiny"]}
+    assert all(p.busy_steps > 0 for name, p in phases.items() if name.startswith("B")), phases
