@@ -703,9 +703,10 @@ def validate(cfg: Config) -> None:
         ("max_body_bytes", cfg.max_body_bytes, lambda v: v >= 4096, "must be >= 4096"),
         ("max_series", cfg.max_series, lambda v: v >= 1, "must be >= 1"),
         ("load_bandwidth_bytes_per_second", cfg.load_bandwidth_bytes_per_second, lambda v: v > 0, "must be > 0"),
-        ("prices.miss_per_million", cfg.prices.miss_per_million, lambda v: v > 0, "must be > 0"),
+        # bounded as instance_hour_price: 1e160 overflowed R'(h)'s interval to NaN, and valley_active read 0
+        ("prices.miss_per_million", cfg.prices.miss_per_million, lambda v: 0 < v <= MAX_PRICE, "must be in (0, 1e12]"),
         ("prices.hit_price_ratio", cfg.prices.hit_price_ratio, lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-        ("prices.output_per_million", cfg.prices.output_per_million, lambda v: v >= 0, "must be >= 0"),
+        ("prices.output_per_million", cfg.prices.output_per_million, lambda v: 0 <= v <= MAX_PRICE, "must be in [0, 1e12]"),
         ("slo.ttft_seconds", cfg.slo.ttft_seconds, lambda v: v > 0, "must be > 0"),
         ("slo.tpot_seconds", cfg.slo.tpot_seconds, lambda v: v > 0, "must be > 0"),
         ("target_hit_ratio", cfg.target_hit_ratio, lambda v: 0 <= v < 1, "must be in [0, 1)"),

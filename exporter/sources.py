@@ -52,7 +52,7 @@ MAX_VALUE = 1e18
 DEFAULT_MAX_BYTES = Config.max_body_bytes
 _EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
 _LATEST_STAMP = 7258118400.0  # 2200-01-01 [unix s]: a later stamp is a name in µs (16 digits) read as ms
-_PROM_FILE = re.compile(r"(?:^|/)(\d{10,16})\.prom$")
+_PROM_FILE = re.compile(r"(?:^|/)(\d{10,})\.prom$")  # past 16 digits: refused (µs, ns), not skipped
 
 
 class ScrapeError(Exception):
@@ -1407,13 +1407,13 @@ def _take(name: str, size: int, read, files: dict, phases_doc: dict, max_bytes: 
     if trace_file(name) and size > max_bytes:
         raise ValueError(f"{name}: {size} bytes, over the cap of {max_bytes} bytes per file (max_body_bytes)")
     if m:
-        t = int(m.group(1)) / 1000.0
+        t = int(m.group(1)) / 1000.0 if len(m.group(1)) <= 16 else math.inf
         if t < _EARLIEST_STAMP:
             raise ValueError(f"{name}: {m.group(1)} ms is before 2001: trace files are named by unix time in "
                              "milliseconds (13 digits), not seconds")
         if t >= _LATEST_STAMP:
-            raise ValueError(f"{name}: {m.group(1)} ms is after 2200: trace files are named by unix time in "
-                             "milliseconds (13 digits), not microseconds")
+            raise ValueError(f"{name}: {m.group(1)[:24]} ms is after 2200: trace files are named by unix time in "
+                             "milliseconds (13 digits), not microseconds or nanoseconds")
         if t in files:  # one of them would be lost, and which one depends on the listing order
             raise ValueError(f"two snapshots stamped {m.group(1)} ms in the trace ({files[t][0]} and {name}): "
                              "keep one")

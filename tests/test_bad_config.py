@@ -63,7 +63,9 @@ CASES = {
     "wrong type, boolean": ("max_series: true\n", "config key max_series: expected int"),
     "negative price": ("prices:\n  miss_per_million: -2\n", "config key prices.miss_per_million: must be > 0"),
     "negative output price": ("prices:\n  output_per_million: -0.5\n",
-                              "config key prices.output_per_million: must be >= 0"),
+                              "config key prices.output_per_million: must be in [0, 1e12]"),
+    # accepted: R'(h)'s interval overflowed to NaN and kvhit_valley_active read 0 (offline breaker)
+    "miss price past any": ("prices:\n  miss_per_million: 1e160\n", "config key prices.miss_per_million: must be in (0, 1e12]"),
     "rho below zero": ("prices:\n  hit_price_ratio: -0.1\n", "config key prices.hit_price_ratio: must be in [0, 1]"),
     "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in [0, 1]"),
     "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: must be a finite number, got nan"),
