@@ -61,7 +61,7 @@ CASES = {
     "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
     "wrong type, section": ("prices: 5\n", "config key prices: expected a mapping"),
     "wrong type, boolean": ("max_series: true\n", "config key max_series: expected int"),
-    "negative price": ("prices:\n  miss_per_million: -2\n", "config key prices.miss_per_million: must be > 0"),
+    "negative price": ("prices:\n  miss_per_million: -2\n", "config key prices.miss_per_million: must be in (0, 1e12]"),
     "negative output price": ("prices:\n  output_per_million: -0.5\n",
                               "config key prices.output_per_million: must be in [0, 1e12]"),
     # accepted: R'(h)'s interval overflowed to NaN and kvhit_valley_active read 0 (offline breaker)
