@@ -633,6 +633,9 @@ class Analyzer:
                                ("target", cfg.target_hit_ratio, None)):
             if h is None:
                 continue
+            if h > max_hit_ratio(isl):  # kvhit predict and /api/v1/predict refuse it too
+                unknown.setdefault(f"predicted_{which}", _above_h_max(h, isl))
+                continue
             try:  # a request whose chip time is not identifiable keeps its TTFTs where its prefill is
                 p = preds[which] = fitted.predict(h, isl, osl, seen)
             except ValueError as exc:  # neither its chip time nor its TTFT (fitters/whatif.py)
@@ -777,6 +780,12 @@ class Analyzer:
             collinear=chip.extra.get("collinear"),
             chip_covariance=[list(row) for row in cov] if cov else None,
             h_range=h_range, isl_range=isl_range, osl_range=osl_range)
+
+
+def _above_h_max(h: float, isl: float) -> str:
+    """Why a prediction at hit ratio ``h`` above h_max = 1 − 1/ISL is withheld (fitters/model.py)."""
+    return (f"h {h:g} is above 1 - 1/ISL = {max_hit_ratio(isl):.6g} at the window's mean ISL {isl:.0f}: the last "
+            "prompt token is always computed")
 
 
 def _local_bathtub(b: BathtubCurve, fitted: FittedModel, isl: float, osl: float, h_max: float,
@@ -1374,6 +1383,9 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
             points.append(("target", cfg.target_hit_ratio,
                            None if load_share is None else cfg.target_hit_ratio * load_share))
         for which, h, hl in points:
+            if h > max_hit_ratio(isl):
+                unknown.setdefault(f"capacity_bound_{which}", _above_h_max(h, isl))
+                continue
             theta = fo.theta(h, hl)
             if theta is not None:
                 bound[which] = theta

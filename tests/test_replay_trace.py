@@ -489,3 +489,16 @@ def test_a_recording_whose_interval_grows_keeps_its_busy_steps():
     result = replay(thin, Config(), "trace")
     phases = {p.name: p for p in result.phases["tiny"]}
     assert all(p.busy_steps > 0 for name, p in phases.items() if name.startswith("B")), phases
+
+
+def test_a_target_hit_ratio_above_what_the_window_s_prompts_can_reach_is_withheld_with_why():
+    # target_hit_ratio 0.99999 at the trace's ISL 1024: replay published a target TTFT, chip time,
+    # TPM and capacity bound at an h that kvhit predict refuses, 1 - 1/1024 = 0.9990234 (breaker)
+    from dataclasses import replace as with_
+    trace = load_trace(TRACE)
+    result = replay(trace, with_(Config(), target_hit_ratio=0.99999), "trace")
+    m = result.runner.current()[0].models["tiny"]
+    why = "h 0.99999 is above 1 - 1/ISL = 0.999023 at the window's mean ISL 1024: the last prompt token is always computed"
+    assert "target" not in m.predictions and "target" not in m.capacity_bound
+    assert m.unknown["predicted_target"] == why and m.unknown["capacity_bound_target"] == why
+    assert "current" in m.predictions  # the window's own point stands
