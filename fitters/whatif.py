@@ -306,7 +306,8 @@ class FittedModel:
 
         Raises:
             ValueError: h outside [0, 1) or non-positive ISL / negative OSL; a fit whose chip
-                time per request is 0 or not finite (coefficients far out of any real range);
+                time per request is 0 or not finite, or any output not finite (coefficients or
+                prices far out of any real range);
                 a request whose chip time is not identifiable and whose TTFT is unknown too
                 (nothing to predict; the message says why).
         """
@@ -359,6 +360,10 @@ class FittedModel:
                 t_chip=t_chip, tpm_delivered=delivered, tpm_physical=physical,
                 tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
                 revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out))
+        for name, v in (("ttft_service", ttft_s), ("ttft_load_aware", ttft_l), ("ttft_service_stderr", ttft_se),
+                        *per_request.items()):
+            if v is not None and not math.isfinite(v):  # a hand-edited fit: JSON has no Infinity
+                raise ValueError(f"the fit gives {name} = {v!r}: not a usable fit (values far out of any real range)")
         beyond = [f"{what} {x:g} outside the [{r[0]:g}, {r[1]:g}]{unit}"
                   for what, x, r, unit in (("h", hit_ratio, self.h_range, ""), ("ISL", isl, self.isl_range, " tokens"),
                                            ("OSL", osl, self.osl_range, " tokens"))
@@ -410,8 +415,8 @@ class FittedModel:
         cov = model.chip_covariance
         if cov is not None and not (isinstance(cov, list) and len(cov) == len(CHIP_TIME_TERMS) and all(
                 isinstance(row, list) and len(row) == len(CHIP_TIME_TERMS) and all(map(finite_number, row))
-                for row in cov)):
-            raise ValueError("fit field chip_covariance must be null or 5 rows of 5 finite numbers")
+                for row in cov) and all(cov[i][i] >= 0 for i in range(len(cov)))):
+            raise ValueError("fit field chip_covariance must be null or 5 rows of 5 finite numbers, variances >= 0")
         for name, top in (("isl_range", math.inf), ("osl_range", math.inf), ("h_range", 1.0)):
             r = getattr(model, name)
             if r is not None and not (isinstance(r, list) and len(r) == 2 and all(map(finite_number, r))

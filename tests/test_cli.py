@@ -1119,6 +1119,10 @@ def test_a_fit_file_too_large_to_be_an_analysis_is_refused_before_it_is_read_who
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "p_miss": -1.0}}}}, "fit field p_miss must be a finite number >= 0"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "collinear": {"k_attn": {"k_fast": 1.0}}}}}},
      "fit field collinear must map chip-time terms to {term: finite number}"),
+    # a negative variance gave a standard error of exactly 0.0 (breaker)
+    ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "chip_covariance": [[-1.0 if i == j == 1 else 0.0
+                                                                                 for j in range(5)] for i in range(5)]}}}},
+     "fit field chip_covariance must be null or 5 rows of 5 finite numbers, variances >= 0"),
     ({"schema_version": 1, "models": {"a": {"fit": {**FIT, "schema_version": 1, "prefill_mix_tokens": 1024.0}}}},
      "fit schema_version must be 2 (a fit saved by an older kvhit: save it again with kvhit replay --save-fit)"),
     # a recorded ISL or OSL that is no number, or out of range where no flag replaces it: the
@@ -1167,6 +1171,11 @@ def test_predict_with_coefficients_out_of_any_real_range_exits_1_naming_the_file
     code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
     assert code == 1 and out == "" and err.count("\n") == 1 and err.startswith("kvhit: --fit ")
     assert "chip time of inf s per request" in err, err
+    # a price of 1e308: a finite chip time, revenue inf, printed as "Infinity" (no JSON) with exit 0 (breaker)
+    doc = {"schema_version": 1, "models": {"m": {"isl": 2048.0, "osl": 32.0, "fit": {**FIT, "p_miss": 1e308}}}}
+    code, out, err = _predict(tmp_path, capsys, doc, "--hit-ratio", "0.5")
+    assert code == 1 and out == "" and err.count("\n") == 1 and err.startswith("kvhit: --fit ")
+    assert "the fit gives revenue = inf: not a usable fit" in err, err
 
 
 def test_predict_at_minus_zero_answers_at_zero(tmp_path, capsys):
