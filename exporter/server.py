@@ -14,7 +14,10 @@ the handshake done in the connection's own thread under a 30-s socket timeout, s
 never finishes it blocks nobody. With ``basic_auth_users`` every path but ``/healthz`` and
 ``/readyz`` (no data, for the kubelet's probes) needs HTTP basic auth, verified against
 PBKDF2-HMAC-SHA256 hashes in constant time; a good credential is remembered (keyed by an HMAC
-under a per-process key), so Prometheus' scrapes do not pay the PBKDF2 cost each time.
+under a per-process key), so Prometheus' scrapes do not pay the PBKDF2 cost each time; every
+refusal costs the most iterations any user's hash has (none names a user). At most
+MAX_CONNECTIONS connections are served at once, each request's headers read within
+REQUEST_TIMEOUT and HEADER_BYTES in all; GET and HEAD only.
 """
 from __future__ import annotations
 
@@ -26,15 +29,17 @@ import http.client
 import json
 import logging
 import os
+import re
 import socket
 import ssl
 import threading
+import time
 from collections import OrderedDict
 from argparse import ArgumentTypeError
 from dataclasses import asdict, replace
 from socketserver import ThreadingMixIn
 from typing import Callable, Mapping
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -50,6 +55,9 @@ REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (TLS handshake in
 # else 414). http.server alone allows 100 headers of 64 KiB each, read before basic auth: 40
 # connections held 250 MB, past the sidecar's memory limit.
 HEADER_BYTES = 32 * 1024
+# Connections served at once (a thread each); more are closed on arrival. Without a cap, 3000 idle
+# clients (one header line every 15 s) held 300 MB, past the sidecar's memory limit (a breaker).
+MAX_CONNECTIONS = 64
 UNAUTHENTICATED = ("/healthz", "/readyz")
 
 
@@ -57,6 +65,26 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     request_queue_size = 128  # listen backlog (socketserver's 5 dropped SYNs at 30 concurrent clients)
     ssl_context: ssl.SSLContext | None = None
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):  # MAX_CONNECTIONS busy: closed, no thread
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def get_request(self):
         sock, addr = super().get_request()
@@ -76,16 +104,23 @@ class _ThreadingServer6(_ThreadingServer):
 
 class _HeaderBudget:
     """The connection's reader, whose readline raises LineTooLong once the lines after the
-    request line (the headers) pass HEADER_BYTES in all: parse_request then answers 431."""
+    request line (the headers) pass HEADER_BYTES in all, or come in over more than
+    REQUEST_TIMEOUT in all (a header line every few seconds held a thread for hours): parse_request
+    then answers 431."""
 
     def __init__(self, rfile) -> None:
-        self._rfile, self._left = rfile, None  # None: the request line is next
+        self._rfile, self._left, self._until = rfile, None, None  # None: the request line is next
 
     def readline(self, limit: int = -1) -> bytes:
         line = self._rfile.readline(limit)
-        self._left = HEADER_BYTES if self._left is None else self._left - len(line)
+        if self._left is None:
+            self._left, self._until = HEADER_BYTES, time.monotonic() + REQUEST_TIMEOUT
+        else:
+            self._left -= len(line)
         if self._left < 0:
             raise http.client.LineTooLong(f"request headers over {HEADER_BYTES} bytes")
+        if time.monotonic() > self._until:
+            raise http.client.LineTooLong(f"request headers took over {REQUEST_TIMEOUT:g} s")
         return line
 
     def __getattr__(self, name: str):
@@ -137,10 +172,14 @@ def with_basic_auth(app: Callable, users: Mapping[str, str], cache_size: int = 6
     secret = os.urandom(32)
     good: OrderedDict[bytes, str] = OrderedDict()  # HMAC of an accepted header → user
     lock = threading.Lock()
-    decoy = next(iter(users.values()))  # unknown users cost as much as known ones
+    # every check costs the most iterations any user's hash has: an unknown user's (checked against
+    # the decoy) and a known user's whose hash has fewer (padded), else a fast 401 named a user
+    rounds = {user: int(hashed.split("$")[1]) for user, hashed in users.items()}
+    decoy = users[max(rounds, key=rounds.get)]
+    most = max(rounds.values())
 
     def check(header: str) -> bool:
-        if not header.startswith("Basic "):
+        if header[:6].lower() != "basic ":  # the scheme is case-insensitive (RFC 9110 §11.1)
             return False
         tag = hmac.new(secret, header.encode(errors="replace"), hashlib.sha256).digest()
         with lock:
@@ -152,6 +191,8 @@ def with_basic_auth(app: Callable, users: Mapping[str, str], cache_size: int = 6
         except (ValueError, binascii.Error, UnicodeDecodeError):
             return False
         ok = verify_password(password, users.get(user, decoy)) and sep == ":" and user in users
+        if most > rounds.get(user, most):
+            hashlib.pbkdf2_hmac("sha256", b"", b"", most - rounds[user])
         if ok:
             with lock:
                 good[tag] = user
@@ -196,19 +237,9 @@ def make_app(runner: Runner) -> Callable:
     """The WSGI application for one runner (a fresh registry holding kvhit's collector only)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KvhitCollector(runner.current))
-    metrics_app = make_wsgi_app(registry)
+    metrics_app = _exposition(registry)
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:
-        if environ.get("REQUEST_METHOD") != "HEAD":
-            return route(environ, start_response)
-        # a probe (curl -I): GET's status and headers, its Content-Length, no body
-        got: list = []
-        body = b"".join(route({**environ, "REQUEST_METHOD": "GET"}, lambda *a: got.extend(a[:2])))
-        start_response(got[0], [(k, v) for k, v in got[1] if k.lower() != "content-length"]
-                       + [("Content-Length", str(len(body)))])
-        return []
-
-    def route(environ: dict, start_response: Callable) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics_app(environ, start_response)
@@ -228,6 +259,46 @@ def make_app(runner: Runner) -> Callable:
         return _text(start_response, "200 OK" if path == "/" else "404 Not Found", _LANDING)
 
     return app
+
+
+def _exposition(registry: CollectorRegistry) -> Callable:
+    """prometheus-client's /metrics application, with an Accept header it cannot read (a quoted
+    version, ``version=abc``: a TypeError, a 500 and a traceback per request, a breaker's find)
+    answered in the text format, and gzip left out when Accept-Encoding gives it q=0."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        if re.search(r"gzip\s*;\s*q\s*=\s*0(?:\.0*)?\s*(?:,|$)", environ.get("HTTP_ACCEPT_ENCODING", "")):
+            environ = {k: v for k, v in environ.items() if k != "HTTP_ACCEPT_ENCODING"}
+        try:  # prometheus-client reads the headers before it starts the response
+            return metrics_app(environ, start_response)
+        except (TypeError, ValueError):
+            return metrics_app({k: v for k, v in environ.items() if k != "HTTP_ACCEPT"}, start_response)
+    return app
+
+
+def _http(app: Callable) -> Callable:
+    """The outer layer of every kvhit application (auth included): GET and HEAD only (else 405
+    with Allow); HEAD answered as GET without the body (its Content-Length kept); a request line
+    in absolute form (``GET http://host/metrics``, RFC 9112 §3.2.2) read as its path."""
+    def outer(environ: dict, start_response: Callable) -> list[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path.startswith(("http://", "https://")):
+            environ = {**environ, "PATH_INFO": urlsplit(path).path or "/"}
+        method = environ.get("REQUEST_METHOD")
+        if method == "GET":
+            return app(environ, start_response)
+        if method != "HEAD":
+            body = b"kvhit: GET or HEAD only\n"
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain; charset=utf-8"),
+                                                      ("Content-Length", str(len(body)))])
+            return [body]
+        got: list = []  # a probe (curl -I): GET's status and headers, its Content-Length, no body
+        body = b"".join(app({**environ, "REQUEST_METHOD": "GET"}, lambda *a: got.extend(a[:2])))
+        start_response(got[0], [(k, v) for k, v in got[1] if k.lower() != "content-length"]
+                       + [("Content-Length", str(len(body)))])
+        return []
+    return outer
 
 
 PREDICT_PARAMETERS = ("hit_ratio", "isl", "osl", "steps_per_request", "model_name")
@@ -276,7 +347,7 @@ def config_error_app(target: str = "") -> Callable:
     ``target``: kvhit_build_info's ``target`` label, redacted by the caller."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ConfigErrorCollector(target))
-    metrics_app = make_wsgi_app(registry)
+    metrics_app = _exposition(registry)
 
     def app(environ: dict, start_response: Callable) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -306,8 +377,7 @@ def serve_app(app: Callable, listen: str, web: WebConfig | None = None) -> tuple
     web = web or WebConfig()
     host, port = listen_address(listen, "listen", any_port=True)  # 0: any free port (tests, benchmarks)
     host = host or "0.0.0.0"
-    if web.users:
-        app = with_basic_auth(app, web.users)
+    app = _http(with_basic_auth(app, web.users) if web.users else app)
     context = web.context() if web.tls else None  # before binding: a failure leaves no socket open
     server = listening(lambda: make_server(host, port, app, handler_class=_QuietHandler,
                                            server_class=_ThreadingServer6 if ":" in host else _ThreadingServer), listen)

@@ -241,3 +241,91 @@ def test_an_encrypted_key_is_refused_saying_so_without_a_passphrase_prompt(tmp_p
         load_web_config(str(tmp_path / "web.yml"))
     assert str(exc.value) == (f"config key web_config.tls_server_config.key_file: {key} is encrypted; kvhit reads "
                               "an unencrypted PEM key (as exporter-toolkit)")
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    """The whole answer to one raw HTTP/1.0 request."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def test_odd_requests_get_http_s_answers_not_a_500(tmp_path):
+    # an HTTP breaker's finds: a quoted Accept version made prometheus-client raise TypeError (500, a
+    # traceback per request); other methods were answered as GET; an absolute-form request line 404;
+    # gzip;q=0 still gzipped
+    server, port = start(None, tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for accept in ('application/openmetrics-text; version="1.0.0"', "text/plain; version=abc"):
+            r = requests.get(base + "/metrics", headers={"Accept": accept}, timeout=5)
+            assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert "kvhit_up" in r.text
+        for method in ("POST", "DELETE", "PUT", "OPTIONS"):
+            for path in ("/metrics", "/api/v1/analysis", "/healthz", "/"):
+                r = requests.request(method, base + path, timeout=5)
+                assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD", (method, path)
+        assert _raw(port, f"GET http://127.0.0.1:{port}/healthz HTTP/1.0\r\n\r\n".encode()).endswith(b"\r\n\r\nok\n")
+        r = requests.get(base + "/metrics", headers={"Accept-Encoding": "gzip;q=0"}, timeout=5)
+        assert "Content-Encoding" not in r.headers and "kvhit_up" in r.text
+        assert requests.get(base + "/metrics", headers={"Accept-Encoding": "gzip"},
+                            timeout=5).headers["Content-Encoding"] == "gzip"
+    finally:
+        server.shutdown()
+
+
+def test_basic_auth_s_head_has_no_body_its_scheme_any_case_and_every_401_the_same_cost(tmp_path):
+    slow, fast = hash_password("s3cret", iterations=200_000), hash_password("other", iterations=1000)
+    server, port = start(f"basic_auth_users:\n  prometheus: {slow}\n  alice: {fast}\n", tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        head = _raw(port, b"HEAD /metrics HTTP/1.0\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 401") and head.endswith(b"\r\n\r\n")  # no body after the headers
+        token = base64.b64encode(b"prometheus:s3cret").decode()
+        assert requests.get(base + "/metrics", headers={"Authorization": f"basic {token}"}, timeout=5).status_code == 200
+
+        def cost(user: str) -> float:
+            header = {"Authorization": "Basic " + base64.b64encode(f"{user}:wrong".encode()).decode()}
+            return min(_timed(lambda: requests.get(base + "/metrics", headers=header, timeout=10)) for _ in range(3))
+        # alice's hash has 1000 iterations: her 401 came 5-10x faster than a stranger's, naming her a user
+        assert cost("alice") > 0.5 * cost("nobody")
+    finally:
+        server.shutdown()
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def test_connections_past_the_cap_are_closed_and_a_slow_drip_of_headers_is_cut(tmp_path, monkeypatch):
+    # 3000 idle clients, each sending a header line every 15 s, held 300 MB (a thread each, no
+    # cap): past MAX_CONNECTIONS a connection is closed on arrival; headers are read for at most
+    # REQUEST_TIMEOUT in all
+    from exporter import server as kvhit_server
+    monkeypatch.setattr(kvhit_server, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(kvhit_server, "REQUEST_TIMEOUT", 1.0)
+    server, port = start(None, tmp_path)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+        for s in idle:
+            s.sendall(b"GET /healthz HTTP/1.0\r\n")  # and never the rest
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            assert extra.recv(100) == b""  # closed: no slot
+        for s in idle:
+            s.close()
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as drip:
+            drip.sendall(b"GET /healthz HTTP/1.0\r\n")
+            for _ in range(4):  # a line every 0.4 s, past the 1-s budget after the third
+                time.sleep(0.4)
+                drip.sendall(b"X-Drip: a\r\n")
+            assert drip.recv(100).startswith(b"HTTP/1.0 431")
+    finally:
+        server.shutdown()
