@@ -633,7 +633,8 @@ class Analyzer:
                                ("target", cfg.target_hit_ratio, None)):
             if h is None:
                 continue
-            if h > max_hit_ratio(isl):  # kvhit predict and /api/v1/predict refuse it too
+            if which == "target" and h > max_hit_ratio(isl):  # kvhit predict and /api/v1/predict refuse it too
+                # (the window's own h may pass it: queries count a preempted prompt again)
                 unknown.setdefault(f"predicted_{which}", _above_h_max(h, isl))
                 continue
             try:  # a request whose chip time is not identifiable keeps its TTFTs where its prefill is
@@ -1383,7 +1384,7 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
             points.append(("target", cfg.target_hit_ratio,
                            None if load_share is None else cfg.target_hit_ratio * load_share))
         for which, h, hl in points:
-            if h > max_hit_ratio(isl):
+            if which == "target" and h > max_hit_ratio(isl):
                 unknown.setdefault(f"capacity_bound_{which}", _above_h_max(h, isl))
                 continue
             theta = fo.theta(h, hl)

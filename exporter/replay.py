@@ -102,18 +102,20 @@ class ReplayResult:
     phases: dict[str, list[PhaseSummary]] = field(default_factory=dict)  # model → summaries
 
 
-def _missed(steps: list[float], k: int = 8) -> list[bool]:
-    """Per step [s] of a recording: whether it lacks a scrape, at least MISSED_STEPS × the larger of
-    the lower medians of the k steps before it and of the k after it (one side at an end). The
-    interval there, not the whole recording's: a recording whose interval grows from 2 s to 4 s
-    had every step after the change taken for a missed scrape, never busy (a breaker); a missed
-    scrape is one long step among its neighbours on both sides. The lower median: of two steps,
-    a 2-s one and a gap of 4 s, the gap must not set the scale."""
+def _missed(steps: list[float], k: int = 15) -> list[bool]:
+    """Per step [s] of a recording: whether it lacks a scrape, at least MISSED_STEPS × the smaller
+    of the lower medians of the k steps before it and of the k after it (one side at an end). The
+    interval there, not the whole recording's: a recording whose interval grew from 2 s to 4 s
+    had every step after the change taken for a missed scrape, never busy (a breaker); now the
+    k/2 or so nearest the change on its long side are. A run of up to about k missed scrapes (a target failing every
+    other one) stays flagged: one side's median is still the interval's (with the larger of the
+    two, a run of 10 was not, review). The lower median: of two steps, a 2-s one and a gap of
+    4 s, the gap must not set the scale."""
     def lower_median(xs: list[float]) -> float:
         xs = sorted(xs)
-        return xs[(len(xs) - 1) // 2] if xs else -math.inf
-    refs = (max(lower_median(steps[max(0, i - k):i]), lower_median(steps[i + 1:i + 1 + k])) for i in range(len(steps)))
-    return [ref > -math.inf and dt >= MISSED_STEPS * ref for dt, ref in zip(steps, refs)]
+        return xs[(len(xs) - 1) // 2] if xs else math.inf
+    refs = (min(lower_median(steps[max(0, i - k):i]), lower_median(steps[i + 1:i + 1 + k])) for i in range(len(steps)))
+    return [ref < math.inf and dt >= MISSED_STEPS * ref for dt, ref in zip(steps, refs)]
 
 
 class TraceClock:

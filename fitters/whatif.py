@@ -360,8 +360,9 @@ class FittedModel:
                 t_chip=t_chip, tpm_delivered=delivered, tpm_physical=physical,
                 tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
                 revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out))
-        for name, v in (("ttft_service", ttft_s), ("ttft_load_aware", ttft_l), ("ttft_service_stderr", ttft_se),
-                        *per_request.items()):
+        if ttft_se is not None and not math.isfinite(ttft_se):  # a covariance that overflowed: no error bar
+            ttft_se = None
+        for name, v in (("ttft_service", ttft_s), ("ttft_load_aware", ttft_l), *per_request.items()):
             if v is not None and not math.isfinite(v):  # a hand-edited fit: JSON has no Infinity
                 raise ValueError(f"the fit gives {name} = {v!r}: not a usable fit (values far out of any real range)")
         beyond = [f"{what} {x:g} outside the [{r[0]:g}, {r[1]:g}]{unit}"

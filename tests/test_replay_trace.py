@@ -468,15 +468,21 @@ def test_a_step_across_a_scrape_missing_from_the_recording_is_no_busy_time():
     assert short[0].busy and not short[1].busy
 
 
-def test_a_missed_scrape_is_a_long_step_among_its_neighbours_on_both_sides():
+def test_a_missed_scrape_is_a_long_step_among_its_neighbours():
     # A recording whose interval grew from 2 s to 4 s had every step after the change taken for a
     # missed scrape (1.5 x the whole recording's median step), never busy, unsaid (a breaker).
+    # A step is missed at 1.5 x the smaller of the lower medians of the 15 steps on each side.
     from exporter.replay import _missed
-    assert _missed([2.0] * 10 + [4.0] * 10) == [False] * 20
-    assert _missed([4.0] * 10 + [2.0] * 10) == [False] * 20
-    assert _missed([2.0] * 10 + [4.0] + [2.0] * 10) == [False] * 10 + [True] + [False] * 10
-    # at the change: 8 s >= 1.5 x 4 s, the larger of the medians before (2 s) and after (4 s)
-    assert _missed([2.0] * 10 + [8.0] + [4.0] * 10) == [False] * 10 + [True] + [False] * 10
+    # 4-s step 40 + j: the 15 before hold j 4-s steps, their lower median (8th) is 2 s while
+    # 15 - j >= 8, j <= 7: steps 40-47 flagged (4 >= 3), then 4 < 1.5 x 4 on both sides
+    assert _missed([2.0] * 40 + [4.0] * 40) == [False] * 40 + [True] * 8 + [False] * 32
+    # a shrink: the 4-s steps whose 15 after hold 8 or more 2-s steps, 32-39
+    assert _missed([4.0] * 40 + [2.0] * 40) == [False] * 32 + [True] * 8 + [False] * 40
+    # a run of n missed scrapes among 2-s steps: step j of it has 15 - j short steps before and
+    # 16 - n + j after; one side has 8 whenever n <= 16, so the whole run is flagged (with the
+    # larger median, a run of 10 was not at all: review)
+    for n in (1, 10, 16):
+        assert _missed([2.0] * 50 + [4.0] * n + [2.0] * 50) == [False] * 50 + [True] * n + [False] * 50
     assert _missed([5.0]) == [False] and _missed([]) == []
 
 

@@ -269,8 +269,11 @@ def test_odd_requests_get_http_s_answers_not_a_500(tmp_path):
                 r = requests.request(method, base + path, timeout=5)
                 assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD", (method, path)
         assert _raw(port, f"GET http://127.0.0.1:{port}/healthz HTTP/1.0\r\n\r\n".encode()).endswith(b"\r\n\r\nok\n")
-        r = requests.get(base + "/metrics", headers={"Accept-Encoding": "gzip;q=0"}, timeout=5)
-        assert "Content-Encoding" not in r.headers and "kvhit_up" in r.text
+        for refused in ("gzip;q=0", "GZIP; Q=0.0"):  # case-insensitive (RFC 9110 §12.5.3; review)
+            r = requests.get(base + "/metrics", headers={"Accept-Encoding": refused}, timeout=5)
+            assert "Content-Encoding" not in r.headers and "kvhit_up" in r.text
+        assert requests.get(base + "/metrics", headers={"Accept-Encoding": "x-gzip;q=0, gzip"},
+                            timeout=5).headers["Content-Encoding"] == "gzip"
         assert requests.get(base + "/metrics", headers={"Accept-Encoding": "gzip"},
                             timeout=5).headers["Content-Encoding"] == "gzip"
     finally:
@@ -302,30 +305,34 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def test_connections_past_the_cap_are_closed_and_a_slow_drip_of_headers_is_cut(tmp_path, monkeypatch):
+def test_connections_past_the_cap_are_closed_and_a_trickle_is_cut_at_the_deadline(tmp_path, monkeypatch):
     # 3000 idle clients, each sending a header line every 15 s, held 300 MB (a thread each, no
-    # cap): past MAX_CONNECTIONS a connection is closed on arrival; headers are read for at most
-    # REQUEST_TIMEOUT in all
+    # cap): past MAX_CONNECTIONS a connection is closed on arrival; and a connection is shut
+    # REQUEST_TIMEOUT after accept when its headers are not in, however it trickles (a byte a second
+    # inside the request line held its slot for good: review)
     from exporter import server as kvhit_server
-    monkeypatch.setattr(kvhit_server, "MAX_CONNECTIONS", 4)
-    monkeypatch.setattr(kvhit_server, "REQUEST_TIMEOUT", 1.0)
+    monkeypatch.setattr(kvhit_server, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(kvhit_server, "REQUEST_TIMEOUT", 2.0)
     server, port = start(None, tmp_path)
     try:
-        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
-        for s in idle:
-            s.sendall(b"GET /healthz HTTP/1.0\r\n")  # and never the rest
-        time.sleep(0.3)
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        for s in slow:
+            s.sendall(b"GET /hea")
+        time.sleep(0.5)
         with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
             extra.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
             assert extra.recv(100) == b""  # closed: no slot
-        for s in idle:
+        for _ in range(5):  # a byte every 0.5 s: each read within the socket timeout
+            time.sleep(0.5)
+            for s in slow:
+                try:
+                    s.sendall(b"l")
+                except OSError:
+                    pass
+        for s in slow:  # shut at 2 s: the server's end is closed
+            assert s.recv(100) == b""
             s.close()
         time.sleep(0.3)
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as drip:
-            drip.sendall(b"GET /healthz HTTP/1.0\r\n")
-            for _ in range(4):  # a line every 0.4 s, past the 1-s budget after the third
-                time.sleep(0.4)
-                drip.sendall(b"X-Drip: a\r\n")
-            assert drip.recv(100).startswith(b"HTTP/1.0 431")
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).text == "ok\n"
     finally:
         server.shutdown()
