@@ -149,10 +149,10 @@ def replay(trace: Trace, config: Config, target: str,
     # the trace's own scrape interval (median step): a recorder that scraped every 2 min must not
     # have every step taken for a scrape gap, nor a window one skipped scrape old for too old
     stamps = [t for t, _ in trace.snapshots]
-    steps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
     if steps:
-        config = replace(config, interval=max(config.interval, steps[len(steps) // 2]))
-    missed = _missed([b - a for a, b in zip(stamps, stamps[1:])])
+        config = replace(config, interval=max(config.interval, sorted(steps)[len(steps) // 2]))
+    missed = _missed(steps)
     if config.gap_seconds is not None and config.gap_seconds <= config.interval:
         raise ConfigError(f"config key gap_seconds: {config.gap_seconds:g} s is not above the recording's scrape "
                           f"interval ({config.interval:g} s, its median step): every step would be a gap")
