@@ -533,7 +533,6 @@ def _serve_asked(words: list[str]) -> argparse.Namespace | None:
     lenient = _Parser(add_help=False, allow_abbrev=False, exit_on_error=False)
     for key in ("target", "prometheus", "listen", "config", "web_config", "on_config_error"):
         lenient.add_argument("--" + key.replace("_", "-"), dest=key)
-    lenient.add_argument("--check-config", dest="check_config", nargs="?", const=True)
     while True:
         try:
             args = lenient.parse_known_args(words)[0]
@@ -546,7 +545,7 @@ def _serve_asked(words: list[str]) -> argparse.Namespace | None:
             words = valued
         except _UsageError:
             return None
-    return args if args.on_config_error == "serve" and args.check_config is None else None
+    return args if args.on_config_error == "serve" else None
 
 
 def _hint(parser: argparse.ArgumentParser, words: list[str], args: argparse.Namespace) -> str:
