@@ -406,13 +406,19 @@ def read_bounded(path: str | os.PathLike) -> bytes:
     return data
 
 
+def _refuse_nul(path: str, where: str) -> None:
+    """ConfigError starting with ``where`` (its NUL shown as \\0) when ``path`` holds a NUL byte,
+    which open() refuses with ValueError."""
+    if "\0" in path:
+        shown = where.replace("\0", "\\0")
+        raise ConfigError(f"{shown}: cannot read (a NUL byte in the path)")
+
+
 def _read_yaml(path: str, where: str) -> Any:
     """The YAML document in file ``path``; every problem is a ConfigError starting with ``where``:
     unreadable, over MAX_FILE_BYTES, not UTF-8, not YAML (its place and type only: values can be secrets), a
     key given twice."""
-    if "\0" in path:  # open() raises ValueError
-        shown = where.replace("\0", "\\0")
-        raise ConfigError(f"{shown}: cannot read (a NUL byte in the path)")
+    _refuse_nul(path, where)
     try:
         return yaml.load(read_bounded(path).decode("utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (safe)
     except OSError as exc:
@@ -546,9 +552,8 @@ def _with_hf_config(g: Geometry) -> Geometry:
     """
     if not g.hf_config:
         return g
-    key = f"config key model.hf_config: {g.hf_config}".replace("\0", "\\0")
-    if "\0" in g.hf_config:  # open() raises ValueError
-        raise ConfigError(f"{key}: cannot read (a NUL byte in the path)")
+    key = f"config key model.hf_config: {g.hf_config}"
+    _refuse_nul(g.hf_config, key)
     try:
         hf = json.loads(read_bounded(g.hf_config))
     except FileTooLarge as exc:
