@@ -145,10 +145,15 @@ LIBRARY_MAX_CHARS = 4 * 1024 * 1024
 # position, and building it held ~0.6 KiB per line (4 MiB of one-sample families: 325 MiB of RSS).
 # The 64-model body has 24,000 lines.
 PLAN_MAX_LINES = 50_000
+# Samples of model_name values past this many in one body are dropped (``models_over_limit``): the
+# first this many seen are read. Each model costs ~10 KiB of snapshots and plan however few its
+# series, so 49,000 one-line models of a family kvhit reads (3.6 MB, under max_body_bytes) held
+# 840 MiB, past the sidecar's 256 MiB limit (a deploy review's find); vLLM serves one model.
+MAX_MODELS = 4096
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
 QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative",
-          "duplicate_series", "pid_duplicate", "engine_incomplete", "histogram_inconsistent")
+          "duplicate_series", "pid_duplicate", "engine_incomplete", "histogram_inconsistent", "models_over_limit")
 
 
 class ParseError(ValueError):
@@ -378,6 +383,7 @@ class _Builder:
         self.sampled: set[str] = set()  # … of them, those with a sample line (a version's proof: _since)
         self.model_samples: set[tuple[str, str]] = set()  # (exposed base, model) of every sample read, usable or not
         self.usable: set[tuple[str, str]] = set()  # (exposed base, model) read with a usable value
+        self.models: set[str] = set()  # model_name values read, at most MAX_MODELS
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
         self.connector_models: set[str] = set()  # model_name labels of LMCache's samples (_connector)
@@ -414,7 +420,13 @@ class _Builder:
         self.declared.update((name, _counter_base(name), _hist_base(name), base))
 
     def add(self, kind: str, base: str, part: str, labels: Mapping[str, str], value: float) -> None:
-        self.model_samples.add((base, labels.get("model_name", "")))
+        model = labels.get("model_name", "")
+        if model not in self.models:
+            if len(self.models) >= MAX_MODELS:
+                self.quirk("models_over_limit")
+                return
+            self.models.add(model)
+        self.model_samples.add((base, model))
         if not math.isfinite(value):
             self.quirk("non_finite")  # NaN/±Inf samples carry no usable count
             return
