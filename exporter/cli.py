@@ -25,7 +25,7 @@ from exporter import __version__
 from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
-from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, layered_string,
+from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, key_paths, layered_string,
                              load_config, load_web_config, load_web_tls, number, redact_url, selector_matchers, stop_event)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, read_doc, what_if, why_unread
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
@@ -562,6 +562,12 @@ def _hint(parser: argparse.ArgumentParser, words: list[str], args: argparse.Name
         flag, space, value = word.partition(" ")
         if space and flag in options.values():  # a Kubernetes args item "--config /etc/kvhit/config.yaml"
             return f" (one argument holds a space: give {flag}={value.strip()}, or {flag} and its value as two items)"
+        flag = word[2:].split("=", 1)[0]
+        key = {p.replace(".", "_"): p for p in key_paths(".")}.get(flag.replace("-", "_").replace(".", "_"))
+        if word.startswith("--") and "--config" in options.values() and key and key.replace("_", "-") not in options:
+            # a config key tried as a flag (--window-seconds on run: a newcomer's find)
+            return (f" (--{flag} is no flag here: set {key} in the --config file or "
+                    f"KVHIT_{key.replace('.', '_').upper()} in the environment)")
         if word.startswith("--"):
             near = difflib.get_close_matches(word[2:].split("=", 1)[0], list(options), n=1)
             if near:

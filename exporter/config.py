@@ -248,7 +248,7 @@ _SECTIONS = {"model": Geometry, "prices": Prices, "slo": Slo, "sizing": Sizing}
 METRICS_PATH_HINT = "vLLM serves /metrics, add it to the URL"  # a target URL without that path (also sources.py)
 
 
-def _paths(sep: str) -> dict[str, str]:
+def key_paths(sep: str) -> dict[str, str]:
     """Every settable key's whole path (sections joined by ``sep``: "." in a file, "_" in the
     environment) → its last part."""
     return {**{f.name: f.name for f in fields(Config) if f.name not in _SECTIONS},
@@ -261,7 +261,7 @@ def _unknown(key: str, leaf: str, sep: str, shown: Callable[[str], str] = str) -
     difflib over whole paths (:func:`_paths`) when it is close; a guess further off misled more
     than it helped (``interval_seconds`` read as ``window_seconds``). ``key``: the whole path
     written; ``leaf``: its last part."""
-    paths = _paths(sep)
+    paths = key_paths(sep)
     near = [p for p, name in paths.items() if name == leaf]
     if not near:  # the start of one key alone (model.dtype → model.dtype_bytes: difflib read model.tp)
         near = [p for p in paths if p.startswith(key)]
@@ -475,7 +475,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
     """``KVHIT_*`` variables as a nested mapping; an unknown variable raises ConfigError, but for
     those Kubernetes sets for a Service whose name starts with kvhit (``_SERVICE_LINK``), skipped."""
     out: dict = {}
-    known = _paths("_")
+    known = key_paths("_")
     for name, value in environ.items():
         if not name.startswith("KVHIT_"):
             continue

@@ -289,6 +289,13 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
                         "or --config and its value as two items) (see kvhit run --help)"),
                        (["run", "--web_config", "w.yml"], "kvhit run: unrecognized arguments: --web_config w.yml "
                                                           "(did you mean --web-config?) (see kvhit run --help)"),
+                       # a config key as a flag: README's replay line read as if run had --window-seconds (newcomer)
+                       (["run", "--window-seconds", "30"], "kvhit run: unrecognized arguments: --window-seconds 30 "
+                        "(--window-seconds is no flag here: set window_seconds in the --config file or "
+                        "KVHIT_WINDOW_SECONDS in the environment) (see kvhit run --help)"),
+                       (["run", "--prices.hit_price_ratio=0.2"], "kvhit run: unrecognized arguments: "
+                        "--prices.hit_price_ratio=0.2 (--prices.hit_price_ratio is no flag here: set prices.hit_price_ratio "
+                        "in the --config file or KVHIT_PRICES_HIT_PRICE_RATIO in the environment) (see kvhit run --help)"),
                        (["run", "--target", "http://a:1/metrics", "http://b:1/metrics"],
                         "kvhit run: unrecognized arguments: http://b:1/metrics (kvhit run reads one target: a kvhit per "
                         "vLLM pod, or fleet mode for many) (see kvhit run --help)"),
