@@ -327,6 +327,9 @@ class Driver:
         if not rec["ok"]:
             if "Timeout" in rec["error"]:
                 rec["detail"] = f"(no answer within --request-timeout {self.timeout:g} s)"
+            elif rec["error"] in ("HTTP 404", "HTTP 405", "HTTP 501"):  # a server without POST there (a newcomer's find)
+                rec["detail"] = ("(no OpenAI completions endpoint there: is --endpoint a vLLM OpenAI-compatible server? "
+                                 f"kvhit simulate serves /metrics only) {rec.get('detail', '')}")
             raise self._failed("a first request", rec)
 
     def warm_up(self, plan: PhasePlan, prompts: PromptFactory) -> dict | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -635,7 +636,7 @@ def cmd_simulate(args) -> int:
               f"last {REPEATS_SEEN} scrapes: it scrapes more often than the simulator advances (every "
               f"{sc.interval / args.speed:g} wall s), so its steps alternate between no work and more than their "
               f"length's worth, and fits over them are wrong (TPS too high); scrape every {every:g} s (--interval)",
-              flush=True)
+              file=sys.stderr, flush=True)  # a warning, apart from the lines a script reads (newcomer)
 
     stop = stop_event()  # Ctrl-C or SIGTERM: a clean stop, as kvhit run's
     serve(sc, host, port, speed=args.speed, loop=args.loop, on_ready=ready, stop=stop, on_fast_scraper=fast)

@@ -314,7 +314,9 @@ def test_an_endpoint_that_refuses_completions_fails_before_any_load_and_leaves_n
                  "--hit-ratios", "0,0.5", "--phase-seconds", "1.0", "--interval", "0.2", "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"a first request to {fake.url}/v1/completions failed: HTTP 501" in err[0], err
-    assert err[0].endswith("HTTP 501 Not Implemented"), err  # the page's words, not its HTML (newcomer review)
+    assert err[0].endswith("HTTP 501 (no OpenAI completions endpoint there: is --endpoint a vLLM OpenAI-compatible "
+                           "server? kvhit simulate serves /metrics only) Not Implemented"), err
+    # the page's words, not its HTML, after what a 501 there likely means (newcomer reviews)
     assert not out.exists() and fake.c["refused"] == 1  # one probe, no phase, no recording left
 
 

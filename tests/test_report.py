@@ -159,6 +159,11 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, caps
         assert main(["report", "http://127.0.0.1:9/", *flags]) == 2
         err = capsys.readouterr().err
         assert err.count(f"kvhit: {named}: applies to a trace (replayed with it)") == 2, err
+    # a running kvhit's address without http:// is no trace: said so with the URL to give (newcomer)
+    capsys.readouterr()
+    assert main(["report", "127.0.0.1:9471", "--out", str(tmp_path / "hostport")]) == 1
+    assert capsys.readouterr().err.strip() == ("kvhit: 127.0.0.1:9471: no such trace; a running kvhit is given as its "
+                                               "URL, http://127.0.0.1:9471")
     # not an analysis document → exit 1
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
