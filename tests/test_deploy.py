@@ -181,6 +181,8 @@ def test_sidecar_component_patches_the_selected_deployments_only(tmp_path):
         assert pod["metadata"]["labels"]["app"] == name  # the Deployment's selector still matches
         volume = [v for v in pod["spec"]["volumes"] if v["name"] == "kvhit-config"]
         assert volume and volume[0]["configMap"]["name"].startswith("kvhit-config-")  # hashed name followed
+        # a missing ConfigMap leaves vLLM's pod starting (kvhit serves the refusal), not in FailedMount (deploy review)
+        assert volume[0]["configMap"]["optional"] is True
     assert by_name["redis"] == _deployment("redis", {"app.kubernetes.io/name": "redis"})
     config = only(docs, "ConfigMap")
     assert config["metadata"]["name"] == by_name["opt-in"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
