@@ -712,6 +712,8 @@ class Analyzer:
                        bathtubs=bathtubs, miss_slope_derived=derived, miss_slope_h_range=h_range,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean),
+                                 **_load_bound_note(preds, out.capacity_bound, tpm_target.get(("delivered", "instance")),
+                                                    isl, osl),
                                  **_bathtub_extrapolated(bathtubs.get("chip_time"), fitted.h_range, h_max)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None, unknown: dict[str, str]) -> dict[str, BathtubCurve]:
@@ -1038,6 +1040,29 @@ def _load_aware_note(current: Prediction | None, observed: float | None) -> dict
                               "prefill chip time + visible load does not hold this engine's TTFT (what else it spends: "
                               "README, Calibrate); read the load-aware TTFTs as a trend"
                               + measured(f"{pred:.3g} s predicted, {observed:.3g} s observed, {pred / observed - 1:+.0%}")}
+
+
+def _load_bound_note(preds: Mapping[str, Prediction], bound: Mapping[str, float], target_tpm: float | None,
+                     isl: float | None, osl: float | None) -> dict[str, str]:
+    """{"kv_load_bound": why} when a TPM's prompt-token rate exceeds the first-order bound Θ(h) at its
+    h (MODEL.md §3.3), else {}: the chip-time capacity at the current or target point (§3.4,
+    ``preds``), or the observed TPM carried to the target (§3.5, ``target_tpm`` [tokens/min] of
+    requests of ``isl``, ``osl``). Chip time cannot see an asynchronous load: with loaded hits Θ is
+    at most B_load/(S_kv·h_load), what the link can feed, and a TPM past it is throughput the engine
+    cannot deliver (the numbers auditor's find: 1.65× Θ at h 0.98, 80 % of hits loaded)."""
+    points = [(f"predicted at the {which} h {p.hit_ratio:.3g}", p.tpm_delivered, p.isl, p.osl, bound.get(which))
+              for which, p in preds.items()]
+    points.append(("carried to the target h", target_tpm, isl, osl, bound.get("target")))
+    over = [f"{what}: {rate:.4g} vs {theta:.4g} prompt tokens/s"
+            for what, tpm, n, out, theta in points if tpm is not None and theta is not None and n
+            for rate in (tpm / 60.0 * n / (n + out),) if rate > theta]
+    if not over:
+        return {}
+    return {"kv_load_bound": "a TPM exceeds the first-order bound Theta(h) = Theta0 / max(1-h, delta x h_load) "
+                             "(kvhit_capacity_bound_tokens_per_second): with loaded hits the KV-load link, which chip "
+                             "time cannot see, limits throughput there, so the TPMs and the chip-time bathtub from that "
+                             "h up read high (or B_load or S_kv is set wrong: kvhit_load_bandwidth_bytes_per_second, "
+                             "kvhit_kv_bytes_per_token)" + measured("; ".join(over))}
 
 
 def _prefill_covariance(chip: FitResult, engines: float) -> tuple[tuple[float, ...], ...] | None:

@@ -1299,3 +1299,41 @@ def test_an_unreachable_miss_slope_names_a_bound_that_excludes_it(truth, a):
         calibrate_truth(truth, a)
     hi = float(re.search(r"\.\.([0-9.]+)\)", str(exc.value)).group(1))
     assert hi < a
+
+
+def test_a_tpm_past_what_the_kv_load_link_can_feed_is_flagged():
+    # The numbers auditor's find: chip time cannot see an asynchronous load, so at h 0.98 with half
+    # the hits loaded the chip-time capacity (and the TPM carried to the target) read 1.65x the
+    # first-order bound Theta(h) kvhit publishes itself (MODEL.md §3.3). By hand, at the target:
+    # h_load = 0.98 x 0.5 = 0.49, and the link feeds B_load / (S_kv h_load) = 12.5e9 / (524,288 x
+    # 0.49) = 48,656.85 prompt tokens/s; the truth's chip time per request at h 0.98 (MODEL.md §7,
+    # without its engine steps) is k_ffn M + k_attn (M H + M^2/2) + k_dec OSL = 0.0040960 + 0.0008305
+    # + 0.0192377 = 0.0241642 s (M = 40.96, H = 2007.04), so the chip alone would carry up to
+    # 2048 / 0.0241642 = 84,753 prompt tokens/s: past the link's bound.
+    from exporter.analyzer import _load_bound_note
+    from exporter.config import Config, Geometry
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.simulate import SIM_GEOMETRY
+
+    sc = preset("sweep")
+    sc = replace(sc, truth=calibrate_truth(Truth(alpha=0.7), 0.5, sc.h_max))
+    assert (sc.truth.load_share, sc.truth.kv_bytes_per_token, sc.truth.load_bandwidth) == (0.5, 524288.0, 12.5e9)
+    assert abs(sc.truth.k_dec * 128 - 0.0192377) < 1e-7
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval, model=Geometry(**SIM_GEOMETRY), target_hit_ratio=0.98,
+                           load_bandwidth_bytes_per_second=sc.truth.load_bandwidth), "sim", clock=clock)
+    for t, text, _ in generate(sc):
+        clock.t = t
+        runner.ingest_text(t, text)
+    m = runner.current()[0].models[sc.model_name]
+    assert m.capacity_bound["target"] == pytest.approx(48_656.85, rel=1e-6)
+    note = m.warnings["kv_load_bound"]
+    assert "predicted at the target h 0.98:" in note and "vs 4.866e+04 prompt tokens/s" in note
+    assert "carried to the target h:" in note
+    # a TPM within the bound says nothing: 5.11e6 tokens/min of 2048 + 128 is 80,157.6 prompt tokens/s
+    pred = m.predictions["target"]
+    assert _load_bound_note({"target": replace(pred, tpm_delivered=5.11e6, isl=2048.0, osl=128.0)},
+                            {"target": 90_000.0}, None, None, None) == {}
+    assert "8.016e+04 vs 8e+04 prompt tokens/s" in _load_bound_note({"target": replace(pred, tpm_delivered=5.11e6, isl=2048.0, osl=128.0)},
+                                                {"target": 80_000.0}, None, None, None)["kv_load_bound"]
