@@ -216,6 +216,22 @@ def test_tpot_fitter_noise_is_not_a_recommendation():
         f.update(float(t), running, _step(le), 100.0)
     r = f.result(0.08)
     assert r.status is Status.NOT_IDENTIFIABLE and "does not rise" in r.reason
+    assert "one TPOT bucket" not in r.reason  # P95s in (0.02, 0.03], (0.03, 0.04] and (0.04, 0.05]
+
+
+def test_tpot_fitter_says_when_every_p95_falls_in_one_bucket():
+    # the numbers auditor's find: TPOT rose 13 → 23 ms over levels 7–13, every request inside vLLM's
+    # (0.01, 0.025] bucket, so every level's P95 was interpolated to the same 0.02425 and the reason
+    # said TPOT does not rise. Here all of each level's 100 requests are ≤ 0.02 (bucket (0.01, 0.02]):
+    # P95 = 0.01 + 0.01·95/100 = 0.0195 at every level, a slope of 0
+    f = TpotConcurrencyFitter(min_requests=20)
+    for t, running in enumerate((2, 4, 8)):
+        f.update(float(t), running, tuple((le, 0.0 if le < 0.02 else 100.0) for le in EDGES), 100.0)
+    assert [lv[1] for lv in f.levels()] == [pytest.approx(0.0195)] * 3
+    r = f.result(0.08)
+    assert r.status is Status.NOT_IDENTIFIABLE
+    assert r.reason.endswith("s per request): every level's P95 falls in one TPOT bucket, (0.01, 0.02] s, which "
+                             "cannot show a rise: no concurrency-limited max-num-seqs"), r.reason
 
 
 def test_tpot_fitter_statuses_and_bound():
