@@ -268,7 +268,7 @@ def model_dashboard() -> Dashboard:
         barchart.Panel().id(ids()).title("Bathtub R(h) and the current operating point ($pod)")
         .description("kvhit_bathtub_revenue_per_second: revenue per machine-second R(h) at kvhit's fixed h grid, "
                      "in the form the valley alert follows. One panel per selected pod: pods' curves (and "
-                     "forms) are never averaged. The orange bar is the grid point nearest the current h.")
+                     "forms) are never averaged. The orange bar is the grid point nearest the current h (none when the curve has no point there).")
         .unit(PRICE_S).datasource(DS).span(12).height(8).x_field("hit_ratio")
         .legend(VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM).show_legend(True))
         .tooltip(VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.NONE))
@@ -325,6 +325,18 @@ def model_dashboard() -> Dashboard:
         .with_target(now("B", f"kvhit_valley_exit{{{SEL}}}", "exit {{form}} {{pod}}"))
         .override_by_query("B", [prop("mappings", [{"type": "value", "options": {
             "0": {"text": "no exit", "color": "red", "index": 0}, "1": {"text": "exits", "color": "green", "index": 1}}}])]))
+    # the caveats kvhit publishes beside these values (a no-exit read beyond the h the fit saw was
+    # shown as fact: an SRE review's find)
+    d = d.with_panel(
+        table_panel(ids, "Caveats on these values", "none",
+                    "kvhit_warning_info: what to keep in mind reading this model's values now (bathtub_extrapolated: "
+                    "the chip-time bathtub's h*, h_even or no-exit read beyond the h its fit's steps saw; "
+                    "load_aware_off, kv_load_bound, counter_reset, data_parallel, ...), with the reason. Empty: none.",
+                    w=12, h=8)
+        .with_target(q("A", f"kvhit_warning_info{{{SEL}}}", instant=True))
+        .with_transformation(DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {**HIDDEN_COLUMNS, "Value": True, "__name__": True, "instance": True},
+            "indexByName": {"namespace": 0, "pod": 1, "model_name": 2, "warning": 3, "reason": 4}})))
 
     # --- latency and throughput -----------------------------------------------------------------
     d = d.with_row(Row("Latency and throughput (MODEL.md §3, §7)").id(ids()))
@@ -346,7 +358,9 @@ def model_dashboard() -> Dashboard:
     d = d.with_panel(
         ts(ids, "Delivered vs physical TPM", TPM,
            "Delivered TPM counts cached input, physical TPM only computed tokens (MODEL.md §3.4); observed from "
-           "counters over kvhit's window, predicted = capacity from the chip-time model at the current h.")
+           "counters over kvhit's window, predicted = capacity from the chip-time model at the current h, "
+           "target = the observed TPM carried to the configured target_hit_ratio (MODEL.md §3.5: a what-if, "
+           "not a goal).")
         .with_target(q("A", f'kvhit_tpm_tokens_per_minute{{per="instance", {SEL}}}', "{{kind}} {{basis}} {{pod}}"))
         .with_target(q("B", f'kvhit_tpm_tokens_per_minute{{per="gpu", {SEL}}}', "{{kind}} {{basis}} per GPU {{pod}}")))
     d = d.with_panel(
@@ -451,7 +465,10 @@ def model_dashboard() -> Dashboard:
     d = d.with_panel(
         table_panel(ids, "Fit status", "none",
                     "The current status of each fit (ok, insufficient_data, insufficient_variation, not_identifiable); "
-                    "values of a fit that is not ok are absent. KvhitFitNotOk fires after an hour.")
+                    "values of a fit that is not ok are absent. KvhitFitNotOk fires after an hour for a model with "
+                    "traffic, but never for max_num_seqs, nor for overlap while not_identifiable (no loaded hits); "
+                    "overlap and load_aware only once chip_time is ok, miss_slope only while the chip-time bathtub "
+                    "is not published.")
         .with_target(q("A", f"kvhit_fit_status{{{SEL}}} == 1", instant=True))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
             "excludeByName": {**HIDDEN_COLUMNS, "Value": True, "__name__": True},
@@ -584,8 +601,9 @@ def fleet_dashboard() -> Dashboard:
     d = d.with_row(Row("Per model").id(ids()))
     d = d.with_panel(
         ts(ids, "Token hit ratio per model", "percentunit",
-           "(hits + external hits) / queries from vLLM's counters summed over pods, over 5 min and 24 h. Below "
-           "25 % over 24 h caching does not pay (KvhitPrefixCachingNotPaying).")
+           "(hits + external hits) / queries from vLLM's counters summed over pods, over 5 min and 24 h (over "
+           "the data there is, less on the first day). Below 25 % over 24 h caching does not pay "
+           "(KvhitPrefixCachingNotPaying, which waits for a full day of data).")
         .min(0).max(1).thresholds_style(GraphThresholdsStyleConfig().mode(GraphTresholdsStyleMode.LINE))
         .thresholds(thresholds((None, "red"), (0.25, "green")))
         .with_target(q("A", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}", "{{namespace}}/{{model_name}} 5m"))
