@@ -103,6 +103,17 @@ ABSENT_HERE = {
     "kvhit_valley_breakeven_hit_ratio_stderr": 'kvhit_unknown_info{signal="valley_breakeven_linear"} == 1',
 }
 
+# Referenced by a dashboard and absent from the replays' final analyses because kvhit has no caveat
+# on them (their /api/v1/analysis says so: every model's "warnings" empty); the live sidecar's young
+# analysis may have one (UNDETERMINED).
+NO_CAVEAT_HERE = {"kvhit_warning_info"}
+
+
+def no_caveat(stack) -> bool:
+    """Whether every model of the replays' final analyses has no warning (why kvhit_warning_info is absent)."""
+    docs = [json.load(urllib.request.urlopen(f"{stack.url(name)}/api/v1/analysis", timeout=10)) for name in ("valley", "flat")]
+    return all(doc["models"] for doc in docs) and not any(m["warnings"] for doc in docs for m in doc["models"].values())
+
 
 def short_history(expr: str) -> str:
     """An alert expression with the history it requires (``offset d``) cut to SHORT_OFFSET: this
@@ -488,6 +499,9 @@ def test_every_dashboard_expression_returns_data(stack):
         if names_in <= set(ABSENT_HERE):  # only what this stack cannot show, with the series saying why
             assert not result and all(stack.query(ABSENT_HERE[name]) for name in names_in), (uid, title, ref)
             continue
+        if names_in <= NO_CAVEAT_HERE:
+            assert all(x["metric"].get("namespace") in UNDETERMINED for x in result) and no_caveat(stack), (uid, title)
+            continue
         assert result, f"{uid} / {title} / {ref}: empty: {substitute(expr, VARIABLES)[:300]}"
         for sample in result:
             assert math.isfinite(float(sample["value"][1])) or title == "Firing kvhit alerts", (title, ref, sample)
@@ -532,6 +546,9 @@ def test_every_referenced_metric_is_published_live(stack):
             continue
         if metric in ABSENT_BY_DESIGN:
             assert metric in names.BY_NAME
+            continue
+        if metric in NO_CAVEAT_HERE and metric not in live:
+            assert metric in names.BY_NAME and no_caveat(stack), metric
             continue
         if metric in ABSENT_HERE:
             assert metric in names.BY_NAME and metric not in live and stack.query(ABSENT_HERE[metric]), metric
