@@ -147,9 +147,10 @@ LIBRARY_MAX_CHARS = 4 * 1024 * 1024
 PLAN_MAX_LINES = 50_000
 # Samples of model_name values past this many in one body are dropped (``models_over_limit``): the
 # first this many seen are read. Each model costs ~10 KiB of snapshots and plan however few its
-# series, so 49,000 one-line models of a family kvhit reads (3.6 MB, under max_body_bytes) held
-# 840 MiB, past the sidecar's 256 MiB limit (a deploy review's find); vLLM serves one model.
-MAX_MODELS = 4096
+# series, so 49,300 one-line models of a family kvhit reads (3.6 MB, under max_body_bytes) held
+# 840 MiB, past the sidecar's 256 MiB limit (a deploy review's find), and 4,000 models of 8 such
+# lines 224 MiB at a limit of 4,096; vLLM serves one model, a fleet's Prometheus a few dozen.
+MAX_MODELS = 1024
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
 QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative",

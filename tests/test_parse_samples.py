@@ -684,12 +684,12 @@ def test_a_vllm_032_body_without_its_external_prefix_cache_family_has_loaded_hit
 def test_model_names_past_max_models_are_dropped_and_counted():
     # a deploy review's find: 49,000 one-line models of a family kvhit reads held 840 MiB; the
     # first MAX_MODELS model_name values are read (the real model's series come first), the rest
-    # dropped line by line: 5000 junk models, 4095 of them read beside "tiny", 905 lines dropped
+    # dropped line by line: 5000 junk models, 1023 of them read beside "tiny", 3977 lines dropped
     (path,) = SAMPLES.glob("25_*.prom")
     text = path.read_text(encoding="utf-8")
     junk = "".join(f'vllm:num_requests_running{{engine="0",model_name="junk-{i:05d}"}} 1.0\n' for i in range(5000))
     snap = parse_exposition(text + junk, T)
-    assert MAX_MODELS == 4096
-    assert len(snap.models) == 4096 and "junk-04094" in snap.models and "junk-04095" not in snap.models
-    assert snap.quirks["models_over_limit"] == 905
+    assert MAX_MODELS == 1024
+    assert len(snap.models) == 1024 and "junk-01022" in snap.models and "junk-01023" not in snap.models
+    assert snap.quirks["models_over_limit"] == 3977
     assert snap.models["tiny"].counters["hits"] == 4_131_168.0  # the real model read as without the junk
