@@ -31,7 +31,7 @@ gap_seconds                               a step longer than this is a scrape ga
                                           (unset: 2 × the larger of window_seconds and interval);
                                           must exceed interval
 max_body_bytes                            scrape body cap, bytes, at least 4096 (4 MiB: at most
-                                          150 MiB of peak RSS measured)
+                                          180 MiB of peak RSS measured)
 max_series                                (model_name, engine) series analysed at most (64)
 web_config                                web-config YAML: TLS and basic auth of kvhit's endpoint
 model.hf_config                           path to the model's HF config.json (geometry from it)
