@@ -84,7 +84,8 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _model_of(labels: Mapping[str, str]) -> str:
+def model_of(labels: Mapping[str, str]) -> str:
+    """The model a translated engine's sample is of: its ``model_name`` label, or ``name`` (SGLang 0.3.x)."""
     return labels.get("model_name", labels.get("name", ""))
 
 
@@ -94,7 +95,7 @@ def _canonical_labels(labels: Mapping[str, str]) -> dict[str, str]:
         if k in REPLICA_LABELS or k == "name":
             continue
         out["engine" if k == DATA_PARALLEL_LABEL else k] = v
-    out["model_name"] = _model_of(labels)
+    out["model_name"] = model_of(labels)
     return out
 
 
@@ -129,7 +130,7 @@ def translate(engine: str, samples: Iterable[Sample]) -> tuple[str, dict[str, di
     by_model: dict[str, list[tuple[str, str, Mapping[str, str], float]]] = {}
     for name, labels, value in samples:
         base, suffix = _base(name)
-        by_model.setdefault(_model_of(labels), []).append((base, suffix, labels, value))
+        by_model.setdefault(model_of(labels), []).append((base, suffix, labels, value))
     out = _Out()
     notes: dict[str, dict[str, object]] = {}
     for model, rows in by_model.items():

@@ -19,6 +19,8 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   no data) are ignored; the same series
   twice is dropped, unknown (``duplicate_series``: which value is right cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
   0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum (``pid_duplicate``).
+* Samples of model_name values past the first MAX_MODELS a body names are dropped before anything
+  of them is read (``models_over_limit``): each model costs memory however few its series.
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
   summed, KV usage max over engines — only when EVERY engine of the model has the signal: a signal
   missing for one engine (a cut body, a partial paste) is unknown, never a partial sum
@@ -420,14 +422,19 @@ class _Builder:
         base = _hist_base(_counter_base(name[:-8] if name.endswith("_created") else name))
         self.declared.update((name, _counter_base(name), _hist_base(name), base))
 
+    def admit(self, model: str) -> bool:
+        """Whether a sample of ``model`` is read: the first MAX_MODELS models seen are; a sample of
+        a later one is dropped and counted (``models_over_limit``)."""
+        if model in self.models or not model:  # no model_name (cache_config_info, …): no model's slot
+            return True
+        if len(self.models) >= MAX_MODELS:
+            self.quirk("models_over_limit")
+            return False
+        self.models.add(model)
+        return True
+
     def add(self, kind: str, base: str, part: str, labels: Mapping[str, str], value: float) -> None:
-        model = labels.get("model_name", "")
-        if model not in self.models:
-            if len(self.models) >= MAX_MODELS:
-                self.quirk("models_over_limit")
-                return
-            self.models.add(model)
-        self.model_samples.add((base, model))
+        self.model_samples.add((base, labels.get("model_name", "")))
         if not math.isfinite(value):
             self.quirk("non_finite")  # NaN/±Inf samples carry no usable count
             return
@@ -798,10 +805,14 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
     if engine == "lmcache":
         _lmcache_model(b, labels)
     if engine in engines.TRANSLATED:
+        if not b.admit(engines.model_of(labels)):
+            return True
         b.other.append((name, labels, value))
         b.prefixes.setdefault(engine, full[:len(engine) + 1])
         return True
     if engine != "vllm":
+        return True
+    if not b.admit(labels.get("model_name", "")):  # before anything of it is counted, declared or sampled
         return True
     b.sample_line(declared, "engine" in labels)
     if created:

@@ -693,3 +693,31 @@ def test_model_names_past_max_models_are_dropped_and_counted():
     assert len(snap.models) == 1024 and "junk-01022" in snap.models and "junk-01023" not in snap.models
     assert snap.quirks["models_over_limit"] == 3977
     assert snap.models["tiny"].counters["hits"] == 4_131_168.0  # the real model read as without the junk
+
+    # a dropped model proves nothing of the engine's version: its external counters (vLLM >= 0.11.1)
+    # once told the kept model its hits excluded preempted prompts (diff review); read as if absent
+    real = ('# TYPE vllm:prefix_cache_queries_total counter\n'
+            'vllm:prefix_cache_queries_total{engine="0",model_name="real"} 100.0\n'
+            '# TYPE vllm:prefix_cache_hits_total counter\n'
+            'vllm:prefix_cache_hits_total{engine="0",model_name="real"} 50.0\n'
+            '# TYPE vllm:num_requests_running gauge\n'
+            + "".join(f'vllm:num_requests_running{{engine="0",model_name="j{i:04d}"}} 1.0\n' for i in range(MAX_MODELS - 1)))
+    late = ('# TYPE vllm:external_prefix_cache_queries_total counter\n'
+            'vllm:external_prefix_cache_queries_total{engine="0",model_name="late"} 5.0\n')
+    without, dropped = parse_exposition(real, T), parse_exposition(real + late, T)
+    assert "late" not in dropped.models and dropped.quirks["models_over_limit"] == 1
+    assert dropped.since_of("real") == without.since_of("real")
+    assert dropped.excludes_preempted("real") == without.excludes_preempted("real")
+    assert dict(dropped.models["real"].unknown) == dict(without.models["real"].unknown)
+
+
+def test_a_translated_engines_models_past_max_models_are_dropped_in_body_order():
+    # SGLang's samples are translated (sorted) then read as vLLM: the cap counted models in that
+    # sorted order, so 5000 junk models named "A-…" ahead of "Qwen-32B" pushed the real one out
+    # (diff review); now the first MAX_MODELS seen in the body are read, one quirk per line dropped
+    (path,) = SAMPLES.glob("14_*.prom")
+    text = path.read_text(encoding="utf-8")
+    junk = "".join(f'sglang:cache_hit_rate{{model_name="A-{i:05d}"}} 0.5\n' for i in range(5000))
+    snap = parse_exposition(text + junk, T)
+    assert "Qwen-32B" in snap.models and len(snap.models) == MAX_MODELS
+    assert snap.quirks["models_over_limit"] == 5000 - (MAX_MODELS - 1)
