@@ -569,8 +569,9 @@ def _hint(parser: argparse.ArgumentParser, words: list[str], args: argparse.Name
             return f" (one argument holds a space: give {flag}={value.strip()}, or {flag} and its value as two items)"
         flag = word[2:].split("=", 1)[0]
         key = {p.replace(".", "_"): p for p in key_paths(".")}.get(flag.replace("-", "_").replace(".", "_"))
-        if word.startswith("--") and "--config" in options.values() and key and key.replace("_", "-") not in options:
-            # a config key tried as a flag (--window-seconds on run: a newcomer's find)
+        if word.startswith("--") and "--on-config-error" in options.values() and key and key.replace("_", "-") not in options:
+            # a config key tried as a flag (--window-seconds on run: a newcomer's find); on run only,
+            # which reads every key (replay's --listen would be read and ignored: diff review)
             return (f" (--{flag} is no flag here: set {key} in the --config file or "
                     f"KVHIT_{key.replace('.', '_').upper()} in the environment)")
         if word.startswith("--"):

@@ -296,6 +296,10 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
                        (["run", "--prices.hit_price_ratio=0.2"], "kvhit run: unrecognized arguments: "
                         "--prices.hit_price_ratio=0.2 (--prices.hit_price_ratio is no flag here: set prices.hit_price_ratio "
                         "in the --config file or KVHIT_PRICES_HIT_PRICE_RATIO in the environment) (see kvhit run --help)"),
+                       # not on another command, which ignores some keys (listen, target); calibrate's own
+                       # --request-timeout is what --timeout meant there (diff review)
+                       (["calibrate", "--endpoint", "http://127.0.0.1:9", "--model", "m", "--timeout", "3"], "kvhit calibrate: "
+                        "unrecognized arguments: --timeout 3 (did you mean --request-timeout?) (see kvhit calibrate --help)"),
                        (["run", "--target", "http://a:1/metrics", "http://b:1/metrics"],
                         "kvhit run: unrecognized arguments: http://b:1/metrics (kvhit run reads one target: a kvhit per "
                         "vLLM pod, or fleet mode for many) (see kvhit run --help)"),
