@@ -12,7 +12,6 @@ economic ``--max-num-seqs``).
 """
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -193,11 +192,13 @@ class TpotConcurrencyFitter:
                 out.append((key, p95, lv.total))
         return out
 
-    def _bucket(self, level: int, p95: float) -> tuple[float, float]:
-        """(lower, upper] edges [s] of the bucket of ``level``'s histogram that holds ``p95``."""
-        edges = self._levels[level].edges
-        i = bisect.bisect_left(edges, p95)
-        return (edges[i - 1] if i > 0 else 0.0), (edges[i] if i < len(edges) else math.inf)
+    def _bucket(self, level: int) -> tuple[float, float]:
+        """(lower, upper] edges [s] of the bucket of ``level``'s histogram that holds its P95's rank
+        (as :func:`~fitters.histogram.quantile` finds it; (highest finite edge, inf] where quantile
+        answers with that edge)."""
+        lv = self._levels[level]
+        i = next(i for i, c in enumerate(lv.counts) if c >= P95 * lv.total and c > 0)
+        return (lv.edges[i - 1] if i > 0 else 0.0), lv.edges[i]
 
     def result(self, tpot_slo: float | None, share: float = TPOT_SLO_SHARE) -> FitResult:
         """The fit and running* (MODEL.md §5, §6).
@@ -241,13 +242,13 @@ class TpotConcurrencyFitter:
         r2 = 1.0 - float(np.sum(w * resid**2)) / ss_tot if ss_tot > 0 else math.nan
         se_b1 = math.sqrt(max(float(cov[1, 1]), 0.0)) if dof > 0 else math.nan
         if b1 <= 0 or (math.isfinite(se_b1) and b1 <= 2.0 * se_b1):
-            # every P95 inside one bucket is interpolated there alike: flat by resolution, not by the
-            # engine (the numbers auditor's TPOT rose 13 → 23 ms inside vLLM's (0.01, 0.025] bucket)
-            buckets = {self._bucket(k, p) for k, p, _ in levels}
+            # every P95 inside one bucket is interpolated there from counts alone: a rise inside it
+            # is not seen (the numbers auditor's TPOT rose 13 → 23 ms inside vLLM's (0.01, 0.025])
+            buckets = {self._bucket(k) for k, _, _ in levels}
             why = ""
             if len(buckets) == 1:
                 lo, hi = buckets.pop()
-                why = f": every level's P95 falls in one TPOT bucket, ({lo:g}, {hi:g}] s, which cannot show a rise"
+                why = f": every level's P95 falls in one TPOT bucket, ({lo:g}, {hi:g}] s, inside which a rise is not seen"
             return FitResult(Status.NOT_IDENTIFIABLE, f"TPOT P95 does not rise with concurrency over levels "
                              f"{int(x.min())}–{int(x.max())} (slope {b1:.3g} ± {se_b1:.2g} s per request){why}: "
                              "no concurrency-limited max-num-seqs", samples=steps, r2=r2, extra=extra)

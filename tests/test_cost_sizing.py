@@ -230,8 +230,15 @@ def test_tpot_fitter_says_when_every_p95_falls_in_one_bucket():
     assert [lv[1] for lv in f.levels()] == [pytest.approx(0.0195)] * 3
     r = f.result(0.08)
     assert r.status is Status.NOT_IDENTIFIABLE
-    assert r.reason.endswith("s per request): every level's P95 falls in one TPOT bucket, (0.01, 0.02] s, which "
-                             "cannot show a rise: no concurrency-limited max-num-seqs"), r.reason
+    assert r.reason.endswith("s per request): every level's P95 falls in one TPOT bucket, (0.01, 0.02] s, inside "
+                             "which a rise is not seen: no concurrency-limited max-num-seqs"), r.reason
+    # every request above the highest finite edge: the P95 reads 0.06 (Prometheus' answer there), its
+    # bucket is (0.06, inf], not (0.05, 0.06] (diff review)
+    f = TpotConcurrencyFitter(min_requests=20)
+    for t, running in enumerate((2, 4, 8)):
+        f.update(float(t), running, tuple((le, 100.0 if math.isinf(le) else 0.0) for le in EDGES), 100.0)
+    assert [lv[1] for lv in f.levels()] == [0.06] * 3
+    assert "one TPOT bucket, (0.06, inf] s," in f.result(0.08).reason
 
 
 def test_tpot_fitter_statuses_and_bound():
