@@ -491,10 +491,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                                   "made with its own configuration")
     cfg = _config(args, window_seconds=args.window_seconds)
     _check_output(args.out, "--out", directory=True)
-    if re.fullmatch(r"[\w.-]+:\d+(/.*)?", args.source) and not Path(args.source).exists():
+    if (host := re.fullmatch(r"([\w.-]+|\[[0-9a-fA-F:.]+\]):\d+(?=/|$)", args.source.split("/")[0])) \
+            and not Path(args.source).exists():
         # a running kvhit's address without its scheme read as a trace path said "trace not found" (a newcomer's find)
-        raise FileNotFoundError(f"{args.source}: no such trace; a running kvhit is given as its URL, "
-                                f"http://{args.source}")
+        raise FileNotFoundError(f"{args.source}: no such trace; a running kvhit is given as its base URL, "
+                                f"http://{host.group(0)}")
     data = load_source(args.source, cfg)
     try:
         path = render(data, Path(args.out))

@@ -628,7 +628,7 @@ def cmd_simulate(args) -> int:
               flush=True)
         if args.speed != 1:
             print(f"kvhit simulate: fitted times are in wall seconds: at --speed {args.speed:g} they come out "
-                  f"{args.speed:g}x too small", flush=True)
+                  f"{args.speed:g}x too small", file=sys.stderr, flush=True)
 
     def fast(agent: str, repeats: int) -> None:
         every = min(max(sc.interval / args.speed, MIN_INTERVAL), MAX_INTERVAL)

@@ -163,7 +163,11 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, caps
     capsys.readouterr()
     assert main(["report", "127.0.0.1:9471", "--out", str(tmp_path / "hostport")]) == 1
     assert capsys.readouterr().err.strip() == ("kvhit: 127.0.0.1:9471: no such trace; a running kvhit is given as its "
-                                               "URL, http://127.0.0.1:9471")
+                                               "base URL, http://127.0.0.1:9471")
+    # with a path: the base address (a /metrics URL is refused), and IPv6 (diff review)
+    for source, base in (("localhost:9471/metrics", "localhost:9471"), ("[::1]:9471", "[::1]:9471")):
+        assert main(["report", source, "--out", str(tmp_path / "hostport")]) == 1
+        assert capsys.readouterr().err.strip().endswith(f"a running kvhit is given as its base URL, http://{base}")
     # not an analysis document → exit 1
     bad = tmp_path / "bad.json"
     bad.write_text("{}")

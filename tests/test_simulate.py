@@ -307,7 +307,8 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     from exporter.cli import main
     # --speed 1e6: the 420-s sweep is served in well under a second
     assert main(["simulate", "--listen", "127.0.0.1:0", "--miss-slope", "0.5", "--speed", "1e6"]) == 0
-    out = capsys.readouterr().out
+    said = capsys.readouterr()
+    out = said.out
     # The line over h in [0, 0.99] (the sweep's steps 0..0.9 then agentic 0.9..0.99: the h range
     # kvhit fits over)
     tr = calibrate_truth(Truth(), 0.5, h_max=0.99)
@@ -321,7 +322,7 @@ def test_kvhit_simulate_prints_its_true_line(capsys):
     # one scrape per served step: 5 s / 1e6 wall seconds, at kvhit's shortest interval 0.1 s
     # (no --timeout: the default timeout is never over the interval, as Prometheus' scrape_timeout)
     assert "kvhit run --target http://127.0.0.1:" in line and "--interval 0.1 --listen" in line
-    assert "1e+06x too small" in out  # --speed 1e6: the wall-second warning …
+    assert "1e+06x too small" in said.err and "too small" not in out  # --speed 1e6: the wall-second warning, on stderr …
     # … on a line of its own: the command is pasted into a shell, where its "(…)" broke it
     import subprocess
     assert subprocess.run(["bash", "-n", "-c", line]).returncode == 0 and "too small" not in line
