@@ -712,8 +712,9 @@ class Analyzer:
                        bathtubs=bathtubs, miss_slope_derived=derived, miss_slope_h_range=h_range,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean),
-                                 **_load_bound_note(preds, out.capacity_bound, tpm_target.get(("delivered", "instance")),
-                                                    isl, osl),
+                                 **_load_bound_note(preds, tpm_target.get(("delivered", "instance")), isl, osl,
+                                                    _link_feeds(kv, bandwidth, engines, hit.get("loaded"),
+                                                                cfg.target_hit_ratio, share)),
                                  **_bathtub_extrapolated(bathtubs.get("chip_time"), fitted.h_range, h_max)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None, unknown: dict[str, str]) -> dict[str, BathtubCurve]:
@@ -1042,25 +1043,37 @@ def _load_aware_note(current: Prediction | None, observed: float | None) -> dict
                               + measured(f"{pred:.3g} s predicted, {observed:.3g} s observed, {pred / observed - 1:+.0%}")}
 
 
-def _load_bound_note(preds: Mapping[str, Prediction], bound: Mapping[str, float], target_tpm: float | None,
-                     isl: float | None, osl: float | None) -> dict[str, str]:
-    """{"kv_load_bound": why} when a TPM's prompt-token rate exceeds the first-order bound Θ(h) at its
-    h (MODEL.md §3.3), else {}: the chip-time capacity at the current or target point (§3.4,
-    ``preds``), or the observed TPM carried to the target (§3.5, ``target_tpm`` [tokens/min] of
-    requests of ``isl``, ``osl``). Chip time cannot see an asynchronous load: with loaded hits Θ is
-    at most B_load/(S_kv·h_load), what the link can feed, and a TPM past it is throughput the engine
-    cannot deliver (the numbers auditor's find: 1.65× Θ at h 0.98, 80 % of hits loaded)."""
-    points = [(f"predicted at the {which} h {p.hit_ratio:.3g}", p.tpm_delivered, p.isl, p.osl, bound.get(which))
+def _link_feeds(kv: float | None, bandwidth: tuple[float, str] | None, engines: int, h_load: float | None,
+                target_h: float | None, share: float | None) -> dict[str, float]:
+    """"current" | "target" → B_load·E/(S_kv·h_load) [prompt tokens/s]: what the KV-load links of
+    the E engines can feed at that point's loaded share (MODEL.md §3.3, Θ's load term); none where
+    no hit is loaded or S_kv or B_load is unknown."""
+    points = {"current": h_load, "target": None if target_h is None or share is None else target_h * share}
+    if not (kv and bandwidth):
+        return {}
+    return {which: bandwidth[0] * engines / (kv * hl) for which, hl in points.items() if hl}
+
+
+def _load_bound_note(preds: Mapping[str, Prediction], target_tpm: float | None, isl: float | None,
+                     osl: float | None, feeds: Mapping[str, float]) -> dict[str, str]:
+    """{"kv_load_bound": why} when a TPM's prompt-token rate exceeds what the KV-load link can feed
+    at its h (``feeds``, :func:`_link_feeds`), else {}: the chip-time capacity at the current or
+    target point (MODEL.md §3.4, ``preds``), or the observed TPM carried to the target (§3.5,
+    ``target_tpm`` [tokens/min] of requests of ``isl``, ``osl``). Chip time cannot see an
+    asynchronous load, so a TPM past the link's B_load/(S_kv·h_load) is throughput the engine
+    cannot deliver (the numbers auditor's find: 1.65× at h 0.98, half the hits loaded). Θ's compute
+    term is no physical limit of a mixed workload's means, so it is not checked (diff review)."""
+    points = [(f"predicted at the {which} h {p.hit_ratio:.3g}", p.tpm_delivered, p.isl, p.osl, feeds.get(which))
               for which, p in preds.items()]
-    points.append(("carried to the target h", target_tpm, isl, osl, bound.get("target")))
-    over = [f"{what}: {rate:.4g} vs {theta:.4g} prompt tokens/s"
-            for what, tpm, n, out, theta in points if tpm is not None and theta is not None and n
-            for rate in (tpm / 60.0 * n / (n + out),) if rate > theta]
+    points.append(("carried to the target h", target_tpm, isl, osl, feeds.get("target")))
+    over = [f"{what}: {rate:.4g} vs {feed:.4g} prompt tokens/s"
+            for what, tpm, n, out, feed in points if tpm is not None and feed is not None and n
+            for rate in (tpm / 60.0 * n / (n + out),) if rate > feed]
     if not over:
         return {}
-    return {"kv_load_bound": "a TPM exceeds the first-order bound Theta(h) = Theta0 / max(1-h, delta x h_load) "
-                             "(kvhit_capacity_bound_tokens_per_second): with loaded hits the KV-load link, which chip "
-                             "time cannot see, limits throughput there, so the TPMs and the chip-time bathtub from that "
+    return {"kv_load_bound": "a TPM exceeds what the KV-load link can feed, B_load / (S_kv x h_load) (the load term "
+                             "of kvhit_capacity_bound_tokens_per_second): chip time cannot see an asynchronous load, "
+                             "so the link limits throughput there, and the TPMs and the chip-time bathtub from that "
                              "h up read high (or B_load or S_kv is set wrong: kvhit_load_bandwidth_bytes_per_second, "
                              "kvhit_kv_bytes_per_token)" + measured("; ".join(over))}
 

@@ -80,7 +80,7 @@ WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values publish
                   "than 25 %), engine_speed_changed (the engine's chip time per unit of work moved by more than 8 %: "
                   "the fits started afresh, for an hour after), bathtub_extrapolated (the chip-time bathtub's h*, "
                   "h_even or no-exit read beyond the h its fit's steps saw), kv_load_bound (a predicted or target TPM "
-                  "past the first-order capacity bound: the KV-load link, not chip time, limits it); reason explains.", MODEL + ("warning", "reason"))
+                  "past what the KV-load link can feed, B_load/(S_kv h_load): the link, not chip time, limits it); reason explains.", MODEL + ("warning", "reason"))
 
 # --- observed over the publish window (MODEL.md §1, §2) ----------------------------------
 WINDOW = _m("kvhit_window_seconds", "Length of the publish window the observed values cover [s] "

@@ -1311,7 +1311,7 @@ def test_a_tpm_past_what_the_kv_load_link_can_feed_is_flagged():
     # without its engine steps) is k_ffn M + k_attn (M H + M^2/2) + k_dec OSL = 0.0040960 + 0.0008305
     # + 0.0192377 = 0.0241642 s (M = 40.96, H = 2007.04), so the chip alone would carry up to
     # 2048 / 0.0241642 = 84,753 prompt tokens/s: past the link's bound.
-    from exporter.analyzer import _load_bound_note
+    from exporter.analyzer import _link_feeds, _load_bound_note
     from exporter.config import Config, Geometry
     from exporter.replay import TraceClock
     from exporter.runner import Runner
@@ -1333,8 +1333,10 @@ def test_a_tpm_past_what_the_kv_load_link_can_feed_is_flagged():
     assert "predicted at the target h 0.98:" in note and "vs 4.866e+04 prompt tokens/s" in note
     assert "carried to the target h:" in note
     # a TPM within the bound says nothing: 5.11e6 tokens/min of 2048 + 128 is 80,157.6 prompt tokens/s
-    pred = m.predictions["target"]
-    assert _load_bound_note({"target": replace(pred, tpm_delivered=5.11e6, isl=2048.0, osl=128.0)},
-                            {"target": 90_000.0}, None, None, None) == {}
-    assert "8.016e+04 vs 8e+04 prompt tokens/s" in _load_bound_note({"target": replace(pred, tpm_delivered=5.11e6, isl=2048.0, osl=128.0)},
-                                                {"target": 80_000.0}, None, None, None)["kv_load_bound"]
+    pred = {"target": replace(m.predictions["target"], tpm_delivered=5.11e6, isl=2048.0, osl=128.0)}
+    assert _load_bound_note(pred, None, None, None, {"target": 90_000.0}) == {}
+    assert "8.016e+04 vs 8e+04 prompt tokens/s" in _load_bound_note(pred, None, None, None,
+                                                                    {"target": 80_000.0})["kv_load_bound"]
+    # no hit loaded: no link to bound it (Θ's compute term is no physical limit of a mixed workload's means)
+    assert _link_feeds(524288.0, (12.5e9, "configured"), 1, 0.0, 0.98, 0.0) == {}
+    assert _link_feeds(524288.0, (12.5e9, "configured"), 1, 0.0, 0.98, 0.5)["target"] == pytest.approx(48_656.85, rel=1e-6)
