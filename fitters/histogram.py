@@ -36,20 +36,26 @@ def quantile(buckets: Buckets, count: float, q: float) -> float | None:
         raise ValueError(f"q must be in [0, 1], got {q!r}")
     if count <= 0 or not buckets:
         return None
+    i = rank_index(buckets, count, q)
+    if i is None:
+        return None
+    le, c = buckets[i]
+    prev_le, prev_c = buckets[i - 1] if i else (0.0, 0.0)
+    if math.isinf(le):
+        # Prometheus: the +Inf bucket answers with the highest finite edge.
+        return prev_le if prev_le > 0 or prev_c > 0 else None
+    lower = prev_le if prev_le < le else 0.0
+    width = c - prev_c
+    if width <= 0:
+        return le
+    return lower + (le - lower) * (q * count - prev_c) / width
+
+
+def rank_index(buckets: Buckets, count: float, q: float) -> int | None:
+    """Index into ``buckets`` of the bucket that holds the q-quantile's rank q·``count`` (the first
+    whose cumulative count reaches it, and is > 0), None when none does (a partial histogram)."""
     rank = q * count
-    prev_le, prev_c = 0.0, 0.0
-    for le, c in buckets:
-        if c >= rank and c > 0:
-            if math.isinf(le):
-                # Prometheus: the +Inf bucket answers with the highest finite edge.
-                return prev_le if prev_le > 0 or prev_c > 0 else None
-            lower = prev_le if prev_le < le else 0.0
-            width = c - prev_c
-            if width <= 0:
-                return le
-            return lower + (le - lower) * (rank - prev_c) / width
-        prev_le, prev_c = le, c
-    return None
+    return next((i for i, (_, c) in enumerate(buckets) if c >= rank and c > 0), None)
 
 
 def share_at_most(buckets: Buckets, count: float, threshold: float) -> tuple[float, float] | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .histogram import P95, quantile
+from .histogram import P95, quantile, rank_index
 from .model import capacity_first_order, load_compute_ratio
 from .result import Estimate, FitResult, Status, measured
 
@@ -197,7 +197,7 @@ class TpotConcurrencyFitter:
         (as :func:`~fitters.histogram.quantile` finds it; (highest finite edge, inf] where quantile
         answers with that edge)."""
         lv = self._levels[level]
-        i = next(i for i, c in enumerate(lv.counts) if c >= P95 * lv.total and c > 0)
+        i = rank_index(tuple(zip(lv.edges, lv.counts)), lv.total, P95)  # not None: levels() has its P95
         return (lv.edges[i - 1] if i > 0 else 0.0), lv.edges[i]
 
     def result(self, tpot_slo: float | None, share: float = TPOT_SLO_SHARE) -> FitResult:
