@@ -27,7 +27,7 @@ from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
 from fitters.missslope import H_RESOLUTION, MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           max_hit_ratio, prefill_share, tpm_hit_correction)
+                           load_link_rate, max_hit_ratio, prefill_share, tpm_hit_correction)
 from fitters.observation import Observation
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
@@ -1051,7 +1051,7 @@ def _link_feeds(kv: float | None, bandwidth: tuple[float, str] | None, engines: 
     points = {"current": h_load, "target": None if target_h is None or share is None else target_h * share}
     if not (kv and bandwidth):
         return {}
-    return {which: bandwidth[0] * engines / (kv * hl) for which, hl in points.items() if hl}
+    return {which: load_link_rate(bandwidth[0] * engines, kv, hl) for which, hl in points.items() if hl}
 
 
 def _load_bound_note(preds: Mapping[str, Prediction], target_tpm: float | None, isl: float | None,

@@ -93,6 +93,13 @@ def capacity_first_order(theta0: float, h: float, h_load: float, delta: float) -
     return theta0 / max(1.0 - h, delta * h_load)
 
 
+def load_link_rate(load_bandwidth: float, kv_bytes_per_token: float, h_load: float) -> float:
+    """B_load / (S_kv·h_load) [prompt tokens/s] (MODEL.md §3.3): the most prompt tokens per second
+    a KV-load link can feed when a share ``h_load`` of them is loaded, Θ's load term Θ0/(δ·h_load).
+    Raises ZeroDivisionError with no loaded hits (h_load = 0: no bound)."""
+    return load_bandwidth / (kv_bytes_per_token * h_load)
+
+
 # --- §3.6: KV sizes ---------------------------------------------------------------------
 
 
