@@ -568,15 +568,15 @@ def _hint(parser: argparse.ArgumentParser, words: list[str], args: argparse.Name
         flag, space, value = word.partition(" ")
         if space and flag in options.values():  # a Kubernetes args item "--config /etc/kvhit/config.yaml"
             return f" (one argument holds a space: give {flag}={value.strip()}, or {flag} and its value as two items)"
-        flag = word[2:].split("=", 1)[0]
-        key = {p.replace(".", "_"): p for p in key_paths(".")}.get(flag.replace("-", "_").replace(".", "_"))
+        name = word[2:].split("=", 1)[0]
+        key = {p.replace(".", "_"): p for p in key_paths(".")}.get(name.replace("-", "_").replace(".", "_"))
         if word.startswith("--") and "--on-config-error" in options.values() and key and key.replace("_", "-") not in options:
             # a config key tried as a flag (--window-seconds on run: a newcomer's find); on run only,
             # which reads every key (replay's --listen would be read and ignored: diff review)
-            return (f" (--{flag} is no flag here: set {key} in the --config file or "
+            return (f" (--{name} is no flag here: set {key} in the --config file or "
                     f"KVHIT_{key.replace('.', '_').upper()} in the environment)")
         if word.startswith("--"):
-            near = difflib.get_close_matches(word[2:].split("=", 1)[0], list(options), n=1)
+            near = difflib.get_close_matches(name, list(options), n=1)
             if near:
                 return f" (did you mean {options[near[0]]}?)"
     return ""

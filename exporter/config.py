@@ -258,7 +258,7 @@ def key_paths(sep: str) -> dict[str, str]:
 def _unknown(key: str, leaf: str, sep: str, shown: Callable[[str], str] = str) -> str:
     """"unknown key", with the known key a typo most likely meant, as ``shown`` spells it: the key
     of that name in another section (``ttft_seconds`` → ``slo.ttft_seconds``), else the closest by
-    difflib over whole paths (:func:`_paths`) when it is close; a guess further off misled more
+    difflib over whole paths (:func:`key_paths`) when it is close; a guess further off misled more
     than it helped (``interval_seconds`` read as ``window_seconds``). ``key``: the whole path
     written; ``leaf``: its last part."""
     paths = key_paths(sep)
