@@ -3,7 +3,8 @@
 What these tests prove, and how (README "Deploy on Kubernetes"):
 
 - ``kubectl kustomize`` renders every kustomization under deploy/kustomize; the sidecar component
-  patches exactly the Deployments it selects (appending one kvhit container) and nothing else.
+  patches exactly the Deployments it selects (appending one kvhit container) and nothing else;
+  the openshift component removes only the kvhit containers' fixed user and group.
 - Every rendered object validates against the Kubernetes OpenAPI schemas of pinned versions
   (PyPI ``kubernetes-validate``, strict: unknown fields fail), PodMonitor and PrometheusRule
   against prometheus-operator's CRD schemas kept in deploy/schemas/ (strict as well).
@@ -50,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kustomize"
 COMPONENT = KUSTOMIZE / "components" / "sidecar"
+OPENSHIFT = KUSTOMIZE / "components" / "openshift"
 EXAMPLE = KUSTOMIZE / "examples" / "vllm-with-kvhit"
 FLEET = "examples/kvhit-fleet"
 PLAIN = DEPLOY / "kvhit-sidecar.yaml"
@@ -148,11 +150,13 @@ def test_a_config_edit_rolls_the_example_one_pod_at_a_time(tmp_path, rendered):
         assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
 
 
-def _with_component(tmp_path: Path, deployments: list[dict]) -> list[dict]:
+def _with_component(tmp_path: Path, deployments: list[dict], *components: Path) -> list[dict]:
+    """``deployments`` rendered with the sidecar component, then ``components``."""
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "deployments.yaml").write_text(yaml.safe_dump_all(deployments))
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": ["deployments.yaml"], "components": [os.path.relpath(COMPONENT, tmp_path)]}))
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": ["deployments.yaml"],
+        "components": [os.path.relpath(c, tmp_path) for c in (COMPONENT, *components)]}))
     return kustomize(tmp_path)
 
 
@@ -186,6 +190,39 @@ def test_sidecar_component_patches_the_selected_deployments_only(tmp_path):
     assert by_name["redis"] == _deployment("redis", {"app.kubernetes.io/name": "redis"})
     config = only(docs, "ConfigMap")
     assert config["metadata"]["name"] == by_name["opt-in"]["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
+
+
+def test_openshift_component_drops_only_the_fixed_user_of_kvhit_containers(tmp_path, rendered):
+    """OpenShift's restricted-v2 SCC refuses a runAsUser outside the namespace's range: the
+    component removes runAsUser and runAsGroup from every kvhit container (the sidecar's and the
+    fleet example's) and changes nothing else, nor any Deployment without kvhit."""
+    deployments = [_deployment("vllm", {"app.kubernetes.io/name": "vllm"}),
+                   _deployment("opt-in", {"kvhit/sidecar": "enabled"}),
+                   _deployment("redis", {"app.kubernetes.io/name": "redis"})]
+    before = {d["metadata"]["name"]: d for d in _with_component(tmp_path / "plain", deployments) if d["kind"] == "Deployment"}
+    after = {d["metadata"]["name"]: d for d in _with_component(tmp_path / "os", deployments, OPENSHIFT)
+             if d["kind"] == "Deployment"}
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    (fleet / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(KUSTOMIZE / FLEET, fleet)], "components": [os.path.relpath(OPENSHIFT, fleet)]}))
+    before["kvhit-fleet"] = only(rendered[FLEET], "Deployment")
+    after["kvhit-fleet"] = only(kustomize(fleet), "Deployment")
+    assert after["redis"] == before["redis"] == _deployment("redis", {"app.kubernetes.io/name": "redis"})
+    for name in ("vllm", "opt-in", "kvhit-fleet"):
+        expected = copy.deepcopy(before[name])
+        security = kvhit_container(expected)["securityContext"]
+        assert (security.pop("runAsUser"), security.pop("runAsGroup")) == (65532, 65532)
+        assert security["runAsNonRoot"] is True  # the image's numeric USER still proves non-root
+        assert after[name] == expected, name
+        for k8s in K8S_VERSIONS:
+            kubernetes_validate.validate(after[name], k8s, strict=True)
+    # kvhit third, after two containers of the app: the build stops rather than patch another container
+    two = _deployment("two", {"app.kubernetes.io/name": "vllm"})
+    two["spec"]["template"]["spec"]["containers"].append({"name": "proxy", "image": "example:1"})
+    with pytest.raises(RuntimeError, match="containers/1/name"):
+        _with_component(tmp_path / "two", [two], OPENSHIFT)
 
 
 # ---- schemas ----------------------------------------------------------------------------------------
