@@ -49,10 +49,13 @@ DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Label selectors: a model's series on the selected pods (kvhit and vLLM alike), kvhit's health series
 # (no model_name), and the recording rules' per-model series (no pod). A fleet-mode kvhit is one more
 # pod, in its own namespace (README "Fleet mode").
-SEL = 'namespace=~"$namespace", pod=~"$pod", model_name=~"$model_name"'
+# kvhit-model's model is one value, which Grafana does not regex-escape: matched exactly (under =~,
+# "Qwen2.5+ft" would match "Qwen2.5ft", not itself). Multi-value variables are escaped.
+SEL = 'namespace=~"$namespace", pod=~"$pod", model_name="$model_name"'
 HEALTH = 'namespace=~"$namespace", pod=~"$pod"'
 VLLM_SERIES = "namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m"  # a recording rule: vLLM's namespaces and models
 MODEL = 'namespace=~"$namespace", model_name=~"$model_name"'
+ONE_MODEL = 'namespace=~"$namespace", model_name="$model_name"'  # MODEL on kvhit-model (see SEL)
 RI = "$__rate_interval"
 Z95 = 1.96  # two-sided 95 % normal quantile for the ±σ bands
 
@@ -158,6 +161,8 @@ def variables(one_model: bool = False) -> list:
     """datasource, namespace, model_name (a single namespace and model when ``one_model``: the
     bathtub of two models averaged is no model's, and a pod is named uniquely only in its namespace),
     and the pods serving the selected models."""
+    model = 'model_name="$model_name"' if one_model else 'model_name=~"$model_name"'
+
     def label_var(name: str, label: str, query: str, multi: bool = True, regex: str = "") -> QueryVariable:
         v = (QueryVariable(name).label(label).datasource(DS).query(query).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
              .sort(VariableSort.ALPHABETICAL_ASC).regex(regex))
@@ -179,7 +184,7 @@ def variables(one_model: bool = False) -> list:
         # StatefulSet's vllm-0 in two namespaces is two pods
         label_var("pod", "Pod" if one_model else "Pod (Pods in the valley)",
                   'query_result(max by (namespace, pod) (kvhit_window_seconds{namespace=~"$namespace", '
-                  'model_name=~"$model_name"}) or (max by (namespace, pod) (kvhit_build_info{namespace=~"$namespace"}) '
+                  f'{model}}}) or (max by (namespace, pod) (kvhit_build_info{{namespace=~"$namespace"}}) '
                   'unless on (namespace, pod) max by (namespace, pod) (kvhit_window_seconds{namespace=~"$namespace"})))',
                   regex='/pod="([^"]+)"/'),
     ]
@@ -258,7 +263,7 @@ def model_dashboard() -> Dashboard:
            .with_target(q("E", valley_start(valley), "valley start"))
            .with_target(q("C", f"(kvhit_valley_breakeven_hit_ratio{{{SEL}}} or (kvhit_valley_exit{{{SEL}}} == 0) * 0 + 1)"
                                f" and kvhit_valley_active{{{SEL}}}", "break-even h_even"))
-           .with_target(q("D", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{MODEL}}}",
+           .with_target(q("D", f"namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m{{{ONE_MODEL}}}",
                           "h of {{model_name}}, vLLM counters (5m)"))
            .override_by_name("break-even h_even", [prop("color", {"mode": "fixed", "fixedColor": "orange"}),
                                                    prop("custom.lineStyle", {"fill": "dash", "dash": [4, 4]})]))
@@ -494,7 +499,7 @@ def model_dashboard() -> Dashboard:
 
     # --- alerts -------------------------------------------------------------------------------------
     d = d.with_row(Row("Alerts").id(ids()))
-    d = d.with_panel(firing_alerts(ids))
+    d = d.with_panel(firing_alerts(ids, one_model=True))
 
     # --- sidecar and internals ------------------------------------------------------------------------
     d = d.with_row(Row("Sidecar health and model internals").id(ids()))
@@ -575,13 +580,15 @@ def model_dashboard() -> Dashboard:
     return d
 
 
-def firing_alerts(ids: Ids) -> table.Panel:
+def firing_alerts(ids: Ids, one_model: bool = False) -> table.Panel:
+    alerts = 'ALERTS{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace|", pod=~"$pod|", '
+    # alerts without the label (no pod: a per-model rule or KvhitAbsent's absent()) belong to every selection
+    query = (f'{alerts}model_name="$model_name"}} or {alerts}model_name=""}}' if one_model
+             else f'{alerts}model_name=~"$model_name|"}}')
     return (table_panel(ids, "Firing kvhit alerts", "none",
                         "Prometheus's ALERTS series of the kvhit rules (rules/kvhit-alerts.yml) that are firing; "
                         "runbooks in docs/runbooks.md.", w=24, h=6)
-            # alerts without the label (no pod: a per-model rule or KvhitAbsent's absent()) belong to every selection
-            .with_target(q("A", 'ALERTS{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace|", '
-                                'pod=~"$pod|", model_name=~"$model_name|"}', instant=True))
+            .with_target(q("A", query, instant=True))
             .with_transformation(DataTransformerConfig(id_val="organize", options={
                 "excludeByName": {"Time": True, "Value": True, "__name__": True, "alertstate": True},
                 "indexByName": {"alertname": 0, "severity": 1, "namespace": 2, "pod": 3, "model_name": 4}})))
@@ -653,7 +660,7 @@ def fleet_dashboard() -> Dashboard:
     d = d.with_panel(
         table_panel(ids, "Pods in the valley", "none", "The pods whose kvhit reports the valley now (a fleet-mode "
                     "kvhit's own verdict, scope=\"fleet\", is no pod's).", w=24, h=6)
-        .with_target(q("A", f'kvhit_valley_active{{scope!="fleet", {SEL}}} == 1', instant=True))
+        .with_target(q("A", f'kvhit_valley_active{{scope!="fleet", {HEALTH}, model_name=~"$model_name"}} == 1', instant=True))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "Value": True, "__name__": True}})))
     d = d.with_row(Row("Alerts").id(ids()))

@@ -81,8 +81,10 @@ COMMON_CONFIG = {"load_bandwidth_bytes_per_second": 25.0e9, "instance_hour_price
                  "sizing": {"batch": 8, "max_len": 4096}}
 VALLEY_CONFIG = {"prices": {"hit_price_ratio": 0.1}, "slo": {"ttft_seconds": 0.2, "tpot_seconds": 0.05}, **COMMON_CONFIG}
 FLAT_CONFIG = {"prices": {"hit_price_ratio": 1.0}, "slo": {"ttft_seconds": 1.0, "tpot_seconds": 0.05}, **COMMON_CONFIG}
-# Dashboard variables: All for the label variables (Grafana's allValue .*).
+# Dashboard variables: All for the label variables (Grafana's allValue .*), but kvhit-model's model,
+# one value with no All (matched exactly: grafana/dashboards.py SEL); every replay serves MODEL.
 VARIABLES = {"namespace": ".*", "model_name": ".*", "pod": ".*", "__rate_interval": "1m", "datasource": "prometheus"}
+VARIABLES_OF = {"kvhit-model": dict(VARIABLES, model_name=MODEL), "kvhit-fleet": VARIABLES}
 # kvhit series that are absent by design in this replay, with the series saying why: α needs hits loaded
 # from host memory (the trace has none); the economic max-num-seqs needs TPOT P95 to rise with
 # concurrency over >= 3 levels, which the trace's TPOT does not show beyond noise; T_fixed needs
@@ -488,7 +490,7 @@ def test_every_dashboard_expression_returns_data(stack):
     for uid, d in dashboards().items():
         assert set(dashboard_variables(d)) == set(VARIABLES) - {"__rate_interval"}, uid
     for uid, title, ref, expr in dashboard_targets():
-        result = stack.query(substitute(expr, VARIABLES))
+        result = stack.query(substitute(expr, VARIABLES_OF[uid]))
         names_in = {s.name for s in selectors(expr)}
         absent = names_in & set(ABSENT_BY_DESIGN)
         if absent:
@@ -502,7 +504,7 @@ def test_every_dashboard_expression_returns_data(stack):
         if names_in <= NO_CAVEAT_HERE:
             assert all(x["metric"].get("namespace") in UNDETERMINED for x in result) and no_caveat(stack), (uid, title)
             continue
-        assert result, f"{uid} / {title} / {ref}: empty: {substitute(expr, VARIABLES)[:300]}"
+        assert result, f"{uid} / {title} / {ref}: empty: {substitute(expr, VARIABLES_OF[uid])[:300]}"
         for sample in result:
             assert math.isfinite(float(sample["value"][1])) or title == "Firing kvhit alerts", (title, ref, sample)
 
@@ -517,7 +519,7 @@ def test_the_pod_variable_lists_the_sidecars_that_analyse_nothing(stack):
         pick = re.compile(var["regex"].strip("/"))
         for ns, pods in {"ns-down": {"vllm-down-0"}, "ns-notvllm": {"vllm-notvllm-0"},
                          "ns-valley": {"vllm-valley-0"}}.items():
-            result = stack.query(substitute(expr, {"namespace": ns, "model_name": ".*"}))
+            result = stack.query(substitute(expr, {"namespace": ns, "model_name": VARIABLES_OF[uid]["model_name"]}))
             found = {pick.search("{" + ", ".join(f'{k}="{v}"' for k, v in r["metric"].items()) + "}").group(1)
                      for r in result}
             assert found == pods, (uid, ns, found)
@@ -529,7 +531,7 @@ def test_the_operating_point_is_the_grid_bar_nearest_the_current_hit_ratio(stack
     assert 0 < h < 0.025
     expr = next(e for _, t, ref, e in dashboard_targets()
                 if t == "Bathtub R(h) and the current operating point ($pod)" and ref == "B")
-    result = stack.query(substitute(expr, dict(VARIABLES, namespace="ns-valley")))
+    result = stack.query(substitute(expr, dict(VARIABLES_OF["kvhit-model"], namespace="ns-valley")))
     assert [r["metric"] for r in result] == [{"hit_ratio": "0.00"}]
 
 
