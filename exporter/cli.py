@@ -596,7 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     # so --on-config-error=serve covers a bad value here too (argparse would exit 2 before it)
     r.add_argument("--interval", help=f"seconds between scrapes (default: the config's interval, {Config.interval:g})")
     r.add_argument("--timeout",
-                   help=f"scrape timeout, seconds (default: the config's timeout, {Config.timeout:g}); longer than "
+                   help=f"scrape timeout, seconds (default: the config's timeout, {Config.timeout:g}, at most the interval); longer than "
                         "the interval is allowed with a warning: a hanging target then looks fresh longer")
     r.add_argument("--listen", help=f"ADDR:PORT to serve on (default: the config's listen, {Config.listen}; [::1]:PORT for IPv6)")
     r.add_argument("--config", help="YAML config file")
