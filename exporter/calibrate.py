@@ -58,7 +58,7 @@ from exporter.config import ConfigError, load_config
 from exporter.jsonapi import analysis_to_dict
 from exporter.parse import ParseError, parse_exposition, prefix_caching_off
 from exporter.replay import PhaseSummary, fmt, phase_footnotes, replay
-from exporter.sources import LiveSource, ScrapeError, load_trace, trace_file, write_atomic
+from exporter.sources import LiveSource, ScrapeError, http_session, load_trace, trace_file, write_atomic
 
 log = logging.getLogger("kvhit")
 
@@ -322,7 +322,7 @@ class Driver:
         lo, hi = self.token_range
         # both ends of the range for sure (a server checks the largest id against its vocabulary)
         prompt = ([lo, hi - 1] + [rng.randrange(lo, hi) for _ in range(prompt_tokens)])[:prompt_tokens]
-        with requests.Session() as session:
+        with http_session() as session:
             rec = self._send(session, prompt, output_tokens)
         if not rec["ok"]:
             if "Timeout" in rec["error"]:
@@ -336,7 +336,7 @@ class Driver:
         """Cache the phase's prefix with one request (max_tokens=1); None when there is no prefix."""
         if plan.shared_prefix_tokens == 0:
             return None
-        with requests.Session() as session:
+        with http_session() as session:
             rec = self._send(session, prompts.prompt(), 1)
         self._log(plan.name, "warmup", rec)
         if not rec["ok"]:
@@ -364,7 +364,7 @@ class Driver:
             try:
                 if self.abort.wait(i * stagger):
                     return
-                with requests.Session() as session:
+                with http_session() as session:
                     while time.time() < deadline and not self.abort.is_set():
                         rec = self._send(session, prompts.prompt(), plan.output_tokens)
                         self._log(plan.name, i, rec)

@@ -40,6 +40,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
+from exporter import __version__
 from exporter.config import METRICS_PATH_HINT, Config, read_bearer_token, redact_url
 
 log = logging.getLogger("kvhit")
@@ -50,6 +51,14 @@ log = logging.getLogger("kvhit")
 MAX_VALUE = 1e18
 
 DEFAULT_MAX_BYTES = Config.max_body_bytes
+USER_AGENT = f"kvhit/{__version__}"  # what the target's access log (or a proxy, a simulator) sees
+
+
+def http_session() -> requests.Session:
+    """A requests Session whose requests name kvhit and its version as their User-Agent."""
+    s = requests.Session()
+    s.headers["User-Agent"] = USER_AGENT
+    return s
 _EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
 _LATEST_STAMP = 7258118400.0  # 2200-01-01 [unix s]: a later stamp is a name in µs (16 digits) read as ms
 _PROM_FILE = re.compile(r"(?:^|/)(\d{10,})\.prom$")  # past 16 digits: refused (µs, ns), not skipped
@@ -201,7 +210,7 @@ class LiveSource:
     answer_delay: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
-        self._session = requests.Session()
+        self._session = http_session()
         for prefix in ("http://", "https://"):
             self._session.mount(prefix, _DeadlineAdapter())
         self._session.headers["Accept"] = "text/plain;version=0.0.4"

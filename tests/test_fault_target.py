@@ -19,6 +19,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from importlib.metadata import version
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -52,6 +53,7 @@ class Target:
         self.next = 0  # index of the snapshot the next good answer serves
         self.mode = "ok"
         self.served: list[str] = []  # mode of every request to /metrics (redirect targets too)
+        self.agents: list[str] = []  # User-Agent of every request
         self.server: ThreadingHTTPServer | None = None
         self.port = 0
         self.start()
@@ -68,6 +70,7 @@ class Target:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                target.agents.append(self.headers.get("User-Agent", ""))
                 if self.path == "/real-metrics":
                     return target.good(self)
                 mode = target.mode
@@ -281,6 +284,8 @@ def test_healthy_target_plain_gzip_and_redirect(target):
     _, redirected = src.fetch()
     assert redirected == target.snapshots[2]  # the 302 was followed to /real-metrics
     assert target.served == ["ok", "gzip", "redirect"]
+    # every request (the redirect's too) names kvhit and its installed version, not python-requests
+    assert target.agents == [f"kvhit/{version('kvhit')}"] * 4
 
 
 def test_a_gzip_body_of_several_members_is_read_whole_and_junk_after_one_is_corrupt(target):

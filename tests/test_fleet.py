@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -1297,6 +1298,7 @@ def test_tenant_header_and_a_rotated_bearer_token_reach_every_query(fake, tmp_pa
     # each fetch: the latest-sample query, then the range query
     assert [(h["X-Scope-OrgID"], h["Authorization"]) for h in fake.headers] == \
         [("team-a", "Bearer first-token")] * 2 + [("team-a", "Bearer second-token")] * 2
+    assert {h["User-Agent"] for h in fake.headers} == {f"kvhit/{version('kvhit')}"}  # Prometheus' query log names kvhit
     # A token that cannot be read: no query is sent (nothing unauthenticated), the range stays.
     for content in (None, "  \n", "x" * (64 * 1024 + 1)):
         token.unlink(missing_ok=True)
