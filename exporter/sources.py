@@ -52,6 +52,9 @@ MAX_VALUE = 1e18
 
 DEFAULT_MAX_BYTES = Config.max_body_bytes
 USER_AGENT = f"kvhit/{__version__}"  # what the target's access log (or a proxy, a simulator) sees
+_EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
+_LATEST_STAMP = 7258118400.0  # 2200-01-01 [unix s]: a later stamp is a name in µs (16 digits) read as ms
+_PROM_FILE = re.compile(r"(?:^|/)(\d{10,})\.prom$")  # past 16 digits: refused (µs, ns), not skipped
 
 
 def http_session() -> requests.Session:
@@ -59,9 +62,6 @@ def http_session() -> requests.Session:
     s = requests.Session()
     s.headers["User-Agent"] = USER_AGENT
     return s
-_EARLIEST_STAMP = 978307200.0  # 2001-01-01 [unix s]: an earlier stamp is a name in seconds read as ms
-_LATEST_STAMP = 7258118400.0  # 2200-01-01 [unix s]: a later stamp is a name in µs (16 digits) read as ms
-_PROM_FILE = re.compile(r"(?:^|/)(\d{10,})\.prom$")  # past 16 digits: refused (µs, ns), not skipped
 
 
 class ScrapeError(Exception):
