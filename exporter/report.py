@@ -41,7 +41,7 @@ import requests
 from exporter.config import Config, ConfigError, redact_url
 from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread, withdrawn
 from exporter.replay import replay
-from exporter.sources import load_trace, write_atomic
+from exporter.sources import http_session, load_trace, write_atomic
 from fitters.chiptime import design_row, predict_busy_time
 from fitters.missslope import bucket_key, length_bucket
 from fitters.model import max_hit_ratio
@@ -113,7 +113,8 @@ def _fetch(url: str, timeout: float) -> dict:
         base += "/api/v1/analysis"
     shown = redact_url(base)  # a user:password or ?token= in the URL stays out of messages
     try:
-        resp = requests.get(base, timeout=timeout)
+        with http_session() as session:
+            resp = session.get(base, timeout=timeout)
     except requests.RequestException as exc:
         raise ReportError(f"cannot fetch {shown}: {type(exc).__name__}") from None
     if resp.status_code != 200:

@@ -11,6 +11,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
+from importlib.metadata import version
 
 import pytest
 
@@ -103,6 +104,7 @@ class FakeVllm:
         self.post_status = 200  # anything else: every POST answers it with an HTML error page
         self.post_delay = 0.004  # [s] each POST takes
         self.posts: list[tuple[float, float, dict]] = []  # (received, answered [unix s], body) of every POST
+        self.agents: set[tuple[str, str]] = set()  # (method, User-Agent) of every request
         self.cached: set[int] = set()
         self.c = {"queries": 0, "hits": 0, "prompt": 0, "gen": 0, "steps": 0, "done": 0}
         self.running = 0
@@ -112,6 +114,7 @@ class FakeVllm:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 received = time.time()
+                fake.agents.add(("POST", self.headers.get("User-Agent", "")))
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if fake.post_status != 200:
                     fake.c["refused"] = fake.c.get("refused", 0) + 1
@@ -134,6 +137,7 @@ class FakeVllm:
                 self._send(200, json.dumps({"usage": {"prompt_tokens": len(ids), "completion_tokens": out}}))
 
             def do_GET(self):  # noqa: N802
+                fake.agents.add(("GET", self.headers.get("User-Agent", "")))
                 self._send(200, fake.exposition())
 
             def _send(self, code, text):
@@ -333,6 +337,8 @@ def test_the_probe_is_shaped_like_the_phases_requests_and_comes_before_the_recor
     assert min(int(p.stem) for p in out.glob("*.prom")) / 1000 >= answered
     logged = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert len(logged) == len(fake.posts) - 1
+    # the load (probe, warm-up, phases) and the recording's scrapes name kvhit, as the server's access log shows
+    assert fake.agents == {("POST", f"kvhit/{version('kvhit')}"), ("GET", f"kvhit/{version('kvhit')}")}
 
 
 @pytest.mark.parametrize("during", ["probe", "run_phase"])

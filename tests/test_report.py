@@ -301,6 +301,30 @@ def test_a_kvhit_whose_configuration_was_refused_is_named_as_such(tmp_path, caps
         "nothing: its configuration was refused (kvhit's log says why)")
 
 
+def test_the_report_s_request_names_kvhit(tmp_path, capsys):
+    from http.server import BaseHTTPRequestHandler
+    from importlib.metadata import version
+
+    from local_servers import reply, serve as serve_handler
+    agents = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            agents.append(self.headers.get("User-Agent"))
+            reply(self, 503, b"busy\n")
+
+        def log_message(self, *args):
+            pass
+    server = serve_handler(Handler)
+    try:
+        assert main(["report", f"http://127.0.0.1:{server.server_address[1]}", "--out", str(tmp_path / "rep")]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert agents == [f"kvhit/{version('kvhit')}"]
+    assert capsys.readouterr().err.strip().endswith("/api/v1/analysis: busy")
+
+
 def test_the_tpm_plot_draws_each_busy_step_s_delivered_and_physical_tpm_by_hand():
     # A test audit: swapping physical for delivered passed every test (they checked images, not
     # values). A stand-in for pyplot records what is drawn. Busy step: 10 s, 2,000 queried tokens,
