@@ -50,7 +50,8 @@ DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # (no model_name), and the recording rules' per-model series (no pod). A fleet-mode kvhit is one more
 # pod, in its own namespace (README "Fleet mode").
 # kvhit-model's model is one value, which Grafana does not regex-escape: matched exactly (under =~,
-# "Qwen2.5+ft" would match "Qwen2.5ft", not itself). Multi-value variables are escaped.
+# "Qwen2.5+ft" would match "Qwen2.5ft", not itself). Multi-value variables are escaped. (A name with
+# a ' may match nothing: Grafana's escaping of a single-value variable puts a backslash before it.)
 SEL = 'namespace=~"$namespace", pod=~"$pod", model_name="$model_name"'
 HEALTH = 'namespace=~"$namespace", pod=~"$pod"'
 VLLM_SERIES = "namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m"  # a recording rule: vLLM's namespaces and models

@@ -12,7 +12,7 @@ import yaml
 from exporter import names
 from exporter.analyzer import BATHTUB_GRID
 from observability import (COUNTER_SUFFIXES, DASHBOARDS, ROOT, dashboard_targets, dashboard_variables, dashboards,
-                           panels, tool)
+                           panels, substitute, tool)
 from promql_selectors import selectors
 
 REQUIRED_PANELS = {  # the issue's list → the panel titles that implement it
@@ -123,6 +123,44 @@ def test_the_model_dashboard_matches_its_one_model_exactly():
         for s in selectors(expr):
             ops[uid] |= {op for k, op, v in s.matchers if k == "model_name" and v.startswith("$model_name")}
     assert ops == {"kvhit-model": {"="}, "kvhit-fleet": {"=~"}}
+
+
+def test_a_model_name_with_regex_characters_selects_that_model_alone(tmp_path):
+    """Evaluated by Prometheus' engine (promtool), with kvhit-model's variables as Grafana fills them
+    (one model, its value not escaped): "Qwen2.5+ft" read as a regex matched "Qwen2x5ft" and not
+    itself. The hit ratio panel, the firing-alerts table (with the alerts that carry no model_name)
+    and the pod variable (with a kvhit pod analysing nothing) must select Qwen2.5+ft's alone."""
+    chosen = {"namespace": ".*", "pod": ".*", "model_name": "Qwen2.5+ft"}
+    d = dashboards()["kvhit-model"]
+    hit = next(t["expr"] for t in _panel("kvhit-model", "Token hit ratio and the valley band ($pod)")["targets"]
+               if t["refId"] == "A")
+    alerts = next(t["expr"] for t in _panel("kvhit-model", "Firing kvhit alerts")["targets"])
+    pods = re.fullmatch(r"query_result\((.*)\)", dashboard_variables(d)["pod"]["query"], flags=re.S).group(1)
+    series = [{"series": f'kvhit_hit_ratio{{source="all", namespace="n", pod="{p}", model_name="{m}"}}', "values": "0.5x3"}
+              for p, m in (("a", "Qwen2.5+ft"), ("b", "Qwen2x5ft"))]
+    series += [{"series": f'kvhit_window_seconds{{namespace="n", pod="{p}", model_name="{m}"}}', "values": "60x3"}
+               for p, m in (("a", "Qwen2.5+ft"), ("b", "Qwen2x5ft"))]
+    series += [{"series": f'kvhit_build_info{{namespace="n", pod="{p}"}}', "values": "1x3"} for p in "abc"]
+    series += [{"series": f'ALERTS{{alertname="KvhitValley", alertstate="firing", namespace="n", pod="{p}", '
+                          f'model_name="{m}"}}', "values": "1x3"} for p, m in (("a", "Qwen2.5+ft"), ("b", "Qwen2x5ft"))]
+    series += [{"series": 'ALERTS{alertname="KvhitTargetDown", alertstate="firing", namespace="n", pod="c"}',
+                "values": "1x3"}]
+
+    def expect(expr, samples):
+        return {"expr": substitute(expr, chosen), "eval_time": "1m",
+                "exp_samples": [{"labels": labels, "value": v} for labels, v in samples]}
+
+    (tmp_path / "r.yml").write_text(yaml.safe_dump({"groups": []}))
+    test = {"rule_files": ["r.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+                expect(hit, [('kvhit_hit_ratio{source="all", namespace="n", pod="a", model_name="Qwen2.5+ft"}', 0.5)]),
+                expect(alerts, [('ALERTS{alertname="KvhitValley", alertstate="firing", namespace="n", pod="a", '
+                                 'model_name="Qwen2.5+ft"}', 1),
+                                ('ALERTS{alertname="KvhitTargetDown", alertstate="firing", namespace="n", pod="c"}', 1)]),
+                expect(pods, [('{namespace="n", pod="a"}', 60), ('{namespace="n", pod="c"}', 1)])]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(test))
+    out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_counters_are_only_read_as_rates():
