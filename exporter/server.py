@@ -16,8 +16,9 @@ never finishes it blocks nobody. With ``basic_auth_users`` every path but ``/hea
 PBKDF2-HMAC-SHA256 hashes in constant time; a good credential is remembered (keyed by an HMAC
 under a per-process key), so Prometheus' scrapes do not pay the PBKDF2 cost each time; every
 refusal costs the most iterations any user's hash has (none names a user). At most
-MAX_CONNECTIONS connections are served at once, each request's headers read within
-REQUEST_TIMEOUT of accept and in HEADER_BYTES; GET and HEAD only.
+MAX_CONNECTIONS connections are served at once (one more closes the oldest still sending its
+headers), each request's headers read within REQUEST_TIMEOUT of accept and in HEADER_BYTES; GET
+and HEAD only.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from exporter.collector import ConfigErrorCollector, KvhitCollector
 from exporter.config import WebConfig, listen_address, listening
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, what_if
 from exporter.runner import Runner
+from exporter.sources import shut_socket
 
 log = logging.getLogger("kvhit")
 REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (TLS handshake included)
@@ -54,9 +56,12 @@ REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (TLS handshake in
 # else 414). http.server alone allows 100 headers of 64 KiB each, read before basic auth: 40
 # connections held 250 MB, past the sidecar's memory limit.
 HEADER_BYTES = 32 * 1024
-# Connections served at once (a thread each); more are closed on arrival. Without a cap, 3000 idle
-# clients (one header line every 15 s) held 300 MB, past the sidecar's memory limit (a breaker).
+# Connections served at once (a thread each). Without a cap, 3000 idle clients (one header line
+# every 15 s) held 300 MB, past the sidecar's memory limit (a breaker). A connection past it
+# closes the oldest one still sending its headers, or, when every one is being answered, itself:
+# 64 idle connections kept every probe out until the kubelet restarted kvhit (adversarial review).
 MAX_CONNECTIONS = 64
+EVICTED_SECONDS = 1.0  # at most this long for the closed connection's slot to free
 UNAUTHENTICATED = ("/healthz", "/readyz")
 
 
@@ -68,16 +73,38 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     def server_activate(self) -> None:
         super().server_activate()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._waiting: dict = {}  # the connections whose headers are not in yet, oldest first
+        self._waiting_lock = threading.Lock()
 
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):  # MAX_CONNECTIONS busy: closed, no thread
-            self.shutdown_request(request)
+        if not (self._slots.acquire(blocking=False)
+                or self._close_oldest_waiting() and self._slots.acquire(timeout=EVICTED_SECONDS)):
+            self.shutdown_request(request)  # every slot's request is being answered: closed, no thread
             return
+        with self._waiting_lock:
+            self._waiting[request] = None
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.headers_in(request)
             self._slots.release()
             raise
+
+    def headers_in(self, request) -> None:
+        """``request``'s headers are in (or it is over): no longer the oldest to close."""
+        with self._waiting_lock:
+            self._waiting.pop(request, None)
+
+    def _close_oldest_waiting(self) -> bool:
+        """Shut the connection waiting longest for its headers (its thread then ends and frees its
+        slot); False when none is waiting."""
+        with self._waiting_lock:
+            if not self._waiting:
+                return False
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+        shut_socket(oldest)
+        return True
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -134,18 +161,17 @@ class _QuietHandler(WSGIRequestHandler):
         self.rfile = _HeaderBudget(self.rfile)
 
     def _cut(self) -> None:
-        try:
-            self.request.shutdown(socket.SHUT_RDWR)
-        except OSError:  # closed already
-            pass
+        shut_socket(self.request)
 
     def parse_request(self) -> bool:
         ok = super().parse_request()
         self._deadline.cancel()  # the headers are in: the answer has the socket timeout alone
+        self.server.headers_in(self.request)
         return ok
 
     def finish(self) -> None:
         self._deadline.cancel()
+        self.server.headers_in(self.request)
         super().finish()
 
     def get_environ(self) -> dict:

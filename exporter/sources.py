@@ -133,7 +133,7 @@ class _Deadline:
         deadline = _HEADERS_DEADLINE.get()
         if deadline is None or self.sock is None:
             return super().getresponse()
-        timer = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, (self.sock,))
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), shut_socket, (self.sock,))
         timer.daemon = True
         timer.start()
         try:
@@ -142,7 +142,9 @@ class _Deadline:
             timer.cancel()
 
 
-def _shut(sock: socket.socket) -> None:
+def shut_socket(sock: socket.socket) -> None:
+    """Shut both directions of ``sock``: a read blocked on it returns at once (a timer's deadline,
+    kvhit's server closing an idle connection)."""
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

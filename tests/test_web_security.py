@@ -305,11 +305,14 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def test_connections_past_the_cap_are_closed_and_a_trickle_is_cut_at_the_deadline(tmp_path, monkeypatch):
+def test_a_connection_past_the_cap_closes_the_oldest_idle_one_and_a_trickle_is_cut_at_the_deadline(
+        tmp_path, monkeypatch):
     # 3000 idle clients, each sending a header line every 15 s, held 300 MB (a thread each, no
-    # cap): past MAX_CONNECTIONS a connection is closed on arrival; and a connection is shut
+    # cap). Past MAX_CONNECTIONS, a new connection closes the one that has waited longest for its
+    # headers: 64 idle connections (no credentials needed, /healthz is open) kept the kubelet's
+    # probes out until it restarted kvhit (adversarial review). A connection is shut
     # REQUEST_TIMEOUT after accept when its headers are not in, however it trickles (a byte a second
-    # inside the request line held its slot for good: review)
+    # inside the request line held its slot for good: review).
     from exporter import server as kvhit_server
     monkeypatch.setattr(kvhit_server, "MAX_CONNECTIONS", 2)
     monkeypatch.setattr(kvhit_server, "REQUEST_TIMEOUT", 2.0)
@@ -318,21 +321,54 @@ def test_connections_past_the_cap_are_closed_and_a_trickle_is_cut_at_the_deadlin
         slow = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
         for s in slow:
             s.sendall(b"GET /hea")
-        time.sleep(0.5)
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
-            extra.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
-            assert extra.recv(100) == b""  # closed: no slot
+            time.sleep(0.1)  # slow[0] is the older
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as probe:
+            probe.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            assert probe.recv(100).startswith(b"HTTP/1.0 200 ")  # the probe is answered
+        assert slow[0].recv(100) == b""  # the older idle connection was closed for it
         for _ in range(5):  # a byte every 0.5 s: each read within the socket timeout
             time.sleep(0.5)
-            for s in slow:
-                try:
-                    s.sendall(b"l")
-                except OSError:
-                    pass
-        for s in slow:  # shut at 2 s: the server's end is closed
-            assert s.recv(100) == b""
+            try:
+                slow[1].sendall(b"l")
+            except OSError:
+                pass
+        assert slow[1].recv(100) == b""  # shut at 2 s: the server's end is closed
+        for s in slow:
             s.close()
         time.sleep(0.3)
         assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).text == "ok\n"
     finally:
+        server.shutdown()
+
+
+def test_a_connection_past_the_cap_is_closed_when_every_slot_is_being_answered(monkeypatch):
+    """No connection waiting for its headers: none is closed for the new one, which is."""
+    import threading
+
+    from exporter import server as kvhit_server
+    monkeypatch.setattr(kvhit_server, "MAX_CONNECTIONS", 2)
+    release, answering = threading.Event(), threading.Semaphore(0)
+
+    def app(environ, start_response):
+        answering.release()
+        release.wait(10)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"done\n"]
+    server, _ = kvhit_server.serve_app(app, "127.0.0.1:0")
+    port = server.server_address[1]
+    try:
+        busy = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        for s in busy:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert answering.acquire(timeout=5) and answering.acquire(timeout=5)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            extra.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            assert extra.recv(100) == b""  # closed: no slot, and none idle to close
+        release.set()
+        for s in busy:  # both answered in full
+            assert s.makefile("rb").read().endswith(b"done\n")
+            s.close()
+    finally:
+        release.set()
         server.shutdown()
