@@ -143,6 +143,10 @@ _OTHER_ENGINES = ("sglang", "lmcache")
 # Bodies longer than this are read by kvhit's line reader alone (parse_exposition): the 64-model
 # body (2 MiB) still goes through the library, a body of junk series past it does not.
 LIBRARY_MAX_CHARS = 4 * 1024 * 1024
+# A body with a longer line too (vLLM's are under 1 KiB): the library's label parser takes time
+# quadratic in a line's escapes (a label value of 2M \" in a 4-MiB body: 220 s, the scrape loop
+# stalled and the kubelet restarted kvhit; adversarial review). kvhit's reader is linear.
+LIBRARY_MAX_LINE = 4096
 # A body of more lines gets no hot-path plan (Parser): the plan keeps every sample line's key and
 # position, and building it held ~0.6 KiB per line (4 MiB of one-sample families: 325 MiB of RSS).
 # The 64-model body has 24,000 lines.
@@ -470,7 +474,8 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
     assembly, and tests/test_parse_reference.py proves they give identical Snapshots. A body over
     LIBRARY_MAX_CHARS goes to kvhit's reader directly: the library holds a family's samples as
     objects (~0.8 KiB per line), so a 4 MiB body of short lines took 120 MiB, and the sidecar's
-    memory limit is 256 MiB.
+    memory limit is 256 MiB. So does a body with a line over LIBRARY_MAX_LINE: the library's time
+    grows with the square of a line's escaped characters.
 
     Args:
         text: exposition body (str; decode bytes as UTF-8 with replacement first).
@@ -483,7 +488,7 @@ def parse_exposition(text: str, timestamp: float) -> Snapshot:
         raise ParseError("gzip-compressed data where text exposition was expected (a proxy that compressed the "
                          "body without Content-Encoding: gzip, or compressed it twice?)")
     lines, truncated = _body_lines(text)
-    if len(text) > LIBRARY_MAX_CHARS:
+    if len(text) > LIBRARY_MAX_CHARS or max(map(len, lines), default=0) > LIBRARY_MAX_LINE:
         return _parse(lines, truncated, timestamp, _read_lines)
     try:
         return _parse(lines, truncated, timestamp, _read_library)

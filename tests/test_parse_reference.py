@@ -250,6 +250,23 @@ def test_a_body_past_the_library_s_size_reads_as_the_library_would():
     assert repr(parse.parse_exposition(body, 0.0)) == repr(parse._parse(lines, truncated, 0.0, parse._read_library))
 
 
+def test_a_body_with_a_long_line_reads_as_the_library_would_without_the_library(monkeypatch):
+    # a label value of escaped quotes: the library's time grows with their square (2M of them in a
+    # 4-MiB body stalled the scrape loop 220 s; adversarial review). Past LIBRARY_MAX_LINE the
+    # linear line reader reads the body alone, and gives the library's Snapshot
+    _, text = load_trace(TRACE).snapshots[200]
+    other = 'other_metric{x="' + '\\"' * 20_000 + '"} 1\n'
+    read = 'vllm:prefix_cache_queries_total{engine="0",model_name="' + '\\"' * 20_000 + '"} 7\n'
+    assert min(len(other), len(read)) > parse.LIBRARY_MAX_LINE
+    expected = {}
+    for name, body in (("other", text + other), ("read", text + read)):
+        lines, truncated = parse._body_lines(body)
+        expected[name] = repr(parse._parse(lines, truncated, 0.0, parse._read_library))
+    monkeypatch.setattr(parse, "text_string_to_metric_families", None)  # called: TypeError
+    for name, body in (("other", text + other), ("read", text + read)):
+        assert repr(parse.parse_exposition(body, 0.0)) == expected[name], name
+
+
 def test_a_body_past_plan_max_lines_gets_no_plan_and_reads_as_the_reference():
     # the plan holds every sample line's key and position (~0.6 KiB per line while built: 4 MiB of
     # one-sample families took the sidecar to 325 MiB); past PLAN_MAX_LINES each body is parsed whole
