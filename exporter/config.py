@@ -45,7 +45,7 @@ prices.hit_price_ratio                    ρ = hit price / miss price, in [0, 1]
 prices.output_per_million                 price of 1M output tokens (0: seed 002 prices input only)
 slo.ttft_seconds / slo.tpot_seconds       TTFT / TPOT SLOs, seconds (unset)
 instance_hour_price                       price of one instance-hour (a pod; fleet mode: x its pods),
-                                          in (0, 1e12], for cost per 1M SLO-passing output tokens
+                                          in [1e-12, 1e12], for cost per 1M SLO-passing output tokens
                                           (unset: cost unknown; MODEL.md §5)
 retry_rate                                share of requests retried, in [0, 1): effective cost =
                                           cost / (1 - retry_rate) (0)
@@ -103,6 +103,11 @@ from fitters.model import kv_bytes_per_token, kv_bytes_per_token_mla
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 86400.0  # seconds between scrapes
 MAX_WINDOW = 3600.0  # seconds of the publish window
 MAX_PRICE = 1e12  # an instance-hour in any currency: the cost per token stays finite
+# A positive price below it (5e-324, a denormal) made TPS0·P_miss 0 and every analysis of the model fail
+MIN_PRICE = 1e-12
+# B_load below 1 MB/s is no host link (PCIe Gen4 x16 ≈ 25e9): 5e-324 overflowed the overlap fit's
+# load time to inf, and every analysis failed (adversarial review)
+MIN_LOAD_BANDWIDTH = 1e6
 MAX_WINDOW_STEPS = 720  # scrapes the publish window holds (an hour at the default interval)
 T = TypeVar("T")
 
@@ -707,16 +712,19 @@ def validate(cfg: Config) -> None:
         # below it every scrape of a vLLM /metrics (tens of KiB) fails as too_large
         ("max_body_bytes", cfg.max_body_bytes, lambda v: v >= 4096, "must be >= 4096"),
         ("max_series", cfg.max_series, lambda v: v >= 1, "must be >= 1"),
-        ("load_bandwidth_bytes_per_second", cfg.load_bandwidth_bytes_per_second, lambda v: v > 0, "must be > 0"),
+        ("load_bandwidth_bytes_per_second", cfg.load_bandwidth_bytes_per_second, lambda v: v >= MIN_LOAD_BANDWIDTH,
+         "must be >= 1e6 bytes/s (PCIe Gen4 x16 is about 25e9)"),
         # bounded as instance_hour_price: 1e160 overflowed R'(h)'s interval to NaN, and valley_active read 0
-        ("prices.miss_per_million", cfg.prices.miss_per_million, lambda v: 0 < v <= MAX_PRICE, "must be in (0, 1e12]"),
+        ("prices.miss_per_million", cfg.prices.miss_per_million, lambda v: MIN_PRICE <= v <= MAX_PRICE,
+         "must be in [1e-12, 1e12]"),
         ("prices.hit_price_ratio", cfg.prices.hit_price_ratio, lambda v: 0 <= v <= 1, "must be in [0, 1]"),
         ("prices.output_per_million", cfg.prices.output_per_million, lambda v: 0 <= v <= MAX_PRICE, "must be in [0, 1e12]"),
         ("slo.ttft_seconds", cfg.slo.ttft_seconds, lambda v: v > 0, "must be > 0"),
         ("slo.tpot_seconds", cfg.slo.tpot_seconds, lambda v: v > 0, "must be > 0"),
         ("target_hit_ratio", cfg.target_hit_ratio, lambda v: 0 <= v < 1, "must be in [0, 1)"),
         # above it the cost per token could overflow to inf, published as absent with no reason (a hand-checker)
-        ("instance_hour_price", cfg.instance_hour_price, lambda v: 0 < v <= MAX_PRICE, "must be in (0, 1e12]"),
+        ("instance_hour_price", cfg.instance_hour_price, lambda v: MIN_PRICE <= v <= MAX_PRICE,
+         "must be in [1e-12, 1e12]"),
         ("retry_rate", cfg.retry_rate, lambda v: 0 <= v < 1, "must be in [0, 1)"),
         ("sizing.batch", cfg.sizing.batch, lambda v: v >= 1, "must be >= 1"),
         ("sizing.max_len", cfg.sizing.max_len, lambda v: v >= 1, "must be >= 1 tokens"),
@@ -744,6 +752,11 @@ def validate(cfg: Config) -> None:
         if any(c.isspace() for c in getattr(cfg, key) or ""):
             raise ConfigError(f"config key {key}: holds whitespace (a trailing space, or the newline of a YAML "
                               f"block?), got {redact_url(getattr(cfg, key))!r}")
+        # a NUL or another control character: requests sends it percent-encoded, and the target
+        # label carried it raw into every series (adversarial review)
+        if any(not c.isprintable() for c in getattr(cfg, key) or ""):
+            raise ConfigError(f"config key {key}: holds a control character (percent-encode it), got "
+                              f"{redact_url(getattr(cfg, key))!r}")
     if cfg.web_config == "":  # no file, unlike null (no web config): it turned off the file's TLS
         raise ConfigError("config key web_config: empty (give a path, or null for none)")
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):

@@ -61,11 +61,11 @@ CASES = {
     "wrong type, integer": ("model:\n  tp: 1.5\n", "config key model.tp: expected int"),
     "wrong type, section": ("prices: 5\n", "config key prices: expected a mapping"),
     "wrong type, boolean": ("max_series: true\n", "config key max_series: expected int"),
-    "negative price": ("prices:\n  miss_per_million: -2\n", "config key prices.miss_per_million: must be in (0, 1e12]"),
+    "negative price": ("prices:\n  miss_per_million: -2\n", "config key prices.miss_per_million: must be in [1e-12, 1e12]"),
     "negative output price": ("prices:\n  output_per_million: -0.5\n",
                               "config key prices.output_per_million: must be in [0, 1e12]"),
     # accepted: R'(h)'s interval overflowed to NaN and kvhit_valley_active read 0 (offline breaker)
-    "miss price past any": ("prices:\n  miss_per_million: 1e160\n", "config key prices.miss_per_million: must be in (0, 1e12]"),
+    "miss price past any": ("prices:\n  miss_per_million: 1e160\n", "config key prices.miss_per_million: must be in [1e-12, 1e12]"),
     "rho below zero": ("prices:\n  hit_price_ratio: -0.1\n", "config key prices.hit_price_ratio: must be in [0, 1]"),
     "rho above one": ("prices:\n  hit_price_ratio: 1.5\n", "config key prices.hit_price_ratio: must be in [0, 1]"),
     "rho NaN": ("prices:\n  hit_price_ratio: .nan\n", "config key prices.hit_price_ratio: must be a finite number, got nan"),
@@ -77,8 +77,16 @@ CASES = {
                                 "config key window_seconds: holds at most 720 scrapes: at interval 1 s at most 720 "
                                 "seconds"),
     "max_series zero": ("max_series: 0\n", "config key max_series: must be >= 1"),
+    # accepted, a denormal: TPS0·P_miss was 0 and every analysis of the model failed (adversarial review)
+    "miss price a denormal": ("prices:\n  miss_per_million: 5e-324\n",
+                              "config key prices.miss_per_million: must be in [1e-12, 1e12]"),
+    # accepted: the overlap fit's load time overflowed to inf, every analysis failed, kvhit_up read 0
+    "B_load a denormal": ("load_bandwidth_bytes_per_second: 5e-324\nmodel:\n  layers: 32\n  kv_heads: 8\n"
+                          "  head_dim: 128\n",
+                          "config key load_bandwidth_bytes_per_second: must be >= 1e6 bytes/s (PCIe Gen4 x16 is "
+                          "about 25e9)"),
     # 1e303 × 1e6 / (tokens/s × 3600) overflowed: the cost went absent with no reason (a hand-checker)
-    "price past any instance's": ("instance_hour_price: 1e303\n", "config key instance_hour_price: must be in (0, 1e12]"),
+    "price past any instance's": ("instance_hour_price: 1e303\n", "config key instance_hour_price: must be in [1e-12, 1e12]"),
     # an int beyond a float's range passed its check and raised OverflowError at every analysis (review)
     "batch beyond a float": (f"sizing:\n  batch: {10 ** 400}\n  max_len: 8\n",
                              "config key sizing.batch: must be a finite number, got an integer of 401 digits"),
@@ -145,6 +153,14 @@ def test_a_target_with_whitespace_exits_2_saying_so(tmp_path, capsys, monkeypatc
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("kvhit: config key target: holds whitespace (a trailing space, or the newline of a YAML "
                           "block?), got "), err
+
+
+@pytest.mark.parametrize("target", ["http://127.0.0.1:9/metrics\x00", "http://127.0.0.1:9/met\x7frics"])
+def test_a_target_with_a_control_character_exits_2_saying_so(tmp_path, capsys, monkeypatch, target):
+    # a NUL was scraped as %00 and carried raw in every series' target label (adversarial review)
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--target", target])
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("kvhit: config key target: holds a control character (percent-encode it), got "), err
 
 
 @pytest.mark.parametrize("serve", [False, True], ids=["exit", "on_config_error_serve"])
