@@ -110,6 +110,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.headers_in(request)  # a failed TLS handshake ends it before the handler's finish
             self._slots.release()
 
     def get_request(self):
@@ -171,7 +172,6 @@ class _QuietHandler(WSGIRequestHandler):
 
     def finish(self) -> None:
         self._deadline.cancel()
-        self.server.headers_in(self.request)
         super().finish()
 
     def get_environ(self) -> dict:
