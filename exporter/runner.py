@@ -127,6 +127,7 @@ class Runner:
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
         self._noted: dict[str, float] = {}  # _STEP_NOTES line, or "slow" → snapshot time it was last logged
+        self._slow_told = 0.0  # seconds of the analysis the last "slow" line told
         self._held: dict[str, int] = {}  # _STEP_NOTES line → scrapes that told it, not logged since it was
 
     # --- input -----------------------------------------------------------------------------
@@ -191,9 +192,11 @@ class Runner:
             return False
         if failed:
             log.info("scrape ok again after %d failed attempt(s)", failed)
+        # at most once per STEP_NOTE_SECONDS, as the step notes, unless it took over twice the last
+        # one told: a 1.5-s line hid a 170-s stall after it (adversarial review)
         if (duration is not None and took > self.config.interval  # a live scrape: a replay falls behind nothing
-                and timestamp - self._noted.get("slow", -math.inf) >= STEP_NOTE_SECONDS):
-            self._noted["slow"] = timestamp  # at most once per STEP_NOTE_SECONDS, as the step notes
+                and (timestamp - self._noted.get("slow", -math.inf) >= STEP_NOTE_SECONDS or took > 2 * self._slow_told)):
+            self._noted["slow"], self._slow_told = timestamp, took
             log.warning("analysing a scrape took %.1f s, over the %g-s interval: kvhit falls behind (a body of "
                         "%d characters)", took, self.config.interval, len(text))
         self._note_steps(seen, timestamp)

@@ -639,6 +639,36 @@ def test_credentials_in_the_url_never_reach_labels_or_logs(target, caplog):
 # --- the 10-minute flap ----------------------------------------------------------------------
 
 
+def test_a_slow_analysis_is_logged_again_within_the_rate_limit_only_when_over_twice_as_slow(snapshots, caplog,
+                                                                                          monkeypatch):
+    # the "falls behind" line is told at most once per 10 min of scrapes: a 1.5-s one hid a 170-s
+    # stall after it (adversarial review). Within those 10 min, an analysis over twice the last one
+    # told is told too. The analysis time is the runner's monotonic clock, scripted here per scrape.
+    import types
+
+    from exporter import runner as runner_module
+    took = iter([0.0, 0.0,  # the first scrape (no step yet): not slow
+                 0.0, 1.5, 0.0, 2.9, 0.0, 3.1, 0.0, 7.0, 0.0, 2.0, 0.0, 2.0])  # began, ended of each next one
+    now = [0.0]
+
+    def monotonic() -> float:
+        now[0] += next(took, 0.0)
+        return now[0]
+    monkeypatch.setattr(runner_module, "time", types.SimpleNamespace(monotonic=monotonic, strftime=time.strftime,
+                                                                    gmtime=time.gmtime))
+    runner = Runner(Config(interval=1.0), "http://127.0.0.1:9/metrics", clock=lambda: 0.0)
+    with caplog.at_level(logging.WARNING, logger="kvhit"):
+        for i, t in enumerate((0.0, 1.0, 2.0, 3.0, 4.0, 5.0)):
+            assert runner.ingest_text(1000.0 + t, snapshots[i], duration=0.01)
+        # a scrape 10 min after the last line told is told whatever its time
+        assert runner.ingest_text(1000.0 + 4.0 + 600.0, snapshots[6], duration=0.01)
+    told = [r.getMessage().split(" s,")[0] for r in caplog.records if "falls behind" in r.getMessage()]
+    # 1.5 told; 2.9 is under 2 x 1.5; 3.1 is over it; 7.0 over 2 x 3.1; 2.0 not (a minute later);
+    # 2.0 again 10 min after 7.0 was told
+    assert told == ["analysing a scrape took 1.5", "analysing a scrape took 3.1", "analysing a scrape took 7.0",
+                    "analysing a scrape took 2.0"]
+
+
 class FakeClock:
     def __init__(self, t: float) -> None:
         self.t = t
