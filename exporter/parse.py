@@ -143,9 +143,10 @@ _OTHER_ENGINES = ("sglang", "lmcache")
 # Bodies longer than this are read by kvhit's line reader alone (parse_exposition): the 64-model
 # body (2 MiB) still goes through the library, a body of junk series past it does not.
 LIBRARY_MAX_CHARS = 4 * 1024 * 1024
-# A body with a longer line too (vLLM's are under 1 KiB): the library's label parser takes time
-# quadratic in a line's escapes (a label value of 2M \" in a 4-MiB body: 220 s, the scrape loop
-# stalled and the kubelet restarted kvhit; adversarial review). kvhit's reader is linear.
+# A body with a longer line too (vLLM's longest, cache_config_info, is 1-2 KiB): the library's label
+# parser takes time quadratic in a line's escapes (a label value of 2M \" in a 4-MiB body: 220 s,
+# the scrape loop stalled and the kubelet restarted kvhit; adversarial review; a 4-KiB line of them:
+# 2 ms). kvhit's reader is linear.
 LIBRARY_MAX_LINE = 4096
 # A body of more lines gets no hot-path plan (Parser): the plan keeps every sample line's key and
 # position, and building it held ~0.6 KiB per line (4 MiB of one-sample families: 325 MiB of RSS).
