@@ -52,11 +52,13 @@ DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # kvhit-model's model is one value, which Grafana does not regex-escape: matched exactly (under =~,
 # "Qwen2.5+ft" would match "Qwen2.5ft", not itself). Multi-value variables are escaped. (A name with
 # a ' may match nothing: Grafana's escaping of a single-value variable puts a backslash before it.)
-SEL = 'namespace=~"$namespace", pod=~"$pod", model_name="$model_name"'
+THE_MODEL = 'model_name="$model_name"'  # kvhit-model's one model
+ANY_MODEL = 'model_name=~"$model_name"'  # kvhit-fleet's selected models
 HEALTH = 'namespace=~"$namespace", pod=~"$pod"'
+SEL = f"{HEALTH}, {THE_MODEL}"
 VLLM_SERIES = "namespace_model_name:vllm_prefix_cache_hit_ratio:rate5m"  # a recording rule: vLLM's namespaces and models
-MODEL = 'namespace=~"$namespace", model_name=~"$model_name"'
-ONE_MODEL = 'namespace=~"$namespace", model_name="$model_name"'  # MODEL on kvhit-model (see SEL)
+MODEL = f'namespace=~"$namespace", {ANY_MODEL}'
+ONE_MODEL = f'namespace=~"$namespace", {THE_MODEL}'  # MODEL on kvhit-model
 RI = "$__rate_interval"
 Z95 = 1.96  # two-sided 95 % normal quantile for the ±σ bands
 
@@ -162,7 +164,7 @@ def variables(one_model: bool = False) -> list:
     """datasource, namespace, model_name (a single namespace and model when ``one_model``: the
     bathtub of two models averaged is no model's, and a pod is named uniquely only in its namespace),
     and the pods serving the selected models."""
-    model = 'model_name="$model_name"' if one_model else 'model_name=~"$model_name"'
+    model = THE_MODEL if one_model else ANY_MODEL
 
     def label_var(name: str, label: str, query: str, multi: bool = True, regex: str = "") -> QueryVariable:
         v = (QueryVariable(name).label(label).datasource(DS).query(query).refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
@@ -584,7 +586,7 @@ def model_dashboard() -> Dashboard:
 def firing_alerts(ids: Ids, one_model: bool = False) -> table.Panel:
     alerts = 'ALERTS{alertname=~"Kvhit.*", alertstate="firing", namespace=~"$namespace|", pod=~"$pod|", '
     # alerts without the label (no pod: a per-model rule or KvhitAbsent's absent()) belong to every selection
-    query = (f'{alerts}model_name="$model_name"}} or {alerts}model_name=""}}' if one_model
+    query = (f'{alerts}{THE_MODEL}}} or {alerts}model_name=""}}' if one_model
              else f'{alerts}model_name=~"$model_name|"}}')
     return (table_panel(ids, "Firing kvhit alerts", "none",
                         "Prometheus's ALERTS series of the kvhit rules (rules/kvhit-alerts.yml) that are firing; "
@@ -661,7 +663,7 @@ def fleet_dashboard() -> Dashboard:
     d = d.with_panel(
         table_panel(ids, "Pods in the valley", "none", "The pods whose kvhit reports the valley now (a fleet-mode "
                     "kvhit's own verdict, scope=\"fleet\", is no pod's).", w=24, h=6)
-        .with_target(q("A", f'kvhit_valley_active{{scope!="fleet", {HEALTH}, model_name=~"$model_name"}} == 1', instant=True))
+        .with_target(q("A", f'kvhit_valley_active{{scope!="fleet", {HEALTH}, {ANY_MODEL}}} == 1', instant=True))
         .with_transformation(DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "Value": True, "__name__": True}})))
     d = d.with_row(Row("Alerts").id(ids()))
