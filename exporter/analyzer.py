@@ -1048,9 +1048,9 @@ def _link_feeds(kv: float | None, bandwidth: tuple[float, str] | None, engines: 
     """"current" | "target" → B_load·E/(S_kv·h_load) [prompt tokens/s]: what the KV-load links of
     the E engines can feed at that point's loaded share (MODEL.md §3.3, Θ's load term); none where
     no hit is loaded or S_kv or B_load is unknown."""
-    points = {"current": h_load, "target": None if target_h is None or share is None else target_h * share}
     if not (kv and bandwidth):
         return {}
+    points = {"current": h_load, "target": None if target_h is None or share is None else target_h * share}
     return {which: load_link_rate(bandwidth[0] * engines, kv, hl) for which, hl in points.items() if hl}
 
 
