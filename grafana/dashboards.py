@@ -511,7 +511,7 @@ def model_dashboard() -> Dashboard:
            "kvhit's scrape of vLLM: age of the last successful scrape (kvhit's data age), duration of the "
            "last one and the time kvhit took to analyse the last successful one (parse, windows, fits: near "
            "the interval, kvhit falls behind); kvhit_up (right axis) is 0 while the target is down "
-           "(KvhitTargetDown), kvhit_stale 1 while the values shown are not from the latest attempt, "
+           "(KvhitTargetDown) or kvhit cannot analyse what it answers (KvhitAnalysisFailing), kvhit_stale 1 while the values shown are not from the latest attempt, "
            "kvhit_config_last_load_successful 0 while its configuration is refused (KvhitConfigInvalid: it analyses "
            "nothing).")
         .with_target(q("B", f"kvhit_scrape_duration_seconds{{{HEALTH}}}", "scrape duration {{pod}}"))

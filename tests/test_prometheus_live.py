@@ -73,6 +73,7 @@ NEVER = {  # (alert, namespace or None for any): must stay inactive (neither pen
     ("KvhitCacheThrash", None),  # h < 0.85 and the KV cache nearly empty everywhere
     # chip_time, miss_slope, load_aware ok; overlap not_identifiable (no loaded hits): not alerted
     ("KvhitFitNotOk", "ns-valley"), ("KvhitFitNotOk", "ns-flat"),
+    ("KvhitAnalysisFailing", None),  # no kvhit bug hit: its target down (ns-down) is KvhitTargetNeverUp's
 }
 YOUNG = 'kvhit_unknown_info{namespace="ns-live", signal="bathtub_chip_time"}'
 UNDETERMINED = {"ns-live"}  # the live sidecar's young analysis: its alerts are neither expected nor excluded

@@ -14,10 +14,11 @@ from observability import (ALERTMANAGER_EXAMPLE, BUILTIN, COUNTER_SUFFIXES, ROOT
 from promql_selectors import selectors
 
 # The alerts, and those a user of them needs (the target never up or not analysable, an invalid
-# config, the SLO missed as observed: the predicted mean TTFT alone can sit under the SLO while requests miss it)
+# config, kvhit's own analysis failing, the SLO missed as observed: the predicted mean TTFT alone can sit
+# under the SLO while requests miss it)
 ALERTS = {"KvhitValley", "KvhitRevenueBelowZeroHitBaseline", "KvhitPredictedTTFTAboveSLO", "KvhitSLOMissed",
           "KvhitPrefixCachingNotPaying", "KvhitCacheThrash", "KvhitFitNotOk", "KvhitTargetDown", "KvhitTargetNeverUp",
-          "KvhitTargetNotAnalysable", "KvhitConfigInvalid", "KvhitAbsent"}
+          "KvhitTargetNotAnalysable", "KvhitAnalysisFailing", "KvhitConfigInvalid", "KvhitAbsent"}
 
 
 def _duration(s: str) -> int:

@@ -972,3 +972,19 @@ def test_a_restart_is_logged_when_the_fit_step_then_fails(caplog):
     assert runner.analyzer.windows.unusual_steps[0] == 1
     assert [r.args[0] for r in caplog.records if r.msg == STEP_NOTE_FORMAT] == [_STEP_NOTES[0]]
     assert runner.current()[1].errors == {"internal": 1}
+
+
+def test_a_failed_analysis_of_a_scrape_is_a_failed_scrape():
+    # README (Failure modes): kvhit_up 0 and the scrape backoff, as when the target is down, which
+    # is why KvhitTargetDown leaves a reason="internal" error to KvhitAnalysisFailing
+    runner = Runner(Config(interval=5.0), "t", clock=lambda: 1010.0)
+    assert runner.ingest_text(1000.0, EXPO.format(q=100.0, created=900.0))
+
+    def broken():
+        raise ZeroDivisionError
+    runner.analyzer.fit_step = broken
+    for t in (1005.0, 1010.0):
+        assert not runner.ingest_text(t, EXPO.format(q=100.0 + t - 1000.0, created=900.0))
+    health = runner.current()[1]
+    assert not health.up and health.errors == {"internal": 2} and health.last_success == 1000.0
+    assert runner.next_delay() == 10.0  # the second failure in a row: 2 intervals (1, 2, 4, 8)
