@@ -194,11 +194,11 @@ def summarise_phases(steps: list[Observation], phases: list[dict]) -> list[Phase
         inside = phase_steps(steps, phase)
         ids = {id(o) for o in inside}
         busy = [o for o in inside if o.busy]
-        q = sum(o.queried_tokens or 0.0 for o in inside if o.queried_tokens is not None)
-        hits = [o for o in inside if o.queried_tokens is not None and o.hit_tokens_device is not None]
-        h = None
-        if hits and q > 0 and all(o.hit_tokens_loaded is not None for o in hits):
-            h = sum(o.hit_tokens_device + o.hit_tokens_loaded for o in hits) / q
+        # over the steps whose queries and both hit counts are known: a step with its hits unknown
+        # (a cut body, NaN) in the queries alone read h low (a physics review: 0.25 for 0.5)
+        known = [o for o in inside if None not in (o.queried_tokens, o.hit_tokens_device, o.hit_tokens_loaded)]
+        q = sum(o.queried_tokens for o in known)
+        h = sum(o.hit_tokens_device + o.hit_tokens_loaded for o in known) / q if q > 0 else None
         busy_s = sum(o.dt for o in busy)
         fit = fit_chip_time([o for o in steps if id(o) not in ids])
         predicted = err = None

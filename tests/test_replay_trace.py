@@ -383,6 +383,24 @@ def test_a_busy_step_the_model_cannot_read_is_left_out_of_its_phase_s_prediction
                            "steps, need at least 10"), line
 
 
+def test_a_phase_s_hit_ratio_is_over_the_steps_whose_hits_are_known():
+    # MODEL.md §1: h = hit tokens / queried tokens, both over the same steps. Steps of 1000 queried
+    # tokens: 500 device + 100 loaded hits; device hits unknown; loaded hits unknown; 200 device hits
+    # → (600 + 200) / 2000 = 0.4 (the unknown steps' queries counted too read 800 / 4000 = 0.2)
+    from exporter.replay import summarise_phases
+    from fitters.observation import Observation
+
+    def step(t: float, device: float | None, loaded: float | None) -> Observation:
+        return Observation(t=t, dt=5.0, busy=False, steps=0.0, queried_tokens=1000.0, hit_tokens_device=device,
+                           hit_tokens_loaded=loaded, miss_tokens=None, attention_work=None, generation_tokens=None,
+                           decode_context_tokens=None, isl=None, osl=None)
+    steps = [step(105.0, 500.0, 100.0), step(110.0, None, 0.0), step(115.0, 300.0, None), step(120.0, 200.0, 0.0)]
+    (summary,) = summarise_phases(steps, [{"name": "A", "start_ms": 100_000, "end_ms": 120_000}])
+    assert summary.hit_ratio == pytest.approx(0.4)
+    (summary,) = summarise_phases(steps[1:3], [{"name": "A", "start_ms": 100_000, "end_ms": 120_000}])
+    assert summary.hit_ratio is None  # no step with its hits known: unknown, not 0
+
+
 _COUNTERS = """# TYPE vllm:prefix_cache_queries counter
 vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q}
 vllm:prefix_cache_queries_created{{engine="0",model_name="m"}} 1000.0
