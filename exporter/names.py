@@ -203,8 +203,8 @@ VALLEY_BOTTOM_STDERR = _m("kvhit_valley_bottom_hit_ratio_stderr", "Standard erro
 VALLEY_BREAKEVEN_STDERR = _m("kvhit_valley_breakeven_hit_ratio_stderr", "Standard error of h_even by the delta method "
                              "from the fit covariance, through R(h_even) = R(0); absent with h_even [ratio].",
                              MODEL + ("form",), section="§4")
-VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1, 0 when the valley has no "
-                 "exit; absent without a valley, for form=linear when h_even (or, without one, h = 1) lies outside "
+VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1 (chip_time form: "
+                 "before h = 1 - 1/ISL, one token computed per request), 0 when the valley has no exit; absent without a valley, for form=linear when h_even (or, without one, h = 1) lies outside "
                  "the direct slope's h range, and for chip_time when R(0) is not identified.", MODEL + ("form",), section="§4")
 VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper end of its 95 % interval below 0, "
                    "else 0; uses the chip_time form when its fit is ok and its bathtub is published, else linear (label form).",
@@ -248,8 +248,8 @@ HIT_JITTER = _m("kvhit_hit_ratio_jitter", "Population standard deviation of the 
 KV_CAPACITY = _m("kvhit_kv_capacity_tokens", "KV cache capacity per data-parallel engine: cache_config_info "
                  "kv_cache_size_tokens, else num_gpu_blocks x block_size (SGLang: max_total_num_tokens) "
                  "[tokens].", section="§3.6")
-MAX_CONCURRENCY = _m("kvhit_max_concurrency", "Concurrency ceiling floor(KV capacity / (ISL + OSL)) at the "
-                     "publish window's mean ISL and OSL, without prefix sharing [requests].", section="§3.6")
+MAX_CONCURRENCY = _m("kvhit_max_concurrency", "Concurrency ceiling per data-parallel engine floor(KV capacity / "
+                     "(ISL + OSL)) at the publish window's mean ISL and OSL, without prefix sharing [requests].", section="§3.6")
 KV_PEAK = _m("kvhit_kv_peak_bytes", "Peak KV per GPU B x N_max x S_kv for the configured sizing.batch and "
              "sizing.max_len (seed 000 §7.1) [bytes].", section="§3.6")
 MAX_NUM_SEQS = _m("kvhit_recommended_max_num_seqs", "Economic max-num-seqs (seed 003): floor of the running "
