@@ -980,6 +980,12 @@ def _validate_geometry(cfg: Config) -> None:
             missing = next(k for k, v in dense.items() if v is None)
             raise ConfigError(f"config key {missing}: required with {', '.join(given)} "
                               "(S_kv = 2 x layers x kv_heads x head_dim x dtype_bytes, MODEL.md §3.6)")
+        # vLLM splits the KV heads over the TP ranks, or replicates them when tp is a multiple of
+        # them, and refuses any other tp: S_kv of another (kv_heads/tp fractional) is no layout's
+        if g.kv_heads is not None and g.kv_heads % g.tp and g.tp % g.kv_heads:
+            raise ConfigError(f"config key model.tp: {g.tp} neither divides model.kv_heads ({g.kv_heads}) nor is a "
+                              "multiple of it, which vLLM refuses (its KV heads are split over the tensor-parallel "
+                              "ranks or replicated)")
     elif g.layers is None:
         raise ConfigError("config key model.layers: required with model.kv_lora_rank (MLA latent geometry)")
 

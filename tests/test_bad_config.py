@@ -98,6 +98,9 @@ CASES = {
     "gap not above the interval": ("interval: 10\ngap_seconds: 10\n", "config key gap_seconds: must be > interval"),
     "geometry without kv_heads": ("model:\n  layers: 32\n  head_dim: 128\n", "config key model.kv_heads: required"),
     "geometry without layers": ("model:\n  kv_heads: 8\n  head_dim: 128\n", "config key model.layers: required"),
+    # Qwen2.5-72B's 8 KV heads over tp 3: 8/3 heads per GPU is no layout (vLLM refuses it; physics review)
+    "tp not dividing the KV heads": ("model:\n  layers: 80\n  kv_heads: 8\n  head_dim: 128\n  tp: 3\n",
+                                     "config key model.tp: 3 neither divides model.kv_heads (8) nor is a multiple"),
     "half of MLA": ("model:\n  layers: 61\n  kv_lora_rank: 512\n", "config key model.qk_rope_head_dim: required"),
     # MLA won silently: the dense keys were read as nothing (config breaker)
     "MLA and dense": ("model:\n  layers: 61\n  kv_heads: 128\n  head_dim: 128\n  kv_lora_rank: 512\n"
