@@ -207,7 +207,7 @@ def poll_loop(runner: Runner, source, stop: threading.Event, clock=time.monotoni
 def _state(o) -> str:
     """A step's state: busy (MODEL.md §7: requests running at both scrapes, what the fits take),
     part (engine steps ran, not all of it busy), idle (no engine step, or their count unknown)."""
-    return "busy" if o.busy else "part" if o.steps > 0 else "idle"
+    return "busy" if o.busy else "part" if o.steps and o.steps > 0 else "idle"
 
 
 def _step_line(i: int, t0: float, model: str, o) -> str:

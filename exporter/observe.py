@@ -149,7 +149,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
     osl = request_osl(delta, ctx)
     g = delta.counters.get("generation_tokens")  # None = unknown, never 0
     steps_h = delta.histograms.get("iteration_tokens")
-    steps = steps_h.count if steps_h is not None else 0.0
+    steps = steps_h.count if steps_h is not None else None  # unknown, never 0 (physics review)
 
     miss = attn = None
     if q is not None and k is not None and e is not None:
@@ -167,7 +167,7 @@ def observe(delta: Delta, ctx: Context) -> Observation:
         ctx_tokens = g * decode_context_per_token(isl, osl)
 
     r0, r1 = delta.start.get("running"), delta.end.get("running")
-    busy = bool(r0 and r1 and r0 > 0 and r1 > 0 and steps > 0 and delta.resets == 0 and not ctx.unobserved)
+    busy = bool(r0 and r1 and r0 > 0 and r1 > 0 and steps and steps > 0 and delta.resets == 0 and not ctx.unobserved)
     prefill = delta.histograms.get("prefill_time")
     ttft = delta.histograms.get("ttft")
     hint = ""

@@ -19,7 +19,8 @@ class Observation:
         dt: wall-clock length of the step [s].
         busy: both scrapes show running requests and the engine stepped (MODEL.md §7); then
             ``dt`` is chip (busy) time.
-        steps: Δ engine steps (Δcount of ``vllm:iteration_tokens_total``) [1].
+        steps: Δ engine steps (Δcount of ``vllm:iteration_tokens_total``) [1] (None = unknown:
+            then no step is busy, §7's test needs it).
         queried_tokens: Δ``prefix_cache_queries_total`` [tokens] (None = unknown).
         hit_tokens_device: Δ``prefix_cache_hits_total`` [tokens] (None = unknown).
         hit_tokens_loaded: Δ``external_prefix_cache_hits_total`` [tokens]; 0 when the engine
@@ -44,7 +45,7 @@ class Observation:
     t: float
     dt: float
     busy: bool
-    steps: float
+    steps: float | None
     queried_tokens: float | None
     hit_tokens_device: float | None
     hit_tokens_loaded: float | None

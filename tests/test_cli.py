@@ -1688,3 +1688,4 @@ def test_the_step_table_tells_a_working_step_that_is_not_busy_from_an_idle_one()
     assert _state(SimpleNamespace(busy=True, steps=250.0)) == "busy"
     assert _state(SimpleNamespace(busy=False, steps=250.0)) == "part"
     assert _state(SimpleNamespace(busy=False, steps=0.0)) == "idle"
+    assert _state(SimpleNamespace(busy=False, steps=None)) == "idle"  # their count unknown (no iteration_tokens)
