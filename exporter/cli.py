@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import gc
+import ipaddress
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from exporter.analyzer import ModelAnalysis
 from exporter.calibrate import add_arguments as add_calibrate_arguments, cmd_calibrate
 from exporter.collector import KvhitCollector
 from exporter.config import (Config, ConfigError, Geometry, WebConfig, bounded, check_t_load, key_paths, layered_string,
-                             load_config, load_web_config, load_web_tls, number, redact_url, selector_matchers, stop_event)
+                             listen_address, load_config, load_web_config, load_web_tls, number, redact_url, selector_matchers, stop_event)
 from exporter.jsonapi import STEPS_PER_REQUEST, analysis_to_dict, load_fit, read_doc, what_if, why_unread
 from exporter.parse import COUNTERS, GAUGES, HISTOGRAMS, LABELLED_COUNTERS, LABELLED_GAUGES, LAZY_COUNTERS
 from exporter.replay import PhaseSummary, ReplayResult, fmt, phase_footnotes, replay
@@ -123,12 +124,13 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
         server, _ = serve_app(config_error_app(target), listen, web)
     except (ConfigError, OSError) as why:  # ssl.SSLError too: then no TLS either
         tls = isinstance(why, ssl.SSLError)
-        if listen == Config.listen and not tls:
+        fallback = _fallback_listen(listen)
+        if listen == fallback and not tls:
             log.error("configuration refused: %s; and kvhit cannot serve on %s (%s)", exc, listen, why)
             return 1
-        log.error("cannot serve on %s (%s): trying the default %s%s", listen, why, Config.listen,
+        log.error("cannot serve on %s (%s): trying the default %s%s", listen, why, fallback,
                   " without TLS" if tls else "")
-        listen = Config.listen
+        listen = fallback
         try:
             server, _ = serve_app(config_error_app(target), listen, None if tls else web)
         except (ConfigError, OSError) as again:
@@ -139,6 +141,21 @@ def _serve_refused(args: argparse.Namespace, exc: ConfigError) -> int:
     stop_event().wait()
     server.shutdown()
     return 2
+
+
+def _fallback_listen(listen: str) -> str:
+    """Where a refusal is served when ``listen`` cannot be: the default address, but a loopback
+    ``listen`` keeps its host with the default port (a newcomer's 127.0.0.1, busy, was served on
+    every interface)."""
+    try:
+        host = listen_address(listen, "listen")[0]
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except (ConfigError, ValueError):  # a malformed address, or a name or "" (every interface)
+        return Config.listen
+    if not loopback:
+        return Config.listen
+    port = listen_address(Config.listen, "listen")[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -498,6 +498,17 @@ def test_a_sidecar_told_to_serve_whose_listen_address_is_busy_serves_its_refusal
     assert f"trying the default {default}" in caplog.text and f"0 on {default} until restarted" in caplog.text
 
 
+def test_a_busy_loopback_listen_address_falls_back_to_the_default_port_on_loopback():
+    # a newcomer's busy 127.0.0.1:18511 was served on 0.0.0.0:9471, every interface
+    from exporter.cli import _fallback_listen
+    from exporter.config import Config
+    assert Config.listen == "0.0.0.0:9471"
+    assert [_fallback_listen(a) for a in ("127.0.0.1:18511", "127.0.0.2:1", "[::1]:18511", "localhost:1")] == [
+        "127.0.0.1:9471", "127.0.0.2:9471", "[::1]:9471", "localhost:9471"]
+    assert {_fallback_listen(a) for a in ("0.0.0.0:1", "10.0.0.5:1", ":1", "[fe80::1]:1", "pod:1", "garbage")} == {
+        "0.0.0.0:9471"}
+
+
 def test_serve_mode_is_read_from_run_s_own_words_and_never_with_check_config():
     # review: "--check" (argparse's abbreviation of --check-config) with an argparse error served
     # until killed, and a "run" anywhere on the line counted as the command
