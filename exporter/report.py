@@ -259,9 +259,9 @@ def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
     if fitted is not None and isl and osl is not None and (hs := _model_grid(fitted, isl, osl)):
         preds = [fitted.predict(h, isl, osl) for h in hs]
         ax.plot(hs, [p.ttft_service for p in preds], "-", color="k", label=f"model, service (window ISL {isl:.0f})")
-        if all(p.ttft_load_aware is not None for p in preds):
-            ax.plot(hs, [p.ttft_load_aware for p in preds], "--", color="k",
-                    label="model, load-aware (window concurrency)")
+        if any(p.ttft_load_aware is not None for p in preds):  # a gap where it is withheld (nan)
+            ax.plot(hs, [math.nan if p.ttft_load_aware is None else p.ttft_load_aware for p in preds], "--",
+                    color="k", label="model, load-aware (window concurrency: queueing included)")
     h_now = (m.get("hit_ratio") or {}).get("all")
     if h_now is not None and m.get("observed_ttft_seconds") is not None:
         ax.plot([h_now], [m["observed_ttft_seconds"]], "D", color="#d62728", markersize=9,
@@ -290,8 +290,12 @@ def plot_tpm(plt, m: dict, steps: list[Observation]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     if fitted is not None and isl and osl is not None and (hs := _model_grid(fitted, isl, osl)):
         preds = [fitted.predict(h, isl, osl) for h in hs]
-        ax.plot(hs, [p.tpm_delivered for p in preds], "-", color="#2ca02c", label="predicted delivered (capacity)")
-        ax.plot(hs, [p.tpm_physical for p in preds], "-", color="#9467bd", label="predicted physical (capacity)")
+        # at the window's ISL: steps of longer prompts deliver more per minute (a newcomer read them
+        # above "the" capacity)
+        ax.plot(hs, [p.tpm_delivered for p in preds], "-", color="#2ca02c",
+                label=f"predicted delivered (capacity at the window's ISL {isl:.0f})")
+        ax.plot(hs, [p.tpm_physical for p in preds], "-", color="#9467bd",
+                label=f"predicted physical (capacity at the window's ISL {isl:.0f})")
     for label, (xs, ys) in sorted(obs_d.items()):
         ax.plot(xs, ys, "o", color="#2ca02c", alpha=0.25, markersize=3, label=f"delivered, {label}")
     for label, (xs, ys) in sorted(obs_p.items()):
@@ -356,7 +360,11 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
     params = slope.get("params") or {}
     if slope.get("status") == "ok" and "tps0" in params and "a" in params:
         tps0, a = params["tps0"]["value"], params["a"]["value"]
-        ax2.plot([0, 1], [tps0, tps0 * (1 - a)], "-", color="k", label=f"direct fit TPS0·(1−a·h), a={a:.3f}")
+        # over the h its steps spanned: a is a secant over them and says nothing beyond (a newcomer
+        # read the line drawn to h = 1 as the fit's)
+        lo, hi = extra.get("h_min", 0.0), extra.get("h_max", 1.0)
+        ax2.plot([lo, hi], [tps0 * (1 - a * lo), tps0 * (1 - a * hi)], "-", color="k",
+                 label=f"direct fit TPS0·(1−a·h), a={a:.3f}, over its steps' h")
     ax2.set_xlabel("token hit ratio h")
     ax2.set_ylabel("miss tokens per busy second [tokens/s]")
     ax2.set_title("Miss throughput vs h (MODEL.md §4)" + which)

@@ -345,3 +345,40 @@ def test_the_tpm_plot_draws_each_busy_step_s_delivered_and_physical_tpm_by_hand(
     plot_tpm(plt, {}, [step(True), step(False)])
     drawn = {call.kwargs["label"].split(",")[0]: (list(call.args[0]), list(call.args[1])) for call in ax.plot.call_args_list}
     assert drawn == {"delivered": ([0.75], [12_600.0]), "physical": ([0.75], [3_600.0])}
+
+
+def _drawn(plot, m: dict, steps: list, axes: int = 1) -> dict[str, tuple[list, list]]:
+    """label → (x, y) of every line ``plot`` draws, through a stand-in for pyplot (axes: subplots)."""
+    from unittest.mock import MagicMock
+    plt = MagicMock()
+    ax = [MagicMock() for _ in range(axes)]
+    plt.subplots.return_value = (MagicMock(), ax[0] if axes == 1 else tuple(ax))
+    plot(plt, m, steps)
+    return {call.kwargs["label"]: (list(call.args[0]), list(call.args[1]))
+            for a in ax for call in a.plot.call_args_list if call.kwargs.get("label")}
+
+
+def test_the_direct_miss_slope_is_drawn_over_the_h_its_steps_spanned():
+    # a newcomer read the line drawn to h = 1 as the fit's, where a secant says nothing: TPS0 1000,
+    # a 0.5 over h in [0.2, 0.6] → 1000·(1 − 0.5·0.2) = 900 to 1000·(1 − 0.5·0.6) = 700
+    from exporter.report import plot_diagnostics
+    from fitters.observation import Observation
+    step = Observation(t=10.0, dt=10.0, busy=True, steps=50.0, queried_tokens=2000.0, hit_tokens_device=1500.0,
+                       hit_tokens_loaded=0.0, miss_tokens=500.0, attention_work=1.0, generation_tokens=100.0,
+                       decode_context_tokens=1.0, isl=1000.0, osl=50.0)
+    slope = {"status": "ok", "params": {"tps0": {"value": 1000.0}, "a": {"value": 0.5}},
+             "extra": {"h_min": 0.2, "h_max": 0.6}}
+    drawn = _drawn(plot_diagnostics, {"fits": {"miss_slope": slope}}, [step], axes=2)
+    (line,) = [xy for label, xy in drawn.items() if label.startswith("direct fit")]
+    assert line[0] == [0.2, 0.6] and line[1] == [pytest.approx(900.0), pytest.approx(700.0)]
+
+
+def test_the_load_aware_ttft_is_drawn_where_it_is_predicted(replayed):
+    # the bundled trace's fit withholds it at part of the h grid, and the curve was left out as a
+    # whole (newcomer trial): drawn with gaps (nan) where withheld
+    import math
+
+    from exporter.report import plot_ttft
+    m = analysis_to_dict(*replayed.runner.current())["models"]["tiny"]
+    (ys,) = [xy[1] for label, xy in _drawn(plot_ttft, m, []).items() if label.startswith("model, load-aware")]
+    assert any(math.isnan(y) for y in ys) and any(y > 0 for y in ys)
