@@ -51,6 +51,7 @@ from exporter.runner import Runner
 from exporter.sources import shut_socket
 
 log = logging.getLogger("kvhit")
+SERVER = "kvhit"  # the Server header of every answer
 REQUEST_TIMEOUT = 30.0  # seconds a connection may stay silent (TLS handshake included)
 # Bytes a request's headers may take (nginx's default buffers; the request line has its own 64 KiB,
 # else 414). http.server alone allows 100 headers of 64 KiB each, read before basic auth: 40
@@ -150,7 +151,11 @@ class _HeaderBudget:
 class _QuietHandler(WSGIRequestHandler):
     """wsgiref's handler, quiet, with the header budget, and a deadline from accept to the end
     of the headers (TLS handshake and request line included): past REQUEST_TIMEOUT the socket is
-    shut, whatever trickles in; a byte a second within a line held a slot for good (review)."""
+    shut, whatever trickles in; a byte a second within a line held a slot for good (review).
+    Its own error answers (400, 431) say ``Server: kvhit`` too."""
+
+    def version_string(self) -> str:
+        return SERVER
 
     def setup(self) -> None:
         self._deadline = threading.Timer(REQUEST_TIMEOUT, self._cut)
@@ -333,7 +338,10 @@ def _http(app: Callable) -> Callable:
     """The outer layer of every kvhit application (auth included): GET and HEAD only (else 405
     with Allow); HEAD answered as GET without the body (its Content-Length kept); a request line
     in absolute form (``GET http://host/metrics``, RFC 9112 §3.2.2) read as its path."""
-    def outer(environ: dict, start_response: Callable) -> list[bytes]:
+    def outer(environ: dict, respond: Callable) -> list[bytes]:
+        # "Server: kvhit": wsgiref's default names the Python version (a scanner's finding)
+        def start_response(status: str, headers: list, exc_info=None):
+            return respond(status, [*headers, ("Server", SERVER)], exc_info)
         path = environ.get("PATH_INFO", "/")
         if path.lower().startswith(("http://", "https://")):
             environ = {**environ, "PATH_INFO": urlsplit(path).path or "/"}

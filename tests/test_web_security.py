@@ -282,6 +282,12 @@ def test_odd_requests_get_http_s_answers_not_a_500(tmp_path):
                             timeout=5).headers["Content-Encoding"] == "gzip"
         assert requests.get(base + "/metrics", headers={"Accept-Encoding": "gzip"},
                             timeout=5).headers["Content-Encoding"] == "gzip"
+        # every answer, the server's own 400 too, names kvhit, not wsgiref and the Python version (newcomer)
+        for r in (requests.get(base + "/metrics", timeout=5), requests.head(base + "/healthz", timeout=5),
+                  requests.post(base + "/metrics", timeout=5), requests.get(base + "/nothing", timeout=5)):
+            assert r.headers["Server"] == "kvhit", r.status_code
+        answer = _raw(port, b"GET /metrics HTTP/1.0\r\nX-Pad: " + b"a" * 40000 + b"\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.0 431") and b"\r\nServer: kvhit\r\n" in answer
     finally:
         server.shutdown()
 
