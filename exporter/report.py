@@ -33,6 +33,7 @@ import html
 import io
 import math
 import re
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,7 @@ import requests
 from exporter.config import Config, ConfigError, redact_url
 from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread, withdrawn
 from exporter.replay import replay
-from exporter.sources import http_session, load_trace, write_atomic
+from exporter.sources import caused_by, http_session, load_trace, write_atomic
 from fitters.chiptime import design_row, predict_busy_time
 from fitters.missslope import bucket_key, length_bucket
 from fitters.model import max_hit_ratio
@@ -115,8 +116,12 @@ def _fetch(url: str, timeout: float) -> dict:
     try:
         with http_session() as session:
             resp = session.get(base, timeout=timeout)
-    except requests.RequestException as exc:
-        raise ReportError(f"cannot fetch {shown}: {type(exc).__name__}") from None
+    except requests.RequestException as exc:  # a bare "ConnectionError" said nothing (newcomer trial)
+        why = ("connection refused: nothing listens on that port (kvhit serves on 9471 unless --listen says "
+               "otherwise)" if caused_by(exc, ConnectionRefusedError)
+               else "cannot resolve its host (DNS)" if caused_by(exc, socket.gaierror)
+               else f"no answer within {timeout:g} s" if isinstance(exc, requests.Timeout) else type(exc).__name__)
+        raise ReportError(f"cannot fetch {shown}: {why}") from None
     if resp.status_code != 200:
         # kvhit's own plain-text answer says why (a refused configuration: 503 for every path)
         said = resp.text.split("\n", 1)[0][:200] if resp.headers.get("Content-Type", "").startswith("text/plain") else ""

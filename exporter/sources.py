@@ -103,7 +103,7 @@ def _error_type(body: bytes) -> str:
     return f" (Prometheus errorType {kind})" if isinstance(kind, str) and kind.isidentifier() else ""
 
 
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
     """Whether a ``kind`` error is somewhere in the chain urllib3 and requests wrap around a
     connection error (socket.gaierror: a host name that did not resolve; ConnectionRefusedError)."""
     seen, stack = set(), [exc]
@@ -329,10 +329,10 @@ class LiveSource:
             if isinstance(exc, requests.exceptions.SSLError):
                 raise ScrapeError("refused", f"TLS with {where} failed: not a TLS server on that port, or a certificate "
                                              "this pod does not trust (REQUESTS_CA_BUNDLE)") from None
-            if _caused_by(exc, socket.gaierror):
+            if caused_by(exc, socket.gaierror):
                 raise ScrapeError("refused", f"cannot resolve the host of {where} (DNS): a typo in the target, or a "
                                              "name this pod cannot resolve") from None
-            if _caused_by(exc, ConnectionRefusedError):
+            if caused_by(exc, ConnectionRefusedError):
                 raise ScrapeError("refused", f"connection to {where} refused: nothing listens on that port ({self.what} "
                                              "not started yet or restarting, or a wrong port)", costly=False) from None
             raise ScrapeError("refused", f"cannot reach {where}: {type(exc).__name__}") from None

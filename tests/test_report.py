@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from importlib import resources
@@ -323,6 +324,17 @@ def test_the_report_s_request_names_kvhit(tmp_path, capsys):
         server.server_close()
     assert agents == [f"kvhit/{version('kvhit')}"]
     assert capsys.readouterr().err.strip().endswith("/api/v1/analysis: busy")
+
+
+def test_a_report_from_a_port_nothing_listens_on_says_so(tmp_path, capsys):
+    # it said "ConnectionError" alone (newcomer trial)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    assert main(["report", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "rep")]) == 1
+    assert capsys.readouterr().err == (f"kvhit: cannot fetch http://127.0.0.1:{port}/api/v1/analysis: connection "
+                                       "refused: nothing listens on that port (kvhit serves on 9471 unless --listen "
+                                       "says otherwise)\n")
 
 
 def test_the_tpm_plot_draws_each_busy_step_s_delivered_and_physical_tpm_by_hand():
