@@ -702,7 +702,10 @@ def _read_lines(b: _Builder, lines: list[str]) -> None:
     if bad:
         b.quirk("malformed_line", bad)
         if 2 * bad > total:
-            raise ParseError(f"not Prometheus text exposition: {bad} of {total} sample lines are malformed") from None
+            # what it looks like instead, so the URL gets checked (a newcomer saw a page counted in lines)
+            looks = {"<": "; it looks like HTML or XML (a web page or a proxy's error page: check the URL)",
+                     "{": "; it looks like JSON (an API's answer: check the URL's path)"}.get(lines[0][0], "")
+            raise ParseError(f"not Prometheus text exposition: {bad} of {total} sample lines are malformed{looks}") from None
 
 
 def _read_library(b: _Builder, lines: list[str]) -> None:

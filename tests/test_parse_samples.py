@@ -492,6 +492,19 @@ def test_malformed_body_raises_parse_error_without_body(body):
     assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
+@pytest.mark.parametrize("body,looks", [
+    ("<!DOCTYPE html>\n<html>\n<body>Login</body>\n</html>\n", "; it looks like HTML or XML (a web page or a proxy's "
+                                                             "error page: check the URL)"),
+    ('{"status": "ok",\n "data": []}\n', "; it looks like JSON (an API's answer: check the URL's path)"),
+    ("hello\nfoo\n", ""),  # bare names: malformed, and nothing they look like
+])
+def test_a_body_that_is_not_exposition_says_what_it_looks_like(body, looks):
+    # a newcomer's HTML page read "1 of 1 sample lines are malformed", no hint to check the URL
+    with pytest.raises(ParseError) as info:
+        parse_exposition(body, T)
+    assert str(info.value).endswith(" sample lines are malformed" + looks)
+
+
 @pytest.mark.parametrize("body", ["", "\n", "  \n\n"])
 def test_an_empty_body_is_a_parse_error_not_a_scrape_without_models(body):
     # a 200 with nothing (a recorder killed mid-write, a proxy's empty answer) must not replace the
