@@ -635,7 +635,8 @@ def cmd_simulate(args) -> int:
         print(f"kvhit simulate: warning: a scraper ({agent or 'no User-Agent'}) read the same state in {repeats} of its "
               f"last {REPEATS_SEEN} scrapes: it scrapes more often than the simulator advances (every "
               f"{sc.interval / args.speed:g} wall s), so its steps alternate between no work and more than their "
-              f"length's worth, and fits over them are wrong (TPS too high); scrape every {every:g} s (--interval)",
+              f"length's worth, and fits over them are wrong (TPS too high); scrape every {every:g} s (--interval). "
+              "Several scrapers with one User-Agent (two kvhit processes) read as one: each alone may be right",
               file=sys.stderr, flush=True)  # a warning, apart from the lines a script reads (newcomer)
 
     stop = stop_event()  # Ctrl-C or SIGTERM: a clean stop, as kvhit run's
