@@ -640,8 +640,10 @@ def listen_address(listen: str, key: str, any_port: bool = False, resolve: bool 
             that does not resolve to IPv4; the message starts with ``key``.
     """
     host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not (0 if any_port else 1) <= int(port) < 65536:
+    if not sep or not port.isascii() or not port.isdigit():
         raise ConfigError(f"{key}: expected ADDR:PORT, got {listen!r}")
+    if not (0 if any_port else 1) <= int(port) < 65536:  # said apart: 99999 read as a malformed address
+        raise ConfigError(f"{key}: the port must be {'0-65535 (0: any free one)' if any_port else '1-65535'}, got {listen!r}")
     if host.startswith("[") and host.endswith("]"):
         try:
             ipaddress.IPv6Address(host[1:-1])
