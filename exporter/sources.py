@@ -93,6 +93,12 @@ class _Authorization(AuthBase):
         return r
 
 
+def shown(text: str) -> str:
+    """``text`` for a log line: a character that is not printable (a NUL, an ESC, a newline that
+    would start a forged line) as its escape, the rest as it is."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _error_type(body: bytes) -> str:
     """`` (Prometheus errorType X)`` of an HTTP API error answer, "" when it has none: the type
     only, as its ``error`` text may quote label values."""
@@ -361,8 +367,7 @@ class LiveSource:
         if location and resp.request.method == "GET":  # requests follows it next: failures are where it leads
             try:
                 # the server's bytes go into a log line: a NUL or an ESC there is shown, not written
-                self._at.to = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                                      for c in redact_url(urllib.parse.urljoin(resp.url, location)))
+                self._at.to = shown(redact_url(urllib.parse.urljoin(resp.url, location)))
             except ValueError:  # requests refuses it next (ValueError: _request)
                 self._at.to = "a Location that is no URL"
         return resp
@@ -627,7 +632,7 @@ class PrometheusSource:
             log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) for %.0f s or more are left out of the "
                         "sums until they are back (%s), and then count from the first poll after it on (their growth "
                         "while out is in no step)", len(new), DOWN_WAIT_SECONDS,
-                        ", ".join(f"{job}/{instance}" for job, instance in sorted(new)))
+                        _some(shown(f"{job}/{instance}") for job, instance in sorted(new)))
         elif self._leaving_out and not down:
             log.info("fleet mode: every pod Prometheus scrapes is up again")
         self._leaving_out = bool(down)
@@ -788,10 +793,7 @@ class PrometheusSource:
         the pods × engines running requests at every sample of the range (``busy:``, "busy") and at
         some sample of it (``active:``, "active")."""
         r = None if seconds is None else f"{max(1, round(seconds * 1000))}ms"
-        # the pods ``out`` (job, instance) as a vector of their up series, for _growth to leave out
-        pods = " or ".join(f"up{{job={json.dumps(job, ensure_ascii=False)}, instance={json.dumps(inst, ensure_ascii=False)}}}"
-                           for job, inst in sorted(out))
-        left_out = f"({pods})" if pods else None
+        left_out = _up_of(out)
         queries = [(qid, expr) for f in self.families for qid, expr in self._queries(f, r, born_after, left_out)]
         # the counts leave out the pods the sums leave out (a pod back counted in e: while not in the
         # sums read per-GPU TPM n/(n+1) for a step)
@@ -1226,6 +1228,35 @@ class _Rendered:
         return self._families
 
 
+def _up_of(pods: Iterable[tuple[str, str]]) -> str | None:
+    """PromQL: the ``up`` series of ``pods`` (job, instance), in parentheses (None: no pod), for
+    :func:`_growth` to leave out: one selector per job, its instances one regex (a selector per
+    pod, repeated in every growth, made 100 pods down a 674-KB query Prometheus took 12 s over: a
+    fleet breaker)."""
+    jobs: dict[str, list[str]] = {}
+    for job, inst in sorted(pods):
+        jobs.setdefault(job, []).append(_re2_literal(inst))
+    return "(" + " or ".join(f"up{{job={json.dumps(job, ensure_ascii=False)}, instance=~"
+                             f"{json.dumps('|'.join(insts), ensure_ascii=False)}}}" for job, insts in jobs.items()) + ")" if jobs else None
+
+
+def _re2_literal(text: str) -> str:
+    """``text`` as an RE2 pattern matching it alone (PromQL anchors label regexes): its
+    metacharacters escaped, every other character (a newline, a NUL) itself."""
+    return "".join("\\" + c if c in _RE2_META else c for c in text)
+
+
+_RE2_META = frozenset("\\.+*?()|[]{}^$")
+
+
+def _some(names: Iterable[str], most: int = 10) -> str:
+    """The first ``most`` names, comma-separated, and how many more (a fleet breaker's 100 pods
+    filled one log line)."""
+    names = list(names)
+    more = len(names) - most
+    return ", ".join(names[:most]) + (f" and {more} more" if more > 0 else "")
+
+
 def _vector(body: bytes, where: str) -> list[tuple[dict[str, str], float]]:
     """(labels, value) of each sample of a Prometheus instant-vector answer.
 
@@ -1238,7 +1269,7 @@ def _vector(body: bytes, where: str) -> list[tuple[dict[str, str], float]]:
     except (ValueError, RecursionError):  # nested deeper than the parser recurses: no answer of the API
         raise ScrapeError("bad_response", f"answer from {where} is not JSON") from None
     if isinstance(doc, dict) and doc.get("status") == "error":
-        kind = str(doc.get("errorType", "unknown"))[:40]
+        kind = shown(str(doc.get("errorType", "unknown"))[:40])  # an answer's bytes in a log line (fleet breaker)
         raise ScrapeError("query_error", f"query failed at {where} (errorType {kind})")
     # Thanos and Mimir answer "success" with a warning when a store did not answer: the sums then
     # miss its pods, and the range would move past increases never counted. Prometheus 2.x's

@@ -913,7 +913,7 @@ def test_a_model_whose_pods_run_lmcache_on_an_older_vllm_has_its_loaded_hits_unk
                 {"labels": '{model_name="m2"}', "value": 1}]},
             # pod a left out of the sums (down too long) is left out of the count too, as in promql()
             {"expr": sources._connected('{__name__=~"vllm[:_]prefix_cache_queries(_total)?", namespace="llm"} unless on '
-                                        '(job, instance) (up{job="j", instance="a"})', ['namespace="llm"']),
+                                        '(job, instance) ' + sources._up_of([("j", "a")]), ['namespace="llm"']),
              "eval_time": "0s", "exp_samples": [{"labels": '{model_name="m2"}', "value": 1}]}]}]}
     (tmp_path / "t.yml").write_text(json.dumps(doc))
     out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
@@ -923,7 +923,7 @@ def test_a_model_whose_pods_run_lmcache_on_an_older_vllm_has_its_loaded_hits_unk
     info = Family("cache_config_info", "info", ("block_size", "kv_offloading_size"))
     src = PrometheusSource(fake.url, (*FAMILIES[:2], info), interval=5.0, clock=Clock(6000.0))
     assert sources._connected(src._counters_selector(), src.matchers) in src.promql(5.0)
-    out = ' unless on (job, instance) (up{job="j", instance="a"})'
+    out = ' unless on (job, instance) (up{job="j", instance=~"a"})'
     assert sources._connected(src._counters_selector() + out, src.matchers) in src.promql(5.0, out=[("j", "a")])
     fake.answer([*[({**labels, "model_name": m}, v) for m in ("m1", "m2") for labels, v in (
                      _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"))],
@@ -1572,21 +1572,71 @@ def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(f
         assert poll(1000.0) == "ok"  # the baseline, every pod up
         assert [poll(1005.0, "a"), poll(1005.0 + w - 1, "a"), poll(1005.0 + w, "a")] == ["wait", "wait", "ok"]
         # left out: none of its series in any growth (its stale ones read as growth 0)
-        assert out() == 'up{job="vllm", instance="a"}'
+        assert out() == 'up{job="vllm", instance=~"a"}'
         assert poll(1070.0, "a", "b") == "wait"  # b just went down: its own wait
         assert poll(1070.0 + w, "a", "b") == "ok"
-        assert out() == 'up{job="vllm", instance="a"} or up{job="vllm", instance="b"}'
+        assert out() == 'up{job="vllm", instance=~"a|b"}'  # one selector per job (fleet breaker)
         assert poll(1200.0) == "ok"  # both back
         # nor in the range from a poll that left them out: their growth while out would be in this step
-        assert out() == 'up{job="vllm", instance="a"} or up{job="vllm", instance="b"}'
+        assert out() == 'up{job="vllm", instance=~"a|b"}'
         assert poll(1205.0) == "ok" and out() == ""  # by the polls' verdicts, not by up at t (review: one
         # failed scrape of a pod, up 0 at a t before now, lost its growth over two ranges)
         assert poll(1220.0, "a") == "ok"  # a crashes again within 5 min: left out at once
-        assert out() == 'up{job="vllm", instance="a"}'
+        assert out() == 'up{job="vllm", instance=~"a"}'
     assert [ln for ln in caplog.text.splitlines() if "are left out of the sums" in ln] and \
         caplog.text.count("are left out of the sums until they are back (vllm/a)") == 1 and \
         caplog.text.count("are left out of the sums until they are back (vllm/b)") == 1, caplog.text
     assert "every pod Prometheus scrapes is up again" in caplog.text
+
+
+def test_prometheus_s_words_in_a_log_line_are_shown_not_written(fake, caplog):
+    # a fleet breaker forged log lines: an errorType and a down pod's job/instance with a newline and
+    # an ESC went into the log as they came; and 100 pods left out filled one line
+    from exporter.sources import DOWN_WAIT_SECONDS
+    fake.answers.append((200, b'{"status":"error","errorType":"x\\u001b[31mRED\\n2026 kvhit FAKE"}'))
+    with pytest.raises(ScrapeError) as err:
+        PrometheusSource(fake.url, FAMILIES).fetch()
+    assert str(err.value).endswith("(errorType x\\x1b[31mRED\\n2026 kvhit FAKE)")
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    pods = ["evil\n2026 kvhit INFO forged \x1b[2J", *(f"p{i:02d}" for i in range(11))]
+    for t in (1000.0, 1000.0 + DOWN_WAIT_SECONDS):  # down since 1000: left out at the second poll
+        clock.t = t
+        fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2")
+                                              for p in pods])))
+        fake.answer([_row("c:prefix_cache_queries", "100")])
+        with contextlib.suppress(ScrapeError), caplog.at_level("WARNING", logger="kvhit"):
+            src.fetch()
+    (line,) = [r.getMessage() for r in caplog.records if "left out of the sums" in r.getMessage()]
+    assert line.endswith("until they are back (vllm/evil\\n2026 kvhit INFO forged \\x1b[2J, vllm/p00, vllm/p01, "
+                         "vllm/p02, vllm/p03, vllm/p04, vllm/p05, vllm/p06, vllm/p07, vllm/p08 and 2 more), and then "
+                         "count from the first poll after it on (their growth while out is in no step)")
+
+
+def test_the_pods_left_out_are_selected_by_prometheus_exactly(tmp_path):
+    # one regex per job now (a selector per pod made 100 pods down a 674-KB query, 12 s to evaluate:
+    # a fleet breaker); promtool evaluates it over up series of awkward instances: exactly the pods
+    # asked for, none of those a regex metacharacter or a prefix would also match
+    import yaml
+
+    from observability import tool
+    out = {("vllm", "10.0.0.1:8000"), ("vllm", "a|b"), ("vllm", "x.y"), ("vllm", "(p)+[q]{2}^$\\"), ("vllm", 'q"\n'),
+           ("other", "10.0.0.1:8000")}
+    decoys = {("vllm", "10.0.0.11:8000"), ("vllm", "a"), ("vllm", "xzy"), ("vllm", "x.yz"), ("other", "a|b")}
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [{"record": "left_out",
+                                                                           "expr": sources._up_of(out)}]}]}))
+    def series(job: str, inst: str) -> str:
+        return "up{job=%s, instance=%s}" % (json.dumps(job), json.dumps(inst))
+    case = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": series(*p), "values": "0x3"} for p in sorted(out | decoys)],
+        "promql_expr_test": [{"expr": "left_out", "eval_time": "2m",
+                              "exp_samples": [{"labels": "left_out" + series(*p)[2:], "value": 0} for p in sorted(out)]}]}]}
+    test = tmp_path / "test.yml"
+    test.write_text(yaml.safe_dump(case))
+    done = subprocess.run([tool("promtool"), "test", "rules", str(test)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sources._up_of(set()) is None
 
 
 def test_a_running_total_no_answer_held_for_an_hour_is_forgotten(fake):
