@@ -250,6 +250,14 @@ class Runner:
                 # fleet data ending a minute or more before the time asked for (the first poll after
                 # Prometheus was down) is that old: health dated there, not at the poll (it read fresh)
                 asked -= source.lag
+                if asked - self._noted.get("lag", -math.inf) >= STEP_NOTE_SECONDS:
+                    # a steady lag withdrew every value with nothing logged or counted (fleet breaker)
+                    self._noted["lag"] = asked
+                    log.warning("fleet mode: the pods' newest samples in Prometheus end %.0f s before the time "
+                                "asked for: the analysis is that old (stale; withdrawn past two intervals plus "
+                                "the timeout). Prometheus not scraping them now, or late samples (remote write: "
+                                "set prometheus_delay to the lag), or kvhit's clock ahead of Prometheus'",
+                                source.lag)
         except ScrapeError as exc:
             if exc.unchanged and not self._failures and self._health.last_success is not None:
                 self._unchanged(str(exc), time.monotonic() - start, asked)
@@ -391,7 +399,7 @@ class Runner:
             analysis = analysis.without_models(
                 "" if age is None or not analysis.models else f"the last successful scrape is {age:.{int(age < 10)}f} s old, more "
                 "than two scrape intervals plus the timeout (see kvhit_up and kvhit_scrape_errors_total; in fleet "
-                "mode also polls that found nothing newer, logged)")
+                "mode also polls that found nothing newer, and data ending that long before the poll, both logged)")
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
         elif analysis.timestamp is not None:

@@ -225,6 +225,40 @@ def test_the_runner_stamps_live_scrapes_with_the_wall_clock_offset():
     assert (d.resets, d.foreign) == (1, 0) and d.counters == {"queries": 40.0}
 
 
+def test_fleet_data_a_steady_minute_behind_is_logged_not_only_withdrawn(caplog):
+    # a fleet breaker: Prometheus' newest samples 90 s behind the time asked for, every poll ok, every
+    # value withdrawn as stale, and no line said why (the withdrawal's text pointed at failures)
+    import logging
+
+    class Lagging:  # a fleet source whose data ends 90 s before the time asked for (Runner.poll's interface)
+        answer_delay, lag = -90.0, 90.0  # as PrometheusSource sets them: the data's t is 90 s before the poll
+
+        def __init__(self):
+            self.q = 0.0
+
+        def fetch(self):
+            self.q += 100.0
+            return 0.0, EXPO.format(q=self.q, created=1.0)
+
+    now = [2000.0]
+    runner, source = Runner(Config(interval=5.0), "t", clock=lambda: now[0]), Lagging()
+    with caplog.at_level(logging.WARNING, logger="kvhit"):
+        for _ in range(3):
+            assert runner.poll(source)
+            now[0] += 5.0
+    told = [r.getMessage() for r in caplog.records if "newest samples in Prometheus end" in r.getMessage()]
+    assert told == ["fleet mode: the pods' newest samples in Prometheus end 90 s before the time asked for: the "
+                    "analysis is that old (stale; withdrawn past two intervals plus the timeout). Prometheus not "
+                    "scraping them now, or late samples (remote write: set prometheus_delay to the lag), or kvhit's "
+                    "clock ahead of Prometheus'"]  # once per 10 min
+    analysis, health = runner.current()
+    assert health.up and health.age == pytest.approx(95.0)  # the last poll's data: asked at 2010, ended at 1920
+    assert analysis.models == {} and analysis.withdrawn == (
+        "the last successful scrape is 95 s old, more than two scrape intervals plus the timeout (see kvhit_up and "
+        "kvhit_scrape_errors_total; in fleet mode also polls that found nothing newer, and data ending that long "
+        "before the poll, both logged)")
+
+
 def test_histogram_bucket_deltas():
     prev = sig(histograms={"prefill_time": Histogram.of(3.0, 6.0, ((0.1, 2.0), (1.0, 5.0), (math.inf, 6.0)))})
     cur = sig(histograms={"prefill_time": Histogram.of(7.5, 11.0, ((0.1, 3.0), (0.5, 7.0), (1.0, 9.0),
