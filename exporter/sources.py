@@ -464,7 +464,7 @@ _PRICED_BY = "generation_tokens"  # the family whose pods a fleet's cost prices 
 _PREFIX = "vllm[:_]"  # every spelling parse reads (exporter/parse.py), as a regex
 LOOKBACK_SECONDS = 300  # how far back a growth's end finds a pod's last sample (Prometheus' default lookback)
 LOOKBACK = f"{LOOKBACK_SECONDS // 60}m"
-DOWN_WAIT_SECONDS = 60.0  # how long polls wait for a pod Prometheus cannot scrape before leaving it out
+DOWN_WAIT_SECONDS = 60.0  # how long polls wait for pods Prometheus cannot scrape before leaving them out
 # A pod's latest sample younger than this, yet no newer than the last poll's range: Prometheus has not
 # scraped it again yet (its scrape interval, ≤ 60 s in common setups, above kvhit's --interval)
 FRESH_SAMPLE_SECONDS = 60.0
@@ -564,7 +564,9 @@ class PrometheusSource:
     the last range: above; some pod's last sample at t FRESH_SAMPLE_SECONDS or more before t, whose
     next sample would bring the growth of all that time into the next step however short: the
     range waits for it; or a pod Prometheus cannot scrape now, ``up == 0``, for less than
-    DOWN_WAIT_SECONDS: after it the polls go on without it until it is back).
+    DOWN_WAIT_SECONDS, and the polls wait at most that long in a row, whichever pods they wait for:
+    then they go on without the pods still down until they are back; such a wait is no failure,
+    ScrapeError.unchanged, as the data held back is Prometheus' answer, not a lost one).
     """
 
     # a fleet snapshot is the query's time t, however late the answer: t − (the clock at the
@@ -600,6 +602,7 @@ class PrometheusSource:
         self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
         self._leaving_out = False  # the last poll went on without some pod (its return is logged)
         self._out: set[tuple[str, str]] = set()  # the pods left out at the last fetch's t (its range's end)
+        self._waiting_since: float | None = None  # now at the first of the polls waiting in a row for down pods
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
         # running requests throughout the range; "active", at some sample of it
@@ -620,18 +623,23 @@ class PrometheusSource:
         latest, history, down = self._latest(now, deadline)
         self._down_since = {pod: self._down_since.get(pod, now) for pod in down}
         # each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out in the last
-        # LOOKBACK is not waited for again (a crash-looping pod held every model back at each crash)
+        # LOOKBACK is not waited for again (a crash-looping pod held every model back at each crash);
+        # nor are the polls held back longer than that in a row by pods taking turns (a fleet breaker:
+        # 300 pods failing 0.5 % of their scrapes each failed 14 polls of 22, every value withdrawn)
         waiting = [pod for pod in down if pod not in self._left_out and now - self._down_since[pod] < DOWN_WAIT_SECONDS]
-        if waiting:
+        since = now if self._waiting_since is None else self._waiting_since
+        if waiting and now - since < DOWN_WAIT_SECONDS:
+            self._waiting_since = since
             raise ScrapeError("catching_up", f"{self._where}: {len(waiting)} pod(s) with vLLM counters in the last "
                               f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
-                              "unseen, and would land in one later step; the next range will cover the wait (after "
-                              f"{DOWN_WAIT_SECONDS:.0f} s such pods are left out)", costly=False)
+                              "unseen, and would land in one later step; the next range will cover the wait (polls "
+                              f"wait at most {DOWN_WAIT_SECONDS:.0f} s in a row, then leave such pods out)",
+                              costly=False, unchanged=self._end is not None)
         new = [pod for pod in down if pod not in self._left_out]
         if new:
-            log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) for %.0f s or more are left out of the "
-                        "sums until they are back (%s), and then count from the first poll after it on (their growth "
-                        "while out is in no step)", len(new), DOWN_WAIT_SECONDS,
+            log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0), waited for %.0f s, are left out of "
+                        "the sums until they are back (%s), and then count from the first poll after it on (their "
+                        "growth while out is in no step)", len(new), DOWN_WAIT_SECONDS,
                         _some(shown(f"{job}/{instance}") for job, instance in sorted(new)))
         elif self._leaving_out and not down:
             log.info("fleet mode: every pod Prometheus scrapes is up again")
@@ -691,7 +699,7 @@ class PrometheusSource:
             self._totals, self._seen, self._partial, self._glitched = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.counts, self._out = counts, set(down)
+        self.counts, self._out, self._waiting_since = counts, set(down), None
         # the stamp is t (it was t + delay: every step dated a delay late, review)
         self._end, self.answer_delay, self.lag = t, t - (now + self.delay), now - t
         if self._baseline is None or not history:

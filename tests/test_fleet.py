@@ -1589,6 +1589,33 @@ def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(f
     assert "every pod Prometheus scrapes is up again" in caplog.text
 
 
+def test_pods_down_in_turns_hold_the_polls_back_a_minute_at_most_and_no_wait_is_a_failure(fake):
+    # a fleet breaker: 300 pods each failing 0.5 % of their scrapes kept some pod down at most polls;
+    # each poll waited for it (catching_up, kvhit_up 0), 14 of 22 polls, and every value went stale
+    from exporter.sources import DOWN_WAIT_SECONDS
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+
+    def poll(t: float, *pods: str) -> str:
+        clock.t = t
+        fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2")
+                                              for p in pods])))
+        fake.answer([_row("c:prefix_cache_queries", "100")])
+        try:
+            src.fetch()
+        except ScrapeError as err:
+            assert err.reason == "catching_up" and err.unchanged  # Prometheus answered: no failure
+            fake.answers.pop()
+            return "wait"
+        return "ok"
+    w = DOWN_WAIT_SECONDS
+    assert poll(1000.0) == "ok"
+    # a, then b, then c, each down for one poll: the polls wait from 1005 on, for w at most
+    assert [poll(1005.0, "a"), poll(1005.0 + w / 2, "b"), poll(1005.0 + w, "c")] == ["wait", "wait", "ok"]
+    assert 'unless on (job, instance) (up{job="vllm", instance=~"c"})' in fake.forms[-1]["query"]  # c left out
+    assert poll(1070.0, "d") == "wait"  # a success starts the count again: d is waited for
+
+
 def test_prometheus_s_words_in_a_log_line_are_shown_not_written(fake, caplog):
     # a fleet breaker forged log lines: an errorType and a down pod's job/instance with a newline and
     # an ESC went into the log as they came; and 100 pods left out filled one line
