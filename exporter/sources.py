@@ -637,9 +637,9 @@ class PrometheusSource:
                               costly=False, unchanged=self._end is not None)
         new = [pod for pod in down if pod not in self._left_out]
         if new:
-            log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0), waited for %.0f s, are left out of "
-                        "the sums until they are back (%s), and then count from the first poll after it on (their "
-                        "growth while out is in no step)", len(new), DOWN_WAIT_SECONDS,
+            log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) are left out of the sums (polls wait "
+                        "%.0f s at most for down pods) until they are back (%s), and then count from the first poll "
+                        "after it on (their growth while out is in no step)", len(new), DOWN_WAIT_SECONDS,
                         _some(shown(f"{job}/{instance}") for job, instance in sorted(new)))
         elif self._leaving_out and not down:
             log.info("fleet mode: every pod Prometheus scrapes is up again")
@@ -1244,8 +1244,11 @@ def _up_of(pods: Iterable[tuple[str, str]]) -> str | None:
     jobs: dict[str, list[str]] = {}
     for job, inst in sorted(pods):
         jobs.setdefault(job, []).append(_re2_literal(inst))
-    return "(" + " or ".join(f"up{{job={json.dumps(job, ensure_ascii=False)}, instance=~"
-                             f"{json.dumps('|'.join(insts), ensure_ascii=False)}}}" for job, insts in jobs.items()) + ")" if jobs else None
+    if not jobs:
+        return None
+    return "(" + " or ".join(f"up{{job={json.dumps(job, ensure_ascii=False)}, "
+                             f"instance=~{json.dumps('|'.join(insts), ensure_ascii=False)}}}"
+                             for job, insts in jobs.items()) + ")"
 
 
 def _re2_literal(text: str) -> str:

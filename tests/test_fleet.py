@@ -1584,8 +1584,8 @@ def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(f
         assert poll(1220.0, "a") == "ok"  # a crashes again within 5 min: left out at once
         assert out() == 'up{job="vllm", instance=~"a"}'
     assert [ln for ln in caplog.text.splitlines() if "are left out of the sums" in ln] and \
-        caplog.text.count("are left out of the sums until they are back (vllm/a)") == 1 and \
-        caplog.text.count("are left out of the sums until they are back (vllm/b)") == 1, caplog.text
+        caplog.text.count("are left out of the sums (polls wait 60 s at most for down pods) until they are back (vllm/a)") == 1 and \
+        caplog.text.count("are left out of the sums (polls wait 60 s at most for down pods) until they are back (vllm/b)") == 1, caplog.text
     assert "every pod Prometheus scrapes is up again" in caplog.text
 
 
