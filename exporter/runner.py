@@ -254,8 +254,8 @@ class Runner:
                     # a steady lag withdrew every value with nothing logged or counted (fleet breaker)
                     self._noted["lag"] = asked
                     log.warning("fleet mode: the pods' newest samples in Prometheus end %.0f s before the time "
-                                "asked for: the analysis is that old (stale; withdrawn past two intervals plus "
-                                "the timeout). Prometheus not scraping them now, or late samples (remote write: "
+                                "asked for: the analysis is that old (stale past an interval plus the timeout, "
+                                "withdrawn past two). Prometheus not scraping them now, or late samples (remote write: "
                                 "set prometheus_delay to the lag), or kvhit's clock ahead of Prometheus'",
                                 source.lag)
         except ScrapeError as exc:
@@ -264,8 +264,8 @@ class Runner:
             else:
                 self.record_failure(exc.reason, str(exc), time.monotonic() - start, costly=exc.costly)
             return False
-        except Exception as exc:
-            self.record_failure("error", f"scrape failed: {type(exc).__name__}", time.monotonic() - start)
+        except Exception as exc:  # the source raised what it does not classify: kvhit's bug (KvhitAnalysisFailing)
+            self.record_failure("internal", f"scrape failed inside kvhit: {type(exc).__name__}", time.monotonic() - start)
             return False
         finally:
             self._polled = self.clock()

@@ -248,7 +248,7 @@ def test_fleet_data_a_steady_minute_behind_is_logged_not_only_withdrawn(caplog):
             now[0] += 5.0
     told = [r.getMessage() for r in caplog.records if "newest samples in Prometheus end" in r.getMessage()]
     assert told == ["fleet mode: the pods' newest samples in Prometheus end 90 s before the time asked for: the "
-                    "analysis is that old (stale; withdrawn past two intervals plus the timeout). Prometheus not "
+                    "analysis is that old (stale past an interval plus the timeout, withdrawn past two). Prometheus not "
                     "scraping them now, or late samples (remote write: set prometheus_delay to the lag), or kvhit's "
                     "clock ahead of Prometheus'"]  # once per 10 min
     analysis, health = runner.current()
@@ -1022,3 +1022,14 @@ def test_a_failed_analysis_of_a_scrape_is_a_failed_scrape():
     health = runner.current()[1]
     assert not health.up and health.errors == {"internal": 2} and health.last_success == 1000.0
     assert runner.next_delay() == 10.0  # the second failure in a row: 2 intervals (1, 2, 4, 8)
+
+
+def test_a_source_that_raises_what_it_does_not_classify_is_kvhit_s_bug():
+    # counted "error" before, so KvhitTargetDown blamed the target (diff review): "internal" now,
+    # which KvhitAnalysisFailing reads
+    class Broken:
+        def fetch(self):
+            raise KeyError("x")
+    runner = Runner(Config(interval=5.0), "t", clock=lambda: 1000.0)
+    assert not runner.poll(Broken())
+    assert runner.current()[1].errors == {"internal": 1}
