@@ -564,9 +564,11 @@ class PrometheusSource:
     the last range: above; some pod's last sample at t FRESH_SAMPLE_SECONDS or more before t, whose
     next sample would bring the growth of all that time into the next step however short: the
     range waits for it; or a pod Prometheus cannot scrape now, ``up == 0``, for less than
-    DOWN_WAIT_SECONDS, and the polls wait at most that long in a row, whichever pods they wait for:
-    then they go on without the pods still down until they are back; such a wait is no failure,
-    ScrapeError.unchanged, as the data held back is Prometheus' answer, not a lost one).
+    DOWN_WAIT_SECONDS, and the polls wait at most that long in a row, whichever pods they wait for,
+    and only while the last range's end is at most ``interval`` plus the timeout old (a wait past it
+    would see the analysis withdrawn before the next poll): then they go on without the pods still
+    down until they are back; such a wait is ScrapeError.unchanged, no failure after a success, as
+    the data held back is Prometheus' answer, not a lost one).
     """
 
     # a fleet snapshot is the query's time t, however late the answer: t − (the clock at the
@@ -625,10 +627,14 @@ class PrometheusSource:
         # each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out in the last
         # LOOKBACK is not waited for again (a crash-looping pod held every model back at each crash);
         # nor are the polls held back longer than that in a row by pods taking turns (a fleet breaker:
-        # 300 pods failing 0.5 % of their scrapes each failed 14 polls of 22, every value withdrawn)
+        # 300 pods failing 0.5 % of their scrapes each failed 14 polls of 22, every value withdrawn),
+        # nor past where the analysis is withdrawn at the next poll (data two intervals plus the
+        # timeout old, Runner.current): then the pods down are left out instead
         waiting = [pod for pod in down if pod not in self._left_out and now - self._down_since[pod] < DOWN_WAIT_SECONDS]
-        since = now if self._waiting_since is None else self._waiting_since
-        if waiting and now - since < DOWN_WAIT_SECONDS:
+        since = now if self._waiting_since is None or not waiting else self._waiting_since
+        fresh = self._end is None or now - self._end <= self.interval + self._http.timeout
+        self._waiting_since = None
+        if waiting and now - since < DOWN_WAIT_SECONDS and fresh:
             self._waiting_since = since
             raise ScrapeError("catching_up", f"{self._where}: {len(waiting)} pod(s) with vLLM counters in the last "
                               f"{LOOKBACK} are targets Prometheus cannot scrape now (up == 0): their growth since is "
@@ -699,7 +705,7 @@ class PrometheusSource:
             self._totals, self._seen, self._partial, self._glitched = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.counts, self._out, self._waiting_since = counts, set(down), None
+        self.counts, self._out = counts, set(down)
         # the stamp is t (it was t + delay: every step dated a delay late, review)
         self._end, self.answer_delay, self.lag = t, t - (now + self.delay), now - t
         if self._baseline is None or not history:

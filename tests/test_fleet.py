@@ -1541,10 +1541,11 @@ def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(f
     # catching_up for up to 5 min, kvhit_up 0 (KvhitTargetDown: "cannot scrape its vLLM target").
     # Each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out lately is not
     # waited for again when it goes down anew (review: one switch for the fleet let a second pod
-    # in unwaited and unlogged, and waited again at each crash of the first).
+    # in unwaited and unlogged, and waited again at each crash of the first). At a 60-s interval
+    # and a 10-s timeout, so that no wait here would see the analysis withdrawn (after 70 s).
     from exporter.sources import DOWN_WAIT_SECONDS
     clock = Clock(1000.0)
-    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
 
     def down(*pods: str) -> tuple[int, bytes]:
         return 200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2") for p in pods])
@@ -1593,8 +1594,6 @@ def test_pods_down_in_turns_hold_the_polls_back_a_minute_at_most_and_no_wait_is_
     # a fleet breaker: 300 pods each failing 0.5 % of their scrapes kept some pod down at most polls;
     # each poll waited for it (catching_up, kvhit_up 0), 14 of 22 polls, and every value went stale
     from exporter.sources import DOWN_WAIT_SECONDS
-    clock = Clock(1000.0)
-    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
 
     def poll(t: float, *pods: str) -> str:
         clock.t = t
@@ -1609,11 +1608,30 @@ def test_pods_down_in_turns_hold_the_polls_back_a_minute_at_most_and_no_wait_is_
             return "wait"
         return "ok"
     w = DOWN_WAIT_SECONDS
+    # a 60-s interval and a 10-s timeout: no wait of w or less sees the analysis withdrawn (70 s old)
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
     assert poll(1000.0) == "ok"
     # a, then b, then c, each down for one poll: the polls wait from 1005 on, for w at most
     assert [poll(1005.0, "a"), poll(1005.0 + w / 2, "b"), poll(1005.0 + w, "c")] == ["wait", "wait", "ok"]
     assert 'unless on (job, instance) (up{job="vllm", instance=~"c"})' in fake.forms[-1]["query"]  # c left out
-    assert poll(1070.0, "d") == "wait"  # a success starts the count again: d is waited for
+    assert poll(1070.0, "d") == "wait"  # a poll without a wait starts the count again: d is waited for
+    # at a 30-s interval and a 10-s timeout the analysis is withdrawn at 2·30 + 10 = 70 s: a poll 40 s
+    # or more after the last range's end does not wait (the next poll would come 70 s or more after it)
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=30.0, timeout=10.0, clock=clock)
+    assert [poll(1000.0), poll(1030.0, "a"), poll(1040.0, "a"), poll(1041.0, "b")] == ["ok", "wait", "wait", "ok"]
+    # a wait followed by a poll with no pod down and a failed query, then another pod down: waited for
+    # (the count of waits in a row starts again: review, b was left out at once)
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+    assert [poll(1000.0), poll(1005.0, "a")] == ["ok", "wait"]
+    clock.t = 1020.0
+    fake.latest.append((200, fake.vector([])))
+    fake.answers.append((503, b"busy"))
+    with pytest.raises(ScrapeError):
+        src.fetch()
+    assert poll(1066.0, "b") == "wait"  # 61 s after the first wait, 66 s after the last range's end
 
 
 def test_prometheus_s_words_in_a_log_line_are_shown_not_written(fake, caplog):
