@@ -32,6 +32,7 @@ import logging
 import os
 import socket
 import ssl
+import sys
 import threading
 from collections import OrderedDict
 from argparse import ArgumentTypeError
@@ -263,9 +264,10 @@ def _json(start_response: Callable, status: str, body: dict) -> list[bytes]:
     return [data]
 
 
-def _text(start_response: Callable, status: str, body: str) -> list[bytes]:
+def _text(start_response: Callable, status: str, body: str, exc_info=None) -> list[bytes]:
     data = body.encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))])
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))],
+                   exc_info)
     return [data]
 
 
@@ -339,9 +341,18 @@ def _http(app: Callable) -> Callable:
     with Allow); HEAD answered as GET without the body (its Content-Length kept); a request line
     in absolute form (``GET http://host/metrics``, RFC 9112 §3.2.2) read as its path."""
     def outer(environ: dict, respond: Callable) -> list[bytes]:
-        # "Server: kvhit": wsgiref's default names the Python version (a scanner's finding)
+        # "Server: kvhit": wsgiref's default names the Python version (a scanner's finding), as does
+        # its own 500 for an application that raised: kvhit answers that itself
         def start_response(status: str, headers: list, exc_info=None):
             return respond(status, [*headers, ("Server", SERVER)], exc_info)
+        try:
+            return dispatch(environ, start_response)
+        except Exception:
+            log.warning("answering %s failed", environ.get("PATH_INFO", "/")[:200], exc_info=True)
+            return _text(start_response, "500 Internal Server Error", "kvhit: internal error (its log says which)\n",
+                         sys.exc_info())
+
+    def dispatch(environ: dict, start_response: Callable) -> list[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path.lower().startswith(("http://", "https://")):
             environ = {**environ, "PATH_INFO": urlsplit(path).path or "/"}

@@ -384,3 +384,21 @@ def test_a_connection_past_the_cap_is_closed_when_every_slot_is_being_answered(m
     finally:
         release.set()
         server.shutdown()
+
+
+def test_an_answer_that_raises_is_kvhit_s_500_with_its_server_header(caplog):
+    # wsgiref's own 500 said "Server: WSGIServer/0.2 CPython/3.11.7" (diff review); GET and HEAD alike
+    from exporter.server import serve_app
+
+    def broken(environ, start_response):
+        raise ZeroDivisionError
+    server, _ = serve_app(broken, "127.0.0.1:0")
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        with caplog.at_level("WARNING", logger="kvhit"):
+            for r in (requests.get(base + "/metrics", timeout=5), requests.head(base + "/metrics", timeout=5)):
+                assert (r.status_code, r.headers["Server"]) == (500, "kvhit")
+        assert requests.get(base + "/x", timeout=5).text == "kvhit: internal error (its log says which)\n"
+        assert "answering /metrics failed" in caplog.text and "ZeroDivisionError" in caplog.text
+    finally:
+        server.shutdown()
