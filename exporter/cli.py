@@ -149,7 +149,7 @@ def _fallback_listen(listen: str) -> str:
     every interface)."""
     try:
         host = listen_address(listen, "listen")[0]
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        loopback = host.lower().rstrip(".") == "localhost" or ipaddress.ip_address(host).is_loopback
     except (ConfigError, ValueError):  # a malformed address, or a name or "" (every interface)
         return Config.listen
     if not loopback:

@@ -386,7 +386,8 @@ def test_a_busy_step_the_model_cannot_read_is_left_out_of_its_phase_s_prediction
 def test_a_phase_s_hit_ratio_is_over_the_steps_whose_hits_are_known():
     # MODEL.md §1: h = hit tokens / queried tokens, both over the same steps. Steps of 1000 queried
     # tokens: 500 device + 100 loaded hits; device hits unknown; loaded hits unknown; 200 device hits
-    # → (600 + 200) / 2000 = 0.4 (the unknown steps' queries counted too read 800 / 4000 = 0.2)
+    # → (600 + 200) / 2000 = 0.4. The old sum took every step's queries over the hits of the steps
+    # with device hits known (a physics review: 0.25 for 0.5); here it gave no h at all.
     from exporter.replay import summarise_phases
     from fitters.observation import Observation
 
