@@ -126,7 +126,7 @@ class Runner:
         self._tracked: list[str] = []  # models analysed, in the order they were admitted
         self._cap_logged = False
         self._polled: float | None = None  # clock() when a poll last finished (None: never polled)
-        self._noted: dict[str, float] = {}  # _STEP_NOTES line, or "slow" → snapshot time it was last logged
+        self._noted: dict[str, float] = {}  # _STEP_NOTES line, "slow", "lag" or "unchanged" → time it was last logged
         self._slow_told = 0.0  # seconds of the analysis the last "slow" line told
         self._held: dict[str, int] = {}  # _STEP_NOTES line → scrapes that told it, not logged since it was
 
@@ -250,9 +250,8 @@ class Runner:
                 # fleet data ending a minute or more before the time asked for (the first poll after
                 # Prometheus was down) is that old: health dated there, not at the poll (it read fresh)
                 asked -= source.lag
-                if asked - self._noted.get("lag", -math.inf) >= STEP_NOTE_SECONDS:
+                if self._due("lag", asked):
                     # a steady lag withdrew every value with nothing logged or counted (fleet breaker)
-                    self._noted["lag"] = asked
                     log.warning("fleet mode: the pods' newest samples in Prometheus end %.0f s before the time "
                                 "asked for: the analysis is that old (stale past an interval plus the timeout, "
                                 "withdrawn past two). Prometheus not scraping them now, or late samples (remote write: "
@@ -281,9 +280,16 @@ class Runner:
         published with a data age of 1 s, review). Logged at most once per STEP_NOTE_SECONDS."""
         with self._lock:
             self._health = replace(self._health, up=True, duration=duration)
-        if asked - self._noted.get("unchanged", -math.inf) >= STEP_NOTE_SECONDS:
-            self._noted["unchanged"] = asked
+        if self._due("unchanged", asked):
             log.info("nothing new to analyse (not counted as a failure): %s", message)
+
+    def _due(self, what: str, t: float) -> bool:
+        """Whether the line ``what`` may be logged at ``t`` [s], at most once per STEP_NOTE_SECONDS
+        (then stamped as logged at ``t``)."""
+        if t - self._noted.get(what, -math.inf) < STEP_NOTE_SECONDS:
+            return False
+        self._noted[what] = t
+        return True
 
     def alive(self) -> bool:
         """Liveness (/healthz): False once a poll loop has run but finished no attempt for longer
