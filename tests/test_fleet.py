@@ -1536,6 +1536,22 @@ def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_inte
     assert not fake.forms  # no range query was sent
 
 
+def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str) -> ScrapeError | None:
+    """A poll of ``src`` at ``t`` with ``pods`` (instances of job vllm) down, up == 0: None when it
+    went on, its catching_up error when it waited for them (no range was asked then)."""
+    clock.t = t
+    fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2")
+                                          for p in pods])))
+    fake.answer([_row("c:prefix_cache_queries", "100")])
+    try:
+        src.fetch()
+    except ScrapeError as err:
+        assert err.reason == "catching_up"
+        fake.answers.pop()
+        return err
+    return None
+
+
 def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(fake, caplog):
     # A crash-looping pod (up 20 s, down 200 s) held every model's analysis back: each poll failed
     # catching_up for up to 5 min, kvhit_up 0 (KvhitTargetDown: "cannot scrape its vLLM target").
@@ -1547,21 +1563,9 @@ def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(f
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
 
-    def down(*pods: str) -> tuple[int, bytes]:
-        return 200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2") for p in pods])
-
     def poll(t: float, *pods: str) -> str:
         """'ok' or 'wait' (catching_up) of a poll at ``t`` with ``pods`` down."""
-        clock.t = t
-        fake.latest.append(down(*pods))
-        fake.answer([_row("c:prefix_cache_queries", "100")])
-        try:
-            src.fetch()
-        except ScrapeError as err:
-            assert err.reason == "catching_up"
-            fake.answers.pop()  # no range was asked
-            return "wait"
-        return "ok"
+        return "ok" if _poll_down(fake, src, clock, t, *pods) is None else "wait"
 
     def out() -> str:
         """The pods the last range query leaves out of every growth (none: '')."""
@@ -1596,17 +1600,9 @@ def test_pods_down_in_turns_hold_the_polls_back_a_minute_at_most_and_no_wait_is_
     from exporter.sources import DOWN_WAIT_SECONDS
 
     def poll(t: float, *pods: str) -> str:
-        clock.t = t
-        fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2")
-                                              for p in pods])))
-        fake.answer([_row("c:prefix_cache_queries", "100")])
-        try:
-            src.fetch()
-        except ScrapeError as err:
-            assert err.reason == "catching_up" and err.unchanged  # Prometheus answered: no failure
-            fake.answers.pop()
-            return "wait"
-        return "ok"
+        waited = _poll_down(fake, src, clock, t, *pods)
+        assert waited is None or waited.unchanged  # Prometheus answered: no failure
+        return "ok" if waited is None else "wait"
     w = DOWN_WAIT_SECONDS
     # a 60-s interval and a 10-s timeout: no wait of w or less sees the analysis withdrawn (70 s old)
     clock = Clock(1000.0)
@@ -1645,13 +1641,10 @@ def test_prometheus_s_words_in_a_log_line_are_shown_not_written(fake, caplog):
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
     pods = ["evil\n2026 kvhit INFO forged \x1b[2J", *(f"p{i:02d}" for i in range(11))]
-    for t in (1000.0, 1000.0 + DOWN_WAIT_SECONDS):  # down since 1000: left out at the second poll
-        clock.t = t
-        fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2")
-                                              for p in pods])))
-        fake.answer([_row("c:prefix_cache_queries", "100")])
-        with contextlib.suppress(ScrapeError), caplog.at_level("WARNING", logger="kvhit"):
-            src.fetch()
+    with caplog.at_level("WARNING", logger="kvhit"):
+        # down since 1000: waited for, then left out at the second poll
+        assert [_poll_down(fake, src, clock, t, *pods) is None for t in (1000.0, 1000.0 + DOWN_WAIT_SECONDS)] == [
+            False, True]
     (line,) = [r.getMessage() for r in caplog.records if "left out of the sums" in r.getMessage()]
     assert line.endswith("until they are back (vllm/evil\\n2026 kvhit INFO forged \\x1b[2J, vllm/p00, vllm/p01, "
                          "vllm/p02, vllm/p03, vllm/p04, vllm/p05, vllm/p06, vllm/p07, vllm/p08 and 2 more), and then "
