@@ -1003,9 +1003,14 @@ class PrometheusSource:
         """The running total after adding this increase, or ``value`` itself when it is no
         increase — NaN/±Inf, beyond parse's MAX_VALUE, or below 0 for a count (``count``: counters
         and buckets) — which a total would keep forever: rendered as it came, parse then counts and
-        drops it as in a pod's body (``non_finite``, ``out_of_range``, ``negative``)."""
+        drops it as in a pod's body (``non_finite``, ``out_of_range``, ``negative``); NaN for a
+        count's increase over half of MAX_VALUE in one poll, which no running total can show."""
         if not abs(value) <= MAX_VALUE or (count and value < 0):
             return value
+        if count and value > MAX_VALUE / 2:
+            # its total, started again at the next poll (_render), would not go down: parse would
+            # read no restart and an increase of 0 (a TPM of 0); NaN: dropped, unknown
+            return math.nan
         key = (qid, tuple(sorted(labels.items())))
         self._totals[key] = self._totals.get(key, 0.0) + value
         self._seen[key] = self._now

@@ -1467,6 +1467,22 @@ def test_fleet_totals_near_the_value_cap_start_again_together(fake):
     assert not any(runner.current()[1].quirks.values())  # nothing dropped on the way
 
 
+def test_a_growth_over_half_the_value_cap_in_one_poll_is_unknown_not_0(fake):
+    # 9e17 queries per poll: every poll starts the totals again (past half the cap), and a total
+    # started again at 9e17 after one of 9e17 would read an increase of 0 (a TPM of 0, an h of
+    # 0/0); the growth is unknown instead, and the hits, 1000 per poll, still count.
+    clock = Clock(3000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    for _ in range(3):
+        fake.answer([_row("c:prefix_cache_queries", "9e17"), _row("c:prefix_cache_hits", "1000")])
+    snaps = []
+    for t in (3000.0, 3005.0, 3010.0):
+        clock.t = t
+        snaps.append(parse_exposition(src.fetch()[1], t))
+    assert [dict(s.models["m"].counters) for s in snaps] == [{"hits": 1000.0}, {"hits": 2000.0}, {"hits": 3000.0}]
+    assert [s.quirks["non_finite"] for s in snaps] == [1, 1, 1]
+
+
 def test_a_poll_between_two_prometheus_scrapes_is_no_failure_and_one_a_minute_after_the_last_is(fake):
     # --interval 5 against Prometheus' 30-s scrapes: five polls in six found no new sample and failed
     # catching_up, kvhit_up flapped 1/0 and the step after each counted as across a failed scrape.
