@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import socket
 import ssl
 import sys
 import threading
@@ -149,13 +150,28 @@ def _fallback_listen(listen: str) -> str:
     every interface)."""
     try:
         host = listen_address(listen, "listen")[0]
-        loopback = host.lower().rstrip(".") == "localhost" or ipaddress.ip_address(host).is_loopback
-    except (ConfigError, ValueError):  # a malformed address, or a name or "" (every interface)
+    except ConfigError:
         return Config.listen
-    if not loopback:
+    if not _loopback(host):  # a name or "" (every interface) too
         return Config.listen
     port = listen_address(Config.listen, "listen")[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name, as a bind reads it) is a loopback address: localhost,
+    127/8 and ::1, in every spelling the socket layer binds (``127.1``, ``::ffff:127.0.0.1``)."""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))  # the short forms: 127.1, 2130706433
+        except OSError:
+            return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # Python < 3.13 reads ::ffff:127.0.0.1 as no loopback
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
