@@ -1703,3 +1703,20 @@ def test_the_step_table_tells_a_working_step_that_is_not_busy_from_an_idle_one()
     assert _state(SimpleNamespace(busy=False, steps=250.0)) == "part"
     assert _state(SimpleNamespace(busy=False, steps=0.0)) == "idle"
     assert _state(SimpleNamespace(busy=False, steps=None)) == "idle"  # their count unknown (no iteration_tokens)
+
+
+def test_ctrl_c_while_kvhit_loads_ends_quietly_with_130(monkeypatch, capsys):
+    # The console script's main imports exporter.cli (numpy, scipy: ~0.7 s) itself: a Ctrl-C
+    # then printed a traceback. Here the import is interrupted every time.
+    import importlib.abc
+
+    class Interrupt(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "exporter.cli":
+                raise KeyboardInterrupt
+            return None
+    from exporter.__main__ import main
+    monkeypatch.delitem(sys.modules, "exporter.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupt(), *sys.meta_path])
+    assert main() == 130
+    assert capsys.readouterr().err == "kvhit: interrupted\n"

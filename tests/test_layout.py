@@ -10,7 +10,7 @@ from exporter import names
 ROOT = Path(__file__).resolve().parents[1]
 # Pipeline order: a module may import only modules listed before it (config/names are leaves).
 ORDER = ["names", "config", "simulate", "sources", "engines", "parse", "window", "observe", "analyzer", "collector", "jsonapi",
-         "runner", "server", "replay", "calibrate", "report", "cli"]
+         "runner", "server", "replay", "calibrate", "report", "cli", "__main__"]
 
 
 def _imports(path: Path) -> set[str]:
