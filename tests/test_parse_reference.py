@@ -9,9 +9,11 @@ samples and fuzzed bodies.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -159,6 +161,24 @@ def test_hot_path_declines_what_it_cannot_prove():
     other = next(x for x in text.split("\n") if 'source="local_cache_hit"' in x and "by_source_total" in x)
     hot, ref = _hot(text, text.replace(other, other.rsplit(" ", 1)[0] + " NaN"))
     assert hot is None and "'non_finite': 1" in ref
+
+
+def test_a_body_only_the_library_reads_gets_no_plan_and_reads_as_the_reference():
+    # OpenMetrics exemplars on bucket lines: prometheus-client reads them, kvhit's line reader
+    # refuses them, and planning (at the 1st, 2nd, 4th… miss) raised that refusal: a good body
+    # failed its scrape as "not Prometheus text exposition" at every such miss.
+    # (on a simulator body most sample lines are buckets: past half malformed, a ParseError)
+    from dataclasses import replace
+    from exporter.simulate import generate, preset
+    _, text, _ = next(itertools.islice(generate(replace(preset("sweep"), interval=5.0)), 15, None))
+    body = "\n".join(line + ' # {trace_id="abc"} 0.5 1700000000.0' if "_bucket{" in line else line
+                     for line in text.split("\n"))
+    with pytest.raises(parse.ParseError):
+        parse._parse(*parse._body_lines(body), 0.0, parse._read_lines)
+    p = parse.Parser()
+    for t in (1.0, 2.0, 3.0, 4.0):
+        assert repr(p.parse(body, t)) == repr(parse.parse_exposition(body, t))
+    assert p._plan is None
 
 
 def test_hot_path_reads_bodies_with_sample_timestamps_as_the_reference_does():
