@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from exporter.analyzer import Analyzer
 from exporter.config import Config
 from exporter.observe import Context, observe
 from exporter.parse import Histogram, ModelSignals, Snapshot, parse_exposition
@@ -131,6 +132,23 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     a.ingest(snap(2045.0, m=sig({"queries": 1240.0, "hits": 620.0}, created={key: 1000.0})))
     assert a.analysis().models["m"].hit_ratio["device"] == 0.5
 
+
+
+def test_a_dip_after_a_glitch_step_keeps_the_window_unknown():
+    # True growth: queries +100, hits +50 per 5-s scrape (h 0.5). 2005 reads queries 1400 (true
+    # 1100): the step [2000, 2005] reads h = 50 / 400 = 0.125. 2010 (1200) and 2015 (1300) read
+    # below it: 2010 is skipped, [2005, 2015] is a glitch step, the window unknown. 2020 reads 0
+    # (a dip): the glitch step is in doubt, and the window that ended before it ended at the bad
+    # step, publishing h 0.125 again. A step without increases overstates nothing: it stays.
+    key = 'prefix_cache_queries{engine="0"}'
+    a = Analyzer(Config())
+    for t, q, h in ((2000.0, 1000.0, 500.0), (2005.0, 1400.0, 550.0), (2010.0, 1200.0, 600.0),
+                    (2015.0, 1300.0, 650.0), (2020.0, 0.0, 700.0)):
+        a.ingest(snap(t, m=sig({"queries": q, "hits": h}, created={key: 1000.0})))
+        if t >= 2015.0:
+            m = a.analysis().models["m"]
+            assert m.hit_ratio == {} and m.unknown["hit_ratio"].startswith("a counter went down"), t
+    assert a.windows.skipped == 2 and a.windows.window("m").glitches == 1
 
 EXPO = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
