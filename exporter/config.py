@@ -684,11 +684,12 @@ def stop_event() -> threading.Event:
 
 def _host(url: str) -> str | None:
     """The URL's host; None when there is none or the URL cannot be used as given: an unbalanced
-    "[", a port that is no number, or an "@" after the host (a user:password with an unencoded
-    "/", "?" or "#" ends the host part early)."""
+    "[", a port that is no number or 0 (no server listens there), or an "@" after the host (a
+    user:password with an unencoded "/", "?" or "#" ends the host part early)."""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+        if parts.port == 0:  # raises ValueError for a port that is no number or past 65535
+            return None
     except ValueError:
         return None
     return None if "@" in parts.path + parts.query + parts.fragment else parts.hostname
@@ -762,14 +763,14 @@ def validate(cfg: Config) -> None:
     if cfg.web_config == "":  # no file, unlike null (no web config): it turned off the file's TLS
         raise ConfigError("config key web_config: empty (give a path, or null for none)")
     if cfg.target is not None and not (cfg.target.startswith(("http://", "https://")) and _host(cfg.target)):
-        raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host (percent-encode "
-                          f"/ ? # @ in a user:password), got {redact_url(cfg.target)!r}")
+        raise ConfigError(f"config key target: must be an http(s) URL of /metrics with a host, a port (if "
+                          f"any) of 1-65535 (percent-encode / ? # @ in a user:password), got {redact_url(cfg.target)!r}")
     if cfg.target is not None and not urlsplit(cfg.target).path:
         raise ConfigError(f"config key target: no path in {redact_url(cfg.target)!r}: {METRICS_PATH_HINT}")
     if cfg.prometheus is not None:
         if not (cfg.prometheus.startswith(("http://", "https://")) and _host(cfg.prometheus)):
             raise ConfigError(f"config key prometheus: must be the http(s) base URL of a Prometheus API with a "
-                              f"host (percent-encode / ? # @ in a user:password), got {redact_url(cfg.prometheus)!r}")
+                              f"host, a port (if any) of 1-65535 (percent-encode / ? # @ in a user:password), got {redact_url(cfg.prometheus)!r}")
         path = urlsplit(cfg.prometheus).path.rstrip("/")
         extra = path[path.find("/api/v1"):] if "/api/v1" in path else "/metrics" if path.endswith("/metrics") else ""
         if extra:  # kvhit adds /api/v1/query to the base

@@ -386,8 +386,9 @@ def test_certificate_that_does_not_load(tmp_path, capsys, monkeypatch):
     assert "config key web_config.tls_server_config.cert_file: certificate and key do not load" in err
 
 
-@pytest.mark.parametrize("url", ["http://", "https:///metrics", "http://[::1/metrics"])
-def test_target_without_a_host_exits_2(tmp_path, capsys, monkeypatch, url):
+@pytest.mark.parametrize("url", ["http://", "https:///metrics", "http://[::1/metrics", "http://127.0.0.1:0/metrics",
+                                 "http://127.0.0.1:65536/metrics"])
+def test_target_without_a_host_or_with_a_port_no_server_has_exits_2(tmp_path, capsys, monkeypatch, url):
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--target", url])
     assert code == 2 and err.count("\n") == 1
     assert "config key target: must be an http(s) URL of /metrics with a host" in err, err
