@@ -446,7 +446,7 @@ def test_image_build_context_builds_the_kvhit_wheel(tmp_path):
     names = wheel.namelist()
     assert "exporter/data/vllm-cpu-0.32-sweep-ab.tar.gz" in names and "fitters/model.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "kvhit = exporter.cli:main" in wheel.read(entry).decode()
+    assert "kvhit = exporter.__main__:main" in wheel.read(entry).decode()
 
 
 # ---- the container spec runs as-is ------------------------------------------------------------------
