@@ -29,7 +29,8 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
 * A histogram whose cumulative buckets decrease, exceed ``_count``, or whose ``+Inf`` bucket is
   not ``_count`` is left out (``histogram_inconsistent``); bucket edges are read from the scrape
   (custom, CUDA-graph, 1-2-5 edges all work; no edge is assumed).
-* ``prefix_cache_*`` wins over the deprecated ``gpu_prefix_cache_*`` (0.10); the latter counted
+* ``prefix_cache_*`` wins over the deprecated ``gpu_prefix_cache_*`` (0.10); hits of the other
+  spelling than the queries' count only in the queries' unit (else no hits); the latter counted
   BLOCKS in 0.7–0.8 (HELP says "blocks"), TOKENS from 0.9 (HELP says "tokens"); without HELP and
   without other evidence of ≥ 0.9 the unit is ``unknown`` (and so is the hit ratio).
 * ``num_requests_waiting`` includes deferred requests from 0.20: ``num_requests_waiting_by_reason
@@ -912,19 +913,24 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
 
     acc = _Models(b)
     hit_unit: dict[str, str] = {}
+    spelling: dict[str, int] = {}  # model → which of COUNTERS["queries"] its queries came from
     for canon, names in COUNTERS.items():
         done: set[str] = set()
-        for exposed in names:  # first exposed name present for the model wins
+        for i, exposed in enumerate(names):  # first exposed name present for the model wins
             slot = b.series.get(("counter", exposed, ""))
             if not slot:
                 continue
             for model, per in _split(slot).items():
                 if model in done:
                     continue
+                if canon == "hits" and spelling.get(model, i) != i and _hit_unit(b, exposed, model) != hit_unit[model]:
+                    # the other spelling than the queries' (one family missing) in another unit, or
+                    # one not known (0.7–0.8 counted blocks): no hits, an unknown h
+                    continue
                 done.add(model)
                 acc.put("counters", canon, model, {e: _sum(v for _, v in rows) for e, rows in per.items()}, _sum)
                 if canon == "queries":
-                    hit_unit[model] = _hit_unit(b, exposed, model)
+                    hit_unit[model], spelling[model] = _hit_unit(b, exposed, model), i
     for canon, (exposed, label, value) in LABELLED_COUNTERS.items():
         for model, per in _split(b.series.get(("counter", exposed, ""), {}), {label: value}).items():
             # the spelling by presence, usable or not: a NaN new one is unknown, never the old one's total
@@ -1032,7 +1038,7 @@ def _hit_unit(b: _Builder, exposed: str, model: str) -> str:
     doc = b.docs.get(exposed, "").lower()
     if "block" in doc:
         return "blocks"
-    if "token" in doc or exposed == "prefix_cache_queries" or _since(b, model) >= (0, 9, 2):
+    if "token" in doc or exposed in ("prefix_cache_queries", "prefix_cache_hits") or _since(b, model) >= (0, 9, 2):
         return "tokens"
     return "unknown"  # gpu_prefix_cache_* without HELP: 0.7–0.8 counted blocks, 0.9+ tokens
 

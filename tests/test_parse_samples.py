@@ -167,6 +167,18 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 16.0
     m = parse_exposition(text, T).models["m"]
     assert dict(m.counters) == {"queries": 32.0, "hits": 16.0}
     assert m.hit_unit == "tokens"  # from prefix_cache_queries' HELP, not the deprecated one's
+    # prefix_cache_hits dropped (a relabel, a cut body): the deprecated hits, in blocks by their
+    # HELP here, over token queries made h 555/32 blocks per token; the hits are unknown instead
+    # (in tokens by their HELP, as in 0.10's sample 05 above, they pair with the token queries)
+    mixed = text.replace('vllm:prefix_cache_hits_total{engine="0",model_name="m"} 16.0\n', "")
+    mixed = mixed.replace("# TYPE vllm:gpu_prefix_cache_hits_total counter",
+                          "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of "
+                          "cached blocks. DEPRECATED\n# TYPE vllm:gpu_prefix_cache_hits_total counter")
+    assert "prefix_cache_hits_total{" in mixed and "\nvllm:prefix_cache_hits_total{" not in mixed
+    assert dict(parse_exposition(mixed, T).models["m"].counters) == {"queries": 32.0}
+    # the other way round: the deprecated queries and the new hits are no pair either
+    swapped = text.replace('vllm:prefix_cache_queries_total{engine="0",model_name="m"} 32.0\n', "")
+    assert dict(parse_exposition(swapped, T).models["m"].counters) == {"queries": 999.0, "hits": 555.0}
 
 
 def test_06_histogram_created_recorded_never_data():
