@@ -21,7 +21,8 @@ Bad days, each handled as a kind:
   not a restart) is skipped for that model: the next step is taken from the scrape before it, so
   a scrape that read low costs the fits nothing; the step ending at the scrape before is in doubt
   until the next scrape tells (``doubted``), and the publish window ends before it meanwhile
-  (unless it is the window's only step, or a glitch step, which has no increases).
+  (unless it is the window's only step, or one without increases: a glitch, another process, an
+  engine set changed).
   Still down at the next scrape (the skipped one had read
   high), that step has no increases (``glitches``) and counting starts afresh from it.
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
@@ -174,6 +175,12 @@ class Delta:
     @property
     def dt(self) -> float:
         return self.t1 - self.t0
+
+    @property
+    def void(self) -> bool:
+        """Whether the interval holds a step without increases (``foreign``, ``glitches``,
+        ``rescaled``): every sum over it is unknown."""
+        return bool(self.foreign or self.glitches or self.rescaled)
 
 
 def _process(sig: ModelSignals) -> float | None:
@@ -357,10 +364,11 @@ class ModelWindow:
     def total(self, counters: Collection[str] | None = None, histograms: Collection[str] | None = None) -> Delta | None:
         """The publish-window delta (of only ``counters`` / ``histograms`` when given, as
         :func:`add_deltas`), ending before a last step in doubt (:attr:`Delta.doubted`) unless it
-        is the only one or has no increases (a glitch step: it overstates nothing, and it says the
-        steps before it hold a scrape that read high); None before two snapshots exist."""
+        is the only one or has no increases (:attr:`Delta.void`: it overstates nothing, and it says
+        why the window is unknown, e.g. that a step before it holds a scrape that read high); None
+        before two snapshots exist."""
         steps = list(self.steps)
-        if len(steps) > 1 and steps[-1].doubted and not steps[-1].glitches:
+        if len(steps) > 1 and steps[-1].doubted and not steps[-1].void:
             steps.pop()  # its end scrape may have read high: the window ends before it
         if not steps:
             return None

@@ -134,7 +134,7 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
 
 
 
-def test_a_dip_after_a_glitch_step_keeps_the_window_unknown():
+def test_a_dip_after_a_step_without_increases_keeps_the_window_unknown():
     # True growth: queries +100, hits +50 per 5-s scrape (h 0.5). 2005 reads queries 1400 (true
     # 1100): the step [2000, 2005] reads h = 50 / 400 = 0.125. 2010 (1200) and 2015 (1300) read
     # below it: 2010 is skipped, [2005, 2015] is a glitch step, the window unknown. 2020 reads 0
@@ -149,6 +149,17 @@ def test_a_dip_after_a_glitch_step_keeps_the_window_unknown():
             m = a.analysis().models["m"]
             assert m.hit_ratio == {} and m.unknown["hit_ratio"].startswith("a counter went down"), t
     assert a.windows.skipped == 2 and a.windows.window("m").glitches == 1
+    # the same with a step from another process (its _created moved to before the last scrape, 900):
+    # a dip after it ended the window before it, and the other process's h 0.5 was published
+    b = Analyzer(Config())
+    for t, q, h, created in ((2000.0, 1000.0, 500.0, 1000.0), (2005.0, 1100.0, 550.0, 1000.0),
+                             (2010.0, 1200.0, 600.0, 1000.0), (2015.0, 5000.0, 1000.0, 900.0),
+                             (2020.0, 0.0, 1050.0, 900.0)):
+        b.ingest(snap(t, m=sig({"queries": q, "hits": h}, created={key: created})))
+        if t >= 2015.0:
+            m = b.analysis().models["m"]
+            assert m.hit_ratio == {} and m.unknown["hit_ratio"].startswith("scrapes from two processes"), t
+    assert b.windows.skipped == 1 and b.windows.window("m").foreign == 1
 
 EXPO = """\
 # HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
