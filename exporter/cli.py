@@ -166,6 +166,8 @@ def _loopback(host: str) -> bool:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
+        if not re.fullmatch(r"[0-9a-fA-FxX.]+", host):  # inet_aton reads "127.0.0.1 x" as 127.0.0.1
+            return False
         try:
             ip = ipaddress.IPv4Address(socket.inet_aton(host))  # the short forms: 127.1, 2130706433
         except OSError:

@@ -509,7 +509,8 @@ def test_a_busy_loopback_listen_address_falls_back_to_the_default_port_on_loopba
     assert [_fallback_listen(a) for a in ("127.1:1", "[::ffff:127.0.0.1]:1", "2130706433:1")] == [
         "127.1:9471", "[::ffff:127.0.0.1]:9471", "2130706433:9471"]
     assert {_fallback_listen(a) for a in ("0.0.0.0:1", "10.0.0.5:1", ":1", "[fe80::1]:1", "pod:1", "garbage",
-                                          "10.1:1", "[::ffff:10.0.0.5]:1", "0:1")} == {"0.0.0.0:9471"}
+                                          "10.1:1", "[::ffff:10.0.0.5]:1", "0:1", "127.0.0.1 :1", "127.1 x:1")} == {
+        "0.0.0.0:9471"}
 
 
 def test_serve_mode_is_read_from_run_s_own_words_and_never_with_check_config():
