@@ -917,10 +917,13 @@ class PrometheusSource:
         stay bounded in memory, as the analyzer's histories do; one back after that starts again
         from its growth: parse reads its total going down, unknown until that step leaves the window)."""
         by_query: dict[str, list[tuple[dict[str, str], float]]] = {}
-        # a fleet's bytes add up fast: past half the cap every total starts again from this answer
-        # (no _created: parse reads a restart of them all, whose increases are then this answer's)
-        if self._totals and max(self._totals.values()) > MAX_VALUE / 2:
-            self._totals.clear()
+        # a fleet's bytes add up fast: past half the cap a model's totals start again from this answer
+        # (no _created: parse reads its restart, the total past half the cap going down, and its
+        # increases are then this answer's). Per model: another model's total could go up, no restart
+        # read, its increase short by its old total (a diff review's find)
+        full = {dict(key[1]).get("model_name", "") for key, total in self._totals.items() if total > MAX_VALUE / 2}
+        for key in [k for k in self._totals if dict(k[1]).get("model_name", "") in full] if full else ():
+            del self._totals[key]
         self._now = t
         for key in [k for k, seen in self._seen.items() if t - seen > TOTALS_TTL_SECONDS]:
             del self._seen[key]
@@ -1003,11 +1006,11 @@ class PrometheusSource:
         """The running total after adding this increase, or ``value`` itself when it is no
         increase — NaN/±Inf, beyond parse's MAX_VALUE, or below 0 for a count (``count``: counters
         and buckets) — which a total would keep forever: rendered as it came, parse then counts and
-        drops it as in a pod's body (``non_finite``, ``out_of_range``, ``negative``); NaN for a
-        count's increase over half of MAX_VALUE in one poll, which no running total can show."""
+        drops it as in a pod's body (``non_finite``, ``out_of_range``, ``negative``); NaN for an
+        increase over half of MAX_VALUE in one poll, which no running total can show."""
         if not abs(value) <= MAX_VALUE or (count and value < 0):
             return value
-        if count and value > MAX_VALUE / 2:
+        if abs(value) > MAX_VALUE / 2:
             # its total, started again at the next poll (_render), would not go down: parse would
             # read no restart and an increase of 0 (a TPM of 0); NaN: dropped, unknown
             return math.nan

@@ -42,6 +42,7 @@ from exporter.parse import parse_exposition
 from exporter.runner import Runner
 from exporter import sources
 from exporter.sources import Family, PrometheusSource, ScrapeError
+from exporter.window import Windows
 from local_servers import (FakePrometheus, Processes, free_port, http_ok, prometheus_query, reply, serve, start_prometheus,
                            wait_for)
 
@@ -1467,6 +1468,25 @@ def test_fleet_totals_near_the_value_cap_start_again_together(fake):
     assert not any(runner.current()[1].quirks.values())  # nothing dropped on the way
 
 
+def test_fleet_totals_past_half_the_cap_start_again_for_their_model_only(fake):
+    # Model x's totals are 1000 queries / 500 hits when model m's pass half the cap; x then grows
+    # by 1200 / 600. Started again with m's, x's totals read 1200 / 600, above 1000 / 500: no
+    # restart, an increase of 200 / 100 (TPM 6x short). Only m starts again: x reads 1200 / 600.
+    clock = Clock(3000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    answers = ([("m", "4e17", "1e17")], [("m", "4e17", "1e17"), ("x", "1000", "500")],
+               [("m", "1000", "250"), ("x", "1200", "600")])
+    for rows in answers:
+        fake.answer([r for model, q, h in rows for r in (_row("c:prefix_cache_queries", q, model_name=model),
+                                                          _row("c:prefix_cache_hits", h, model_name=model))])
+    windows = Windows(60.0)
+    for t in (3000.0, 3005.0, 3010.0):
+        clock.t = t
+        steps = windows.push(parse_exposition(src.fetch()[1], t))
+    assert steps["x"].counters == {"queries": 1200.0, "hits": 600.0} and steps["x"].resets == 0
+    assert steps["m"].counters == {"queries": 1000.0, "hits": 250.0} and steps["m"].resets == 1
+
+
 def test_a_growth_over_half_the_value_cap_in_one_poll_is_unknown_not_0(fake):
     # 9e17 queries per poll: every poll starts the totals again (past half the cap), and a total
     # started again at 9e17 after one of 9e17 would read an increase of 0 (a TPM of 0, an h of
@@ -1481,6 +1501,17 @@ def test_a_growth_over_half_the_value_cap_in_one_poll_is_unknown_not_0(fake):
         snaps.append(parse_exposition(src.fetch()[1], t))
     assert [dict(s.models["m"].counters) for s in snaps] == [{"hits": 1000.0}, {"hits": 2000.0}, {"hits": 3000.0}]
     assert [s.quirks["non_finite"] for s in snaps] == [1, 1, 1]
+    # a histogram's _sum is no count, and the same holds (a diff review's find): 9e17 prompt
+    # tokens per poll, 10 requests; the sum unknown, the hits and the request count still grow
+    for _ in range(2):
+        fake.answer([_row("c:prefix_cache_queries", "100"), _row("c:prefix_cache_hits", "50"),
+                     _row("b:request_prompt_tokens", "10", le="+Inf"), _row("s:request_prompt_tokens", "9e17")])
+    for t in (3015.0, 3020.0):
+        clock.t = t
+        m = parse_exposition(src.fetch()[1], t).models["m"]
+        assert m.counters["hits"] == 3000.0 + 50.0 * (t - 3010.0) / 5.0
+        isl = m.histograms["request_prompt_tokens"]
+        assert isl.count == 10.0 * (t - 3010.0) / 5.0 and math.isnan(isl.sum)
 
 
 def test_a_poll_between_two_prometheus_scrapes_is_no_failure_and_one_a_minute_after_the_last_is(fake):
