@@ -254,7 +254,7 @@ def model_dashboard() -> Dashboard:
               "vLLM's counters (the model, all pods). The band is where more hits earn less, in the form the valley "
               "alert follows: from the bathtub curve's first h (0, or where a curve published only where its fit "
               "speaks starts, or the current h when below that) to the valley bottom h*, where R'(h) < 0 "
-              "(KvhitValley fires while h sits "
+              "(KvhitValley fires while h, above 0, sits "
               "in it and the 95 % interval of R'(h) is below 0). Past h* R(h) climbs again and reaches R(0) at "
               "h_even (dashed; 1 when the valley has no exit): h in (0, h_even) earns less than no caching. In the "
               "linear form an h* beyond the h range the miss slope was fitted on is withheld (kvhit_unknown_info "
