@@ -1280,6 +1280,7 @@ def test_config_prometheus_selector_and_delay(tmp_path):
         "a query string": ({"prometheus": "http://p:9090/prometheus?x=1"}, "prometheus"),
         "a fragment": ({"prometheus": "http://p:9090#frag"}, "prometheus"),
         "an empty query string": ({"prometheus": "http://p:9090?"}, "prometheus"),
+        "port 0": ({"prometheus": "http://p:0"}, "prometheus"),  # no server listens there
     }
     for case, (flags, key) in bad.items():
         with pytest.raises(ConfigError, match=f"^config key {key}: "):
