@@ -922,8 +922,9 @@ class PrometheusSource:
         # increases are then this answer's). Per model: another model's total could go up, no restart
         # read, its increase short by its old total (a diff review's find)
         full = {dict(key[1]).get("model_name", "") for key, total in self._totals.items() if total > MAX_VALUE / 2}
-        for key in [k for k in self._totals if dict(k[1]).get("model_name", "") in full] if full else ():
-            del self._totals[key]
+        if full:
+            for key in [k for k in self._totals if dict(k[1]).get("model_name", "") in full]:
+                del self._totals[key]
         self._now = t
         for key in [k for k, seen in self._seen.items() if t - seen > TOTALS_TTL_SECONDS]:
             del self._seen[key]
