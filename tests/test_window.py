@@ -102,8 +102,6 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     # without _created (prometheus_client's multiprocess mode) a value down is a restart, as before
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 450.0}), 2000.0, 2005.0)
     assert d.counters == {"queries": 1040.0, "hits": 450.0} and d.resets == 1
-    from exporter.analyzer import Analyzer
-    from exporter.config import Config
 
     def analysed(scrapes):
         a = Analyzer(Config())
@@ -802,8 +800,6 @@ def test_hits_above_queries_are_unknown_not_a_ratio_above_one():
 
 
 def test_configured_gap_seconds_reaches_the_analyzer_windows():
-    from exporter.analyzer import Analyzer
-    from exporter.config import Config
     a = Analyzer(Config(window_seconds=60.0, gap_seconds=25.0))
     for t, q in ((0, 0), (10, 10), (40, 40)):  # the 30-s step is longer than 25 s: a gap, not a step
         a.ingest(counter_snap(t, q))
@@ -811,8 +807,6 @@ def test_configured_gap_seconds_reaches_the_analyzer_windows():
 
 
 def test_an_interval_longer_than_the_publish_window_is_not_a_gap_by_default():
-    from exporter.analyzer import Analyzer
-    from exporter.config import Config
     a = Analyzer(Config(interval=130.0, window_seconds=60.0))  # default gap: 2 × 130 s, not 2 × 60 s
     for t, q in ((0, 0), (130, 13), (260, 26)):
         a.ingest(counter_snap(t, q))
@@ -820,7 +814,6 @@ def test_an_interval_longer_than_the_publish_window_is_not_a_gap_by_default():
 
 
 def test_replay_takes_its_interval_from_the_trace():
-    from exporter.config import Config
     from exporter.replay import replay
     from exporter.sources import Trace
     body = 'vllm:prefix_cache_queries_total{{model_name="m"}} {q}\nvllm:prefix_cache_hits_total{{model_name="m"}} {h}\n'
@@ -831,7 +824,6 @@ def test_replay_takes_its_interval_from_the_trace():
 
 
 def test_a_scrape_without_hit_counters_inside_the_window_gives_a_reason_not_silence():
-    from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
     clock = TraceClock()
@@ -848,7 +840,6 @@ def test_a_scrape_without_hit_counters_inside_the_window_gives_a_reason_not_sile
 def test_a_scrape_without_token_counters_inside_the_window_gives_the_tpm_a_reason_not_silence():
     # a breaker (fleet mode, two restarts in one poll: the family left out): the observed TPM was
     # absent with no kvhit_unknown_info, where h, ISL and the rest said why
-    from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
     clock = TraceClock()
@@ -868,7 +859,6 @@ def test_a_scrape_without_token_counters_inside_the_window_gives_the_tpm_a_reaso
 def test_a_token_counter_gone_from_the_latest_scrape_is_told_absent_not_to_wait_for_the_window():
     # a breaker: generation_tokens_total dropped from every scrape read "missing at a scrape inside
     # the publish window … unknown until that scrape leaves the window": the latest scrape never leaves
-    from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
     clock = TraceClock()
@@ -885,7 +875,6 @@ def test_a_token_counter_gone_from_the_latest_scrape_is_told_absent_not_to_wait_
 def test_a_chip_time_fit_without_the_running_gauge_says_so():
     # a breaker: num_requests_running absent, the fit read only "too few usable busy steps" (a step is
     # busy when requests run at both of its ends: observe.py), the gauge never named
-    from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
     clock = TraceClock()
@@ -906,7 +895,6 @@ def test_a_chip_time_fit_without_the_running_gauge_says_so():
 def test_an_analysis_that_fails_on_read_is_counted_once_per_snapshot_and_is_no_failed_scrape():
     # Before, every read (a /readyz probe, a Prometheus scrape of kvhit) counted one more internal
     # error and set kvhit_up 0, so the count and the scrape backoff depended on who was reading.
-    from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
     clock = TraceClock()
@@ -936,8 +924,6 @@ def test_one_models_failed_analysis_leaves_the_others_and_is_counted_once(monkey
     # model's sizing, and every model's values went with it while kvhit read up, fresh and ready.
     import logging
 
-    from exporter.analyzer import Analyzer
-    from exporter.config import Config
     from exporter.replay import TraceClock
     from exporter.runner import Runner
     clock = TraceClock()
