@@ -1721,3 +1721,17 @@ def test_ctrl_c_while_kvhit_loads_ends_quietly_with_130(monkeypatch, capsys):
     monkeypatch.setattr(sys, "meta_path", [Interrupt(), *sys.meta_path])
     assert main() == 130
     assert capsys.readouterr().err == "kvhit: interrupted\n"
+
+
+def test_ctrl_c_while_the_arguments_are_read_ends_quietly_with_130(monkeypatch, capsys):
+    # cli.main catches a Ctrl-C only around the command itself: one while argparse read the
+    # arguments (before that try) printed a traceback (diff review, stop 57)
+    import exporter.cli
+    from exporter.__main__ import main
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(exporter.cli.argparse.ArgumentParser, "parse_known_args", interrupted)
+    monkeypatch.setattr(sys, "argv", ["kvhit", "demo"])
+    assert main() == 130
+    assert capsys.readouterr().err == "kvhit: interrupted\n"
