@@ -206,8 +206,8 @@ VALLEY_BREAKEVEN_STDERR = _m("kvhit_valley_breakeven_hit_ratio_stderr", "Standar
 VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1 (chip_time form: "
                  "before h = 1 - 1/ISL, one token computed per request), 0 when the valley has no exit; absent without a valley, for form=linear when h_even (or, without one, h = 1) lies outside "
                  "the direct slope's h range, and for chip_time when R(0) is not identified.", MODEL + ("form",), section="§4")
-VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when R'(h_now) < 0 with the upper end of its 95 % interval below 0, "
-                   "else 0; uses the chip_time form when its fit is ok and its bathtub is published, else linear (label form).",
+VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when h_now > 0 and R'(h_now) < 0 with the upper end of its 95 % interval "
+                   "below 0, else 0 (at h = 0, R(h) = R(0): nothing is lost yet); uses the chip_time form when its fit is ok and its bathtub is published, else linear (label form).",
                    MODEL + ("form",), section="§4")
 
 # --- seed 003: SLO cost, caching verdict, batch size; KV sizing; first-order capacity --------

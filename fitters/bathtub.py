@@ -50,7 +50,8 @@ class BathtubCurve:
         h_even: the h > h_star where R climbs back to R(0); None when no valley or no exit.
         exit: when a valley exists, whether R climbs back to R(0) before h_max (the linear form: before
             h = 1, where its R grows without bound when ρ < a < 1, past its curve's last point); None otherwise.
-        valley_active: slope_now < 0 and the upper end of slope_ci < 0 (False when slope_ci is None).
+        valley_active: h_now > 0, slope_now < 0 and the upper end of slope_ci < 0 (False when slope_ci
+            is None; at h = 0, R(h) = R(0): nothing is lost yet).
         curve: ((h, R(h)), ...) on the grid, for dashboards.
         h_star_stderr, h_even_stderr: standard errors [1] of h_star and h_even by the delta method
             from the fit covariance, through the equations that define them (implicit function:
@@ -132,8 +133,9 @@ def _stderr(grad: np.ndarray, cov: np.ndarray, scale: float) -> float | None:
     return math.sqrt(max(float(grad @ cov @ grad), 0.0)) / abs(scale)
 
 
-def _active(slope: float, ci: tuple[float, float] | None) -> bool:
-    return bool(ci is not None and slope < 0.0 and ci[1] < 0.0)
+def _active(h: float, slope: float, ci: tuple[float, float] | None) -> bool:
+    # at h = 0, R(h) = R(0): R'(0) < 0 says more hits would lose, but none is lost yet (MODEL.md §4)
+    return bool(h > 0.0 and ci is not None and slope < 0.0 and ci[1] < 0.0)
 
 
 def bathtub_linear(
@@ -202,7 +204,7 @@ def bathtub_linear(
         h_star=h_star,
         h_even=h_even,
         exit=exit_,
-        valley_active=_active(slope_now, ci),
+        valley_active=_active(h_now, slope_now, ci),
         curve=curve,
         h_star_stderr=h_star_se,
         h_even_stderr=h_even_se,
@@ -338,7 +340,7 @@ def bathtub_chip_time(
         h_star=h_star,
         h_even=h_even,
         exit=exit_,
-        valley_active=_active(slope_now, ci),
+        valley_active=_active(h_now, slope_now, ci),
         curve=tuple((float(h), float(rev(float(h)))) for h in hs),
         h_star_stderr=h_star_se,
         h_even_stderr=h_even_se,

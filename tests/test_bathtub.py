@@ -264,6 +264,18 @@ def test_chip_time_edge_stderrs_against_the_edges_refound_at_moved_coefficients(
     assert wall.exit is False and wall.h_even_stderr is None and wall.h_star_stderr is not None  # h* inside
 
 
+def test_no_valley_active_at_h_zero():
+    # At h = 0, R(h) = R(0) (MODEL.md §4): R'(0) < 0 says more hits would lose, but nothing is lost
+    # yet; the gauge said 1 there, and the fleet rule counted pods without hits as in the valley
+    # (a physics review). Linear: R'(0) = TPS0·P_miss·(ρ - a) = 2e-3·(0.1 - 0.5) = -8e-4.
+    b = bathtub_linear(TPS0, A_, TINY_LIN, 0.0, P_MISS, RHO)
+    assert b.slope_now == pytest.approx(2e-3 * (0.1 - 0.5)) and b.slope_ci[1] < 0
+    assert b.valley_active is False
+    # chip time (module docstring): R'(0)·C² = AE - BC < 0 here, as its h* ≈ 0.652 > 0 says
+    b = bathtub_chip_time(_coef(1e-3), np.diag([0.0, 1e-16, 1e-24, 1e-12, 1e-24]), TF, N, OSL, 0.0, PM, PH, PO)
+    assert b.slope_now < 0 and b.slope_ci[1] < 0 and b.valley_active is False
+
+
 def test_chip_time_valley_active():
     tiny = np.diag([0.0, 1e-16, 1e-24, 1e-12, 1e-24])
     # h=0.3 < h* ≈ 0.652: R' < 0 and a tiny interval → active
