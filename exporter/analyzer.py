@@ -27,11 +27,11 @@ from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
 from fitters.missslope import H_RESOLUTION, MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           load_link_rate, max_hit_ratio, prefill_share, tpm_hit_correction)
+                           max_hit_ratio, prefill_share, tpm_hit_correction)
 from fitters.observation import Observation
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
-from fitters.whatif import STEPS_UNKNOWN, FittedModel, Prediction, unidentified_terms
+from fitters.whatif import STEPS_UNKNOWN, FittedModel, Prediction, link_excess, unidentified_terms
 
 log = logging.getLogger("kvhit")
 
@@ -712,9 +712,8 @@ class Analyzer:
                        bathtubs=bathtubs, miss_slope_derived=derived, miss_slope_h_range=h_range,
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean),
-                                 **_load_bound_note(preds, tpm_target.get(("delivered", "instance")), isl, osl,
-                                                    _link_feeds(kv, bandwidth, engines, hit.get("loaded"),
-                                                                cfg.target_hit_ratio, share)),
+                                 **_load_bound_note(preds, fitted, tpm_target.get(("delivered", "instance")),
+                                                    cfg.target_hit_ratio, isl, osl),
                                  **_bathtub_extrapolated(bathtubs.get("chip_time"), fitted.h_range, h_max)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None, unknown: dict[str, str]) -> dict[str, BathtubCurve]:
@@ -1043,32 +1042,22 @@ def _load_aware_note(current: Prediction | None, observed: float | None) -> dict
                               + measured(f"{pred:.3g} s predicted, {observed:.3g} s observed, {pred / observed - 1:+.0%}")}
 
 
-def _link_feeds(kv: float | None, bandwidth: tuple[float, str] | None, engines: int, h_load: float | None,
-                target_h: float | None, share: float | None) -> dict[str, float]:
-    """"current" | "target" → B_load·E/(S_kv·h_load) [prompt tokens/s]: what the KV-load links of
-    the E engines can feed at that point's loaded share (MODEL.md §3.3, Θ's load term); none where
-    no hit is loaded or S_kv or B_load is unknown."""
-    if not (kv and bandwidth):
-        return {}
-    points = {"current": h_load, "target": None if target_h is None or share is None else target_h * share}
-    return {which: load_link_rate(bandwidth[0] * engines, kv, hl) for which, hl in points.items() if hl}
-
-
-def _load_bound_note(preds: Mapping[str, Prediction], target_tpm: float | None, isl: float | None,
-                     osl: float | None, feeds: Mapping[str, float]) -> dict[str, str]:
+def _load_bound_note(preds: Mapping[str, Prediction], fitted: FittedModel, target_tpm: float | None,
+                     target_h: float | None, isl: float | None, osl: float | None) -> dict[str, str]:
     """{"kv_load_bound": why} when a TPM's prompt-token rate exceeds what the KV-load link can feed
-    at its h (``feeds``, :func:`_link_feeds`), else {}: the chip-time capacity at the current or
-    target point (MODEL.md §3.4, ``preds``), or the observed TPM carried to the target (§3.5,
-    ``target_tpm`` [tokens/min] of requests of ``isl``, ``osl``). Chip time cannot see an
-    asynchronous load, so a TPM past the link's B_load/(S_kv·h_load) is throughput the engine
-    cannot deliver (the numbers auditor's find: 1.65× at h 0.98, half the hits loaded). Θ's compute
-    term is no physical limit of a mixed workload's means, so it is not checked (diff review)."""
-    points = [(f"predicted at the {which} h {p.hit_ratio:.3g}", p.tpm_delivered, p.isl, p.osl, feeds.get(which))
+    at its h (:meth:`FittedModel.link_feed`, :func:`~fitters.whatif.link_excess`), else {}: the
+    chip-time capacity at the current or target point (MODEL.md §3.4, ``preds``), or the observed
+    TPM carried to the target ``target_h`` (§3.5, ``target_tpm`` [tokens/min] of requests of
+    ``isl``, ``osl``). Chip time cannot see an asynchronous load, so a TPM past the link's
+    B_load/(S_kv·h_load) is throughput the engine cannot deliver (the numbers auditor's find: 1.65×
+    at h 0.98, half the hits loaded). Θ's compute term is no physical limit of a mixed workload's
+    means, so it is not checked (diff review)."""
+    points = [(f"predicted at the {which} h {p.hit_ratio:.3g}", p.tpm_delivered, p.isl, p.osl, p.hit_ratio)
               for which, p in preds.items()]
-    points.append(("carried to the target h", target_tpm, isl, osl, feeds.get("target")))
-    over = [f"{what}: {rate:.4g} vs {feed:.4g} prompt tokens/s"
-            for what, tpm, n, out, feed in points if tpm is not None and feed is not None and n
-            for rate in (tpm / 60.0 * n / (n + out),) if rate > feed]
+    if target_h is not None and isl and osl is not None:
+        points.append(("carried to the target h", target_tpm, isl, osl, target_h))
+    over = [f"{what}: {excess}" for what, tpm, n, out, h in points
+            if (excess := link_excess(tpm, n, out, fitted.link_feed(h)))]
     if not over:
         return {}
     return {"kv_load_bound": "a TPM exceeds what the KV-load link can feed, B_load / (S_kv x h_load) (the load term "

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from fitters.latency import load_and_compute, predict_prefill_latency, service_ttft, service_ttft_gradient
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressor_slopes,
-                           chip_time_regressors, relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
+                           chip_time_regressors, load_link_rate, relation_text, revenue_chip_time, steps_fixed_time, tpm_delivered, tpm_physical)
 from fitters.result import measured
 
 SCHEMA_VERSION = 2  # 2: "collinear" relations replace version 1's "prefill_mix_tokens"
@@ -31,6 +31,16 @@ STEPS_UNKNOWN = ("engine steps per request unknown in the publish window the fit
                  "the what-if's steps per request")
 
 
+def link_excess(tpm: float | None, isl: float, osl: float, feed: float | None) -> str | None:
+    """"<rate> vs <feed> prompt tokens/s" when a TPM [tokens/min] of requests of ``isl``, ``osl``
+    [tokens] needs more prompt tokens per second, TPM/60 × ISL/(ISL + OSL), than ``feed`` (a
+    KV-load link's, :meth:`FittedModel.link_feed`); None when it does not, or either is None."""
+    if tpm is None or feed is None:
+        return None
+    rate = tpm / 60.0 * isl / (isl + osl)
+    return f"{rate:.4g} vs {feed:.4g} prompt tokens/s" if rate > feed else None
+
+
 @dataclass(frozen=True)
 class Prediction:
     """What-if outputs at one (h, ISL, OSL); None = cannot be predicted, ``unknown`` says why.
@@ -42,7 +52,9 @@ class Prediction:
     together when the request's chip time is not identifiable while its prefill is (MODEL.md §6:
     the TTFTs stand); unknown: output name → why it is None; extrapolated: why every output reads
     the chip-time fit beyond the h, ISL or OSL of its steps (None inside them): its standard
-    errors do not count that.
+    errors do not count that; kv_load_bound: why the TPMs and revenue read high, their prompt
+    tokens/s past what the KV-load link can feed (:meth:`FittedModel.link_feed`), None below it
+    or without a bound (MODEL.md §3.4).
     """
 
     hit_ratio: float
@@ -59,6 +71,7 @@ class Prediction:
     unknown: dict[str, str] = field(default_factory=dict)
     extrapolated: str | None = None
     ttft_service_stderr: float | None = None
+    kv_load_bound: str | None = None
 
 
 # The outputs of a Prediction that read a request's whole chip time (FittedModel.predict)
@@ -212,6 +225,15 @@ class FittedModel:
     def coefficients(self) -> ChipTimeCoefficients:
         return ChipTimeCoefficients(self.t_step, self.k_ffn, self.k_attn, self.k_dec, self.k_ctx)
 
+    def link_feed(self, hit_ratio: float) -> float | None:
+        """B_load·E/(S_kv·h_load) [prompt tokens/s] at ``hit_ratio`` (h_load = h × hit_load_share):
+        the most prompt tokens per second the E engines' KV-load links can feed, Θ's load term
+        (MODEL.md §3.3); None without a loaded hit or with S_kv or B_load unknown (no bound)."""
+        h_load = hit_ratio * (self.hit_load_share or 0.0)
+        if not (h_load > 0 and self.kv_bytes_per_token and self.load_bandwidth):
+            return None
+        return load_link_rate(self.load_bandwidth * self.engines, self.kv_bytes_per_token, h_load)
+
     @property
     def t_fixed(self) -> float | None:
         """T_fixed = T_step × steps per request [s] (MODEL.md §7); None when the steps are unknown."""
@@ -315,7 +337,7 @@ class FittedModel:
             raise ValueError("need 0 <= hit_ratio < 1, isl > 0, osl >= 0")
         problem = self.unidentified(hit_ratio, isl, osl, seen)
         coef = self.coefficients
-        ttft_s = ttft_l = None
+        ttft_s = ttft_l = bound = None
         why = self.ttft_unknown(hit_ratio, isl)
         h_load = hit_ratio * self.hit_load_share if self.hit_load_share is not None else 0.0
         one = coef.per_engine(self.engines)  # a request's latency is one engine's
@@ -360,6 +382,11 @@ class FittedModel:
                 t_chip=t_chip, tpm_delivered=delivered, tpm_physical=physical,
                 tpm_delivered_per_gpu=delivered / self.gpus, tpm_physical_per_gpu=physical / self.gpus,
                 revenue=revenue_chip_time(hit_ratio, isl, osl, coef, self.t_fixed, self.p_miss, self.p_hit, self.p_out))
+            over = link_excess(delivered, isl, osl, self.link_feed(hit_ratio))
+            if over:
+                bound = (f"the TPMs and revenue read high: their prompt tokens/s pass what the KV-load link can "
+                         f"feed, B_load x E / (S_kv x h_load), and chip time cannot see an asynchronous load "
+                         f"(MODEL.md §3.4){measured(over)}")
         if ttft_se is not None and not math.isfinite(ttft_se):  # a covariance that overflowed: no error bar
             ttft_se = None
         for name, v in (("ttft_service", ttft_s), ("ttft_load_aware", ttft_l), *per_request.items()):
@@ -372,7 +399,7 @@ class FittedModel:
         return Prediction(
             hit_ratio=hit_ratio, isl=isl, osl=osl, **per_request,
             ttft_service=ttft_s, ttft_load_aware=ttft_l, ttft_service_stderr=ttft_se,
-            unknown=unknown,
+            unknown=unknown, kv_load_bound=bound,
             extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps: the prediction extrapolates its "
                           "coefficients, and its standard errors do not count that (MODEL.md §7: another recording's "
                           "lengths erred up to 15 %; on the bundled CPU trace a fit over h <= 0.3 gave half the chip "

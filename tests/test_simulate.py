@@ -15,6 +15,7 @@ from exporter.parse import parse_exposition
 from exporter.simulate import (Engine, Scenario, Segment, Truth, calibrate_truth, generate, preset, serve,
                                true_line, true_miss_slope)
 from fitters.result import Status, label_reason
+from fitters.whatif import link_excess
 
 
 def _counter(text: str, name: str) -> float:
@@ -1311,7 +1312,6 @@ def test_a_tpm_past_what_the_kv_load_link_can_feed_is_flagged():
     # without its engine steps) is k_ffn M + k_attn (M H + M^2/2) + k_dec OSL = 0.0040960 + 0.0008305
     # + 0.0192377 = 0.0241642 s (M = 40.96, H = 2007.04), so the chip alone would carry up to
     # 2048 / 0.0241642 = 84,753 prompt tokens/s: past the link's bound.
-    from exporter.analyzer import _link_feeds, _load_bound_note
     from exporter.config import Config, Geometry
     from exporter.replay import TraceClock
     from exporter.runner import Runner
@@ -1332,11 +1332,11 @@ def test_a_tpm_past_what_the_kv_load_link_can_feed_is_flagged():
     note = m.warnings["kv_load_bound"]
     assert "predicted at the target h 0.98:" in note and "vs 4.866e+04 prompt tokens/s" in note
     assert "carried to the target h:" in note
+    # the target's prediction says it too, as kvhit predict does from the saved fit
+    assert "vs 4.866e+04 prompt tokens/s" in m.predictions["target"].kv_load_bound
+    assert m.fitted.link_feed(0.98) == pytest.approx(48_656.85, rel=1e-6)
     # a TPM within the bound says nothing: 5.11e6 tokens/min of 2048 + 128 is 80,157.6 prompt tokens/s
-    pred = {"target": replace(m.predictions["target"], tpm_delivered=5.11e6, isl=2048.0, osl=128.0)}
-    assert _load_bound_note(pred, None, None, None, {"target": 90_000.0}) == {}
-    assert "8.016e+04 vs 8e+04 prompt tokens/s" in _load_bound_note(pred, None, None, None,
-                                                                    {"target": 80_000.0})["kv_load_bound"]
+    assert link_excess(5.11e6, 2048.0, 128.0, 90_000.0) is None
+    assert link_excess(5.11e6, 2048.0, 128.0, 80_000.0) == "8.016e+04 vs 8e+04 prompt tokens/s"
     # no hit loaded: no link to bound it (Θ's compute term is no physical limit of a mixed workload's means)
-    assert _link_feeds(524288.0, (12.5e9, "configured"), 1, 0.0, 0.98, 0.0) == {}
-    assert _link_feeds(524288.0, (12.5e9, "configured"), 1, 0.0, 0.98, 0.5)["target"] == pytest.approx(48_656.85, rel=1e-6)
+    assert replace(m.fitted, hit_load_share=0.0).link_feed(0.98) is None

@@ -256,3 +256,21 @@ def test_a_request_whose_chip_time_is_unknown_keeps_its_ttft_when_its_prefill_is
     with pytest.raises(ValueError, match="decode context") as refused:
         FittedModel(**FIT, hit_load_share=None, collinear={"k_ctx": {"k_dec": 2080.0}}).predict(0.5, 8192.0, 64.0)
     assert str(refused.value).endswith(f"its TTFT is unknown too: {LOAD_SHARE_UNKNOWN}")  # both reasons
+
+
+def test_a_what_if_past_what_the_kv_load_link_can_feed_says_so():
+    # kvhit predict and /api/v1/predict raised no kv_load_bound where the live analysis did (MODEL.md
+    # §3.4; a physics review). FIT at ISL 1000, OSL 20, h 0.5: t_chip 0.1585 s (above), so the
+    # request's prompt tokens/s at full load are 1000 / 0.1585 = 6309.1. Loaded share 0.2: h_load
+    # 0.1, and a link of B_load 5e7 bytes/s feeds 5e7 / (1e5 · 0.1) = 5000 prompt tokens/s: past it.
+    slow = FittedModel(**{**FIT, "load_bandwidth": 5e7}, hit_load_share=0.2)
+    assert slow.link_feed(0.5) == pytest.approx(5000.0)
+    p = slow.predict(0.5, 1000.0, 20.0)
+    assert p.tpm_delivered == pytest.approx(1020 * 60 / 0.1585)  # flagged, not capped
+    assert "6309 vs 5000 prompt tokens/s" in p.kv_load_bound
+    # two engines' links feed twice that, 10,000: within it (the TPM is the machine's, both engines)
+    two = FittedModel(**{**FIT, "load_bandwidth": 5e7}, hit_load_share=0.2, engines=2.0)
+    assert two.link_feed(0.5) == pytest.approx(10000.0) and two.predict(0.5, 1000.0, 20.0).kv_load_bound is None
+    # the fast link of FIT feeds 1e10 / (1e5 · 0.1) = 1e6: nothing to say; no hit loaded: no bound at all
+    assert FittedModel(**FIT, hit_load_share=0.2).predict(0.5, 1000.0, 20.0).kv_load_bound is None
+    assert slow.link_feed(0.0) is None and FittedModel(**FIT, hit_load_share=0.0).link_feed(0.5) is None
