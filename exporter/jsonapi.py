@@ -166,7 +166,8 @@ def what_if(hit_ratio, isl, osl) -> tuple[float, float, float]:
     in [1, MAX_TOKENS]: a prompt and an answer have at least one token, and 10M tokens is the
     longest context window served today — the chip-time model, fitted at the ISLs the server saw,
     would be extrapolated by orders of magnitude beyond it. h is in [0, 1 − 1/ISL]: the last
-    prompt token is always computed (MODEL.md §1, the chip-time bathtub's grid).
+    prompt token is always computed, for its logits (fitters/model.py ``max_hit_ratio``, the
+    chip-time bathtub's grid).
 
     Raises:
         ValueError: one line naming the argument, its value and the allowed range.
