@@ -27,7 +27,7 @@ from fitters.histogram import P95, quantile
 from fitters.latency import LatencyFitter, contention
 from fitters.missslope import H_RESOLUTION, MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
-                           max_hit_ratio, prefill_share, tpm_hit_correction)
+                           max_hit_ratio, prefill_share, tpm_delivered, tpm_hit_correction)
 from fitters.observation import Observation
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
@@ -713,7 +713,8 @@ class Analyzer:
                        valley_form=_valley_form(chip, bathtubs), contention=factor,
                        warnings={**out.warnings, **_load_aware_note(preds.get("current"), wobs.ttft_mean),
                                  **_load_bound_note(preds, fitted, tpm_target.get(("delivered", "instance")),
-                                                    cfg.target_hit_ratio, isl, osl),
+                                                    cfg.target_hit_ratio, isl, osl,
+                                                    getattr(bathtubs.get("chip_time"), "h_even", None)),
                                  **_bathtub_extrapolated(bathtubs.get("chip_time"), fitted.h_range, h_max)})
 
     def _linear_bathtub(self, slope: FitResult, h_now: float | None, unknown: dict[str, str]) -> dict[str, BathtubCurve]:
@@ -1043,19 +1044,26 @@ def _load_aware_note(current: Prediction | None, observed: float | None) -> dict
 
 
 def _load_bound_note(preds: Mapping[str, Prediction], fitted: FittedModel, target_tpm: float | None,
-                     target_h: float | None, isl: float | None, osl: float | None) -> dict[str, str]:
+                     target_h: float | None, isl: float | None, osl: float | None,
+                     h_even: float | None = None) -> dict[str, str]:
     """{"kv_load_bound": why} when a TPM's prompt-token rate exceeds what the KV-load link can feed
     at its h (:meth:`FittedModel.link_feed`, :func:`~fitters.whatif.link_excess`), else {}: the
-    chip-time capacity at the current or target point (MODEL.md §3.4, ``preds``), or the observed
-    TPM carried to the target ``target_h`` (§3.5, ``target_tpm`` [tokens/min] of requests of
-    ``isl``, ``osl``). Chip time cannot see an asynchronous load, so a TPM past the link's
-    B_load/(S_kv·h_load) is throughput the engine cannot deliver (the numbers auditor's find: 1.65×
-    at h 0.98, half the hits loaded). Θ's compute term is no physical limit of a mixed workload's
-    means, so it is not checked (diff review)."""
+    chip-time capacity at the current or target point (MODEL.md §3.4, ``preds``) or at the chip-time
+    bathtub's break-even ``h_even`` (its R(h_even) = R(0) reads that capacity: past the link, the
+    valley may have no exit), or the observed TPM carried to the target ``target_h`` (§3.5,
+    ``target_tpm`` [tokens/min] of requests of ``isl``, ``osl``). Chip time cannot see an
+    asynchronous load, so a TPM past the link's B_load/(S_kv·h_load) is throughput the engine
+    cannot deliver (the numbers auditor's find: 1.65× at h 0.98, half the hits loaded). Θ's compute
+    term is no physical limit of a mixed workload's means, so it is not checked (diff review)."""
     points = [(f"predicted at the {which} h {p.hit_ratio:.3g}", p.tpm_delivered, p.isl, p.osl, p.hit_ratio)
               for which, p in preds.items()]
-    if target_h is not None and isl and osl is not None:
-        points.append(("carried to the target h", target_tpm, isl, osl, target_h))
+    if isl and osl is not None:
+        if target_h is not None:
+            points.append(("carried to the target h", target_tpm, isl, osl, target_h))
+        if h_even is not None and fitted.t_fixed is not None:
+            t_chip = fitted.coefficients.t_chip(isl, osl, h_even, fitted.t_fixed)
+            points.append((f"the chip-time bathtub's break-even h_even {h_even:.3g}", tpm_delivered(isl, osl, t_chip),
+                           isl, osl, h_even))
     over = [f"{what}: {excess}" for what, tpm, n, out, h in points
             if (excess := link_excess(tpm, n, out, fitted.link_feed(h)))]
     if not over:

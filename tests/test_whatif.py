@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.analyzer import _load_share
+from exporter.analyzer import _load_bound_note, _load_share
 from exporter.window import Delta
 from fitters.result import label_reason
 from fitters.whatif import LOAD_SHARE_UNKNOWN, FittedModel
@@ -274,3 +274,15 @@ def test_a_what_if_past_what_the_kv_load_link_can_feed_says_so():
     # the fast link of FIT feeds 1e10 / (1e5 · 0.1) = 1e6: nothing to say; no hit loaded: no bound at all
     assert FittedModel(**FIT, hit_load_share=0.2).predict(0.5, 1000.0, 20.0).kv_load_bound is None
     assert slow.link_feed(0.0) is None and FittedModel(**FIT, hit_load_share=0.0).link_feed(0.5) is None
+
+
+def test_a_break_even_past_what_the_kv_load_link_can_feed_is_flagged():
+    # The chip-time bathtub's h_even is read from chip time alone: where its prompt tokens/s pass
+    # the link, R climbs back to R(0) on throughput the link cannot feed, and the valley may have no
+    # exit. The live warning checked the current and target points only (a physics review: h_even
+    # 0.969 at 44.1k prompt tokens/s over a 24.6k link, unflagged). As above, at h 0.5: 6309.1 vs 5000.
+    slow = FittedModel(**{**FIT, "load_bandwidth": 5e7}, hit_load_share=0.2)
+    note = _load_bound_note({}, slow, None, None, 1000.0, 20.0, h_even=0.5)["kv_load_bound"]
+    assert "the chip-time bathtub's break-even h_even 0.5: 6309 vs 5000 prompt tokens/s" in note
+    assert _load_bound_note({}, slow, None, None, 1000.0, 20.0) == {}  # no h_even: nothing to check
+    assert _load_bound_note({}, FittedModel(**FIT, hit_load_share=0.2), None, None, 1000.0, 20.0, h_even=0.5) == {}
