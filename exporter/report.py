@@ -40,7 +40,7 @@ from pathlib import Path
 import requests
 
 from exporter.config import Config, ConfigError, redact_url
-from exporter.jsonapi import analysis_to_dict, check_analysis_doc, read_doc, why_unread, withdrawn
+from exporter.jsonapi import analysis_to_dict, check_analysis_doc, load_fit, read_doc, why_unread, withdrawn
 from exporter.replay import replay
 from exporter.sources import caused_by, http_session, load_trace, write_atomic
 from fitters.chiptime import design_row, predict_busy_time
@@ -135,10 +135,17 @@ def _fetch(url: str, timeout: float) -> dict:
 
 
 def _check_doc(doc, where: str) -> dict:
+    """``doc`` when it is an analysis document whose saved fits load as ``kvhit predict`` loads
+    them (jsonapi.load_fit): an unusable fit (a NaN, a field out of range, another schema) is the
+    file's error, never a report that calls the fit ok and drops its plots for another reason."""
     try:
-        return check_analysis_doc(doc)
+        doc = check_analysis_doc(doc)
+        for name, m in doc["models"].items():
+            if isinstance(m, dict) and m.get("fit"):
+                load_fit(doc, name)
     except ValueError as exc:
         raise ReportError(f"{where}: {exc}") from None
+    return doc
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -174,10 +181,7 @@ def _png(plt, fig) -> bytes:
 
 
 def _fitted(m: dict) -> FittedModel | None:
-    try:
-        return FittedModel.from_dict(m["fit"]) if m.get("fit") else None
-    except ValueError:
-        return None
+    return FittedModel.from_dict(m["fit"]) if m.get("fit") else None  # checked by load_source
 
 
 def _predicting(m: dict) -> FittedModel | None:

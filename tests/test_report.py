@@ -177,6 +177,22 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, caps
     assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 1
 
 
+
+def test_a_saved_fit_that_kvhit_predict_refuses_is_refused_by_report_too(cfg, replayed, tmp_path, capsys):
+    # A NaN k_ffn: kvhit predict exits 1 naming the field, while report exited 0, called the fit ok
+    # and dropped its TTFT and TPM plots as "needs per-step observations" (a newcomer's find)
+    doc = analysis_to_dict(*replayed.runner.current())
+    for field, value in (("k_ffn", float("nan")), ("k_ffn", -1.0), ("schema_version", 99)):
+        broken = json.loads(json.dumps(doc))
+        broken["models"]["tiny"]["fit"][field] = value
+        saved = tmp_path / "broken.json"
+        saved.write_text(json.dumps(broken))
+        assert main(["predict", "--fit", str(saved), "--hit-ratio", "0.5"]) == 1
+        said = capsys.readouterr().err.split(": ", 2)[-1]
+        assert main(["report", str(saved), "--out", str(tmp_path / "r")]) == 1
+        assert capsys.readouterr().err == f"kvhit: {saved}: {said}"
+        assert not (tmp_path / "r").exists()
+
 def test_without_matplotlib_the_hint_installs_from_the_checkout(monkeypatch):
     from exporter.report import ReportError, _pyplot
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
