@@ -392,18 +392,24 @@ class FittedModel:
         for name, v in (("ttft_service", ttft_s), ("ttft_load_aware", ttft_l), *per_request.items()):
             if v is not None and not math.isfinite(v):  # a hand-edited fit: JSON has no Infinity
                 raise ValueError(f"the fit gives {name} = {v!r}: not a usable fit (values far out of any real range)")
+        ranges = (("h", hit_ratio, self.h_range, ""), ("ISL", isl, self.isl_range, " tokens"),
+                  ("OSL", osl, self.osl_range, " tokens"))
         beyond = [f"{what} {x:g} outside the [{r[0]:g}, {r[1]:g}]{unit}"
-                  for what, x, r, unit in (("h", hit_ratio, self.h_range, ""), ("ISL", isl, self.isl_range, " tokens"),
-                                           ("OSL", osl, self.osl_range, " tokens"))
-                  if r is not None and not r[0] <= x <= r[1]]
+                  for what, x, r, unit in ranges if r is not None and not r[0] <= x <= r[1]]
+        # no range recorded is no answer: null would read "inside them" (a fit saved before kvhit kept them)
+        untold = [what for what, _, r, _ in ranges if r is None]
+        extrapolated = [f"{' and '.join(beyond)} of the chip-time fit's steps: the prediction extrapolates its "
+                        "coefficients, and its standard errors do not count that (MODEL.md §7: another recording's "
+                        "lengths erred up to 15 %; on the bundled CPU trace a fit over h <= 0.3 gave half the chip "
+                        "time at h 0.96 that its first sweep's (to h 0.97) did)"] if beyond else []
+        if untold:
+            extrapolated.append(f"unknown for {' and '.join(untold)} whether this what-if lies inside the chip-time "
+                                "fit's steps: the fit records no range of them (fits saved by an older kvhit lack them: save it again "
+                                "with kvhit replay --save-fit, or from /api/v1/analysis)")
         return Prediction(
             hit_ratio=hit_ratio, isl=isl, osl=osl, **per_request,
             ttft_service=ttft_s, ttft_load_aware=ttft_l, ttft_service_stderr=ttft_se,
-            unknown=unknown, kv_load_bound=bound,
-            extrapolated=(f"{' and '.join(beyond)} of the chip-time fit's steps: the prediction extrapolates its "
-                          "coefficients, and its standard errors do not count that (MODEL.md §7: another recording's "
-                          "lengths erred up to 15 %; on the bundled CPU trace a fit over h <= 0.3 gave half the chip "
-                          "time at h 0.96 that its first sweep's (to h 0.97) did)") if beyond else None,
+            unknown=unknown, kv_load_bound=bound, extrapolated="; ".join(extrapolated) or None,
         )
 
     def to_dict(self) -> dict:
@@ -421,8 +427,11 @@ class FittedModel:
                 isl_range and osl_range [min, max] with 0 ≤ min ≤ max, h_range with 0 ≤ min ≤ max ≤ 1.
         """
         if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"fit schema_version must be {SCHEMA_VERSION} (a fit saved by an older kvhit: save it "
-                             f"again with kvhit replay --save-fit)")
+            version = data.get("schema_version")
+            newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
+            raise ValueError(f"fit schema_version must be {SCHEMA_VERSION} " + (
+                "(a fit saved by a newer kvhit: read it with that kvhit)" if newer else
+                "(a fit saved by an older kvhit: save it again with kvhit replay --save-fit)"))
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         try:

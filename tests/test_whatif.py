@@ -151,15 +151,23 @@ def test_a_fit_of_two_engines_as_one_machine_predicts_one_engines_ttft_and_the_m
 def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates():
     # live-vLLM review: a fit on ISL 512–2048, OSL 32 predicted ISL 8192, OSL 512 with nothing said.
     # The numbers stand (same chip time as without the ranges); the prediction names what it reads
-    # beyond. Inside (the bounds included) nothing is said; a fit saved without ranges says nothing.
-    fit = FittedModel(**FIT, isl_range=[512.0, 2048.0], osl_range=[32.0, 32.0])
+    # beyond. Inside (the bounds included) nothing is said.
+    fit = FittedModel(**FIT, isl_range=[512.0, 2048.0], osl_range=[32.0, 32.0], h_range=[0.0, 0.9])
     far = fit.predict(0.5, 8192.0, 512.0)
     assert far.t_chip == FittedModel(**FIT).predict(0.5, 8192.0, 512.0).t_chip
     assert far.extrapolated.startswith("ISL 8192 outside the [512, 2048] tokens and OSL 512 outside the [32, 32] "
                                        "tokens of the chip-time fit's steps")
     assert fit.predict(0.5, 512.0, 32.0).extrapolated is None and fit.predict(0.5, 2048.0, 32.0).extrapolated is None
     assert fit.predict(0.5, 1000.0, 33.0).extrapolated.startswith("OSL 33 outside the [32, 32] tokens")
-    assert FittedModel(**FIT).predict(0.5, 8192.0, 512.0).extrapolated is None
+    # a fit saved without ranges (before kvhit kept them) said nothing, as if inside them (a newcomer's
+    # find with a real fit of an older kvhit): unknown, and said so; a range it has still counts
+    old = FittedModel(**FIT).predict(0.5, 8192.0, 512.0)
+    assert old.t_chip == far.t_chip
+    assert old.extrapolated.startswith("unknown for h and ISL and OSL whether this what-if lies inside the chip-time "
+                                       "fit's steps: the fit records no range of them (fits saved by an older kvhit")
+    partial = FittedModel(**FIT, isl_range=[512.0, 2048.0], osl_range=[32.0, 32.0]).predict(0.5, 8192.0, 32.0)
+    assert partial.extrapolated.startswith("ISL 8192 outside the [512, 2048] tokens of the chip-time fit's steps: ")
+    assert "; unknown for h whether this what-if lies inside the chip-time fit's steps" in partial.extrapolated
     # a saved fit's ranges are checked as its other fields
     for bad in ([2048.0, 512.0], [1.0], ["1", 2.0], [float("nan"), 1.0], [True, 2.0]):
         with pytest.raises(ValueError, match="isl_range must be null or"):
@@ -170,7 +178,7 @@ def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates
 def test_a_what_if_beyond_the_hit_ratios_the_chip_time_fit_saw_says_it_extrapolates():
     # newcomer: the bundled trace's first 61 scrapes (h <= 0.3) gave half the chip time at h 0.96
     # that its first sweep, to h 0.97, did, with a tiny standard error and nothing said. Bounds in.
-    fit = FittedModel(**FIT, h_range=[0.0, 0.3])
+    fit = FittedModel(**FIT, h_range=[0.0, 0.3], isl_range=[1000.0, 1000.0], osl_range=[32.0, 32.0])
     assert fit.predict(0.96, 1000.0, 32.0).extrapolated.startswith("h 0.96 outside the [0, 0.3] of the chip-time "
                                                                    "fit's steps")
     assert "standard errors do not count that" in fit.predict(0.96, 1000.0, 32.0).extrapolated
@@ -286,3 +294,14 @@ def test_a_break_even_past_what_the_kv_load_link_can_feed_is_flagged():
     assert "the chip-time bathtub's break-even h_even 0.5: 6309 vs 5000 prompt tokens/s" in note
     assert _load_bound_note({}, slow, None, None, 1000.0, 20.0) == {}  # no h_even: nothing to check
     assert _load_bound_note({}, FittedModel(**FIT, hit_load_share=0.2), None, None, 1000.0, 20.0, h_even=0.5) == {}
+
+
+def test_a_fit_of_another_schema_says_which_kvhit_to_use():
+    # a fit from a newer kvhit was told to be saved again "by an older kvhit" (a newcomer's find)
+    doc = FittedModel(**FIT).to_dict()
+    with pytest.raises(ValueError, match=r"^fit schema_version must be 2 \(a fit saved by a newer kvhit: read it with "
+                                         r"that kvhit\)$"):
+        FittedModel.from_dict({**doc, "schema_version": 3})
+    for old in (1, None, True, "2"):
+        with pytest.raises(ValueError, match=r"\(a fit saved by an older kvhit: save it again with kvhit replay"):
+            FittedModel.from_dict({**doc, "schema_version": old})
