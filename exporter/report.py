@@ -34,6 +34,7 @@ import io
 import math
 import re
 import socket
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,8 +169,15 @@ def _versus_h(plt, fig, ax, ylabel: str, title: str, legend_size: int = 8, grid:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, which=grid)
-    ax.legend(fontsize=legend_size)
+    _legend(ax, legend_size)
     return _png(plt, fig)
+
+
+def _legend(ax, size: int = 8) -> None:
+    """The axes' legend, when something on them is labelled (a legend of nothing warned on
+    stderr: a two-scrape trace's diagnostics, before any fit)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size)
 
 
 def _png(plt, fig) -> bytes:
@@ -262,15 +270,23 @@ def plot_ttft(plt, m: dict, steps: list[Observation]) -> bytes | None:
         if fitted is not None and n and g:
             mean_n, mean_g = sum(n) / len(n), sum(g) / len(g)
             hs = _model_grid(fitted, mean_n, mean_g)
-            if hs:
-                ax.plot(hs, [fitted.predict(h, mean_n, mean_g).ttft_service for h in hs], ":", color=color,
+            ttft = [fitted.predict(h, mean_n, mean_g).ttft_service for h in hs]
+            if any(t is not None for t in ttft):
+                ax.plot(hs, [math.nan if t is None else t for t in ttft], ":", color=color,
                         label=f"model, service at that group's ISL {mean_n:.0f}")
     if fitted is not None and isl and osl is not None and (hs := _model_grid(fitted, isl, osl)):
         preds = [fitted.predict(h, isl, osl) for h in hs]
-        ax.plot(hs, [p.ttft_service for p in preds], "-", color="k", label=f"model, service (window ISL {isl:.0f})")
-        if any(p.ttft_load_aware is not None for p in preds):  # a gap where it is withheld (nan)
-            ax.plot(hs, [math.nan if p.ttft_load_aware is None else p.ttft_load_aware for p in preds], "--",
-                    color="k", label="model, load-aware (window concurrency: queueing included)")
+        # each line only where it is predicted (a gap, nan, where withheld), and not in the legend
+        # without a point: a newcomer read a service line the plot did not draw
+        for kind, style, label in (("ttft_service", "-", f"model, service (window ISL {isl:.0f})"),
+                                   ("ttft_load_aware", "--", "model, load-aware (window concurrency: queueing included)")):
+            if any(getattr(p, kind) is not None for p in preds):
+                ax.plot(hs, [math.nan if getattr(p, kind) is None else getattr(p, kind) for p in preds], style,
+                        color="k", label=label)
+        if all(p.ttft_service is None for p in preds):
+            ax.text(0.02, 0.02, "\n".join(textwrap.wrap(f"model TTFT at the window's ISL {isl:.0f} withheld: "
+                                                        f"{preds[0].unknown['ttft_service']}", 90)),
+                    transform=ax.transAxes, fontsize=7, va="bottom")
     h_now = (m.get("hit_ratio") or {}).get("all")
     if h_now is not None and m.get("observed_ttft_seconds") is not None:
         ax.plot([h_now], [m["observed_ttft_seconds"]], "D", color="#d62728", markersize=9,
@@ -347,7 +363,7 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
     ax1.set_ylabel("chip-time residual [%]")
     ax1.set_title("Fit diagnostics: chip-time model residuals (MODEL.md §7)")
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
+    _legend(ax1)
 
     slope = (m.get("fits") or {}).get("miss_slope") or {}
     extra = slope.get("extra") or {}
@@ -378,7 +394,7 @@ def plot_diagnostics(plt, m: dict, steps: list[Observation]) -> bytes | None:
     ax2.set_ylabel("miss tokens per busy second [tokens/s]")
     ax2.set_title("Miss throughput vs h (MODEL.md §4)" + which)
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=8)
+    _legend(ax2)
     fig.tight_layout()
     return _png(plt, fig)
 

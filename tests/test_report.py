@@ -26,6 +26,7 @@ from exporter.replay import replay
 from exporter.report import load_source, render
 from exporter.server import serve
 from exporter.sources import load_trace
+from fitters.model import CHIP_TIME_TERMS
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
@@ -410,3 +411,37 @@ def test_the_load_aware_ttft_is_drawn_where_it_is_predicted(replayed):
     m = analysis_to_dict(*replayed.runner.current())["models"]["tiny"]
     (ys,) = [xy[1] for label, xy in _drawn(plot_ttft, m, []).items() if label.startswith("model, load-aware")]
     assert any(math.isnan(y) for y in ys) and any(y > 0 for y in ys)
+
+
+def test_a_two_scrape_trace_reports_without_a_matplotlib_warning(cfg, tmp_path, recwarn):
+    # the diagnostics plot of one busy step and no fit asked for a legend of nothing: "No artists
+    # with labels found to put in legend" on stderr (a newcomer's find, two simulator scrapes)
+    from exporter.simulate import generate, preset
+    src = tmp_path / "two"
+    src.mkdir()
+    for (t, text, _), _ in zip(generate(preset("sweep", noise=0.0)), range(2)):
+        (src / f"{round(t * 1000)}.prom").write_text(text)
+    page = render(load_source(str(src), cfg), tmp_path / "out").read_text()
+    assert "diagnostics.png" in page  # the plot that warned is made
+    assert not [w for w in recwarn if "legend" in str(w.message)], [str(w.message) for w in recwarn]
+
+
+def test_a_withheld_model_ttft_is_neither_drawn_nor_in_the_legend_and_says_why(cfg, replayed, monkeypatch):
+    # The TTFT plot's legend named "model, service" while no such line was drawn: the prefill was
+    # not identifiable (a newcomer's find, live). A covariance of 10x every coefficient leaves a
+    # prefill's chip time uncertain by more than half of it at every h: TTFT withheld (whatif).
+    from exporter import report
+    doc = analysis_to_dict(*replayed.runner.current())
+    m = doc["models"]["tiny"]
+    fit = m["fit"]
+    fit["chip_covariance"] = [[(10 * fit[a]) ** 2 if a == b else 0.0 for b in CHIP_TIME_TERMS]
+                              for a in CHIP_TIME_TERMS]
+    figs = []
+    monkeypatch.setattr(report, "_png", lambda plt, fig: figs.append(fig) or b"png")
+    report.plot_ttft(report._pyplot(), m, [])
+    (ax,) = figs[0].axes
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels and not [x for x in labels if x.startswith("model")], labels
+    note = " ".join(t.get_text() for t in ax.texts).replace("\n", " ")
+    assert note.startswith(f"model TTFT at the window's ISL {m['isl']:.0f} withheld: not identifiable: the chip-time "
+                           "fit leaves a prefill's chip time uncertain by more than 50%"), note
