@@ -1426,6 +1426,8 @@ def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> T
 def _read_trace(p: Path, files: dict, phases_doc: dict, max_bytes: int) -> None:
     if not (p.is_dir() or p.is_file()):  # /dev/zero read as an archive forever, a FIFO blocked
         raise ValueError("not a regular file or a directory")
+    if p.suffix == ".prom" and p.is_file():  # read as an archive it said "(ReadError)" alone (a newcomer)
+        raise ValueError("one scrape, not a trace: give the directory of <unix_ms>.prom scrapes, or a tar of it")
     if p.is_dir():
         def unreadable(exc: OSError) -> None:
             raise exc
