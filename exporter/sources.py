@@ -856,9 +856,12 @@ class PrometheusSource:
                 out.append(("p:", _pods(f"({growth} and {present})")))
             return out
         if f.kind == "histogram":
-            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, out)})"),
-                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, out)})"),
-                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))), *unscraped, *doubted]
+            bucket, total = (_growth(self._selector(f, suffix), r, born, out) for suffix in ("_bucket", "_sum"))
+            # the pods of each bucket edge (k:) and of the sum (m:), which _coverage holds to those of _count
+            return [(f"b:{f.name}", f"sum by (model_name, le) ({bucket})"), (f"s:{f.name}", f"sum by (model_name) ({total})"),
+                    (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))),
+                    (f"k:{f.name}", f"count by (model_name, le) (count by (model_name, le, job, instance) ({bucket}))"),
+                    (f"m:{f.name}", _pods(total)), *unscraped, *doubted]
         if f.kind == "gauge" and f.fallback is not None and f.match is not None:
             # per pod (and engine), as the recording rule: a mixed fleet mid-upgrade summed only the
             # pods with the label, their queue alone
@@ -959,8 +962,12 @@ class PrometheusSource:
         it does not export) or without its sample at one end; and pairs some pod's latest scrape at
         either end of the range lacked though the pod had them (``x:`` rows, :meth:`_unscraped`: their
         growth read 0, a fleet h of 0 where it is unknown); pairs with a glitched sample this fetch or
-        the last (``z:``, :func:`_glitched`); and every counter and histogram of a model with a restart
-        :func:`_growth` reads wrong (``d:``, :func:`_doubted`). Such a sum is not the fleet's (hits from some pods over
+        the last (``z:``, :func:`_glitched`); every counter and histogram of a model with a restart
+        :func:`_growth` reads wrong (``d:``, :func:`_doubted`); and histograms some bucket edge or
+        the sum of which comes from other pods than their ``_count`` (``k:``, ``m:``: a pod whose
+        buckets a relabel rule dropped, pods of vLLM versions with other edges: +Inf, the count,
+        was one pod's under both pods' sum, a mean TTFT 4× too high, and an edge of some pods
+        summed as if whole, a fleet review). Such a sum is not the fleet's (hits from some pods over
         queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
         total (a counter: rendered NaN for the model, :meth:`_metrics`); a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
@@ -980,16 +987,24 @@ class PrometheusSource:
                         "be told from (two restarts, or the value since a restart past its value before): its "
                         "counters and histograms are left out of this poll, unknown", model)
         self._glitched = glitched
+        uneven = {(f.name, model) for f in self.families if f.kind == "histogram"
+                  for qid in (f"k:{f.name}", f"m:{f.name}") for labels, pods in by_query.get(qid, [])
+                  if pods != counts.get((f.name, model := labels.get("model_name", "")))}
         most: dict[str, float] = {}
         for (_, model), n in counts.items():
             most[model] = max(most.get(model, 0.0), n)
-        partial = {key for key, n in counts.items() if n < most[key[1]]} | set(unscraped) | doubted
+        partial = {key for key, n in counts.items() if n < most[key[1]]} | set(unscraped) | doubted | uneven
         if partial != self._partial:
             for name, model in sorted(partial - self._partial):
                 if (name, model) in glitched:
                     log.warning("fleet mode: %s of model %r: a pod's sample this range is no count (below 0 or above "
                                 "1e18): left out of this poll and the next, unknown", name, model)
                 if (name, model) in doubted:
+                    continue
+                if (name, model) in uneven:
+                    log.warning("fleet mode: %s of model %r: some of its bucket edges or its _sum come from other pods "
+                                "than its _count this range (a pod whose buckets a relabel rule dropped, or pods of "
+                                "vLLM versions with other edges): left out, unknown", name, model)
                     continue
                 if (name, model) in unscraped:
                     log.warning("fleet mode: %s of model %r is missing from the latest scrape of %d pod(s) Prometheus "

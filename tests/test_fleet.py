@@ -374,6 +374,10 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert f"sum by (model_name, le) ((((({b_now} - {b_then}) >= 0)" in q1
     assert f'ignoring(le) ((last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
     assert f'sum by (model_name) ({pref("(0 * {})", "request_prompt_tokens_sum")})' in q0
+    # the pods of each bucket edge and of the sum, held to those of _count (_coverage)
+    assert f'count by (model_name, le) (count by (model_name, le, job, instance) ((((({b_now} - {b_then}) >= 0)' in q1
+    s_now = pref("last_over_time({}[5m])", "request_prompt_tokens_sum")
+    assert f'count by (model_name) (count by (model_name, job, instance) ((((({s_now} - ' in q1
     # a gauge summed, or where some pod's reads below 0 its lowest (parse drops it, as in a pod's own body)
     g = pref("max without (pid) ({})", "num_requests_running")
     assert f"((sum by (model_name) ({g}) unless on (model_name) ({g} < 0)) or min by (model_name) ({g} < 0))" in q0
@@ -435,7 +439,7 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # the pods of each model with LMCache's metrics, with the selector's matchers
     assert (f'label_replace(count by (model_name) (count by (job, instance, model_name) ({counters}) and on (job, '
             f'instance) {{__name__=~"lmcache[:_].+", {sel}}}), "kvhit_query", "l:", "", "")') in q0
-    assert q0.count('label_replace(') == 13  # one request: 13 subqueries, 6 families (and the pods' models, LMCache)
+    assert q0.count('label_replace(') == 15  # one request: 15 subqueries, 6 families (and the pods' models, LMCache)
 
 
 def test_a_new_pod_counts_whole_only_when_created_after_the_baseline_and_the_last_poll_less_5_min(fake):
@@ -731,6 +735,37 @@ def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, capl
     assert dict(s2.models["m"].counters) == {"queries": 1500.0, "hits": 200.0}
     assert "request_prompt_tokens" not in s2.models["m"].histograms
 
+
+
+@pytest.mark.parametrize("case", ["a pod without buckets", "pods with other edges", "a pod without _sum"])
+def test_a_histogram_whose_buckets_or_sum_come_from_other_pods_than_its_count_is_left_out(fake, caplog, case):
+    # A fleet review, live: pod A's TTFT histogram at 10 req/s, mean 0.2 s; pod B's _sum and _count
+    # alone (a relabel rule dropped its buckets) at 30 req/s, mean 2.0 s: the fleet's mean is
+    # (10·0.2 + 30·2.0)/40 = 1.55 s, but kvhit divided both pods' sum by +Inf, pod A's count alone:
+    # 6.2 s. Pods of vLLM versions with other edges: an edge one pod lacks was summed as if whole
+    # (P95 3.23 s where the buckets allow 2.89 s at most). The pods of each edge (k:) and of the sum
+    # (m:) must be those of _count (n:); else the histogram is left out, unknown.
+    clock = Clock(6000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+    edges = {"a pod without buckets": ("1", "1"), "pods with other edges": ("1", "2"),
+             "a pod without _sum": ("2", "2")}[case]
+    rows = [_row("c:prefix_cache_queries", "1000"), _row("n:prefix_cache_queries", "2"),
+            _row("b:request_prompt_tokens", "20", le="2.0"), _row("b:request_prompt_tokens", "40", le="+Inf"),
+            _row("s:request_prompt_tokens", "62"), _row("n:request_prompt_tokens", "2"),
+            _row("k:request_prompt_tokens", edges[0], le="2.0"), _row("k:request_prompt_tokens", edges[1], le="+Inf"),
+            _row("m:request_prompt_tokens", "1" if case == "a pod without _sum" else "2")]
+    fake.answer(rows)
+    with caplog.at_level("WARNING", logger="kvhit"):
+        snap = parse_exposition(src.fetch()[1], 6000.0)
+    assert dict(snap.models["m"].counters) == {"queries": 1000.0}
+    assert "request_prompt_tokens" not in snap.models["m"].histograms
+    assert ("request_prompt_tokens of model 'm': some of its bucket edges or its _sum come from other pods than its "
+            "_count this range") in caplog.text
+    # every edge and the sum of both pods: the histogram is the fleet's again
+    clock.t = 6005.0
+    fake.answer([row if row[0]["kvhit_query"][:2] not in ("k:", "m:") else (row[0], "2") for row in rows])
+    h = parse_exposition(src.fetch()[1], 6005.0).models["m"].histograms["request_prompt_tokens"]
+    assert (h.count, h.sum, h.buckets) == (40.0, 62.0, ((2.0, 20.0), (math.inf, 40.0)))
 
 def test_a_family_a_pod_s_latest_scrape_lacked_is_left_out_unknown_not_a_growth_of_0(fake, caplog):
     # Model m's one pod is still scraped but a relabel rule now drops its prefix_cache_hits: each
