@@ -67,7 +67,9 @@ def fleet_families() -> tuple[Family, ...]:
     out += [Family(base, "counter", (label,), (label, value), lazy=canon in LAZY_COUNTERS)
             for canon, (base, label, value) in LABELLED_COUNTERS.items()]
     out += [Family(name, "histogram") for names in HISTOGRAMS.values() for name in names]
-    out += [Family(name, "gauge", agg=agg) for names, agg in GAUGES.values() for name in names]
+    # a signal's newer name reads a pod of the older one in its place (fallback)
+    out += [Family(name, "gauge", agg=agg, fallback=names[i + 1] if i + 1 < len(names) else None)
+            for names, agg in GAUGES.values() for i, name in enumerate(names)]
     out += [Family(base, "gauge", (label,), (label, value), GAUGES[canon][1], fallback=GAUGES[canon][0][0])
             for canon, (base, label, value) in LABELLED_GAUGES.items()]
     out.append(Family("cache_config_info", "info", CACHE_CONFIG_LABELS))

@@ -445,9 +445,10 @@ class Family:
         agg: how a gauge combines over pods, "sum" or "max" (counters and histograms add up).
         lazy: the engine creates the series at its first use (vLLM's kv_offload_load_*, at an
             engine's first load): a pod without it counted 0, so its sum is whole over fewer pods.
-        fallback: a gauge with ``match``: the plain gauge a pod without the labelled one exports
-            in its place (a vLLM before the label: num_requests_waiting before
-            num_requests_waiting_by_reason{reason="capacity"}), taken per pod.
+        fallback: a gauge of the same signal that a pod without this one exports in its place (an
+            older vLLM: num_requests_waiting before num_requests_waiting_by_reason{reason="capacity"},
+            gpu_cache_usage_perc before kv_cache_usage_perc), taken per pod, for the models some pod
+            exports this one of.
     """
 
     name: str
@@ -862,15 +863,16 @@ class PrometheusSource:
                     (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))),
                     (f"k:{f.name}", f"count by (model_name, le) (count by (model_name, le, job, instance) ({bucket}))"),
                     (f"m:{f.name}", _pods(total)), *unscraped, *doubted]
-        if f.kind == "gauge" and f.fallback is not None and f.match is not None:
+        if f.kind == "gauge" and f.fallback is not None:
             # per pod (and engine), as the recording rule: a mixed fleet mid-upgrade summed only the
-            # pods with the label, their queue alone
-            own = _preferred(f"max without (pid, {f.match[0]}) ({{}})", self._selector(f, ""))
+            # pods with the label, their queue alone (and took the most-used KV share of those with
+            # the new name only, a fleet review)
+            own = _preferred(f"max without ({', '.join(('pid',) + f.labels)}) ({{}})", self._selector(f, ""))
             plain = _preferred("max without (pid) ({})", self._selector(Family(f.fallback, "gauge"), ""))
-            # only for models some pod has it of: its presence tells parse the vLLM version (0.20+)
-            return [(f"g:{f.name}", f'label_replace({_pods_gauge(f.agg, "model_name", f"({own} or {plain})")} '
-                                    f'and on (model_name) count by (model_name) ({own}), "{f.match[0]}", "{f.match[1]}", '
-                                    '"", "")')]
+            # only for models some pod has it of: its presence tells parse the vLLM version
+            gauge = f"{_pods_gauge(f.agg, 'model_name', f'({own} or {plain})')} and on (model_name) count by (model_name) ({own})"
+            return [(f"g:{f.name}", gauge if f.match is None else
+                     f'label_replace({gauge}, "{f.match[0]}", "{f.match[1]}", "", "")')]
         if f.kind == "gauge":
             gauge = _preferred("max without (pid) ({})", self._selector(f, ""))
             return [(f"g:{f.name}", _pods_gauge(f.agg, by, gauge))]

@@ -869,6 +869,61 @@ def test_the_range_query_s_age_part_is_the_oldest_pod_s_last_sample_at_its_end(t
     assert ages == [[1.0], [10.0], [1.0], [10.0]], got
 
 
+
+def _evaluated(tmp_path, expr: str, series: dict[str, str], at: str) -> dict[str, list[tuple[str, float]]]:
+    """``expr`` evaluated by Prometheus' own engine (promtool test rules, 1-s samples of ``series``)
+    at ``at``: kvhit_query → [(the row's other labels, value)]."""
+    from observability import tool
+    doc = {"evaluation_interval": "1s", "tests": [{"interval": "1s", "input_series": [
+        {"series": name, "values": values} for name, values in series.items()],
+        "promql_expr_test": [{"expr": expr, "eval_time": at, "exp_samples": [{"labels": '{none="x"}', "value": 0}]}]}]}
+    (tmp_path / "t.yml").write_text(json.dumps(doc))
+    out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
+    (got,) = re.findall(r"^\s*got: (.*)$", out.stderr + out.stdout, re.M)  # the expectation no answer meets
+    rows: dict[str, list[tuple[str, float]]] = {}
+    for labels, value in re.findall(r"\{([^}]*)\} ([^,\s\]]+)", got):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        rows.setdefault(pairs.pop("kvhit_query"), []).append(
+            (", ".join(f'{k}="{v}"' for k, v in sorted(pairs.items())), float(value)))
+    return rows
+
+
+def test_each_bucket_edge_and_the_sum_count_the_pods_their_count_does_in_prometheus(tmp_path):
+    # The k: and m: parts, evaluated by Prometheus' engine: pod a has every series, pod b two engines
+    # with every series (one pod), pod c _sum and _count alone (its buckets dropped by a relabel rule),
+    # pod d an edge of 1.0 where the others have 2.0. By hand per edge: le 1.0 pod d; le 2.0 pods a
+    # and b; +Inf a, b and d; _sum and _count all four.
+    src = PrometheusSource("http://127.0.0.1:9", (Family("request_prompt_tokens", "histogram"),), interval=5.0)
+    series = {}
+    for pod, engines, edges in (("a", ("0",), ("2.0", "+Inf")), ("b", ("0", "1"), ("2.0", "+Inf")), ("c", ("0",), ()),
+                                ("d", ("0",), ("1.0", "+Inf"))):
+        for engine in engines:
+            at = f'model_name="m", job="j", instance="{pod}", engine="{engine}"'
+            for le in edges:
+                series[f'vllm:request_prompt_tokens_bucket{{{at}, le="{le}"}}'] = "0+1x20"
+            for suffix in ("_sum", "_count"):
+                series[f"vllm:request_prompt_tokens{suffix}{{{at}}}"] = "0+1x20"
+    rows = _evaluated(tmp_path, src.promql(5.0), series, "12s")
+    assert sorted(rows["k:request_prompt_tokens"]) == [('le="+Inf", model_name="m"', 3.0),
+                                                       ('le="1.0", model_name="m"', 1.0),
+                                                       ('le="2.0", model_name="m"', 2.0)]
+    assert rows["m:request_prompt_tokens"] == rows["n:request_prompt_tokens"] == [('model_name="m"', 4.0)]
+
+
+def test_a_pod_with_the_older_kv_usage_name_counts_in_the_fleet_s_kv_usage(tmp_path):
+    # Pods of model m: a with kv_cache_usage_perc 0.5, b of an older vLLM with gpu_cache_usage_perc
+    # 0.95: the fleet's (the max) is 0.95, where kv_cache_usage_perc read pod a alone, 0.5 (a fleet
+    # review). Model k's pods all have the older name: kv_cache_usage_perc has no row of it, whose
+    # presence would tell parse a newer vLLM; its gpu_cache_usage_perc is 0.7.
+    families = tuple(f for f in fleet_families() if f.name in ("kv_cache_usage_perc", "gpu_cache_usage_perc"))
+    src = PrometheusSource("http://127.0.0.1:9", families, interval=5.0)
+    rows = _evaluated(tmp_path, src.promql(5.0), {
+        'vllm:kv_cache_usage_perc{model_name="m", job="j", instance="a", engine="0"}': "0.5x20",
+        'vllm:gpu_cache_usage_perc{model_name="m", job="j", instance="b"}': "0.95x20",
+        'vllm:gpu_cache_usage_perc{model_name="k", job="j", instance="c"}': "0.7x20"}, "12s")
+    assert rows["g:kv_cache_usage_perc"] == [('model_name="m"', 0.95)]
+    assert sorted(rows["g:gpu_cache_usage_perc"]) == [('model_name="k"', 0.7), ('model_name="m"', 0.95)]
+
 def test_a_restart_the_growth_reads_wrong_leaves_the_model_out_and_a_glitch_its_family_twice(fake, caplog):
     # d: a pod of model m restarted in a way _growth reads wrong (a restart is the pod's: every
     # family of m is left out of that poll); z: a glitched sample of a family (left out of that
