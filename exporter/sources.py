@@ -600,6 +600,7 @@ class PrometheusSource:
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self._glitched: set[tuple[str, str]] = set()  # (family, model) with a glitched sample in the last fetch
+        self._banned: dict[tuple[str, str], set[str]] = {}  # (histogram, model) → the edges its totals leave out
         self._warned: set[str] = set()  # _latest's checks that found something at the last poll (_warn_on_change)
         self._down_since: dict[tuple[str, str], float] = {}  # (job, instance) down (up == 0) → t first seen so …
         self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
@@ -698,12 +699,12 @@ class PrometheusSource:
                               f"{t - min(last):.0f} s older (Prometheus restarted or was down?): its next sample's "
                               "growth covers all that time, which a short step cannot hold; the next range will "
                               "end after it", costly=False)
-        kept = dict(self._totals), dict(self._seen), self._partial, self._glitched
+        kept = dict(self._totals), dict(self._seen), self._partial, self._glitched, dict(self._banned)
         try:
             text = self._render([row for row in rows if row[0].get(_QUERY_LABEL) not in queries
                                  and not row[0].get(_QUERY_LABEL, "").startswith(_AGE)], t)
         except Exception as exc:  # an answer no Prometheus gives (a label that is no UTF-8 text): none of it stays
-            self._totals, self._seen, self._partial, self._glitched = kept
+            self._totals, self._seen, self._partial, self._glitched, self._banned = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
         self.counts, self._out = counts, set(down)
@@ -857,12 +858,15 @@ class PrometheusSource:
                 out.append(("p:", _pods(f"({growth} and {present})")))
             return out
         if f.kind == "histogram":
-            bucket, total = (_growth(self._selector(f, suffix), r, born, out) for suffix in ("_bucket", "_sum"))
-            # the pods of each bucket edge (k:) and of the sum (m:), which _coverage holds to those of _count
-            return [(f"b:{f.name}", f"sum by (model_name, le) ({bucket})"), (f"s:{f.name}", f"sum by (model_name) ({total})"),
+            # the pods with each bucket edge (k:), the sum (m:) and the count (j:) at t, which _coverage
+            # and _render compare: series there, not growths (a growth's PromQL again doubled the query's cost)
+            there = {suffix: _preferred("{}", self._selector(f, suffix)) for suffix in ("_bucket", "_sum", "_count")}
+            return [(f"b:{f.name}", f"sum by (model_name, le) ({_growth(self._selector(f, '_bucket'), r, born, out)})"),
+                    (f"s:{f.name}", f"sum by (model_name) ({_growth(self._selector(f, '_sum'), r, born, out)})"),
                     (f"n:{f.name}", _pods(_growth(self._selector(f, '_count'), r, born, out))),
-                    (f"k:{f.name}", f"count by (model_name, le) (count by (model_name, le, job, instance) ({bucket}))"),
-                    (f"m:{f.name}", _pods(total)), *unscraped, *doubted]
+                    (f"k:{f.name}", f"count by (model_name, le) (count by (model_name, le, job, instance) "
+                                    f"({there['_bucket']}))"),
+                    (f"m:{f.name}", _pods(there["_sum"])), (f"j:{f.name}", _pods(there["_count"])), *unscraped, *doubted]
         if f.kind == "gauge" and f.fallback is not None:
             # per pod (and engine), as the recording rule: a mixed fleet mid-upgrade summed only the
             # pods with the label, their queue alone (and took the most-used KV share of those with
@@ -934,6 +938,8 @@ class PrometheusSource:
         for key in [k for k, seen in self._seen.items() if t - seen > TOTALS_TTL_SECONDS]:
             del self._seen[key]
             self._totals.pop(key, None)
+        # a histogram's banned edges go with its totals (_ban_edges)
+        self._banned = {k: v for k, v in self._banned.items() if _inf_key(*k) in self._totals}
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         self._partial = self._coverage(by_query)
@@ -947,6 +953,9 @@ class PrometheusSource:
         for qid, rows in by_query.items():  # a partial sum: its counter, bucket and sum rows
             if qid[:2] in ("c:", "b:", "s:"):
                 by_query[qid] = [row for row in rows if (qid[2:], row[0].get("model_name", "")) not in self._partial]
+        for f in self.families:
+            if f.kind == "histogram":
+                self._ban_edges(f, by_query)
         connector = GaugeMetricFamily(_CONNECTOR_FAMILY, "Pods of the model with LMCache's metrics.",
                                       labels=("model_name",))
         for labels, pods in by_query.get(_CONNECTOR, []):
@@ -965,11 +974,10 @@ class PrometheusSource:
         either end of the range lacked though the pod had them (``x:`` rows, :meth:`_unscraped`: their
         growth read 0, a fleet h of 0 where it is unknown); pairs with a glitched sample this fetch or
         the last (``z:``, :func:`_glitched`); every counter and histogram of a model with a restart
-        :func:`_growth` reads wrong (``d:``, :func:`_doubted`); and histograms some bucket edge or
-        the sum of which comes from other pods than their ``_count`` (``k:``, ``m:``: a pod whose
-        buckets a relabel rule dropped, pods of vLLM versions with other edges: +Inf, the count,
-        was one pod's under both pods' sum, a mean TTFT 4× too high, and an edge of some pods
-        summed as if whole, a fleet review). Such a sum is not the fleet's (hits from some pods over
+        :func:`_growth` reads wrong (``d:``, :func:`_doubted`); and histograms whose +Inf bucket or
+        sum comes from other pods than their ``_count`` (:func:`_histogram_pods`: a pod whose buckets
+        a relabel rule dropped put both pods' sum over one pod's +Inf, the count: a mean TTFT 4× too
+        high, a fleet review; an edge only some pods have is :meth:`_render`'s). Such a sum is not the fleet's (hits from some pods over
         queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
         total (a counter: rendered NaN for the model, :meth:`_metrics`); a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
@@ -990,8 +998,8 @@ class PrometheusSource:
                         "counters and histograms are left out of this poll, unknown", model)
         self._glitched = glitched
         uneven = {(f.name, model) for f in self.families if f.kind == "histogram"
-                  for qid in (f"k:{f.name}", f"m:{f.name}") for labels, pods in by_query.get(qid, [])
-                  if pods != counts.get((f.name, model := labels.get("model_name", "")))}
+                  for model, (count, total, edges) in _histogram_pods(f, by_query).items()
+                  if (total, edges.get("+Inf")) != (count, count)}
         most: dict[str, float] = {}
         for (_, model), n in counts.items():
             most[model] = max(most.get(model, 0.0), n)
@@ -1004,9 +1012,9 @@ class PrometheusSource:
                 if (name, model) in doubted:
                     continue
                 if (name, model) in uneven:
-                    log.warning("fleet mode: %s of model %r: some of its bucket edges or its _sum come from other pods "
-                                "than its _count this range (a pod whose buckets a relabel rule dropped, or pods of "
-                                "vLLM versions with other edges): left out, unknown", name, model)
+                    log.warning("fleet mode: %s of model %r: its +Inf bucket or its _sum comes from other pods than its "
+                                "_count (a pod whose buckets or sum a relabel rule dropped?): left out, unknown",
+                                name, model)
                     continue
                 if (name, model) in unscraped:
                     log.warning("fleet mode: %s of model %r is missing from the latest scrape of %d pod(s) Prometheus "
@@ -1019,6 +1027,35 @@ class PrometheusSource:
             if self._partial and not partial:
                 log.info("fleet mode: every family comes from every pod again")
         return partial
+
+    def _ban_edges(self, f: Family, by_query: dict[str, list[tuple[dict[str, str], float]]]) -> None:
+        """Leave out of ``f``'s bucket rows (``b:``) each edge that fewer pods than its ``_count``'s
+        have (:func:`_histogram_pods`: pods with another ``--max-model-len``, whose
+        request_prompt_tokens edges follow it, or of another vLLM version; summed as if whole it
+        gave a P95 past what the buckets allow, a fleet review), as one body's engines are summed
+        over the edges they share (window._sum_hist_deltas); and, since a running total cannot take
+        an edge up midway (its total, short of the others', would read a histogram that goes down
+        with ``le``), each edge one poll left out or that came after the totals began, until the
+        histogram's totals start again (its +Inf total gone: _render, TOTALS_TTL_SECONDS)."""
+        rows = by_query.get(f"b:{f.name}", [])
+        pods = _histogram_pods(f, by_query)
+        for model in sorted({labels.get("model_name", "") for labels, _ in rows}):
+            key, qid = (f.name, model), f"b:{f.name}"
+            started = _inf_key(*key) in self._totals
+            banned = set(self._banned.get(key, ())) if started else set()
+            count, _, edges = pods.get(model, (None, None, {}))
+            for labels, _ in rows:
+                le = labels.get("le", "")
+                if labels.get("model_name", "") == model and le != "+Inf" and (
+                        edges.get(le) != count or started and (qid, tuple(sorted(labels.items()))) not in self._totals):
+                    banned.add(le)
+            if banned - self._banned.get(key, set()):
+                log.warning("fleet mode: %s of model %r: bucket edge(s) %s come from fewer pods than its _count, or "
+                            "came after its running totals began (pods of another --max-model-len or vLLM version): "
+                            "read without them", f.name, model, _some(sorted(banned - self._banned.get(key, set()))))
+            self._banned[key] = banned
+        by_query[f"b:{f.name}"] = [row for row in rows
+                                   if row[0].get("le", "") not in self._banned.get((f.name, row[0].get("model_name", "")), ())]
 
     def _add(self, qid: str, labels: Mapping[str, str], value: float, count: bool = True) -> float:
         """The running total after adding this increase, or ``value`` itself when it is no
@@ -1244,6 +1281,26 @@ def _target_matchers(matchers: Sequence[str]) -> list[str]:
     by ``{model_name="…"}``, found none of them: no KV capacity, down pods unseen, fleet review);
     each query joins their pods to the model's counters, which keep it."""
     return [m for m in matchers if not re.match(r"\s*model_name\s*[=!]", m)]
+
+
+def _inf_key(family: str, model: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The running-total key of histogram ``family``'s +Inf bucket of ``model`` (_add's keys)."""
+    return f"b:{family}", (("le", "+Inf"), ("model_name", model))
+
+
+def _histogram_pods(f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]
+                    ) -> dict[str, tuple[float | None, float | None, dict[str, float]]]:
+    """Per model with series of histogram ``f`` at t: (the pods with its ``_count`` (``j:`` rows),
+    with its ``_sum`` (``m:``), {``le``: the pods with that bucket edge} (``k:``)); None: no row."""
+    out: dict[str, list] = {}
+    for i, qid in enumerate(("j:", "m:", "k:")):
+        for labels, pods in by_query.get(f"{qid}{f.name}", []):
+            row = out.setdefault(labels.get("model_name", ""), [None, None, {}])
+            if i < 2:
+                row[i] = pods
+            else:
+                row[2][labels.get("le", "")] = pods
+    return {model: (count, total, edges) for model, (count, total, edges) in out.items()}
 
 
 def _pods(expr: str) -> str:

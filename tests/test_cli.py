@@ -1307,7 +1307,6 @@ def test_replay_and_report_of_a_bad_archive_exit_1_with_one_line(tmp_path, capsy
         assert err.count("\n") == 1 and "not a readable trace directory or tar archive" in err, err
 
 
-
 def test_replay_and_report_of_one_scrape_file_say_a_trace_is_a_directory_of_them(tmp_path, capsys):
     # a single <unix_ms>.prom read as an archive: "not a readable trace directory or tar archive
     # (ReadError)" (a newcomer's find)
@@ -1318,6 +1317,7 @@ def test_replay_and_report_of_one_scrape_file_say_a_trace_is_a_directory_of_them
         assert main(argv) == 1
         assert capsys.readouterr().err == (f"kvhit: {scrape}: one scrape, not a trace: give the directory of "
                                            "<unix_ms>.prom scrapes, or a tar of it\n")
+
 
 def test_replay_and_report_of_a_trace_with_no_readable_scrape_exit_1_with_one_line(tmp_path, capsys):
     # three HTML error pages recorded instead of /metrics: nothing was analysed, so no result is printed

@@ -374,10 +374,11 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert f"sum by (model_name, le) ((((({b_now} - {b_then}) >= 0)" in q1
     assert f'ignoring(le) ((last_over_time({{__name__=~"vllm[:_]request_prompt_tokens_created", {sel}}}[5m]) >' in q1
     assert f'sum by (model_name) ({pref("(0 * {})", "request_prompt_tokens_sum")})' in q0
-    # the pods of each bucket edge and of the sum, held to those of _count (_coverage)
-    assert f'count by (model_name, le) (count by (model_name, le, job, instance) ((((({b_now} - {b_then}) >= 0)' in q1
-    s_now = pref("last_over_time({}[5m])", "request_prompt_tokens_sum")
-    assert f'count by (model_name) (count by (model_name, job, instance) ((((({s_now} - ' in q1
+    # the pods with each bucket edge, the sum and the count at t (series there, not growths: the
+    # growths' PromQL again doubled the query's cost, a diff review), compared in _coverage
+    assert f'count by (model_name, le) (count by (model_name, le, job, instance) ({pref("{}", "request_prompt_tokens_bucket")}))' in q1
+    for suffix in ("_sum", "_count"):
+        assert f'count by (model_name) (count by (model_name, job, instance) ({pref("{}", "request_prompt_tokens" + suffix)}))' in q1
     # a gauge summed, or where some pod's reads below 0 its lowest (parse drops it, as in a pod's own body)
     g = pref("max without (pid) ({})", "num_requests_running")
     assert f"((sum by (model_name) ({g}) unless on (model_name) ({g} < 0)) or min by (model_name) ({g} < 0))" in q0
@@ -439,7 +440,7 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     # the pods of each model with LMCache's metrics, with the selector's matchers
     assert (f'label_replace(count by (model_name) (count by (job, instance, model_name) ({counters}) and on (job, '
             f'instance) {{__name__=~"lmcache[:_].+", {sel}}}), "kvhit_query", "l:", "", "")') in q0
-    assert q0.count('label_replace(') == 15  # one request: 15 subqueries, 6 families (and the pods' models, LMCache)
+    assert q0.count('label_replace(') == 16  # one request: 16 subqueries, 6 families (and the pods' models, LMCache)
 
 
 def test_a_new_pod_counts_whole_only_when_created_after_the_baseline_and_the_last_poll_less_5_min(fake):
@@ -736,36 +737,64 @@ def test_a_sum_over_fewer_pods_than_the_model_has_is_left_out_unknown(fake, capl
     assert "request_prompt_tokens" not in s2.models["m"].histograms
 
 
-
-@pytest.mark.parametrize("case", ["a pod without buckets", "pods with other edges", "a pod without _sum"])
-def test_a_histogram_whose_buckets_or_sum_come_from_other_pods_than_its_count_is_left_out(fake, caplog, case):
+@pytest.mark.parametrize("case", ["a pod without buckets", "a pod without _sum"])
+def test_a_histogram_whose_inf_bucket_or_sum_come_from_other_pods_than_its_count_is_left_out(fake, caplog, case):
     # A fleet review, live: pod A's TTFT histogram at 10 req/s, mean 0.2 s; pod B's _sum and _count
     # alone (a relabel rule dropped its buckets) at 30 req/s, mean 2.0 s: the fleet's mean is
     # (10·0.2 + 30·2.0)/40 = 1.55 s, but kvhit divided both pods' sum by +Inf, pod A's count alone:
-    # 6.2 s. Pods of vLLM versions with other edges: an edge one pod lacks was summed as if whole
-    # (P95 3.23 s where the buckets allow 2.89 s at most). The pods of each edge (k:) and of the sum
-    # (m:) must be those of _count (n:); else the histogram is left out, unknown.
+    # 6.2 s. The pods with the +Inf bucket (k:) and the sum (m:) must be those with _count (j:),
+    # else the histogram is left out, unknown.
     clock = Clock(6000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
-    edges = {"a pod without buckets": ("1", "1"), "pods with other edges": ("1", "2"),
-             "a pod without _sum": ("2", "2")}[case]
+    pods = {"a pod without buckets": ("1", "2"), "a pod without _sum": ("2", "1")}[case]
     rows = [_row("c:prefix_cache_queries", "1000"), _row("n:prefix_cache_queries", "2"),
             _row("b:request_prompt_tokens", "20", le="2.0"), _row("b:request_prompt_tokens", "40", le="+Inf"),
             _row("s:request_prompt_tokens", "62"), _row("n:request_prompt_tokens", "2"),
-            _row("k:request_prompt_tokens", edges[0], le="2.0"), _row("k:request_prompt_tokens", edges[1], le="+Inf"),
-            _row("m:request_prompt_tokens", "1" if case == "a pod without _sum" else "2")]
+            _row("k:request_prompt_tokens", pods[0], le="2.0"), _row("k:request_prompt_tokens", pods[0], le="+Inf"),
+            _row("m:request_prompt_tokens", pods[1]), _row("j:request_prompt_tokens", "2")]
     fake.answer(rows)
     with caplog.at_level("WARNING", logger="kvhit"):
         snap = parse_exposition(src.fetch()[1], 6000.0)
     assert dict(snap.models["m"].counters) == {"queries": 1000.0}
     assert "request_prompt_tokens" not in snap.models["m"].histograms
-    assert ("request_prompt_tokens of model 'm': some of its bucket edges or its _sum come from other pods than its "
-            "_count this range") in caplog.text
-    # every edge and the sum of both pods: the histogram is the fleet's again
+    assert ("request_prompt_tokens of model 'm': its +Inf bucket or its _sum comes from other pods than its "
+            "_count") in caplog.text
+    # every series of both pods: the histogram is the fleet's again, from this range's growth
     clock.t = 6005.0
     fake.answer([row if row[0]["kvhit_query"][:2] not in ("k:", "m:") else (row[0], "2") for row in rows])
     h = parse_exposition(src.fetch()[1], 6005.0).models["m"].histograms["request_prompt_tokens"]
     assert (h.count, h.sum, h.buckets) == (40.0, 62.0, ((2.0, 20.0), (math.inf, 40.0)))
+
+
+def test_a_bucket_edge_some_pods_lack_is_left_out_and_stays_out_while_the_totals_last(fake, caplog):
+    # Pods of one model with another --max-model-len (vLLM's request_prompt_tokens edges follow it)
+    # or vLLM version: an edge only pod A has (k: 1 of j: 2) was summed as if whole (a fleet review:
+    # P95 3.23 s where the buckets allow 2.89 s at most). It is left out, the rest read as one body's
+    # engines are (their shared edges); the mean stays (the count and sum are both pods'). Once every
+    # pod has it, it stays out: its running total would lack the polls it missed (a histogram whose
+    # cumulative counts fall with le), as does an edge new after the totals began.
+    clock = Clock(6000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
+
+    def answer(edge_pods: str, new_edge: bool = False) -> None:
+        fake.answer([_row("c:prefix_cache_queries", "1000"), _row("n:prefix_cache_queries", "2"),
+                     _row("b:request_prompt_tokens", "10", le="1.0"), _row("b:request_prompt_tokens", "20", le="2.0"),
+                     _row("b:request_prompt_tokens", "40", le="+Inf"), _row("s:request_prompt_tokens", "62"),
+                     _row("n:request_prompt_tokens", "2"), _row("k:request_prompt_tokens", "2", le="1.0"),
+                     _row("k:request_prompt_tokens", edge_pods, le="2.0"), _row("k:request_prompt_tokens", "2", le="+Inf"),
+                     _row("m:request_prompt_tokens", "2"), _row("j:request_prompt_tokens", "2"),
+                     *([_row("b:request_prompt_tokens", "30", le="4.0"), _row("k:request_prompt_tokens", "2", le="4.0")]
+                       if new_edge else [])])
+    answer("1")
+    with caplog.at_level("WARNING", logger="kvhit"):
+        h = parse_exposition(src.fetch()[1], 6000.0).models["m"].histograms["request_prompt_tokens"]
+    assert (h.count, h.sum, h.buckets) == (40.0, 62.0, ((1.0, 10.0), (math.inf, 40.0)))
+    assert "request_prompt_tokens of model 'm': bucket edge(s) 2.0 come from fewer pods than its _count" in caplog.text
+    clock.t = 6005.0
+    answer("2", new_edge=True)  # every pod has le 2.0 now, and a new le 4.0: both stay out
+    h = parse_exposition(src.fetch()[1], 6005.0).models["m"].histograms["request_prompt_tokens"]
+    assert (h.count, h.sum, h.buckets) == (80.0, 124.0, ((1.0, 20.0), (math.inf, 80.0)))
+
 
 def test_a_family_a_pod_s_latest_scrape_lacked_is_left_out_unknown_not_a_growth_of_0(fake, caplog):
     # Model m's one pod is still scraped but a relabel rule now drops its prefix_cache_hits: each
@@ -869,7 +898,6 @@ def test_the_range_query_s_age_part_is_the_oldest_pod_s_last_sample_at_its_end(t
     assert ages == [[1.0], [10.0], [1.0], [10.0]], got
 
 
-
 def _evaluated(tmp_path, expr: str, series: dict[str, str], at: str) -> dict[str, list[tuple[str, float]]]:
     """``expr`` evaluated by Prometheus' own engine (promtool test rules, 1-s samples of ``series``)
     at ``at``: kvhit_query → [(the row's other labels, value)]."""
@@ -907,7 +935,8 @@ def test_each_bucket_edge_and_the_sum_count_the_pods_their_count_does_in_prometh
     assert sorted(rows["k:request_prompt_tokens"]) == [('le="+Inf", model_name="m"', 3.0),
                                                        ('le="1.0", model_name="m"', 1.0),
                                                        ('le="2.0", model_name="m"', 2.0)]
-    assert rows["m:request_prompt_tokens"] == rows["n:request_prompt_tokens"] == [('model_name="m"', 4.0)]
+    assert rows["m:request_prompt_tokens"] == rows["j:request_prompt_tokens"] == rows["n:request_prompt_tokens"] == [
+        ('model_name="m"', 4.0)]
 
 
 def test_a_pod_with_the_older_kv_usage_name_counts_in_the_fleet_s_kv_usage(tmp_path):
@@ -923,6 +952,7 @@ def test_a_pod_with_the_older_kv_usage_name_counts_in_the_fleet_s_kv_usage(tmp_p
         'vllm:gpu_cache_usage_perc{model_name="k", job="j", instance="c"}': "0.7x20"}, "12s")
     assert rows["g:kv_cache_usage_perc"] == [('model_name="m"', 0.95)]
     assert sorted(rows["g:gpu_cache_usage_perc"]) == [('model_name="k"', 0.7), ('model_name="m"', 0.95)]
+
 
 def test_a_restart_the_growth_reads_wrong_leaves_the_model_out_and_a_glitch_its_family_twice(fake, caplog):
     # d: a pod of model m restarted in a way _growth reads wrong (a restart is the pod's: every
@@ -1869,7 +1899,6 @@ def test_fleet_data_dated_where_it_ends_is_no_stale_scrape(fake, monkeypatch, de
     analysis, health = runner.current()
     assert runner.analyzer.windows.last.timestamp == pytest.approx(end + 2.0)
     assert health.age == pytest.approx(75.9 - delay) and health.stale and not analysis.models
-
 
 
 def test_a_poll_with_nothing_new_keeps_the_data_dated_where_it_is(fake, monkeypatch):

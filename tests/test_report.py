@@ -178,7 +178,6 @@ def test_report_from_a_saved_analysis_and_refusals(cfg, replayed, tmp_path, caps
     assert main(["report", str(bad), "--out", str(tmp_path / "bad")]) == 1
 
 
-
 def test_a_saved_fit_that_kvhit_predict_refuses_is_refused_by_report_too(cfg, replayed, tmp_path, capsys):
     # A NaN k_ffn: kvhit predict exits 1 naming the field, while report exited 0, called the fit ok
     # and dropped its TTFT and TPM plots as "needs per-step observations" (a newcomer's find)
@@ -193,6 +192,7 @@ def test_a_saved_fit_that_kvhit_predict_refuses_is_refused_by_report_too(cfg, re
         assert main(["report", str(saved), "--out", str(tmp_path / "r")]) == 1
         assert capsys.readouterr().err == f"kvhit: {saved}: {said}"
         assert not (tmp_path / "r").exists()
+
 
 def test_without_matplotlib_the_hint_installs_from_the_checkout(monkeypatch):
     from exporter.report import ReportError, _pyplot
