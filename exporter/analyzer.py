@@ -1068,7 +1068,7 @@ def _load_bound_note(preds: Mapping[str, Prediction], fitted: FittedModel, targe
             if (excess := link_excess(tpm, n, out, fitted.link_feed(h)))]
     if not over:
         return {}
-    return {"kv_load_bound": "a TPM exceeds what the KV-load link can feed, B_load / (S_kv x h_load) (the load term "
+    return {"kv_load_bound": "a TPM exceeds what the KV-load link can feed, B_load x E / (S_kv x h_load) (the load term "
                              "of kvhit_capacity_bound_tokens_per_second): chip time cannot see an asynchronous load, "
                              "so the link limits throughput there, and the TPMs and the chip-time bathtub from that "
                              "h up read high (or B_load or S_kv is set wrong: kvhit_load_bandwidth_bytes_per_second, "

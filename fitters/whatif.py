@@ -404,8 +404,8 @@ class FittedModel:
                         "time at h 0.96 that its first sweep's (to h 0.97) did)"] if beyond else []
         if untold:
             extrapolated.append(f"unknown for {' and '.join(untold)} whether this what-if lies inside the chip-time "
-                                "fit's steps: the fit records no range of them (fits saved by an older kvhit lack them: save it again "
-                                "with kvhit replay --save-fit, or from /api/v1/analysis)")
+                                "fit's steps: the fit records no range of them (no step told them, or a fit saved by an "
+                                "older kvhit, which kept none: save it again with kvhit replay --save-fit)")
         return Prediction(
             hit_ratio=hit_ratio, isl=isl, osl=osl, **per_request,
             ttft_service=ttft_s, ttft_load_aware=ttft_l, ttft_service_stderr=ttft_se,
@@ -428,7 +428,7 @@ class FittedModel:
         """
         if data.get("schema_version") != SCHEMA_VERSION:
             version = data.get("schema_version")
-            newer = isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
+            newer = isinstance(version, (int, float)) and not isinstance(version, bool) and version > SCHEMA_VERSION
             raise ValueError(f"fit schema_version must be {SCHEMA_VERSION} " + (
                 "(a fit saved by a newer kvhit: read it with that kvhit)" if newer else
                 "(a fit saved by an older kvhit: save it again with kvhit replay --save-fit)"))

@@ -164,7 +164,8 @@ def test_a_what_if_beyond_the_lengths_the_chip_time_fit_saw_says_it_extrapolates
     old = FittedModel(**FIT).predict(0.5, 8192.0, 512.0)
     assert old.t_chip == far.t_chip
     assert old.extrapolated.startswith("unknown for h and ISL and OSL whether this what-if lies inside the chip-time "
-                                       "fit's steps: the fit records no range of them (fits saved by an older kvhit")
+                                       "fit's steps: the fit records no range of them (no step told them, or a fit "
+                                       "saved by an older kvhit")
     partial = FittedModel(**FIT, isl_range=[512.0, 2048.0], osl_range=[32.0, 32.0]).predict(0.5, 8192.0, 32.0)
     assert partial.extrapolated.startswith("ISL 8192 outside the [512, 2048] tokens of the chip-time fit's steps: ")
     assert "; unknown for h whether this what-if lies inside the chip-time fit's steps" in partial.extrapolated
@@ -302,6 +303,8 @@ def test_a_fit_of_another_schema_says_which_kvhit_to_use():
     with pytest.raises(ValueError, match=r"^fit schema_version must be 2 \(a fit saved by a newer kvhit: read it with "
                                          r"that kvhit\)$"):
         FittedModel.from_dict({**doc, "schema_version": 3})
+    with pytest.raises(ValueError, match=r"\(a fit saved by a newer kvhit"):
+        FittedModel.from_dict({**doc, "schema_version": 3.0})
     for old in (1, None, True, "2"):
         with pytest.raises(ValueError, match=r"\(a fit saved by an older kvhit: save it again with kvhit replay"):
             FittedModel.from_dict({**doc, "schema_version": old})
