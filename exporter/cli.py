@@ -367,18 +367,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
             named[where] = flag
     trace = load_trace(args.path, cfg.max_body_bytes)
     t0 = trace.snapshots[0][0]
-    if not args.quiet:
-        print(STEP_HEADER)
+    steps = [0]
 
     def on_step(i, t, obs):
         for model, o in obs.items():
+            if not steps[0]:  # the header with the first step: a trace of one scrape printed it alone
+                print(STEP_HEADER)
+            steps[0] += 1
             print(_step_line(i, t0, model, o))
 
     result = replay(trace, cfg, str(args.path), on_step if not args.quiet else None)
     for model, phases in result.phases.items():
         print_phases(model, phases)
     analysis, _ = result.runner.current()
-    print(f"\nfinal fit ({analysis.engine}):")
+    if analysis.models:
+        print(f"\nfinal fit ({analysis.engine}):")
     for m in analysis.models.values():
         print(describe_model(m))
     _write_outputs(args, result)

@@ -1319,6 +1319,17 @@ def test_replay_and_report_of_one_scrape_file_say_a_trace_is_a_directory_of_them
                                            "<unix_ms>.prom scrapes, or a tar of it\n")
 
 
+def test_a_replay_of_one_scrape_prints_no_empty_table_before_its_error(tmp_path, capsys):
+    # the step table's header and "final fit (vllm_v1):" were printed with nothing under them, then the
+    # error (a newcomer's find): nothing but the error now
+    from exporter.cli import main
+    (tmp_path / "1700000001000.prom").write_text("# TYPE vllm:num_requests_running gauge\n"
+                                                 'vllm:num_requests_running{model_name="m"} 0\n')
+    assert main(["replay", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"kvhit: {tmp_path}: no model analysed: "), (out, err)
+
+
 def test_replay_and_report_of_a_trace_with_no_readable_scrape_exit_1_with_one_line(tmp_path, capsys):
     # three HTML error pages recorded instead of /metrics: nothing was analysed, so no result is printed
     from exporter.cli import main
