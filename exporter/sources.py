@@ -600,7 +600,8 @@ class PrometheusSource:
         self._now = 0.0  # t of the answer being rendered (_render), what _add stamps a total with
         self._partial: set[tuple[str, str]] = set()  # (family, model) left out of the last fetch (_coverage)
         self._glitched: set[tuple[str, str]] = set()  # (family, model) with a glitched sample in the last fetch
-        self._banned: dict[tuple[str, str], set[str]] = {}  # (histogram, model) → the edges its totals leave out
+        # (histogram, model) → (its +Inf bucket's total key, the edges its totals leave out: _ban_edges)
+        self._banned: dict[tuple[str, str], tuple[tuple, set[str]]] = {}
         self._warned: set[str] = set()  # _latest's checks that found something at the last poll (_warn_on_change)
         self._down_since: dict[tuple[str, str], float] = {}  # (job, instance) down (up == 0) → t first seen so …
         self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
@@ -939,7 +940,7 @@ class PrometheusSource:
             del self._seen[key]
             self._totals.pop(key, None)
         # a histogram's banned edges go with its totals (_ban_edges)
-        self._banned = {k: v for k, v in self._banned.items() if _inf_key(*k) in self._totals}
+        self._banned = {k: v for k, v in self._banned.items() if v[0] in self._totals}
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
         self._partial = self._coverage(by_query)
@@ -977,9 +978,10 @@ class PrometheusSource:
         :func:`_growth` reads wrong (``d:``, :func:`_doubted`); and histograms whose +Inf bucket or
         sum comes from other pods than their ``_count`` (:func:`_histogram_pods`: a pod whose buckets
         a relabel rule dropped put both pods' sum over one pod's +Inf, the count: a mean TTFT 4× too
-        high, a fleet review; an edge only some pods have is :meth:`_render`'s). Such a sum is not the fleet's (hits from some pods over
-        queries from all): :meth:`_render` leaves it out, unknown for this fetch, never added to a
-        total (a counter: rendered NaN for the model, :meth:`_metrics`); a change of the set is logged."""
+        high, a fleet review; an edge only some pods have is :meth:`_ban_edges`'). Such a sum is not
+        the fleet's (hits from some pods over queries from all): :meth:`_render` leaves it out,
+        unknown for this fetch, never added to a total (a counter: rendered NaN for the model,
+        :meth:`_metrics`); a change of the set is logged."""
         counts = {(f.name, labels.get("model_name", "")): value
                   for f in self.families if not f.lazy for labels, value in by_query.get(f"n:{f.name}", [])}
         unscraped = {(f.name, labels.get("model_name", "")): value for f in self.families if not f.lazy
@@ -1037,25 +1039,27 @@ class PrometheusSource:
         an edge up midway (its total, short of the others', would read a histogram that goes down
         with ``le``), each edge one poll left out or that came after the totals began, until the
         histogram's totals start again (its +Inf total gone: _render, TOTALS_TTL_SECONDS)."""
-        rows = by_query.get(f"b:{f.name}", [])
+        qid = f"b:{f.name}"
+        rows = by_query.get(qid, [])
+        by_model: dict[str, list[tuple[str, tuple]]] = {}  # model → (le, its total's key) of each row
+        for labels, _ in rows:
+            by_model.setdefault(labels.get("model_name", ""), []).append(
+                (labels.get("le", ""), (qid, tuple(sorted(labels.items())))))
         pods = _histogram_pods(f, by_query)
-        for model in sorted({labels.get("model_name", "") for labels, _ in rows}):
-            key, qid = (f.name, model), f"b:{f.name}"
-            started = _inf_key(*key) in self._totals
-            banned = set(self._banned.get(key, ())) if started else set()
+        for model, here in by_model.items():
+            inf = next((key for le, key in here if le == "+Inf"), None)
+            before = self._banned.get((f.name, model), (None, set()))[1]
+            started = inf in self._totals
             count, _, edges = pods.get(model, (None, None, {}))
-            for labels, _ in rows:
-                le = labels.get("le", "")
-                if labels.get("model_name", "") == model and le != "+Inf" and (
-                        edges.get(le) != count or started and (qid, tuple(sorted(labels.items()))) not in self._totals):
-                    banned.add(le)
-            if banned - self._banned.get(key, set()):
+            banned = (before if started else set()) | {
+                le for le, key in here if le != "+Inf" and (edges.get(le) != count or started and key not in self._totals)}
+            if banned - before:
                 log.warning("fleet mode: %s of model %r: bucket edge(s) %s come from fewer pods than its _count, or "
                             "came after its running totals began (pods of another --max-model-len or vLLM version): "
-                            "read without them", f.name, model, _some(sorted(banned - self._banned.get(key, set()))))
-            self._banned[key] = banned
-        by_query[f"b:{f.name}"] = [row for row in rows
-                                   if row[0].get("le", "") not in self._banned.get((f.name, row[0].get("model_name", "")), ())]
+                            "read without them", f.name, model, _some(sorted(banned - before)))
+            self._banned[(f.name, model)] = (inf, banned)
+        by_query[qid] = [row for row in rows if row[0].get("le", "") not in
+                         self._banned.get((f.name, row[0].get("model_name", "")), (None, ()))[1]]
 
     def _add(self, qid: str, labels: Mapping[str, str], value: float, count: bool = True) -> float:
         """The running total after adding this increase, or ``value`` itself when it is no
@@ -1281,11 +1285,6 @@ def _target_matchers(matchers: Sequence[str]) -> list[str]:
     by ``{model_name="…"}``, found none of them: no KV capacity, down pods unseen, fleet review);
     each query joins their pods to the model's counters, which keep it."""
     return [m for m in matchers if not re.match(r"\s*model_name\s*[=!]", m)]
-
-
-def _inf_key(family: str, model: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """The running-total key of histogram ``family``'s +Inf bucket of ``model`` (_add's keys)."""
-    return f"b:{family}", (("le", "+Inf"), ("model_name", model))
 
 
 def _histogram_pods(f: Family, by_query: Mapping[str, list[tuple[dict[str, str], float]]]
