@@ -943,7 +943,8 @@ class PrometheusSource:
         self._banned = {k: v for k, v in self._banned.items() if v[0] in self._totals}
         for labels, value in rows:
             by_query.setdefault(labels.pop(_QUERY_LABEL, ""), []).append((labels, value))
-        self._partial = self._coverage(by_query)
+        histograms = {f.name: _histogram_pods(f, by_query) for f in self.families if f.kind == "histogram"}
+        self._partial = self._coverage(by_query, histograms)
         if self._counters:  # a model no counter grew for (its pods new to Prometheus, not counted whole) is left
             # out whole: its gauges alone made a snapshot whose next step had counters at one end only (h and
             # TPM unknown for a whole window, "a cut or bad body")
@@ -954,9 +955,8 @@ class PrometheusSource:
         for qid, rows in by_query.items():  # a partial sum: its counter, bucket and sum rows
             if qid[:2] in ("c:", "b:", "s:"):
                 by_query[qid] = [row for row in rows if (qid[2:], row[0].get("model_name", "")) not in self._partial]
-        for f in self.families:
-            if f.kind == "histogram":
-                self._ban_edges(f, by_query)
+        for name, pods in histograms.items():
+            self._ban_edges(name, pods, by_query)
         connector = GaugeMetricFamily(_CONNECTOR_FAMILY, "Pods of the model with LMCache's metrics.",
                                       labels=("model_name",))
         for labels, pods in by_query.get(_CONNECTOR, []):
@@ -967,7 +967,9 @@ class PrometheusSource:
         # A successful answer without series is no data, not an empty body (a parse error)
         return generate_latest(registry).decode() or "# kvhit fleet mode: no series in this answer\n"
 
-    def _coverage(self, by_query: Mapping[str, list[tuple[dict[str, str], float]]]) -> set[tuple[str, str]]:
+    def _coverage(self, by_query: Mapping[str, list[tuple[dict[str, str], float]]],
+                  histograms: Mapping[str, Mapping[str, tuple[float | None, float | None, dict[str, float]]]]
+                  ) -> set[tuple[str, str]]:
         """(family, model) pairs summed over fewer pods than the model's best-covered counter or
         histogram family (:attr:`Family.lazy` ones aside) this fetch (``n:`` rows: pods with a
         growth, i.e. a sample at both ends): pods without the family (another vLLM version, a name
@@ -976,7 +978,8 @@ class PrometheusSource:
         growth read 0, a fleet h of 0 where it is unknown); pairs with a glitched sample this fetch or
         the last (``z:``, :func:`_glitched`); every counter and histogram of a model with a restart
         :func:`_growth` reads wrong (``d:``, :func:`_doubted`); and histograms whose +Inf bucket or
-        sum comes from other pods than their ``_count`` (:func:`_histogram_pods`: a pod whose buckets
+        sum comes from other pods than their ``_count`` (``histograms``, :func:`_histogram_pods` of
+        each histogram family: a pod whose buckets
         a relabel rule dropped put both pods' sum over one pod's +Inf, the count: a mean TTFT 4× too
         high, a fleet review; an edge only some pods have is :meth:`_ban_edges`'). Such a sum is not
         the fleet's (hits from some pods over queries from all): :meth:`_render` leaves it out,
@@ -999,9 +1002,8 @@ class PrometheusSource:
                         "be told from (two restarts, or the value since a restart past its value before): its "
                         "counters and histograms are left out of this poll, unknown", model)
         self._glitched = glitched
-        uneven = {(f.name, model) for f in self.families if f.kind == "histogram"
-                  for model, (count, total, edges) in _histogram_pods(f, by_query).items()
-                  if (total, edges.get("+Inf")) != (count, count)}
+        uneven = {(name, model) for name, pods in histograms.items()
+                  for model, (count, total, edges) in pods.items() if (total, edges.get("+Inf")) != (count, count)}
         most: dict[str, float] = {}
         for (_, model), n in counts.items():
             most[model] = max(most.get(model, 0.0), n)
@@ -1030,25 +1032,25 @@ class PrometheusSource:
                 log.info("fleet mode: every family comes from every pod again")
         return partial
 
-    def _ban_edges(self, f: Family, by_query: dict[str, list[tuple[dict[str, str], float]]]) -> None:
-        """Leave out of ``f``'s bucket rows (``b:``) each edge that fewer pods than its ``_count``'s
-        have (:func:`_histogram_pods`: pods with another ``--max-model-len``, whose
-        request_prompt_tokens edges follow it, or of another vLLM version; summed as if whole it
+    def _ban_edges(self, name: str, pods: Mapping[str, tuple[float | None, float | None, dict[str, float]]],
+                   by_query: dict[str, list[tuple[dict[str, str], float]]]) -> None:
+        """Leave out of histogram ``name``'s bucket rows (``b:``) each edge that fewer pods than its
+        ``_count``'s have (``pods``, :func:`_histogram_pods`: pods with another ``--max-model-len``,
+        whose request_prompt_tokens edges follow it, or of another vLLM version; summed as if whole it
         gave a P95 past what the buckets allow, a fleet review), as one body's engines are summed
         over the edges they share (window._sum_hist_deltas); and, since a running total cannot take
         an edge up midway (its total, short of the others', would read a histogram that goes down
         with ``le``), each edge one poll left out or that came after the totals began, until the
         histogram's totals start again (its +Inf total gone: _render, TOTALS_TTL_SECONDS)."""
-        qid = f"b:{f.name}"
+        qid = f"b:{name}"
         rows = by_query.get(qid, [])
         by_model: dict[str, list[tuple[str, tuple]]] = {}  # model → (le, its total's key) of each row
         for labels, _ in rows:
             by_model.setdefault(labels.get("model_name", ""), []).append(
                 (labels.get("le", ""), (qid, tuple(sorted(labels.items())))))
-        pods = _histogram_pods(f, by_query)
         for model, here in by_model.items():
             inf = next((key for le, key in here if le == "+Inf"), None)
-            before = self._banned.get((f.name, model), (None, set()))[1]
+            before = self._banned.get((name, model), (None, set()))[1]
             started = inf in self._totals
             count, _, edges = pods.get(model, (None, None, {}))
             banned = (before if started else set()) | {
@@ -1056,10 +1058,10 @@ class PrometheusSource:
             if banned - before:
                 log.warning("fleet mode: %s of model %r: bucket edge(s) %s come from fewer pods than its _count, or "
                             "came after its running totals began (pods of another --max-model-len or vLLM version): "
-                            "read without them", f.name, model, _some(sorted(banned - before)))
-            self._banned[(f.name, model)] = (inf, banned)
+                            "read without them", name, model, _some(sorted(banned - before)))
+            self._banned[(name, model)] = (inf, banned)
         by_query[qid] = [row for row in rows if row[0].get("le", "") not in
-                         self._banned.get((f.name, row[0].get("model_name", "")), (None, ()))[1]]
+                         self._banned.get((name, row[0].get("model_name", "")), (None, ()))[1]]
 
     def _add(self, qid: str, labels: Mapping[str, str], value: float, count: bool = True) -> float:
         """The running total after adding this increase, or ``value`` itself when it is no
