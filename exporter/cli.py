@@ -367,13 +367,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
             named[where] = flag
     trace = load_trace(args.path, cfg.max_body_bytes)
     t0 = trace.snapshots[0][0]
-    steps = [0]
+    header = True  # printed with the first step: a trace of one scrape printed it alone
 
     def on_step(i, t, obs):
+        nonlocal header
         for model, o in obs.items():
-            if not steps[0]:  # the header with the first step: a trace of one scrape printed it alone
+            if header:
                 print(STEP_HEADER)
-            steps[0] += 1
+                header = False
             print(_step_line(i, t0, model, o))
 
     result = replay(trace, cfg, str(args.path), on_step if not args.quiet else None)
