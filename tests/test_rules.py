@@ -66,11 +66,11 @@ def test_every_alert_has_for_severity_summary_live_description_and_runbook():
 
 def test_valley_alert_is_the_model_s_condition_with_severity_warning():
     """MODEL.md §4: the valley alert is kvhit_valley_active (R'(h_now) < 0 with the 95 % upper bound
-    below 0; 0 at h = 0, where nothing is lost: tests/test_bathtub.py), sustained; severity warning as
-    the issue asks."""
+    below 0; 0 at h = 0, where nothing is lost: tests/test_bathtub.py), sustained, and not at h = 0
+    (kvhit_hit_ratio: an older kvhit said 1 there); severity warning as the issue asks."""
     r = next(r for r in alert_rules() if r["alert"] == "KvhitValley")
     assert r["labels"]["severity"] == "warning"
-    assert {s.name for s in selectors(r["expr"])} == {"kvhit_valley_active", "kvhit_revenue_slope"}
+    assert {s.name for s in selectors(r["expr"])} == {"kvhit_valley_active", "kvhit_revenue_slope", "kvhit_hit_ratio"}
     assert "== 1" in r["expr"]
 
 
