@@ -35,9 +35,10 @@ from fitters.whatif import STEPS_UNKNOWN, FittedModel, Prediction, link_excess, 
 
 log = logging.getLogger("kvhit")
 
-# Label values the collector publishes each of (1 for the current one, 0 for the others), and a
-# reason as a label value (without the values measured this scrape, fitters/result.py).
-CACHING_STATES, FIT_STATUSES, LABEL_REASON = STATES, STATUSES, label_reason
+# Label values the collector publishes each of (1 for the current one, 0 for the others), a
+# reason as a label value (without the values measured this scrape, fitters/result.py), and the
+# chip-time terms (MODEL.md §1 symbols: kvhit_chip_time_coefficient_seconds{term}).
+CACHING_STATES, FIT_STATUSES, LABEL_REASON, CHIP_TERMS = STATES, STATUSES, label_reason, CHIP_TIME_TERMS
 # A model absent from the scrapes this many publish windows loses its fitters' history.
 STATE_TTL_WINDOWS = 10
 # A step whose rate of some volume counter (SPIKE_COUNTERS: tokens queried, prompted, generated;
@@ -45,7 +46,7 @@ STATE_TTL_WINDOWS = 10
 # step's and the highest rate of the model's fitted steps is a glitch, never fitted: a counter
 # that jumped once and stayed up (vLLM's counters cannot; a mixed-up scrape can), which the next
 # step cannot tell (nothing goes back). A review's prefix_cache_queries + 1e7 bent the chip-time
-# fit (miss_token 1.2e-4 → 3e-8 s) and the 24 h rollup (h 0.74 → 0.13, caching verdict not_paying)
+# fit (k_ffn 1.2e-4 → 3e-8 s) and the 24 h rollup (h 0.74 → 0.13, caching verdict not_paying)
 # for a day. The peak never decays (a review: decaying through idle hours, every sparse request
 # after them was dropped), and a spike raises it by SPIKE_LEARN at most: traffic whose bursts are
 # 1000x its lull loses a few bursts, then they are its peak; a second jump of the same size is

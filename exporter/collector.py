@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter import __version__, names as N
-from exporter.analyzer import CACHING_STATES, FIT_STATUSES, LABEL_REASON, Analysis, ModelAnalysis
+from exporter.analyzer import CACHING_STATES, CHIP_TERMS, FIT_STATUSES, LABEL_REASON, Analysis, ModelAnalysis
 
 
 @dataclass(frozen=True)
@@ -162,12 +162,12 @@ def _model(f: _Families, base: dict[str, str], m: ModelAnalysis, target_h: float
             f.add(N.FIT_R2, {**base, "fit": fit}, res.r2)
 
     chip = m.fits["chip_time"]
-    for term, label in N.CHIP_TERMS.items():
-        f.add(N.CHIP_COEF, {**base, "term": label}, chip.value(term))
+    for term in CHIP_TERMS:
+        f.add(N.CHIP_COEF, {**base, "term": term}, chip.value(term))
         if chip.value(term) is not None:
-            f.add(N.CHIP_COEF_STDERR, {**base, "term": label}, chip.params[term].stderr)
+            f.add(N.CHIP_COEF_STDERR, {**base, "term": term}, chip.params[term].stderr)
         elif chip.ok and term in chip.params:  # an ok fit's term it cannot tell: kvhit_fit_status does not say why
-            f.add(N.UNKNOWN_INFO, {**base, "signal": f"chip_time_coefficient_{label}",
+            f.add(N.UNKNOWN_INFO, {**base, "signal": f"chip_time_coefficient_{term}",
                                    "reason": LABEL_REASON(chip.params[term].reason)}, 1.0)
     slope = m.fits["miss_slope"]
     direct = {k: slope.params[k] for k in ("tps0", "a")} if slope.ok else {}

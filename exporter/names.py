@@ -109,9 +109,9 @@ FIT_SAMPLES = _m("kvhit_fit_samples", "Observations used by the last fit: steps 
                  section="§6")
 FIT_R2 = _m("kvhit_fit_r2", "Coefficient of determination of the last fit (chip_time: uncentred, the model has "
             "no intercept) [1].", MODEL + ("fit",), section="§6")
-CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficient (robust NNLS on busy steps): "
-               "step = s per engine step, miss_token = s per computed prompt token, attention = s per unit of "
-               "M*H+M^2/2, decode_token = s per generated token, decode_context = s per KV token read by decode "
+CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficient (robust NNLS on busy steps), term as MODEL.md §7 names it: "
+               "t_step = s per engine step, k_ffn = s per computed prompt token, k_attn = s per unit of "
+               "M*H+M^2/2, k_dec = s per generated token, k_ctx = s per KV token read by decode "
                "[s per unit of the term]; absent for a term the traffic did not vary apart from the others, and for "
                "a kept one their time rides on (kvhit_unknown_info says which).",
                MODEL + ("term",), section="§7")
@@ -269,7 +269,3 @@ LOAD_COMPUTE = _m("kvhit_load_compute_ratio", "delta = ISL x S_kv / (B_load x T0
 
 ALL: tuple[Metric, ...] = tuple(_ALL)
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
-
-# Label values used across the collector, rules and dashboards.
-CHIP_TERMS = {"t_step": "step", "k_ffn": "miss_token", "k_attn": "attention", "k_dec": "decode_token",
-              "k_ctx": "decode_context"}

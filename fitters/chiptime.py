@@ -329,7 +329,7 @@ def _publish(x: np.ndarray, y: np.ndarray, x_scale: np.ndarray, size: np.ndarray
 def _carrier(name: str, est: Estimate, relations: dict[str, dict[str, float]]) -> Estimate:
     """``est`` of kept term ``name``, or not identifiable when a dropped term's relation runs
     through it: its coefficient is then the combined time of its own regressor and of the ones
-    riding on it (on the sweep's h = 0 phase, "miss_token" 1.74e-4 s = k_ffn + 1024·k_attn +
+    riding on it (on the sweep's h = 0 phase, k_ffn 1.74e-4 s = k_ffn + 1024·k_attn +
     0.0625·k_dec, for a true k_ffn of 1e-4), no longer what its name says; the fit and its
     predictions along the relation stand (extra "collinear")."""
     riding = {dropped: rel[name] for dropped, rel in relations.items() if name in rel}

@@ -473,7 +473,7 @@ def test_t_fixed_is_published_with_its_standard_error():
             runner.ingest_text(t, text)
         return {s.name: s.value for fam in KvhitCollector(runner.current).collect() for s in fam.samples
                 if s.name.startswith(("kvhit_fixed_time", "kvhit_chip_time_coefficient")) and
-                s.labels.get("term", "step") == "step"}
+                s.labels.get("term", "t_step") == "t_step"}
 
     for noise in (0.0, 0.02):
         pub = published(noise)
@@ -798,7 +798,7 @@ def _assert_fits_as_clean(runner, clean, model: str) -> None:
 @pytest.mark.parametrize("jump, at", [(1e7, 100), (1e15, 100), (1e7, 3)])
 def test_a_counter_that_jumped_once_and_stayed_up_is_not_fitted(jump, at, caplog):
     # prefix_cache_queries_total + jump from scrape ``at`` on (an adversarial review's fake target).
-    # Nothing goes back, so the next step vouched for the jump step: the chip-time fit (miss_token
+    # Nothing goes back, so the next step vouched for the jump step: the chip-time fit (k_ffn
     # 1.2e-4 → 3e-8 s), the direct slope and the 24 h rollup (h 0.74 → 0.13, caching verdict
     # not_paying) took it, the rollup for a day. A step whose counter rate is SPIKE_FACTOR times
     # both the next step's and the model's peak is now a spike, never fitted; at scrape 3 too (a
