@@ -1288,13 +1288,15 @@ def _seed3(cfg: Config, snap: Snapshot, model: str, w: Delta, st: _ModelState, h
         if q is not None:
             p95[key] = q
         else:
+            top = None if h is None else max((le for le, _ in h.buckets if math.isfinite(le)), default=None)
             unknown.setdefault(f"observed_p95_{key}", no_increases if h is None and no_increases else missing_histogram(
                 snap.engine, snap.name_prefix, HISTOGRAMS[family],
                 "no {} histogram with buckets in the publish window" if h is None or not h.buckets
                 else "no observation in the publish window (no data, not 0)" if h.count <= 0
                 else "{}: " + SUM_DISAGREES + " in the publish window (which is wrong cannot be told)"
                 if h.problem == SUM_DISAGREES
-                else "{}: the P95 lies above every finite bucket edge"))
+                else "{}: the P95 lies above every finite bucket edge" + ("" if top is None else
+                                                                          measured(f"P95 ≥ {top:g} s"))))
     out["p95"] = p95
     ttft_slo, tpot_slo = cfg.slo.ttft_seconds, cfg.slo.tpot_seconds
     ttft = w.histograms.get("ttft")

@@ -214,7 +214,8 @@ VALLEY_ACTIVE = _m("kvhit_valley_active", "1 when h_now > 0 and R'(h_now) < 0 wi
 OBSERVED_P95 = _m("kvhit_observed_p95_seconds", "P95 over the publish window from bucket deltas, interpolated "
                   "inside the bucket (Prometheus histogram_quantile): quantity=ttft, tpot_request "
                   "(vllm:request_time_per_output_token_seconds, per request, 0.11+) or itl (inter-token "
-                  "latency, per token gap) [s].", MODEL + ("quantity",), section="§2, §5")
+                  "latency, per token gap) [s]; absent above the highest finite bucket edge, which "
+                  "histogram_quantile would answer and is only a lower bound (kvhit_unknown_info says so).", MODEL + ("quantity",), section="§2, §5")
 SLO_PASS = _m("kvhit_slo_pass_ratio", "Bounds of the share of requests meeting both the TTFT and the TPOT SLO "
               "over the publish window: lower = max(0, p_ttft+p_tpot-1), upper = min(p_ttft, p_tpot) from "
               "marginal histograms; an SLO between bucket edges uses the edge below for lower, above for upper; "

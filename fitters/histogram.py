@@ -7,9 +7,10 @@ one step): every function says what it does when the answer is not in the bucket
 
 Choices (MODEL.md is silent):
 - :func:`quantile` interpolates linearly inside the bucket that holds the rank, like
-  Prometheus ``histogram_quantile``: the first bucket starts at 0 (latencies are ≥ 0), and a
-  rank that falls in the +Inf bucket returns the highest finite edge (a lower bound of the
-  true quantile).
+  Prometheus ``histogram_quantile``: the first bucket starts at 0 (latencies are ≥ 0). A rank
+  that falls in the +Inf bucket gives None, where ``histogram_quantile`` answers with the
+  highest finite edge: only a lower bound, which read as the quantile hid a P95 of 15 s
+  behind vLLM ≤ 0.8.4's last TTFT edge, 10 s (a version audit).
 - :func:`share_at_most` does NOT interpolate: it brackets the share of observations ≤ a
   threshold between the cumulative count at the largest edge ≤ threshold (a lower bound) and
   at the smallest edge ≥ threshold (an upper bound). When the threshold is a bucket edge both
@@ -29,7 +30,8 @@ def quantile(buckets: Buckets, count: float, q: float) -> float | None:
     """The q-quantile of the observations [unit of ``le``], interpolated inside its bucket.
 
     Returns None without observations (count ≤ 0), without buckets, or when the rank lies
-    above the highest known edge of a partial histogram (no +Inf bucket reaches it).
+    above the highest finite edge (in the +Inf bucket, or beyond a partial histogram's last
+    edge): the buckets then bound the quantile from below only.
     Raises ValueError unless 0 ≤ q ≤ 1.
     """
     if not 0.0 <= q <= 1.0:
@@ -42,8 +44,7 @@ def quantile(buckets: Buckets, count: float, q: float) -> float | None:
     le, c = buckets[i]
     prev_le, prev_c = buckets[i - 1] if i else (0.0, 0.0)
     if math.isinf(le):
-        # Prometheus: the +Inf bucket answers with the highest finite edge.
-        return prev_le if prev_le > 0 or prev_c > 0 else None
+        return None
     lower = prev_le if prev_le < le else 0.0
     width = c - prev_c
     if width <= 0:

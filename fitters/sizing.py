@@ -126,7 +126,8 @@ class TpotConcurrencyFitter:
     Each step's TPOT bucket deltas are added to the integer concurrency level nearest to the
     step's mean ``num_requests_running`` (requests finishing in a step ran at about that
     concurrency). Per level, P95 comes from the accumulated buckets (:func:`quantile`,
-    interpolated inside the bucket). A weighted line P95 = b0 + b1·running (weights: requests
+    interpolated inside the bucket; above every finite edge, that edge: a lower bound, which
+    still shows TPOT rising where the buckets end). A weighted line P95 = b0 + b1·running (weights: requests
     per level) is solved for running* = (0.8·SLO − b0)/b1.
 
     Memory bound: at most ``max_levels`` levels (the least recently seen one is dropped), each
@@ -187,15 +188,18 @@ class TpotConcurrencyFitter:
             lv = self._levels[key]
             if lv.total < self.min_requests:
                 continue
-            p95 = quantile(tuple(zip(lv.edges, lv.counts)), lv.total, P95)
+            buckets = tuple(zip(lv.edges, lv.counts))
+            p95 = quantile(buckets, lv.total, P95)
+            if p95 is None and (i := rank_index(buckets, lv.total, P95)) and math.isinf(lv.edges[i]):
+                p95 = lv.edges[i - 1]  # in the +Inf bucket: the highest finite edge, a lower bound
             if p95 is not None:
                 out.append((key, p95, lv.total))
         return out
 
     def _bucket(self, level: int) -> tuple[float, float]:
         """(lower, upper] edges [s] of the bucket of ``level``'s histogram that holds its P95's rank
-        (as :func:`~fitters.histogram.quantile` finds it; (highest finite edge, inf] where quantile
-        answers with that edge)."""
+        (as :func:`~fitters.histogram.quantile` finds it; (highest finite edge, inf] where
+        :meth:`levels` takes that edge)."""
         lv = self._levels[level]
         i = rank_index(tuple(zip(lv.edges, lv.counts)), lv.total, P95)  # not None: levels() has its P95
         return (lv.edges[i - 1] if i > 0 else 0.0), lv.edges[i]

@@ -46,8 +46,8 @@ def test_p95_from_real_buckets(tiny):
 def test_quantile_edge_cases():
     # rank in the first bucket: interpolated from 0 → 0 + 2·(0.5·10)/10 = 1.0
     assert quantile(((2.0, 10.0), (math.inf, 10.0)), 10, 0.5) == 1.0
-    # rank 9.5 lands in +Inf → the highest finite edge, 1.0 (Prometheus histogram_quantile)
-    assert quantile(((1.0, 5.0), (math.inf, 10.0)), 10, 0.95) == 1.0
+    # rank 9.5 lands in +Inf: only ≥ 1.0 is known → None (histogram_quantile would answer 1.0)
+    assert quantile(((1.0, 5.0), (math.inf, 10.0)), 10, 0.95) is None
     # partial paste: the rank 9.5 is above the last known edge (3 observations ≤ 1.0) → unknown
     assert quantile(((1.0, 3.0),), 10, 0.95) is None
     assert quantile((), 10, 0.5) is None and quantile(((1.0, 0.0),), 0, 0.5) is None

@@ -357,6 +357,27 @@ def test_a_p95_above_every_finite_bucket_edge_says_so():
     assert m.unknown["observed_p95_ttft"] == "vllm:time_to_first_token_seconds: the P95 lies above every finite bucket edge"
 
 
+def test_a_p95_in_the_inf_bucket_is_withheld_not_read_as_the_last_edge():
+    # A version audit: vLLM <= 0.8.4's TTFT buckets end at 10 s; a P95 above the last finite edge is
+    # only bounded from below, where histogram_quantile answers with that edge (10 s for a true 15 s).
+    # Here the window's 20 requests: 10 at 0.25 s (<= 0.5) and 10 at 15 s (+Inf bucket only): rank
+    # 0.95 * 20 = 19 falls in +Inf, so P95 >= 2 s is all the buckets say; the mean stands,
+    # (10 * 0.25 + 10 * 15) / 20 = 7.625 s.
+    def slow(k: int) -> str:
+        ttft = _hist("time_to_first_token_seconds", [("0.5", 6 * k), ("1.0", 9 * k), ("2.0", 10 * k), ("+Inf", 10 * k)],
+                     10 * k, 6.0 * k)
+        return scrape(k).replace(ttft, _hist("time_to_first_token_seconds",
+                                             [("0.5", 10 * k), ("1.0", 10 * k), ("2.0", 10 * k), ("+Inf", 20 * k)],
+                                             20 * k, 152.5 * k))
+    a = Analyzer(load_config(None, environ={}, flags=CONFIG))
+    a.ingest(parse_exposition(slow(0), 1000.0))
+    a.ingest(parse_exposition(slow(1), 1010.0))
+    m = a.analysis().models["m"]
+    assert "ttft" not in m.p95 and m.observed_ttft == pytest.approx(7.625, rel=1e-12)
+    assert m.unknown["observed_p95_ttft"] == ("vllm:time_to_first_token_seconds: the P95 lies above every finite "
+                                              "bucket edge (measured: P95 ≥ 2 s)")
+
+
 def _with_cache_dtype(dtype: str):
     """The analysis of scrape(0), scrape(1) with cache_config_info's cache_dtype set."""
     plain = 'vllm:cache_config_info{block_size="16",'
