@@ -35,6 +35,12 @@ from fitters.whatif import STEPS_UNKNOWN, FittedModel, Prediction, link_excess, 
 
 log = logging.getLogger("kvhit")
 
+# A publish window across a change of what one hit count stands for (vLLM 0.8 counted KV blocks,
+# 0.9 tokens; another --block-size): its sums mix units, h 0.58 for 0.40 (a version audit).
+HIT_UNIT_CHANGED = ("the prefix-cache counters changed unit inside the publish window (KV blocks to tokens, or "
+                    "another block_size: vLLM restarted as another version or with another --block-size): its sums "
+                    "mix units, so the hit ratio is unknown until that step leaves the window")
+
 # Label values the collector publishes each of (1 for the current one, 0 for the others), a
 # reason as a label value (without the values measured this scrape, fitters/result.py), and the
 # chip-time terms (MODEL.md §1 symbols: kvhit_chip_time_coefficient_seconds{term}).
@@ -228,6 +234,9 @@ class _ModelState:
     identity: "_Identity | None" = None  # the engine of the latest steps
     candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
     changed: tuple[float, Drift] | None = None  # (when, how much) the engine last changed speed (ChipTimeFitter.drift)
+    # (tokens per counted hit unit, end of the step across which it last changed): a publish window
+    # that starts before then sums counts of two units (HIT_UNIT_CHANGED)
+    hit_scale: tuple[float, float | None] | None = None
 
     def another_engine(self, identity: "_Identity") -> str | None:
         """Why the engine of this step (``identity``) is another than the one fitted so far, when it
@@ -249,7 +258,7 @@ class _ModelState:
         state kept: the 24 h hit rollup, ISL/OSL, the load share and the spike peaks are the
         traffic's, not the engine's."""
         return _ModelState(rollup=self.rollup, isl=self.isl, osl=self.osl, load_share=self.load_share, peak=self.peak,
-                           identity=identity)
+                           identity=identity, hit_scale=self.hit_scale)
 
 
 @dataclass(frozen=True)
@@ -368,6 +377,9 @@ class Analyzer:
             if delta.resets:
                 st.chip.restarted()
             ctx = self._context(snap, model, st, unobserved)
+            scale = ctx.block_size if ctx.hit_unit == "blocks" else 1.0
+            if scale is not None and (st.hit_scale is None or st.hit_scale[0] != scale):
+                st.hit_scale = (scale, None if st.hit_scale is None else delta.t1)
             obs = observe(delta, ctx)
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
             share = _load_share(delta, obs.hit_ratio, obs.hit_ratio_loaded) if obs.queried_tokens else None
@@ -528,8 +540,11 @@ class Analyzer:
         cfg = self.config
         st = self._state[model]
         ctx = self._context(snap, model, st)
-        wobs = observe(w, ctx)
         unknown = dict(snap.models[model].unknown)
+        if st.hit_scale is not None and st.hit_scale[1] is not None and w.t0 < st.hit_scale[1]:
+            unknown.setdefault("hit_ratio", HIT_UNIT_CHANGED)
+            ctx = replace(ctx, unknown={**(ctx.unknown or {}), "hit_ratio": HIT_UNIT_CHANGED})
+        wobs = observe(w, ctx)
         hit = _window_hits(w, ctx, wobs, unknown)
         # predictions use the latest known means (when no request finished in the window, wobs's
         # ISL is its first tokens' or the last step's, observe.request_isl); what is published as

@@ -98,6 +98,28 @@ def test_same_counters_with_token_help_have_no_block_warning():
     assert "hit_unit_blocks" not in info(pub, "kvhit_warning_info", "warning")
 
 
+@pytest.mark.parametrize("unit, block_size", [("tokens", "16"), ("blocks", "32")])
+def test_a_window_across_a_change_of_hit_unit_withholds_h_until_it_leaves(unit, block_size):
+    # A version audit: vLLM 0.8 (blocks of 16) restarted in place as 0.9 (tokens), or with
+    # --block-size 32. Two block scrapes 5 s apart (12/3 then 22/8 blocks), then the restarted
+    # engine from 20/12 (its counters went down: a reset) growing 100/50 per 5 s. The window's raw
+    # sums (5 + 12)/(10 + 20) = 0.567 were scaled by the newest unit alone; in tokens the hand sum is
+    # (80 + 12)/(160 + 20) = 0.511 (16-token blocks), or (80 + 384)/(160 + 640) = 0.58 (32): withheld
+    # while the 60-s window holds a step that ends at or before the first new scrape (T0 + 10), then
+    # the new era's own 50/100 = 0.5.
+    old = [BLOCKS.format(unit="blocks", q=12.0 + 10 * i, k=3.0 + 5 * i) for i in range(2)]
+    new = [BLOCKS.format(unit=unit, q=20.0 + 100 * i, k=12.0 + 50 * i).replace('block_size="16"',
+                                                                            f'block_size="{block_size}"')
+           for i in range(13)]
+    for n in (1, 12):  # the newest scrape at T0 + 10 and T0 + 65: windows from T0 and T0 + 5
+        pub = published(run(*old, *new[:n]))
+        assert series(pub, "kvhit_hit_ratio") == {}
+        assert info(pub, "kvhit_unknown_info", "signal")["hit_ratio"].startswith(
+            "the prefix-cache counters changed unit inside the publish window")
+    pub = published(run(*old, *new))  # newest at T0 + 70: the window from T0 + 10 holds the new unit alone
+    assert series(pub, "kvhit_hit_ratio")[(("model_name", "m"), ("source", "all"))] == pytest.approx(0.5)
+
+
 def test_gpu_counters_without_help_have_an_unknown_unit():
     strip = lambda s: "".join(ln + "\n" for ln in s.splitlines() if not ln.startswith("# HELP"))  # noqa: E731
     pub = published(run(strip(BLOCKS.format(unit="", q=12.0, k=3.0)), strip(BLOCKS.format(unit="", q=22.0, k=8.0))))
