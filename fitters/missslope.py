@@ -19,7 +19,9 @@ property of the engine, not of the traffic's h histogram.
 Tail chunks (seed 002: at some hit ratios, 20 %, 40 % and 70 % in its measurement, the last
 prefill chunk is tiny and TPS_miss is very low) are flagged as anomalies and excluded. They are
 flagged against a reference that follows the curve, because against the line the steep end of a
-curved TPS_miss(h) looks like a dip too. A step as far above the reference and at least twice its
+curved TPS_miss(h) looks like a dip too. A tail chunk dips at its h every time: most of a bucket's
+newest steps dipping where its older steps stood on the line is traffic that changed inside the
+bucket (SHIFT_STEPS), and the bucket starts again from them. A step as far above the reference and at least twice its
 throughput is excluded as an outlier (a glitched counter: no engine serves miss tokens twice as
 fast as it does at that h; a real engine's steps scatter by whole prefill chunks, ±20 % on the
 bundled CPU trace); the line's quadrature would give a lone step at an h of its own a whole
@@ -43,6 +45,12 @@ from .result import Estimate, FitResult, Status, measured
 # seed 002; a high point that far is a glitch, where σ of a chunk-quantised trace is tiny).
 ANOMALY_SIGMAS = 3.5
 OUTLIER_RATIO = 2.0
+# The newest SHIFT_STEPS steps of a bucket, SHIFT_SHARE of them dips at h nodes where its older steps
+# all stood on the line: not tail chunks, which dip at their h every time (seed 002), but traffic that
+# changed inside the bucket (OSL 96 → 176 in [91, 181): every new step a dip below the old line,
+# published ok 62σ off it for 15 min, a hostile-traffic review). The bucket starts again from them.
+SHIFT_STEPS = 16
+SHIFT_SHARE = 0.75
 # Steps whose h agree to this measure the same point of the curve (one node of the h quadrature).
 H_RESOLUTION = 0.01
 _NODES = round(1.0 / H_RESOLUTION) + 1  # node indices of h ∈ [0, 1]
@@ -435,6 +443,22 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
         return res, dips
 
+    def shifted(self, dips: np.ndarray) -> np.ndarray | None:
+        """When SHIFT_SHARE of the newest SHIFT_STEPS rows are dips (``dips``: the mask :meth:`solve`
+        returned) at h nodes where every older row was kept: the rows (t, h, TPS_miss) from the first
+        of those dips on, shape (k, 3) (the steps before it are the old traffic's); else None."""
+        data = self.rows.view()
+        old = len(data) - SHIFT_STEPS
+        if old < SHIFT_STEPS or np.count_nonzero(dips[old:]) < SHIFT_SHARE * SHIFT_STEPS:
+            return None
+        node = _node(data[:, 1])
+        kept = data[:old, -1] > 0.5
+        clean = (np.bincount(node[:old][kept], minlength=_NODES) > 0) & (np.bincount(node[:old][~kept], minlength=_NODES) == 0)
+        changed = dips[old:] & clean[node[old:]]
+        if np.count_nonzero(changed) < SHIFT_SHARE * SHIFT_STEPS:
+            return None
+        return data[old + int(np.argmax(changed)):, :3].copy()
+
 
 class MissSlopeFitter:
     """Online direct estimator of (TPS0, a) per log2 ISL and OSL bucket (MODEL.md §4 ``linear``, §6).
@@ -481,14 +505,23 @@ class MissSlopeFitter:
         return True
 
     def _fitted(self, key: Key) -> tuple[FitResult, np.ndarray]:
-        """(fit, anomaly mask over the bucket's buffer) of one bucket, cached until it gets data."""
+        """(fit, anomaly mask over the bucket's buffer) of one bucket, cached until it gets data; a
+        bucket whose traffic changed (:meth:`_BucketFit.shifted`) starts again from its newest steps."""
         fit = self._buckets.get(key)
         if fit is None:
             (lo, hi), osl = key
             res = FitResult.failed(Status.INSUFFICIENT_DATA, f"no usable busy step with ISL in [{lo}, {hi}) and "
                                    + ("OSL unknown" if osl is None else f"OSL in [{osl[0]}, {osl[1]})"))
             return dataclasses.replace(res, extra=_key_extra(key)), np.zeros(0, dtype=bool)
-        return fit.solve()
+        out = fit.solve()
+        newest = fit.shifted(out[1])
+        if newest is None:
+            return out
+        fresh = self._buckets[key] = _BucketFit(key, self.capacity_per_bucket, self.min_samples, self.min_h_span,
+                                                self.every)
+        for row in newest.tolist():
+            fresh.append(row)
+        return fresh.solve()
 
     def result(self, isl: float | None = None, osl: float | None = None) -> FitResult:
         """Fit of the bucket of ``isl`` and ``osl`` [tokens] (:func:`bucket_key`; without ``isl``,

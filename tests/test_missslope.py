@@ -193,6 +193,36 @@ def test_a_change_of_output_length_is_fitted_apart_from_the_old_line():
     assert (new.extra["osl_bucket_lo"], new.extra["osl_bucket_hi"]) == (724, 1448)
 
 
+@pytest.mark.parametrize("read_every_step", [False, True])
+def test_traffic_changed_inside_a_bucket_starts_the_bucket_again(read_every_step):
+    # A hostile-traffic review: OSL 96 -> 176 stays in one OSL bucket [91, 181); every new step read as
+    # a tail-chunk dip below the old line, which stayed published ok 62 sigma off for 15 min. Old
+    # traffic: TPS0 = 6000, a = 0.5, 4 steps at each h in 0, 0.1, ..., 0.9 with +-1 % alternating
+    # noise; new traffic: 20 % slower (TPS0 = 4800, same a) at h 0.2 then 0.6, 8 steps each, nodes
+    # where every old step stood on the line (tail chunks dip at their h every time: not these).
+    # The bucket starts again from the new steps; the line through its two nodes' means, by hand:
+    # 4800 * (1 - 0.5 * 0.2) = 4320 and 4800 * (1 - 0.5 * 0.6) = 3360 -> slope -2400 per unit h,
+    # TPS0 = 4320 + 0.2 * 2400 = 4800, a = 2400 / 4800 = 0.5.
+    fitter = MissSlopeFitter()
+    t = 0.0
+    for hi in np.repeat(np.arange(10) / 10.0, 4):
+        t += 2.0
+        fitter.update(step(t, hi, TPS0 * (1 - 0.5 * hi) * (1 + (0.01 if t % 4 else -0.01)), isl=2048.0))
+        if read_every_step:
+            fitter.result()
+    old = fitter.result()
+    assert old.value("tps0") == pytest.approx(TPS0, rel=0.01) and old.value("a") == pytest.approx(0.5, abs=0.01)
+    for hi in np.repeat([0.2, 0.6], 8):
+        t += 2.0
+        fitter.update(step(t, hi, 0.8 * TPS0 * (1 - 0.5 * hi) * (1 + (0.01 if t % 4 else -0.01)), isl=2048.0))
+        if read_every_step:
+            fitter.result()
+    new = fitter.result()
+    assert new.samples == 16 and new.extra["anomalies"] == 0
+    assert new.value("tps0") == pytest.approx(4800.0, rel=1e-9) and new.value("a") == pytest.approx(0.5, rel=1e-9)
+    assert fitter.h_range() == pytest.approx((0.2, 0.6))
+
+
 def test_buckets_kept_are_bounded():
     # one step in each of MAX_BUCKETS + 1 OSL buckets (OSL 2^k, k = 1..MAX_BUCKETS + 1, one octave
     # apart: [1, 3), [3, 6), …), the first one given a second step before the last: the one that got
