@@ -20,8 +20,8 @@ Tail chunks (seed 002: at some hit ratios, 20 %, 40 % and 70 % in its measuremen
 prefill chunk is tiny and TPS_miss is very low) are flagged as anomalies and excluded. They are
 flagged against a reference that follows the curve, because against the line the steep end of a
 curved TPS_miss(h) looks like a dip too. A tail chunk dips at its h every time: most of a bucket's
-newest steps dipping where its older steps stood on the line is traffic that changed inside the
-bucket (SHIFT_STEPS), and the bucket starts again from them. A step as far above the reference and at least twice its
+newest steps off the reference where its older steps stand on it is traffic that changed inside
+the bucket (SHIFT_STEPS), and the bucket starts again from them. A step as far above the reference and at least twice its
 throughput is excluded as an outlier (a glitched counter: no engine serves miss tokens twice as
 fast as it does at that h; a real engine's steps scatter by whole prefill chunks, ±20 % on the
 bundled CPU trace); the line's quadrature would give a lone step at an h of its own a whole
@@ -45,10 +45,12 @@ from .result import Estimate, FitResult, Status, measured
 # seed 002; a high point that far is a glitch, where σ of a chunk-quantised trace is tiny).
 ANOMALY_SIGMAS = 3.5
 OUTLIER_RATIO = 2.0
-# The newest SHIFT_STEPS steps of a bucket, SHIFT_SHARE of them dips at h nodes where its older steps
-# all stood on the line: not tail chunks, which dip at their h every time (seed 002), but traffic that
-# changed inside the bucket (OSL 96 → 176 in [91, 181): every new step a dip below the old line,
-# published ok 62σ off it for 15 min, a hostile-traffic review). The bucket starts again from them.
+# The newest SHIFT_STEPS steps of a bucket, SHIFT_SHARE of them off its reference at h nodes where its
+# older steps all stand on it: not tail chunks, which dip at their h every time (seed 002), nor a
+# reference bent at some h (its older steps there are off too), but traffic that changed inside the
+# bucket (OSL 96 → 176 in [91, 181): every new step a dip below the old line, published ok 62σ off
+# it for 15 min; ISL 1500 → 2800 in [1448, 2896): every new step above it, kept, the line +23σ off:
+# a hostile-traffic review). The bucket starts again from them.
 SHIFT_STEPS = 16
 SHIFT_SHARE = 0.75
 # Steps whose h agree to this measure the same point of the curve (one node of the h quadrature).
@@ -443,18 +445,24 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
         return res, dips
 
-    def shifted(self, dips: np.ndarray) -> np.ndarray | None:
-        """When SHIFT_SHARE of the newest SHIFT_STEPS rows are dips (``dips``: the mask :meth:`solve`
-        returned) at h nodes where every older row was kept: the rows (t, h, TPS_miss) from the first
-        of those dips on, shape (k, 3) (the steps before it are the old traffic's); else None."""
-        data = self.rows.view()
+    def shifted(self) -> np.ndarray | None:
+        """When SHIFT_SHARE of the newest SHIFT_STEPS rows are off the frozen reference (more than
+        ANOMALY_SIGMAS of its σ below or above it) at h nodes where every older row is on it: the
+        rows (t, h, TPS_miss) from the first of those on, shape (k, 3) (the steps before it are the
+        old traffic's); else None."""
+        data, ref = self.rows.view(), self._state
         old = len(data) - SHIFT_STEPS
-        if old < SHIFT_STEPS or np.count_nonzero(dips[old:]) < SHIFT_SHARE * SHIFT_STEPS:
+        if old < SHIFT_STEPS or ref is None:
             return None
+        bound = ANOMALY_SIGMAS * ref.sigma
+        if np.count_nonzero(np.abs(_reference_residuals(ref.p, data[old:, 1], data[old:, 2] / ref.y_scale)) > bound) \
+                < SHIFT_SHARE * SHIFT_STEPS:
+            return None
+        off = ~(np.abs(_reference_residuals(ref.p, data[:, 1], data[:, 2] / ref.y_scale)) <= bound)
         node = _node(data[:, 1])
-        kept = data[:old, -1] > 0.5
-        clean = (np.bincount(node[:old][kept], minlength=_NODES) > 0) & (np.bincount(node[:old][~kept], minlength=_NODES) == 0)
-        changed = dips[old:] & clean[node[old:]]
+        clean = (np.bincount(node[:old][~off[:old]], minlength=_NODES) > 0) & \
+            (np.bincount(node[:old][off[:old]], minlength=_NODES) == 0)
+        changed = off[old:] & clean[node[old:]]
         if np.count_nonzero(changed) < SHIFT_SHARE * SHIFT_STEPS:
             return None
         return data[old + int(np.argmax(changed)):, :3].copy()
@@ -514,7 +522,7 @@ class MissSlopeFitter:
                                    + ("OSL unknown" if osl is None else f"OSL in [{osl[0]}, {osl[1]})"))
             return dataclasses.replace(res, extra=_key_extra(key)), np.zeros(0, dtype=bool)
         out = fit.solve()
-        newest = fit.shifted(out[1])
+        newest = fit.shifted()
         if newest is None:
             return out
         fresh = self._buckets[key] = _BucketFit(key, self.capacity_per_bucket, self.min_samples, self.min_h_span,

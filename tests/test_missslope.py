@@ -193,34 +193,58 @@ def test_a_change_of_output_length_is_fitted_apart_from_the_old_line():
     assert (new.extra["osl_bucket_lo"], new.extra["osl_bucket_hi"]) == (724, 1448)
 
 
-@pytest.mark.parametrize("read_every_step", [False, True])
-def test_traffic_changed_inside_a_bucket_starts_the_bucket_again(read_every_step):
-    # A hostile-traffic review: OSL 96 -> 176 stays in one OSL bucket [91, 181); every new step read as
-    # a tail-chunk dip below the old line, which stayed published ok 62 sigma off for 15 min. Old
-    # traffic: TPS0 = 6000, a = 0.5, 4 steps at each h in 0, 0.1, ..., 0.9 with +-1 % alternating
-    # noise; new traffic: 20 % slower (TPS0 = 4800, same a) at h 0.2 then 0.6, 8 steps each, nodes
-    # where every old step stood on the line (tail chunks dip at their h every time: not these).
-    # The bucket starts again from the new steps; the line through its two nodes' means, by hand:
-    # 4800 * (1 - 0.5 * 0.2) = 4320 and 4800 * (1 - 0.5 * 0.6) = 3360 -> slope -2400 per unit h,
-    # TPS0 = 4320 + 0.2 * 2400 = 4800, a = 2400 / 4800 = 0.5.
-    fitter = MissSlopeFitter()
+def _old_traffic(fitter: MissSlopeFitter, read_every_step: bool, dip_at: float | None = None) -> float:
+    """TPS0 = 6000, a = 0.5: 4 steps at each h in 0, 0.1, ..., 0.9 (+-1 % alternating), those at
+    ``dip_at`` 40 % below the line (a tail chunk); the last step's t."""
     t = 0.0
     for hi in np.repeat(np.arange(10) / 10.0, 4):
         t += 2.0
-        fitter.update(step(t, hi, TPS0 * (1 - 0.5 * hi) * (1 + (0.01 if t % 4 else -0.01)), isl=2048.0))
+        fitter.update(step(t, hi, TPS0 * (1 - 0.5 * hi) * (1 + (0.01 if t % 4 else -0.01))
+                           * (0.6 if hi == dip_at else 1.0), isl=2048.0))
         if read_every_step:
             fitter.result()
+    return t
+
+
+@pytest.mark.parametrize("read_every_step", [False, True])
+@pytest.mark.parametrize("speed", [0.8, 1.25])
+def test_traffic_changed_inside_a_bucket_starts_the_bucket_again(read_every_step, speed):
+    # A hostile-traffic review: OSL 96 -> 176 stays in one OSL bucket [91, 181); every new step read as
+    # a tail-chunk dip below the old line, which stayed published ok 62 sigma off for 15 min (ISL
+    # 1500 -> 2800 in [1448, 2896): every new step above it, kept, the line +23 sigma off). Old
+    # traffic: _old_traffic (no dips); new traffic ``speed`` times as fast (TPS0 = 6000 * speed, same
+    # a) at h 0.2 then 0.6, 8 steps each, nodes where every old step stood on the line (tail chunks
+    # dip at their h every time: not these). The bucket starts again from the new steps; the line
+    # through its two nodes' means, by hand: TPS0' (1 - 0.1) and TPS0' (1 - 0.3) -> slope
+    # -0.5 TPS0' per unit h, TPS0 = TPS0', a = 0.5.
+    fitter = MissSlopeFitter()
+    t = _old_traffic(fitter, read_every_step)
     old = fitter.result()
     assert old.value("tps0") == pytest.approx(TPS0, rel=0.01) and old.value("a") == pytest.approx(0.5, abs=0.01)
     for hi in np.repeat([0.2, 0.6], 8):
         t += 2.0
-        fitter.update(step(t, hi, 0.8 * TPS0 * (1 - 0.5 * hi) * (1 + (0.01 if t % 4 else -0.01)), isl=2048.0))
+        fitter.update(step(t, hi, speed * TPS0 * (1 - 0.5 * hi) * (1 + (0.01 if t % 4 else -0.01)), isl=2048.0))
         if read_every_step:
             fitter.result()
     new = fitter.result()
     assert new.samples == 16 and new.extra["anomalies"] == 0
-    assert new.value("tps0") == pytest.approx(4800.0, rel=1e-9) and new.value("a") == pytest.approx(0.5, rel=1e-9)
+    assert new.value("tps0") == pytest.approx(speed * TPS0, rel=1e-9) and new.value("a") == pytest.approx(0.5, rel=1e-9)
     assert fitter.h_range() == pytest.approx((0.2, 0.6))
+
+
+def test_traffic_staying_at_a_tail_chunk_h_keeps_the_bucket():
+    # Every old step at h 0.4 dipped 40 % (a tail chunk, seed 002); 16 new steps there dip the same:
+    # no change of traffic, the bucket keeps its 40 + 16 steps: 36 on the line, 4 + 16 dips left out,
+    # and the old line TPS0 6000, a 0.5.
+    fitter = MissSlopeFitter()
+    t = _old_traffic(fitter, True, dip_at=0.4)
+    for _ in range(16):
+        t += 2.0
+        fitter.update(step(t, 0.4, 0.6 * TPS0 * (1 - 0.5 * 0.4) * (1 + (0.01 if t % 4 else -0.01)), isl=2048.0))
+        fitter.result()
+    res = fitter.result()
+    assert res.samples == 36 and res.extra["anomalies"] == 20
+    assert res.value("tps0") == pytest.approx(TPS0, rel=0.01) and res.value("a") == pytest.approx(0.5, abs=0.01)
 
 
 def test_buckets_kept_are_bounded():
