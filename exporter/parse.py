@@ -274,10 +274,6 @@ class Snapshot:
     busy_counts: Mapping[str, int] = field(default_factory=dict)
     active_counts: Mapping[str, int] = field(default_factory=dict)
 
-    @property
-    def supported(self) -> bool:
-        return self.engine.startswith("vllm") or self.engine in engines.TRANSLATED
-
     def cache_config_of(self, model: str) -> Mapping[str, str]:
         """``model``'s ``cache_config_info`` labels (its own, else the exposition's), {} when absent."""
         return self.model_cache_config.get(model, self.cache_config)
