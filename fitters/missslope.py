@@ -53,6 +53,10 @@ OUTLIER_RATIO = 2.0
 # a hostile-traffic review). The bucket starts again from them.
 SHIFT_STEPS = 16
 SHIFT_SHARE = 0.75
+# A line needs steps across its h range: with none over half of it (two tenants at h 0 and 0.8), the
+# line is a secant through the steps on either side, a = 0.753 ± 0.001 for the curve's 0.683 (a
+# hostile-traffic review), whose shape in the gap no step shows (MODEL.md §4).
+MAX_GAP_SHARE = 0.5
 # Steps whose h agree to this measure the same point of the curve (one node of the h quadrature).
 H_RESOLUTION = 0.01
 _NODES = round(1.0 / H_RESOLUTION) + 1  # node indices of h ∈ [0, 1]
@@ -252,8 +256,18 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
     n_out = int(len(keep) - keep.sum()) - n_anom
     extra = {"anomalies": n_anom, "outliers": n_out, "h_min": float(h.min()), "h_max": float(h.max())}
     hk = h[keep]
-    checked = _check(hk, min_samples, min_h_span,
-                     f" after excluding {n_anom} tail-chunk anomalies and {n_out} outliers")
+    # the counts among the measured values: a reason is a label value (kvhit_unknown_info), one series
+    excluded = f"; {n_anom} tail-chunk anomalies and {n_out} outliers excluded"
+    checked = _check(hk, min_samples, min_h_span, " after excluding tail-chunk anomalies and outliers", excluded)
+    if checked is None and _gapped(node := np.unique(_node(hk))):
+        k = int(np.argmax(np.diff(node)))
+        checked = FitResult.failed(
+            Status.INSUFFICIENT_VARIATION,
+            "no step in a stretch of h over half its range after excluding tail-chunk anomalies and outliers: a "
+            "line through the steps on either side is a secant, not the line through the curve over the range "
+            "(MODEL.md §4), whose shape there is unseen"
+            + measured(f"none between h {node[k] * H_RESOLUTION:.2f} and {node[k + 1] * H_RESOLUTION:.2f}{excluded}"),
+            len(hk))
     if checked is not None:
         return dataclasses.replace(checked, extra=extra)
     y_k = y[keep]
@@ -276,6 +290,9 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
     # Delta method for (tps0, a) = (b0, -b1/b0).
     jac = np.array([[1.0, 0.0], [b1 / b0**2, -1.0 / b0]])
     cov = jac @ cov_b @ jac.T
+    bias = _quadrature_bias(hk, w, ref)
+    if bias is not None:
+        cov = cov + np.outer(bias, bias)
     resid = y_k - (b0 + b1 * hk)
     ss_tot = float(np.sum((y_k - y_k.mean()) ** 2))
     r2 = 1.0 - float(resid @ resid) / ss_tot if ss_tot > 0 else math.nan
@@ -290,6 +307,25 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
         covariance=tuple(tuple(float(v) for v in row) for row in cov),
         extra=extra,
     )
+
+
+def _quadrature_bias(h: np.ndarray, w: np.ndarray, ref: _Reference) -> np.ndarray | None:
+    """(ΔTPS0, Δa) of the line the steps' quadrature weights ``w`` (shape (n,), over their ``h``)
+    give through the reference curve, less the line through it on 201 evenly spaced h over the same
+    range (MODEL.md §4's line): the error of seeing the curve at these h alone, which the steps'
+    scatter does not count; None where either line has TPS0 ≤ 0."""
+    grid = np.linspace(h.min(), h.max(), 201)
+    trap = np.full(201, grid[1] - grid[0])
+    trap[[0, -1]] /= 2.0
+    out = []
+    for x, wx in ((h, w), (grid, trap)):
+        y = ref.y_scale / _reference_cost(ref.p, x)
+        d = np.column_stack([np.ones_like(x), x])
+        b0, b1 = np.linalg.solve(d.T @ (d * wx[:, None]), d.T @ (wx * y))
+        if not b0 > 0:
+            return None
+        out.append((b0, -b1 / b0))
+    return np.subtract(*out)
 
 
 def _reference_cost(p: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -354,22 +390,28 @@ def _h_quadrature(h: np.ndarray) -> np.ndarray:
     return (width / count)[inv]
 
 
-def _check(h: np.ndarray, min_samples: int, min_h_span: float, suffix: str) -> FitResult | None:
-    """A failed FitResult when ``h`` is too few or too narrow to fit a line, else None."""
+def _check(h: np.ndarray, min_samples: int, min_h_span: float, suffix: str, note: str = "") -> FitResult | None:
+    """A failed FitResult when ``h`` is too few or too narrow to fit a line, else None; ``suffix``
+    ends the reason's words, ``note`` its measured values."""
     if len(h) < max(min_samples, 3):
         return FitResult.failed(
             Status.INSUFFICIENT_DATA, f"too few usable busy steps{suffix}, need at least {min_samples}"
-            + measured(f"{len(h)} steps"), len(h)
+            + measured(f"{len(h)} steps{note}"), len(h)
         )
     span = float(h.max() - h.min())
     need = max(min_h_span, H_RESOLUTION)  # two nodes of the h quadrature at least
     if span < need:
         return FitResult.failed(
             Status.INSUFFICIENT_VARIATION,
-            f"h barely moved{suffix}: its span is below {need:.3f}" + measured(f"span {span:.3f}"),
+            f"h barely moved{suffix}: its span is below {need:.3f}" + measured(f"span {span:.3f}{note}"),
             len(h),
         )
     return None
+
+
+def _gapped(node: np.ndarray) -> bool:
+    """Whether ascending h nodes (:func:`_node`, ≥ 2 distinct) leave a gap over MAX_GAP_SHARE of their range."""
+    return bool(np.max(np.diff(node)) > MAX_GAP_SHARE * (node[-1] - node[0]))
 
 
 class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
@@ -432,6 +474,8 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
                     return None
         g = self.sums.g
         nodes = np.flatnonzero(g[:, 0, 0] > 0.5)  # counts are exact integers
+        if _gapped(nodes):
+            return None  # the refit says why
         sums, count = g[nodes], g[nodes, 0, 0]
         half_gap = np.diff(sums[:, 0, 1] / count) / 2.0  # between the nodes' mean h
         width = np.zeros(len(nodes))
