@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from exporter.config import Config
-from exporter.engines import missing_histogram
+from exporter.engines import TRANSLATED, missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               hit_sums, kv_capacity_tokens, observe, request_isl, request_osl, window_notes)
 from exporter.parse import HISTOGRAMS, LAZY_COUNTERS, PREFIX_CACHING_OFF, ModelSignals, Snapshot, prefix_caching_off
@@ -582,7 +582,9 @@ class Analyzer:
             warnings["engine_speed_changed"] = (DRIFT_REASON + ": the fits started afresh (published for an hour)"
                                                 + measured(f"{st.changed[1].text()}, {w.t1 - st.changed[0]:.0f} s ago"))
         if engines > 1:
-            what = ("engines (pods x data-parallel engines) summed over the fleet's pods" if model in snap.engine_counts
+            # a translated engine's counts are its data-parallel ranks summed in one exposition (engines.py)
+            what = ("engines (pods x data-parallel engines) summed over the fleet's pods"
+                    if model in snap.engine_counts and snap.engine not in TRANSLATED
                     else "data-parallel engines in one exposition")
             warnings["data_parallel"] = (
                 f"{engines} {what}: the chip-time fit sees the busy ones' summed work per wall-clock second, so "

@@ -18,17 +18,25 @@ SGLang (``sglang:`` or, re-exported by the smg sidecar, ``sglang_``):
   With HiCache (any ``hicache_*``, ``load_back_tokens``, ``prefetched_tokens``,
   ``backuped_tokens`` family, or a host/storage ``cache_source``) some hits were loaded from
   host memory: only ``cached_tokens_total{cache_source}`` splits them (device → hits,
-  host + storage → external hits, queries = prompt tokens); without that split the hit ratio is
-  unknown rather than mislabelled. Without HiCache SGLang loads nothing: h_load = 0.
+  host + ``storage_<backend>`` (L3) → external hits, queries = prompt tokens); without that
+  split the hit ratio is unknown rather than mislabelled. Without HiCache SGLang loads nothing:
+  h_load = 0.
 * Model label ``model_name``, or ``name`` (0.3.x). Ranks that share one batch (``tp_rank``,
   ``pp_rank``, ``moe_ep_rank``) export the same values: one is kept (max), never summed;
-  ``dp_rank`` becomes vLLM's ``engine`` (data-parallel, summed like vLLM engines).
+  ``dp_rank`` becomes vLLM's ``engine`` (data-parallel, summed like vLLM engines) where every
+  family kvhit reads carries it; where only the scheduler's do (``--dp-size`` > 1: the tokenizer's
+  prompt and generation tokens and latencies count every rank's requests without it), the ranks
+  are summed into one series set, usage ratios and KV pool sizes their max, read as that many engines
+  (``pooled_ranks``: parse.Snapshot.engine_counts).
 * Gauges: ``num_running_reqs`` (old ``num_requests_running``) → running; ``num_queue_reqs``
   (old ``num_requests_waiting``, WIP ``queue_req``) → waiting; ``token_usage`` → KV usage;
-  ``max_total_num_tokens`` → KV capacity [tokens]. Histograms: TTFT, inter-token latency (old
-  ``time_per_output_token_seconds``; ITL, SGLang has no per-request TPOT), e2e latency,
-  ``queue_time_seconds``. SGLang has no prefill/decode time histograms and no engine-step
-  counter: the prefill share and the chip-time fit stay unknown.
+  ``max_total_num_tokens`` → KV capacity [tokens]; queue gauges by ``priority`` are the total
+  ``priority=""`` where SGLang writes one beside the breakdown. Histograms: TTFT, inter-token
+  latency (old ``time_per_output_token_seconds``; ITL, SGLang has no per-request TPOT), e2e
+  latency, ``queue_time_seconds``, prompt and output lengths (``prompt_tokens_histogram``,
+  ``generation_tokens_histogram``: vLLM's request_prompt_tokens, request_generation_tokens).
+  SGLang has no prefill/decode time histograms and no engine-step counter: the prefill share and
+  the chip-time fit stay unknown.
 
 llm-d-inference-sim uses vLLM names (counters once without ``_total``): parse reads it as vLLM.
 LMCache is not translated (its counters describe the connector, not the engine's cache).
@@ -60,12 +68,21 @@ SGLANG_HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "inter_token_latency_seconds": ("inter_token_latency_seconds", "time_per_output_token_seconds"),
     "e2e_request_latency_seconds": ("e2e_request_latency_seconds",),
     "request_queue_time_seconds": ("queue_time_seconds",),
+    # per request, at its finish, as vLLM's (--collect-tokens-histogram, or always in newer builds)
+    "request_prompt_tokens": ("prompt_tokens_histogram",),
+    "request_generation_tokens": ("generation_tokens_histogram",),
 }
 REPLICA_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
 DATA_PARALLEL_LABEL = "dp_rank"
 HICACHE_FAMILIES = ("hicache_host_used_tokens", "hicache_host_total_tokens", "load_back_tokens",
                     "prefetched_tokens", "backuped_tokens")
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count", "_created")
+# the SGLang families kvhit reads (what decides whether data-parallel ranks are pooled: _pooled)
+_READ = frozenset(s for table in (SGLANG_GAUGES, SGLANG_COUNTERS, SGLANG_HISTOGRAMS) for v in table.values() for s in v) \
+    | {"realtime_tokens", "cached_tokens"}
+# translated gauges whose pooled ranks take the max, not the sum: ratios of each rank's own pool, and
+# its size (kvhit_kv_capacity_tokens is per data-parallel engine)
+_MAX_OVER_RANKS = ("kv_cache_usage_perc", "batch_cache_hit_rate", "max_total_num_tokens")
 BATCH_GAUGE_NOTE = ("the cache_hit_rate gauge covers only the last prefill batch and is never used as the "
                     "token hit ratio")
 
@@ -100,18 +117,24 @@ def _canonical_labels(labels: Mapping[str, str]) -> dict[str, str]:
 
 
 class _Out:
-    """Translated series, deduplicated (max) after the replica labels are dropped."""
+    """Translated series, deduplicated (max) after the replica labels are dropped. For a model in
+    ``pooled`` (:func:`_pooled`) the data-parallel rank is dropped too, its ranks' values added
+    (usage ratios and ``_created`` stamps: the max)."""
 
     def __init__(self) -> None:
-        self.series: dict[tuple[str, tuple], float] = {}
+        self.series: dict[tuple[str, tuple], dict[str, float]] = {}  # → {rank: value}
+        self.pooled: set[str] = set()
 
     def add(self, name: str, labels: Mapping[str, str], value: float, **extra: str) -> None:
-        key = (name, tuple(sorted({**_canonical_labels(labels), **extra}.items())))
-        self.series[key] = max(self.series.get(key, -math.inf), value)
+        canon = {**_canonical_labels(labels), **extra}
+        rank = canon.pop("engine", "") if canon["model_name"] in self.pooled else ""
+        per = self.series.setdefault((name, tuple(sorted(canon.items()))), {})
+        per[rank] = max(per.get(rank, -math.inf), value)
 
     def text(self) -> str:
         lines = []
-        for (name, labels), value in sorted(self.series.items()):
+        for (name, labels), per in sorted(self.series.items()):
+            value = max(per.values()) if name in _MAX_OVER_RANKS or name.endswith("_created") else math.fsum(per.values())
             body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
             lines.append(f"vllm:{name}{{{body}}} {value!r}")
         return "\n".join(lines) + ("\n" if lines else "")
@@ -121,7 +144,8 @@ def translate(engine: str, samples: Iterable[Sample]) -> tuple[str, dict[str, di
     """Rename ``engine``'s samples (name without the engine prefix, labels, value) to vLLM's
     vocabulary. Returns (exposition text with ``vllm:`` names, per-model notes) — notes:
     "hit_source" ("realtime_tokens" | "cached_tokens" | "cached_tokens_split" | ""),
-    "hicache" (bool), "realtime_partial" (only one prefill mode exported).
+    "hicache" (bool), "realtime_partial" (only one prefill mode exported), "pooled_ranks" (the
+    data-parallel ranks summed into one series set, :func:`_pooled`; 0 when none were).
 
     Raises ValueError for an engine not in :data:`TRANSLATED`.
     """
@@ -134,16 +158,33 @@ def translate(engine: str, samples: Iterable[Sample]) -> tuple[str, dict[str, di
     out = _Out()
     notes: dict[str, dict[str, object]] = {}
     for model, rows in by_model.items():
-        notes[model] = _translate_model(rows, out)
+        ranks = _pooled(rows)
+        if ranks:
+            out.pooled.add(model)
+        notes[model] = {**_translate_model(rows, out), "pooled_ranks": ranks}
     return out.text(), notes
+
+
+def _pooled(rows: list[tuple[str, str, Mapping[str, str], float]]) -> int:
+    """How many data-parallel ranks a model's series are read as one (summed) because only some of
+    the families kvhit reads carry ``dp_rank``: SGLang puts it on the scheduler's (running, queue,
+    token usage, realtime tokens), never on the tokenizer's (prompt and generation tokens, TTFT),
+    which count every rank's requests. Per-rank series beside rankless ones would be a rank each
+    short of the model's total (parse's engine_incomplete: no analysis at all with --dp-size 2).
+    0 when every such series carries it (per-rank engines) or none does."""
+    read = [labels for base, suffix, labels, _ in rows if base in _READ and suffix != "_created"]
+    ranked = {labels[DATA_PARALLEL_LABEL] for labels in read if DATA_PARALLEL_LABEL in labels}
+    return len(ranked) if ranked and any(DATA_PARALLEL_LABEL not in labels for labels in read) else 0
 
 
 def _translate_model(rows: list[tuple[str, str, Mapping[str, str], float]], out: _Out) -> dict[str, object]:
     bases = {base for base, _, _, _ in rows}
     for target, sources in SGLANG_GAUGES.items():
         src = next((s for s in sources if s in bases), None)
+        # queue counts by priority: the total under priority="" beside a breakdown by priority value
+        total = any(base == src and labels.get("priority") == "" for base, _, labels, _ in rows)
         for base, suffix, labels, value in rows:
-            if base == src and suffix == "":
+            if base == src and suffix == "" and not (total and labels.get("priority", "") != ""):
                 if target == "batch_cache_hit_rate" and value > 1.0:
                     value = value / 100.0  # a percent (sglang WIP PR #1461), never a ratio > 1
                 out.add(target, labels, value)
@@ -165,7 +206,7 @@ def _translate_model(rows: list[tuple[str, str, Mapping[str, str], float]], out:
     modes = {labels.get("mode") for labels, _, suffix in realtime if suffix != "_created"}
     cached = rows_of("cached_tokens")
     sources = {labels.get("cache_source", "total") for labels, _, _ in cached}
-    hicache = bool(bases & set(HICACHE_FAMILIES)) or bool(sources & {"host", "storage"})
+    hicache = bool(bases & set(HICACHE_FAMILIES)) or any(map(_loaded_source, sources))
     prompt = any(base == "prompt_tokens" for base, _, _, _ in rows)
     note: dict[str, object] = {"hit_source": "", "hicache": hicache,
                                "realtime_partial": len(modes) == 1}
@@ -180,7 +221,7 @@ def _translate_model(rows: list[tuple[str, str, Mapping[str, str], float]], out:
                 src = labels.get("cache_source")
                 if src == "device":
                     emit("prefix_cache_hits", labels, value, suffix)
-                elif src in ("host", "storage"):
+                elif _loaded_source(src):
                     emit("external_prefix_cache_hits", labels, value, suffix)
             _queries_from_prompt(rows, out)
     elif modes == {"prefill_cache", "prefill_compute"}:
@@ -197,6 +238,12 @@ def _translate_model(rows: list[tuple[str, str, Mapping[str, str], float]], out:
                 emit("prefix_cache_hits", labels, value, suffix)
         _queries_from_prompt(rows, out)
     return note
+
+
+def _loaded_source(source: str | None) -> bool:
+    """Whether a ``cached_tokens_total`` ``cache_source`` is HiCache's host memory or an L3 storage
+    backend (``storage_<backend>``, e.g. storage_mooncake: hits loaded from outside the GPU)."""
+    return source is not None and (source == "host" or source.startswith("storage"))
 
 
 def _queries_from_prompt(rows, out: _Out) -> None:

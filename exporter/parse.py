@@ -1025,8 +1025,10 @@ def _translated(b: _Builder, engine: str, timestamp: float) -> Snapshot:
     for k, v in snap.quirks.items():
         quirks[k] = quirks.get(k, 0) + v
     reason = "" if models else f"{engine} samples present but none of the signals kvhit reads"
+    pooled = {m: n for m in models if (n := notes.get(m, {}).get("pooled_ranks"))}  # ranks summed in translation
     return replace(snap, engine=engine, reason=reason, models=MappingProxyType(models),
-                   quirks=MappingProxyType(quirks), since=(), name_prefix=b.prefixes.get(engine, engine + ":"))
+                   quirks=MappingProxyType(quirks), since=(), name_prefix=b.prefixes.get(engine, engine + ":"),
+                   engine_counts=MappingProxyType(pooled))
 
 
 def _hit_unit(b: _Builder, exposed: str, model: str) -> str:

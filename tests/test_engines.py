@@ -59,17 +59,19 @@ def test_15_smg_realtime_tokens_hit_ratio_and_batch_gauge_ignored():
 
 def test_unknown_reasons_name_sglang_families_not_vllm_ones():
     # SGLang's histograms (vllm-metrics.md §6.1): time_to_first_token_seconds,
-    # inter_token_latency_seconds (old name time_per_output_token_seconds), e2e, queue_time; none of
-    # prompt/output length or per-request TPOT. Sample 14 exports none of them: a reason names
-    # what SGLang would export, or says SGLang exports no such histogram, never a vllm: family
+    # inter_token_latency_seconds (old name time_per_output_token_seconds), e2e, queue_time, and the
+    # prompt and output lengths (prompt_tokens_histogram, generation_tokens_histogram); no per-request
+    # TPOT. Sample 14 exports none of them: a reason names what SGLang would export, or says SGLang
+    # exports no such histogram, never a vllm: family
     text = _text("14")
     m = next(iter(_window(text, text).models.values()))
     assert m.unknown["observed_p95_ttft"] == "no sglang:time_to_first_token_seconds histogram with buckets in the publish window"
     assert m.unknown["observed_p95_itl"] == ("no sglang:inter_token_latency_seconds or sglang:time_per_output_token_seconds "
                                              "histogram with buckets in the publish window")
     assert m.unknown["observed_p95_tpot_request"] == "SGLang exports no request_time_per_output_token_seconds histogram"
-    assert m.unknown["isl"] == "SGLang exports no request_prompt_tokens histogram"
-    assert m.unknown["osl"] == "SGLang exports no request_generation_tokens histogram"
+    assert m.unknown["isl"] == "no complete sglang:prompt_tokens_histogram histogram at both ends of the publish window"
+    assert m.unknown["osl"] == ("no complete sglang:generation_tokens_histogram histogram at both ends of the publish "
+                                "window")
     assert m.unknown["observed_ttft"] == ("no complete sglang:time_to_first_token_seconds histogram at both ends of "
                                           "the publish window")
     assert not [r for r in m.unknown.values() if "vllm" in r.lower()]
@@ -199,3 +201,86 @@ def test_lmcache_stays_unsupported():
     snap = parse_exposition(_text("16"), T0)
     assert (snap.engine, snap.models) == ("lmcache", {})
     assert snap.reason == "unsupported engine: lmcache"
+
+
+def test_hicache_storage_backend_hits_are_loaded_hits():
+    # A SGLang audit: HiCache's L3 hits are labelled cache_source="storage_<backend>"
+    # (sglang observability/metrics_collector.py: report_cache_source(f"storage_{backend}", ...)),
+    # not "storage": they were dropped. Δprompt 1000, Δdevice 400, Δhost 100, Δstorage_mooncake 300
+    # -> h_dev 0.4, h_load (100 + 300)/1000 = 0.4, h 0.8; without any hicache_* family the storage
+    # source alone tells HiCache is on.
+    def split(device: int, host: int, storage: int, prompt: int, gauges: str = HICACHE) -> str:
+        return (gauges
+                + f'sglang:cached_tokens_total{{cache_source="device",model_name="m"}} {device}\n'
+                + (f'sglang:cached_tokens_total{{cache_source="host",model_name="m"}} {host}\n' if host >= 0 else "")
+                + f'sglang:cached_tokens_total{{cache_source="storage_mooncake",model_name="m"}} {storage}\n'
+                + f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}\n')
+
+    m = _window(split(100, 50, 100, 1000), split(500, 150, 400, 2000)).models["m"]
+    assert m.hit_ratio == pytest.approx({"device": 0.4, "loaded": 0.4, "all": 0.8}, rel=1e-12)
+    # device 400 and storage 300 of 1000, no host series, no hicache_* family: h_load 0.3, h 0.7
+    running = 'sglang:num_running_reqs{model_name="m"} 1.0\n'
+    m = _window(split(100, -1, 100, 1000, running), split(500, -1, 400, 2000, running)).models["m"]
+    assert m.hit_ratio == pytest.approx({"device": 0.4, "loaded": 0.3, "all": 0.7}, rel=1e-12)
+
+
+def test_queue_gauges_by_priority_are_counted_once():
+    # A SGLang audit: _log_gauge_queue_count writes the total under priority="" beside a breakdown
+    # by priority value; running read 5 + 2 + 3 = 10 for 5. Without the total, the breakdown adds up.
+    def body(*rows: tuple[str, float]) -> str:
+        return "".join(f'sglang:num_running_reqs{{model_name="m",priority="{p}",tp_rank="0"}} {v}\n'
+                       f'sglang:num_queue_reqs{{model_name="m",priority="{p}",tp_rank="0"}} {v / 2}\n' for p, v in rows)
+
+    gauges = parse_exposition(body(("", 5.0), ("0", 2.0), ("1", 3.0)), T0).models["m"].gauges
+    assert (gauges["running"], gauges["waiting"]) == (5.0, 2.5)
+    gauges = parse_exposition(body(("0", 2.0), ("1", 3.0)), T0).models["m"].gauges
+    assert (gauges["running"], gauges["waiting"]) == (5.0, 2.5)
+
+
+def test_prompt_and_generation_length_histograms_give_isl_and_osl():
+    # A SGLang audit: sglang:prompt_tokens_histogram / generation_tokens_histogram ("Histogram of
+    # prompt token length", per finished request) are vLLM's request_prompt_tokens /
+    # request_generation_tokens; ISL was withheld as "SGLang exports no request_prompt_tokens
+    # histogram". Window: 4 requests, prompts summing 8000 - 2000 = 6000 tokens -> ISL 1500; outputs
+    # 1000 - 600 = 400 -> OSL 100.
+    def body(n: int, prompt: float, gen: float) -> str:
+        out = 'sglang:num_running_reqs{model_name="m"} 1.0\n'
+        for name, total in (("prompt_tokens_histogram", prompt), ("generation_tokens_histogram", gen)):
+            out += (f'sglang:{name}_bucket{{le="4096.0",model_name="m"}} {n}\n'
+                    f'sglang:{name}_bucket{{le="+Inf",model_name="m"}} {n}\n'
+                    f'sglang:{name}_count{{model_name="m"}} {n}\n'
+                    f'sglang:{name}_sum{{model_name="m"}} {total}\n')
+        return out
+
+    m = _window(body(2, 2000.0, 600.0), body(6, 8000.0, 1000.0)).models["m"]
+    assert (m.isl, m.osl) == (pytest.approx(1500.0, rel=1e-12), pytest.approx(100.0, rel=1e-12))
+    assert "isl" not in m.unknown and "osl" not in m.unknown
+
+
+def test_dp_ranks_on_the_scheduler_series_alone_are_summed_into_one_machine():
+    # A SGLang audit: with --dp-size 2 the scheduler's series carry dp_rank, the tokenizer's never do
+    # (tokenizer_manager.py builds its labels without it): each rank's series read as an engine short
+    # of the rankless ones, and nothing at all was analysed. The ranks are summed: running 3 + 4 = 7,
+    # waiting 1 + 2 = 3, KV usage max(0.2, 0.3) = 0.3, KV capacity per engine one rank's 100,000 tokens
+    # (max_total_num_tokens); realtime tokens: Δcache 600 + 600, Δcompute
+    # 400 + 400 -> h = 1200 / 2000 = 0.6; prompt tokens from the tokenizer: Δ2000 in 10 s plus
+    # Δ900 generation -> delivered TPM (2000 + 900) * 6 = 17,400 per minute; two engines as one machine.
+    def body(k: int) -> str:
+        out = ""
+        for dp in (0, 1):
+            s = f'dp_rank="{dp}",model_name="m",tp_rank="0"'
+            out += (f"sglang:num_running_reqs{{{s}}} {3 + dp}.0\nsglang:num_queue_reqs{{{s}}} {1 + dp}.0\n"
+                    f"sglang:token_usage{{{s}}} 0.{2 + dp}\nsglang:max_total_num_tokens{{{s}}} 100000.0\n"
+                    f'sglang:realtime_tokens_total{{{s},mode="prefill_compute"}} {1000 + 400 * k}.0\n'
+                    f'sglang:realtime_tokens_total{{{s},mode="prefill_cache"}} {3000 + 600 * k}.0\n')
+        return (out + f'sglang:prompt_tokens_total{{model_name="m"}} {4000 + 2000 * k}.0\n'
+                + f'sglang:generation_tokens_total{{model_name="m"}} {500 + 900 * k}.0\n')
+
+    snap = parse_exposition(body(0), T0)
+    assert snap.reason == "" and dict(snap.models["m"].gauges) == {"running": 7.0, "waiting": 3.0, "kv_usage": 0.3,
+                                                                   "kv_capacity_tokens": 100000.0}
+    assert snap.engine_counts == {"m": 2}
+    m = _window(body(0), body(1)).models["m"]
+    assert m.hit_ratio["all"] == pytest.approx(0.6, rel=1e-12)
+    assert m.tpm_observed[("delivered", "instance")] == pytest.approx(17400.0, rel=1e-12)
+    assert m.warnings["data_parallel"].startswith("2 data-parallel engines in one exposition")
