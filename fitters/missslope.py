@@ -209,7 +209,9 @@ def _robust_fit(h: np.ndarray, tps: np.ndarray, min_samples: int, min_h_span: fl
     excluded[finite] = ~keep
     anomalies[finite] = _dips(hf, yf, ~keep, ref)
     res = _line(hf, yf, keep, ref, min_samples, min_h_span)
-    return res, anomalies, excluded, ref if res.ok else None
+    # a line withheld for a gap in h keeps its reference: the steps that fill the gap are weighed
+    # against it, not each a refit
+    return res, anomalies, excluded, ref if res.ok or "gap" in res.extra else None
 
 
 def _start_score(p: np.ndarray, h: np.ndarray, y: np.ndarray) -> tuple[bool, float]:
@@ -268,6 +270,7 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
             "(MODEL.md §4), whose shape there is unseen"
             + measured(f"none between h {node[k] * H_RESOLUTION:.2f} and {node[k + 1] * H_RESOLUTION:.2f}{excluded}"),
             len(hk))
+        extra["gap"] = [float(node[k] * H_RESOLUTION), float(node[k + 1] * H_RESOLUTION)]
     if checked is not None:
         return dataclasses.replace(checked, extra=extra)
     y_k = y[keep]
@@ -431,6 +434,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         super().__init__(capacity, 3, every, basis_width=3, groups=_NODES)
         self.min_samples, self.min_h_span = min_samples, min_h_span
         self._extra = _key_extra(key)
+        self._shift_checked = -1  # rows.appended when shifted() last looked
 
     def _with_bucket(self, res: FitResult) -> FitResult:
         return dataclasses.replace(res, extra={**res.extra, **self._extra})
@@ -472,10 +476,11 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
                 fresh = np.bincount(node[old:][~keep[old:]], minlength=_NODES)
                 if np.any((fresh >= 2) & (np.bincount(node[:old][~keep[:old]], minlength=_NODES) == 0)):
                     return None
+        res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
         g = self.sums.g
         nodes = np.flatnonzero(g[:, 0, 0] > 0.5)  # counts are exact integers
         if _gapped(nodes):
-            return None  # the refit says why
+            return res, dips  # no line: _line says why, the frozen reference stands (no refit per row)
         sums, count = g[nodes], g[nodes, 0, 0]
         half_gap = np.diff(sums[:, 0, 1] / count) / 2.0  # between the nodes' mean h
         width = np.zeros(len(nodes))
@@ -486,14 +491,16 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         sol = solve_normal(m[:2, :2], m[:2, 2], *_LINE_FREE)
         if sol is None or sol[0] <= 0:
             return None  # TPS0 ≤ 0: not identifiable, refit
-        res = LazyFitResult(lambda: self._with_bucket(_line(h, y, keep, ref, self.min_samples, self.min_h_span)))
         return res, dips
 
     def shifted(self) -> np.ndarray | None:
         """When SHIFT_SHARE of the newest SHIFT_STEPS rows are off the frozen reference (more than
         ANOMALY_SIGMAS of its σ below or above it) at h nodes where every older row is on it: the
         rows (t, h, TPS_miss) from the first of those on, shape (k, 3) (the steps before it are the
-        old traffic's); else None."""
+        old traffic's); else None. Checked once per new row."""
+        if self._shift_checked == self.rows.appended:
+            return None
+        self._shift_checked = self.rows.appended
         data, ref = self.rows.view(), self._state
         old = len(data) - SHIFT_STEPS
         if old < SHIFT_STEPS or ref is None:
