@@ -234,9 +234,10 @@ class _ModelState:
     identity: "_Identity | None" = None  # the engine of the latest steps
     candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
     changed: tuple[float, Drift] | None = None  # (when, how much) the engine last changed speed (ChipTimeFitter.drift)
-    # (tokens per counted hit unit, end of the step across which it last changed): a publish window
-    # that starts before then sums counts of two units (HIT_UNIT_CHANGED)
-    hit_scale: tuple[float, float | None] | None = None
+    # ((hit unit, block_size where it counts blocks), end of the step across which it last changed,
+    # to or from unknown too): a publish window that starts before then sums counts of two units
+    # (HIT_UNIT_CHANGED)
+    hit_scale: tuple[tuple[str, float | None], float | None] | None = None
 
     def another_engine(self, identity: "_Identity") -> str | None:
         """Why the engine of this step (``identity``) is another than the one fitted so far, when it
@@ -377,8 +378,8 @@ class Analyzer:
             if delta.resets:
                 st.chip.restarted()
             ctx = self._context(snap, model, st, unobserved)
-            scale = ctx.block_size if ctx.hit_unit == "blocks" else 1.0
-            if scale is not None and (st.hit_scale is None or st.hit_scale[0] != scale):
+            scale = (ctx.hit_unit, ctx.block_size if ctx.hit_unit == "blocks" else None)
+            if st.hit_scale is None or st.hit_scale[0] != scale:
                 st.hit_scale = (scale, None if st.hit_scale is None else delta.t1)
             obs = observe(delta, ctx)
             st.isl, st.osl = obs.isl or st.isl, obs.osl or st.osl
