@@ -30,8 +30,8 @@ SGLang (``sglang:`` or, re-exported by the smg sidecar, ``sglang_``):
   (``pooled_ranks``: parse.Snapshot.engine_counts).
 * Gauges: ``num_running_reqs`` (old ``num_requests_running``) → running; ``num_queue_reqs``
   (old ``num_requests_waiting``, WIP ``queue_req``) → waiting; ``token_usage`` → KV usage;
-  ``max_total_num_tokens`` → KV capacity [tokens]; queue gauges by ``priority`` are the total
-  ``priority=""`` where SGLang writes one beside the breakdown. Histograms: TTFT, inter-token
+  ``max_total_num_tokens`` → KV capacity [tokens]. A series by ``priority`` is its total
+  ``priority=""`` where SGLang writes one beside the breakdown (per label set otherwise the same). Histograms: TTFT, inter-token
   latency (old ``time_per_output_token_seconds``; ITL, SGLang has no per-request TPOT), e2e
   latency, ``queue_time_seconds``, prompt and output lengths (``prompt_tokens_histogram``,
   ``generation_tokens_histogram``: vLLM's request_prompt_tokens, request_generation_tokens).
@@ -179,12 +179,11 @@ def _pooled(rows: list[tuple[str, str, Mapping[str, str], float]]) -> int:
 
 def _translate_model(rows: list[tuple[str, str, Mapping[str, str], float]], out: _Out) -> dict[str, object]:
     bases = {base for base, _, _, _ in rows}
+    rows = _totals(rows)
     for target, sources in SGLANG_GAUGES.items():
         src = next((s for s in sources if s in bases), None)
-        # queue counts by priority: the total under priority="" beside a breakdown by priority value
-        total = any(base == src and labels.get("priority") == "" for base, _, labels, _ in rows)
         for base, suffix, labels, value in rows:
-            if base == src and suffix == "" and not (total and labels.get("priority", "") != ""):
+            if base == src and suffix == "":
                 if target == "batch_cache_hit_rate" and value > 1.0:
                     value = value / 100.0  # a percent (sglang WIP PR #1461), never a ratio > 1
                 out.add(target, labels, value)
@@ -238,6 +237,19 @@ def _translate_model(rows: list[tuple[str, str, Mapping[str, str], float]], out:
                 emit("prefix_cache_hits", labels, value, suffix)
         _queries_from_prompt(rows, out)
     return note
+
+
+def _totals(rows: list[tuple[str, str, Mapping[str, str], float]]) -> list[tuple[str, str, Mapping[str, str], float]]:
+    """``rows`` without a breakdown by ``priority`` where its total is there too: SGLang writes a
+    series' total under ``priority=""`` beside one series per priority value (queue counts, running
+    10 read for 5: an audit), per label set otherwise the same; without a total the breakdown stays
+    (summed like any label)."""
+    def key(base: str, suffix: str, labels: Mapping[str, str]) -> tuple:
+        return base, suffix, tuple(sorted((k, v) for k, v in labels.items() if k != "priority"))
+    totals = {key(base, suffix, labels) for base, suffix, labels, _ in rows if labels.get("priority") == ""}
+    if not totals:
+        return rows
+    return [r for r in rows if r[2].get("priority", "") == "" or key(r[0], r[1], r[2]) not in totals]
 
 
 def _loaded_source(source: str | None) -> bool:

@@ -235,6 +235,16 @@ def test_queue_gauges_by_priority_are_counted_once():
     assert (gauges["running"], gauges["waiting"]) == (5.0, 2.5)
     gauges = parse_exposition(body(("0", 2.0), ("1", 3.0)), T0).models["m"].gauges
     assert (gauges["running"], gauges["waiting"]) == (5.0, 2.5)
+    # per label set (a diff review): the total on dp rank 0 alone leaves rank 1's breakdown summed:
+    # 5 + (2 + 3) = 10; and a counter's total (realtime tokens carry priority="" in newer SGLang)
+    # counts once: cache 300 of 300 + 100 queried -> its series 300 and 100, never the breakdown too
+    ranked = (body(("", 5.0), ("0", 2.0), ("1", 3.0)).replace('model_name="m"', 'dp_rank="0",model_name="m"')
+              + body(("0", 2.0), ("1", 3.0)).replace('model_name="m"', 'dp_rank="1",model_name="m"'))
+    assert parse_exposition(ranked, T0).models["m"].gauges["running"] == 10.0
+    rt = "".join(f'sglang:realtime_tokens_total{{mode="{mode}",model_name="m",priority="{p}"}} {v}\n'
+                 for mode, total in (("prefill_cache", 300.0), ("prefill_compute", 100.0))
+                 for p, v in (("", total), ("0", total / 3), ("1", 2 * total / 3)))
+    assert dict(parse_exposition(rt, T0).models["m"].counters) == {"hits": 300.0, "queries": 400.0}
 
 
 def test_prompt_and_generation_length_histograms_give_isl_and_osl():
