@@ -131,6 +131,12 @@ class _Out:
         per = self.series.setdefault((name, tuple(sorted(canon.items()))), {})
         per[rank] = max(per.get(rank, -math.inf), value)
 
+    def busy_ranks(self, model: str) -> int:
+        """Of a pooled ``model``'s data-parallel ranks, those running requests (num_requests_running > 0)."""
+        return len({rank for (name, labels), per in self.series.items()
+                    if name == "num_requests_running" and ("model_name", model) in labels
+                    for rank, value in per.items() if value > 0})
+
     def text(self) -> str:
         lines = []
         for (name, labels), per in sorted(self.series.items()):
@@ -145,7 +151,8 @@ def translate(engine: str, samples: Iterable[Sample]) -> tuple[str, dict[str, di
     vocabulary. Returns (exposition text with ``vllm:`` names, per-model notes) — notes:
     "hit_source" ("realtime_tokens" | "cached_tokens" | "cached_tokens_split" | ""),
     "hicache" (bool), "realtime_partial" (only one prefill mode exported), "pooled_ranks" (the
-    data-parallel ranks summed into one series set, :func:`_pooled`; 0 when none were).
+    data-parallel ranks summed into one series set, :func:`_pooled`; 0 when none were) and, where
+    they were, "busy_ranks" (those of them running requests at this scrape).
 
     Raises ValueError for an engine not in :data:`TRANSLATED`.
     """
@@ -162,6 +169,8 @@ def translate(engine: str, samples: Iterable[Sample]) -> tuple[str, dict[str, di
         if ranks:
             out.pooled.add(model)
         notes[model] = {**_translate_model(rows, out), "pooled_ranks": ranks}
+    for model in out.pooled:
+        notes[model]["busy_ranks"] = out.busy_ranks(model)
     return out.text(), notes
 
 

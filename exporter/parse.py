@@ -1026,9 +1026,12 @@ def _translated(b: _Builder, engine: str, timestamp: float) -> Snapshot:
         quirks[k] = quirks.get(k, 0) + v
     reason = "" if models else f"{engine} samples present but none of the signals kvhit reads"
     pooled = {m: n for m in models if (n := notes.get(m, {}).get("pooled_ranks"))}  # ranks summed in translation
+    # those running requests at this scrape: busy at both ends of a step is not told apart (one scrape)
+    busy = {m: notes[m]["busy_ranks"] for m in pooled}
     return replace(snap, engine=engine, reason=reason, models=MappingProxyType(models),
                    quirks=MappingProxyType(quirks), since=(), name_prefix=b.prefixes.get(engine, engine + ":"),
-                   engine_counts=MappingProxyType(pooled))
+                   engine_counts=MappingProxyType(pooled), busy_counts=MappingProxyType(busy),
+                   active_counts=MappingProxyType(busy))
 
 
 def _hit_unit(b: _Builder, exposed: str, model: str) -> str:

@@ -155,8 +155,9 @@ class Runner:
                 text = text.decode("utf-8", errors="replace")
             snap = self.parser.parse(text, timestamp)
             if clock_offset or counts:
+                # counts without a source's (a translated engine's pooled ranks, parse) stay
                 snap = replace(snap, clock_offset=clock_offset,
-                               **{field: dict((counts or {}).get(kind, {})) for kind, field in _COUNTS.items()})
+                               **{field: dict(counts.get(kind, {})) for kind, field in _COUNTS.items()} if counts else {})
         except ParseError as exc:
             self.record_failure("parse", str(exc), duration)
             return False

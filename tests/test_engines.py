@@ -289,8 +289,19 @@ def test_dp_ranks_on_the_scheduler_series_alone_are_summed_into_one_machine():
     snap = parse_exposition(body(0), T0)
     assert snap.reason == "" and dict(snap.models["m"].gauges) == {"running": 7.0, "waiting": 3.0, "kv_usage": 0.3,
                                                                    "kv_capacity_tokens": 100000.0}
-    assert snap.engine_counts == {"m": 2}
+    assert snap.engine_counts == {"m": 2} and snap.busy_counts == snap.active_counts == {"m": 2}
+    # a diff review: rank 1 idle is no busy rank (all were taken as busy, each step's concurrency
+    # per engine halved): running 3 + 0 on 2 ranks, 1 of them busy
+    idle = parse_exposition(body(0).replace('sglang:num_running_reqs{dp_rank="1",model_name="m",tp_rank="0"} 4.0',
+                                            'sglang:num_running_reqs{dp_rank="1",model_name="m",tp_rank="0"} 0.0'), T0)
+    assert idle.models["m"].gauges["running"] == 3.0 and idle.busy_counts == idle.active_counts == {"m": 1}
     m = _window(body(0), body(1)).models["m"]
     assert m.hit_ratio["all"] == pytest.approx(0.6, rel=1e-12)
     assert m.tpm_observed[("delivered", "instance")] == pytest.approx(17400.0, rel=1e-12)
     assert m.warnings["data_parallel"].startswith("2 data-parallel engines in one exposition")
+    # the same through the sidecar's runner after a wall-clock step (a clock offset): the ranks stay
+    # counted (the runner set the source's counts, none here, over parse's)
+    from exporter.runner import Runner
+    runner = Runner(Config(), "http://sglang:30000/metrics", clock=lambda: T1)
+    assert runner.ingest_text(T0, body(0), clock_offset=0.5) and runner.ingest_text(T1, body(1), clock_offset=0.5)
+    assert runner.current()[0].models["m"].warnings["data_parallel"].startswith("2 data-parallel engines")
