@@ -31,10 +31,11 @@ SGLang (``sglang:`` or, re-exported by the smg sidecar, ``sglang_``):
 * Gauges: ``num_running_reqs`` (old ``num_requests_running``) → running; ``num_queue_reqs``
   (old ``num_requests_waiting``, WIP ``queue_req``) → waiting; ``token_usage`` → KV usage;
   ``max_total_num_tokens`` → KV capacity [tokens]. A series by ``priority`` is its total
-  ``priority=""`` where SGLang writes one beside the breakdown (per label set otherwise the same). Histograms: TTFT, inter-token
-  latency (old ``time_per_output_token_seconds``; ITL, SGLang has no per-request TPOT), e2e
-  latency, ``queue_time_seconds``, prompt and output lengths (``prompt_tokens_histogram``,
-  ``generation_tokens_histogram``: vLLM's request_prompt_tokens, request_generation_tokens).
+  ``priority=""`` where SGLang writes one beside the breakdown (per label set otherwise the
+  same). Histograms: TTFT, inter-token latency (old ``time_per_output_token_seconds``; ITL,
+  SGLang has no per-request TPOT), e2e latency, ``queue_time_seconds``, prompt and output
+  lengths (``prompt_tokens_histogram``, ``generation_tokens_histogram``: vLLM's
+  request_prompt_tokens, request_generation_tokens).
   SGLang has no prefill/decode time histograms and no engine-step counter: the prefill share and
   the chip-time fit stay unknown.
 

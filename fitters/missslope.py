@@ -21,11 +21,11 @@ prefill chunk is tiny and TPS_miss is very low) are flagged as anomalies and exc
 flagged against a reference that follows the curve, because against the line the steep end of a
 curved TPS_miss(h) looks like a dip too. A tail chunk dips at its h every time: most of a bucket's
 newest steps off the reference where its older steps stand on it is traffic that changed inside
-the bucket (SHIFT_STEPS), and the bucket starts again from them. A step as far above the reference and at least twice its
-throughput is excluded as an outlier (a glitched counter: no engine serves miss tokens twice as
-fast as it does at that h; a real engine's steps scatter by whole prefill chunks, ±20 % on the
-bundled CPU trace); the line's quadrature would give a lone step at an h of its own a whole
-node's weight.
+the bucket (SHIFT_STEPS), and the bucket starts again from them. A step as far above the
+reference and at least twice its throughput is excluded as an outlier (a glitched counter: no
+engine serves miss tokens twice as fast as it does at that h; a real engine's steps scatter by
+whole prefill chunks, ±20 % on the bundled CPU trace); the line's quadrature would give a lone
+step at an h of its own a whole node's weight.
 """
 from __future__ import annotations
 
