@@ -69,3 +69,6 @@ def test_live_exposition_has_the_golden_series(live, golden):
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
     assert not missing and not extra, f"series missing {missing[:5]} extra {extra[:5]} (regen.py if intended)"
+    # the one value checked here is no output of the analysis: the wall time it took, once, in (0, 10) s
+    timed = [v for (name, _), v in got.items() if name == "kvhit_analysis_duration_seconds"]
+    assert len(timed) == 1 and 0.0 < timed[0] < 10.0, timed
