@@ -21,14 +21,15 @@ from exporter.parse import HISTOGRAMS, LAZY_COUNTERS, PREFIX_CACHING_OFF, ModelS
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
-from fitters.chiptime import CELL_H, DRIFT_REASON, ChipTimeFitter, Drift, observed_regressors
+from fitters.chiptime import CELL_H, DRIFT_REASON, ChipTimeFitter, observed_regressors
 from fitters.cost import SloCost, slo_cost, slo_shares
 from fitters.histogram import P95, quantile
-from fitters.latency import LatencyFitter, contention
+from fitters.latency import SHIFT_REASON, LatencyFitter, contention
 from fitters.missslope import H_RESOLUTION, MissSlopeFitter
 from fitters.model import (CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, chip_time_regressors,
                            max_hit_ratio, prefill_share, tpm_delivered, tpm_hit_correction)
 from fitters.observation import Observation
+from fitters.online import Shift
 from fitters.result import STATUSES, Estimate, FitResult, Status, label_reason, measured
 from fitters.sizing import TpotConcurrencyFitter, first_order_capacity, max_concurrency, peak_kv_bytes
 from fitters.whatif import STEPS_UNKNOWN, FittedModel, Prediction, link_excess, unidentified_terms
@@ -79,7 +80,8 @@ BANDWIDTH_COUNTERS = ("kv_offload_load_bytes", "kv_offload_load_seconds")  # B_l
 # Hit ratios at which the bathtub curves are published (stable label values for dashboards).
 BATHTUB_GRID = tuple(i / 20 for i in range(20)) + (0.97, 0.99)
 # How long kvhit_warning_info{warning="engine_speed_changed"} stays after the chip-time fit found
-# the engine's speed changed and the fits started afresh [s]: long enough for a 15-min alert's eyes.
+# the engine's speed changed and the fits started afresh (and prefill_latency_changed after the
+# latency fit found its latency layer changed) [s]: long enough for a 15-min alert's eyes.
 CHANGED_NOTE_SECONDS = 3600.0
 # why a counter of every scrape is not in a window (Delta.counters holds those at every scrape)
 MISSING_IN_WINDOW = ("missing at a scrape inside the publish window (a cut or bad body, or in fleet mode a family left "
@@ -233,7 +235,8 @@ class _ModelState:
     peak: dict[str, float] = field(default_factory=dict)  # counter → highest rate of its fitted steps (SPIKE_FACTOR)
     identity: "_Identity | None" = None  # the engine of the latest steps
     candidate: "_Identity | None" = None  # another one seen at the latest step alone (_Identity.changed)
-    changed: tuple[float, Drift] | None = None  # (when, how much) the engine last changed speed (ChipTimeFitter.drift)
+    changed: tuple[float, Shift] | None = None  # (when, how much) the engine last changed speed (ChipTimeFitter.drift)
+    latency_changed: tuple[float, Shift] | None = None  # … its prefill latency under that speed (LatencyFitter.shift)
     # ((hit unit, block_size where it counts blocks), end of the step across which it last changed,
     # to or from unknown too): a publish window that starts before then sums counts of two units
     # (HIT_UNIT_CHANGED)
@@ -401,6 +404,11 @@ class Analyzer:
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p)
                     _raise_peak(st.peak, p.rates)
+                    if (shift := st.latency.shift) is not None:  # the latency fit kept its newest steps only
+                        st.latency.shift = None
+                        log.warning("model %r: %s: the latency fit starts again from its newest steps%s", model,
+                                    SHIFT_REASON, measured(shift.text()))
+                        st.latency_changed = (p.delta.t1, shift)
                     if (size := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
                         log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON, measured(size.text()))
                         st = self._state[model] = st.afresh(st.identity)
@@ -579,9 +587,13 @@ class Analyzer:
         _absent_means(snap, w, unknown, {"isl": isl_w, "osl": osl_w, "observed_ttft": wobs.ttft_mean})
         if note := cfg.model.dtype_note(snap.cache_config_of(model).get("cache_dtype")):
             warnings["kv_cache_dtype"] = note
-        if st.changed is not None and w.t1 - st.changed[0] <= CHANGED_NOTE_SECONDS:
-            warnings["engine_speed_changed"] = (DRIFT_REASON + ": the fits started afresh (published for an hour)"
-                                                + measured(f"{st.changed[1].text()}, {w.t1 - st.changed[0]:.0f} s ago"))
+        for key, why, then, changed in (
+                ("engine_speed_changed", DRIFT_REASON, "the fits started afresh", st.changed),
+                ("prefill_latency_changed", SHIFT_REASON, "the latency fit (α, load-aware TTFT) started again from its "
+                 "newest steps", st.latency_changed)):
+            if changed is not None and w.t1 - changed[0] <= CHANGED_NOTE_SECONDS:
+                warnings[key] = (f"{why}: {then} (published for an hour)"
+                                 + measured(f"{changed[1].text()}, {w.t1 - changed[0]:.0f} s ago"))
         if engines > 1:
             # a translated engine's counts are its data-parallel ranks summed in one exposition (engines.py)
             what = ("engines (pods x data-parallel engines) summed over the fleet's pods"

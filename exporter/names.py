@@ -78,7 +78,9 @@ WARNING_INFO = _m("kvhit_warning_info", "A caveat on this model's values publish
                   "fitted as one machine), kv_cache_dtype (vLLM's KV cache dtype unknown to kvhit or not the configured "
                   "model.dtype_bytes), load_aware_off (the load-aware TTFT misses the window's observed one by more "
                   "than 25 %), engine_speed_changed (the engine's chip time per unit of work moved by more than 8 %: "
-                  "the fits started afresh, for an hour after), bathtub_extrapolated (the chip-time bathtub's h*, "
+                  "the fits started afresh, for an hour after), prefill_latency_changed (its prefill latency under that "
+                  "chip time moved by more than 5 %, as the overlap α does with another KV offload setting: the latency "
+                  "fit started again from its newest steps, for an hour after), bathtub_extrapolated (the chip-time bathtub's h*, "
                   "h_even or no-exit read beyond the h its fit's steps saw), kv_load_bound (a predicted or target TPM, "
                   "or the chip-time bathtub's at its h_even, past what the KV-load link can feed, B_load/(S_kv h_load): the link, not chip time, limits it); reason explains.", MODEL + ("warning", "reason"))
 

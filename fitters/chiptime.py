@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +18,8 @@ from scipy.optimize import nnls
 
 from .model import CHIP_TIME_REGRESSOR_WORDS, CHIP_TIME_TERMS, ChipTimeCoefficients, relation_text
 from .observation import Observation
-from .online import (REFIT_EVERY, AmortizedFit, LazyFitResult, RowBuffer, bounded_lsq, median, soft_l1_weight,
-                     solve_normal)
+from .online import (REFIT_EVERY, AmortizedFit, LazyFitResult, RowBuffer, Shift, ShiftTest, bounded_lsq,
+                     median, robust_sigma, soft_l1_weight, solve_normal)
 from .result import Estimate, FitResult, Status, measured
 
 # Keep-order when columns are collinear: the simpler term survives (MODEL.md §6).
@@ -48,7 +47,6 @@ OUTLIER_SIGMAS = 3.5
 # would be cut (the accuracy benchmark's valley delay doubled when rejecting from min_samples on).
 REJECT_AFTER = 3
 REJECT_ROUNDS = 4  # flag-and-refit rounds at most (two settle a seed-002 dip pattern)
-_MAD_TO_SIGMA = 1.4826
 # An engine that changed speed (a power or clock cap, a co-located job, flags changed at a
 # restart): the last DRIFT_STEPS steps' relative residuals against the fit, less those of the
 # earlier steps of the same traffic (h and ISL cell, OSL and concurrency per engine by octave),
@@ -60,26 +58,9 @@ _MAD_TO_SIGMA = 1.4826
 # the held fit published the TPM at h 0.9 15 % high for 8 h, status ok.
 DRIFT = 0.08
 DRIFT_STEPS = 32
-DRIFT_NEWEST = DRIFT_STEPS // 4  # the newest steps the change's size is read from
 DRIFT_REASON = (f"the engine's chip time per unit of work changed against earlier steps of the same traffic (h, ISL, "
                 f"OSL and concurrency): the median of its last {DRIFT_STEPS} busy steps by more than {DRIFT:.0%}, as "
                 "after a power or clock cap, a co-located job, or flags changed at a restart")
-
-
-@dataclass(frozen=True)
-class Drift:
-    """An engine's change of speed as :meth:`ChipTimeFitter.update` found it [1, + slower: +0.5 is
-    1.5x the chip time]: ``shift``, the median over its last DRIFT_STEPS busy steps (what passed
-    DRIFT); ``size``, over its newest DRIFT_NEWEST (the changed engine's alone, its best estimate)."""
-    shift: float
-    size: float
-
-    def text(self) -> str:
-        """Both, as logged and warned (one alone read as below DRIFT when the newest were, review)."""
-        return (f"{self.shift:+.0%} (the median over its last {DRIFT_STEPS} busy steps), "
-                f"{self.size:+.0%} in its newest {DRIFT_NEWEST}")
-
-
 DRIFT_REFERENCE = 8  # earlier steps of a step's traffic it is compared with, at least
 DRIFT_SIGMAS = 6.0  # standard errors of the median shift a change must pass too
 
@@ -400,13 +381,6 @@ def _identifiable_columns(xs: np.ndarray, x_scale: np.ndarray) -> tuple[list[int
     return sorted(kept), dropped
 
 
-def robust_sigma(r: np.ndarray) -> float:
-    """1.4826·MAD of relative residuals r, shape (n,) [1]; floored at 1e-9 so a noiseless fit
-    still has a positive scale (f_scale of a robust loss, outlier threshold)."""
-    mad = median(np.abs(r - median(r)))
-    return max(_MAD_TO_SIGMA * mad, 1e-9)
-
-
 def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
     """Predicted Δt_busy [s] of one step from its five regressors (MODEL.md §7).
 
@@ -427,15 +401,17 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
 CELL_H = 0.05
 
 
-def _octave(x: float) -> float:
-    """log2 x rounded; nan (no octave, equal to none) for x nan or ≤ 0."""
-    return float(round(math.log2(x))) if x > 0.0 else math.nan
+def octaves(x: np.ndarray) -> np.ndarray:
+    """log2 x rounded of every element of x, shape (n,); nan (no octave, equal to none) for x nan or ≤ 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 0.0, np.round(np.log2(x)), np.nan)
 
 
-def _cell(h: float | None, isl: float) -> float:
-    """The (h, ISL) cell of a step, as one float: h to CELL_H (unknown h: a cell of its own), log2 ISL rounded."""
-    hb = -1 if h is None or not math.isfinite(h) else math.floor(min(max(h, 0.0), 1.0) / CELL_H)
-    return float(hb * 256 + round(math.log2(max(isl, 1.0))))
+def traffic_cells(h: np.ndarray, isl: np.ndarray) -> np.ndarray:
+    """The (h, ISL) cell of every step, h and ISL shape (n,), each as one float: h to CELL_H
+    (unknown h, nan: a cell of its own), log2 ISL rounded."""
+    hb = np.where(np.isfinite(h), np.floor(np.clip(h, 0.0, 1.0) / CELL_H), -1.0)
+    return hb * 256 + np.round(np.log2(np.maximum(isl, 1.0)))
 
 
 class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]]):
@@ -473,10 +449,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         self._cells: dict[float, int] = {}
         self._epoch = 0.0  # engine restarts so far (restarted)
         self._multi = 0  # rows with other than one busy engine (busy_engines' mean is 1 without them)
-        self._arrived: deque[float] = deque(maxlen=DRIFT_STEPS)  # new rows' relative residuals when they came
-        self._above = self._below = 0  # … of them above DRIFT, below -DRIFT
-        self._compared = -DRIFT_STEPS  # rows.appended when _changed last read the earlier steps
-        self.drift: Drift | None = None  # how much the engine changed speed (:meth:`update`, DRIFT_REASON), once found
+        self._watch = ShiftTest(DRIFT, "busy steps", DRIFT_STEPS, DRIFT_REFERENCE, DRIFT_SIGMAS)
+        self.drift: Shift | None = None  # how much the engine changed speed (:meth:`update`, DRIFT_REASON), once found
 
     def update(self, obs: Observation, engines: float = 1.0) -> bool:
         """Add one step; True if it was usable (see :func:`design_row`) and stored. ``engines``:
@@ -487,7 +461,8 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         row = design_row(obs)
         if row is None:
             return False
-        cell = _cell(obs.hit_ratio, obs.isl)
+        h = math.nan if obs.hit_ratio is None else obs.hit_ratio
+        cell = float(traffic_cells(np.array([h]), np.array([obs.isl]))[0])
         k = self.append((*row, obs.dt))
         if len(self._tags) == self.capacity:
             gone = self._tags.view()[k]
@@ -497,28 +472,13 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             self._multi -= gone[3] != 1.0
         running = math.nan if obs.running is None else obs.running / engines
         # ISL, OSL known: ΔC_dec needs both
-        h = math.nan if obs.hit_ratio is None else obs.hit_ratio
-        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, _octave(running), h), k)
+        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, float(octaves(np.array([running]))[0]), h), k)
         self._cells[cell] = self._cells.get(cell, 0) + 1
         self._multi += engines != 1.0
         state = self._state
-        if state is not None:
-            r = float(self._relative(row, obs.dt, engines, state))
-            if len(self._arrived) == DRIFT_STEPS:
-                gone = self._arrived[0]
-                self._above -= gone > DRIFT
-                self._below -= gone < -DRIFT
-            self._arrived.append(r)
-            self._above += r > DRIFT
-            self._below += r < -DRIFT
-            # a median beyond ±DRIFT needs half of them beyond it on one side: only then is it taken,
-            # and the earlier steps read every DRIFT_STEPS // 4 steps at most (a misfit the traffic
-            # always had, e.g. early on the real trace, passes this test for many steps in a row)
-            if (len(self._arrived) == DRIFT_STEPS and max(self._above, self._below) >= DRIFT_STEPS // 2
-                    and self.rows.appended - self._compared >= DRIFT_STEPS // 4
-                    and abs(median(np.array(self._arrived))) > DRIFT):
-                self._compared = self.rows.appended
-                self.drift = self._changed(state)
+        if state is not None and self._watch.arrived(float(self._relative(row, obs.dt, engines, state)),
+                                                     self.rows.appended):
+            self.drift = self._changed(state)
         return True
 
     def _relative(self, x: np.ndarray, dt, engines, state: _Frozen) -> np.ndarray:
@@ -530,39 +490,14 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             dt = dt * engines / self.busy_engines(1.0)
         return (x @ state.beta - dt) / np.maximum(x @ state.start, state.floor)
 
-    def _changed(self, state: _Frozen) -> Drift | None:
-        """How much the engine's chip time per unit of work changed (:class:`Drift`), or None when
-        the last DRIFT_STEPS rows do not say it changed. Each of them with DRIFT_REFERENCE earlier
-        rows of its traffic gives a shift: its relative residual less the median of theirs (a misfit
-        the traffic always had, tail-chunk dips or a concurrency the linear model fits less well, is
-        no change). A change is a median
-        shift, over at least half of them, beyond DRIFT and beyond DRIFT_SIGMAS standard errors of
-        that median under the earlier rows' scatter (a robust σ): a noisy engine's own spread
-        (20 % per step) read as a change once every ~3 h at a fixed 15 % (review)."""
-        x, tags = self.rows.view(), self._tags.view()
-        n = len(x) - DRIFT_STEPS
-        if n < DRIFT_REFERENCE:
-            return None
-        r = self._relative(x[:, :5], x[:, 5], tags[:, 3], state)
+    def _changed(self, state: _Frozen) -> Shift | None:
+        """How much the engine's chip time per unit of work changed, or None when its last
+        DRIFT_STEPS rows do not say so (:meth:`fitters.online.ShiftTest.compare`; the traffic: the
+        (h, ISL) cell, OSL and concurrency per engine by octave)."""
+        tags = self._tags.view()
+        x = self.rows.view()
         traffic = np.column_stack([tags[:, 2], np.round(np.log2(np.maximum(tags[:, 1], 1.0))), tags[:, 5]])
-        shifts, refs = [], []
-        for i in range(n, len(x)):
-            same = np.all(traffic[:n] == traffic[i], axis=1)
-            if (k := np.count_nonzero(same)) >= DRIFT_REFERENCE:
-                shifts.append(r[i] - median(r[:n][same]))
-                refs.append(k)
-        if 2 * len(shifts) < DRIFT_STEPS:
-            return None
-        # a median's standard error ≈ 1.25 σ/√m, of the shifts' own (the newest rows' σ) and of their
-        # references' (shared; the earlier rows' σ): an engine grown noisier at the same speed (3 % →
-        # 12 %) passed 8 % against its quieter past's σ alone (review)
-        stderr = 1.25 * math.sqrt(robust_sigma(r[n:]) ** 2 / len(shifts)
-                                  + robust_sigma(r[:n]) ** 2 / median(np.array(refs, dtype=float)))
-        shift = median(np.array(shifts))
-        if not abs(shift) > max(DRIFT, DRIFT_SIGMAS * stderr):
-            return None
-        # found once most of the window is the changed engine's: its newest steps tell the size
-        return Drift(-shift, -median(np.array(shifts[-DRIFT_NEWEST:])))
+        return self._watch.compare(self._relative(x[:, :5], x[:, 5], tags[:, 3], state), traffic)
 
     def restarted(self) -> None:
         """The engine restarted (as the same engine: its configuration unchanged): the steps
@@ -572,7 +507,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
 
     def _evict(self) -> int:
         """The oldest row when it predates the latest restart (:meth:`restarted`), else the oldest
-        of the (h, ISL) cell (:func:`_cell`) holding the most: steady traffic replaces its own
+        of the (h, ISL) cell (:func:`traffic_cells`) holding the most: steady traffic replaces its own
         steps and keeps those of the other h and ISL it saw, which tell the prefill's terms apart
         (at one h and ISL, FFN and attention work grow alike: collinear, one term dropped, the
         chip-time bathtub withheld after 720 steps of it). Rows stay in time order, so the

@@ -35,9 +35,8 @@ import math
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from .chiptime import robust_sigma
 from .observation import Observation
-from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, median, solve_normal
+from .online import REFIT_EVERY, AmortizedFit, LazyFitResult, median, robust_sigma, solve_normal
 from .result import Estimate, FitResult, Status, measured
 
 # A step more than ANOMALY_SIGMAS robust σ below the reference curve is a tail-chunk dip; one as

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -132,6 +133,108 @@ def median(x: np.ndarray) -> float:
     if part[-1] != part[-1]:
         return math.nan
     return float(part[k]) if n % 2 else float((part[k - 1] + part[k]) / 2.0)
+
+
+_MAD_TO_SIGMA = 1.4826
+
+
+def robust_sigma(r: np.ndarray) -> float:
+    """1.4826·MAD of relative residuals r, shape (n,) [1]; floored at 1e-9 so a noiseless fit
+    still has a positive scale (f_scale of a robust loss, outlier threshold)."""
+    mad = median(np.abs(r - median(r)))
+    return max(_MAD_TO_SIGMA * mad, 1e-9)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shift:
+    """How far a fit's newest rows moved off it, as :meth:`ShiftTest.compare` found it [1, relative;
+    + is a measured time grown: +0.5 is 1.5× the fit's]: ``shift``, the median over the last
+    ``steps`` rows (what passed the test); ``size``, over the newest ``steps // 4`` (the changed
+    engine's alone, its best estimate); ``what`` names the rows."""
+    shift: float
+    size: float
+    steps: int
+    what: str
+
+    def text(self) -> str:
+        """Both, as logged and warned (one alone read as below the threshold when the newest were, review)."""
+        return (f"{self.shift:+.0%} (the median over its last {self.steps} {self.what}), "
+                f"{self.size:+.0%} in its newest {self.steps // 4}")
+
+
+class ShiftTest:
+    """Whether what a fit describes changed under it (an engine's speed, its load/compute overlap):
+    a fit over hours of rows follows a change only as its old rows leave, while it publishes its
+    old value as ok (MODEL.md §6: bounded memory; the chip-time and latency fits).
+
+    :meth:`arrived` takes each new row's relative residual under the last refit, r = (predicted −
+    measured)/predicted, into the last ``steps``; when half of them are beyond ``threshold`` on one
+    side and so is their median (at most every ``steps // 4`` rows: a misfit the traffic always had
+    passes this for many rows in a row), :meth:`compare` is due, over every stored row. Each of the
+    last ``steps`` rows with ≥ ``references`` earlier rows of its traffic gives a shift: its
+    residual less the median of theirs (a misfit the traffic always had, tail-chunk dips or a
+    concurrency the linear model fits less well, is no change). A change is a median shift, over at
+    least half of them, beyond ``threshold`` and beyond ``sigmas`` standard errors of that median
+    under the newest and the earlier rows' scatter (a robust σ): a noisy engine's own spread (20 %
+    per step) read as a change once every ~3 h at a fixed 15 % (review)."""
+
+    def __init__(self, threshold: float, what: str, steps: int = 32, references: int = 8, sigmas: float = 6.0) -> None:
+        self.threshold, self.what, self.steps, self.references, self.sigmas = threshold, what, steps, references, sigmas
+        self._arrived: deque[float] = deque(maxlen=steps)
+        self._above = self._below = 0  # … of them above threshold, below -threshold
+        self._compared = -steps  # rows appended when compare was last due
+
+    def arrived(self, r: float, appended: int) -> bool:
+        """Take a new row's relative residual ``r`` [1]; ``appended``: rows appended so far. True
+        when :meth:`compare` is due."""
+        if len(self._arrived) == self.steps:
+            gone = self._arrived[0]
+            self._above -= gone > self.threshold
+            self._below -= gone < -self.threshold
+        self._arrived.append(r)
+        self._above += r > self.threshold
+        self._below += r < -self.threshold
+        # a median beyond ±threshold needs half of them beyond it on one side: only then is it taken
+        if (len(self._arrived) == self.steps and max(self._above, self._below) >= self.steps // 2
+                and appended - self._compared >= self.steps // 4
+                and abs(median(np.array(self._arrived))) > self.threshold):
+            self._compared = appended
+            return True
+        return False
+
+    def compare(self, r: np.ndarray, traffic: np.ndarray) -> Shift | None:
+        """The change (:class:`Shift`) told by every stored row's relative residual under the last
+        refit, ``r`` shape (n,), oldest first, and its traffic, ``traffic`` shape (n, k) (rows
+        equal in every column are the same traffic); None when the last ``steps`` rows do not say
+        it changed."""
+        n = len(r) - self.steps
+        if n < self.references:
+            return None
+        # one id per traffic; a row with a nan (unknown) is its own (equal to none)
+        ids = np.unique(traffic, axis=0, return_inverse=True)[1].ravel()
+        ids = np.where(np.isnan(traffic).any(axis=1), -1 - np.arange(len(r)), ids)
+        earlier: dict[int, tuple[float, int] | None] = {}  # id → (median of its earlier rows' r, how many)
+        shifts, refs = [], []
+        for i in range(n, len(r)):
+            if (g := int(ids[i])) not in earlier:
+                same = ids[:n] == g
+                k = np.count_nonzero(same)
+                earlier[g] = (median(r[:n][same]), k) if k >= self.references else None
+            if (ref := earlier[g]) is not None:
+                shifts.append(r[i] - ref[0])
+                refs.append(ref[1])
+        if 2 * len(shifts) < self.steps:
+            return None
+        # a median's standard error ≈ 1.25 σ/√m, of the shifts' own (the newest rows' σ) and of their
+        # references' (shared; the earlier rows' σ): an engine grown noisier at the same speed (3 % →
+        # 12 %) passed 8 % against its quieter past's σ alone (review)
+        stderr = 1.25 * math.sqrt(robust_sigma(r[n:]) ** 2 / len(shifts)
+                                  + robust_sigma(r[:n]) ** 2 / median(np.array(refs, dtype=float)))
+        shift = median(np.array(shifts))
+        if not abs(shift) > max(self.threshold, self.sigmas * stderr):
+            return None
+        # found once most of the window is the changed engine's: its newest rows tell the size
+        return Shift(-shift, -median(np.array(shifts[-(self.steps // 4):])), self.steps, self.what)
 
 
 def bounded_lsq(a: np.ndarray, b: np.ndarray, x0: np.ndarray, lower: np.ndarray | float, upper: np.ndarray | float,
@@ -454,6 +557,16 @@ class AmortizedFit(Generic[S, R]):
     def _evict(self) -> int:
         """Index of the row to drop when the buffer is full (0, the oldest, unless overridden)."""
         return 0
+
+    def keep_newest(self, k: int) -> None:
+        """Drop every row but the newest ``k`` (the older ones describe what changed, :class:`ShiftTest`):
+        the next :meth:`solve` refits from them alone, cold (the last refit's state was theirs too)."""
+        newest = self.rows.view()[max(len(self.rows) - k, 0):, :-1].copy()
+        self.rows = RowBuffer(self.rows.capacity, newest.shape[1] + 1)
+        for row in newest:
+            self.rows.append((*row, np.nan))
+        self._state = self._cache = None
+        self._refit_at = self._weighed = 0
 
     def solve(self, key: object = None) -> R:
         """The fit of the buffered rows under ``key``: an exact step or a robust refit (module docstring)."""

@@ -447,3 +447,58 @@ def test_service_ttft_gradient_with_no_load_and_no_compute_counts_the_prefill_te
     # 700 and ∂/∂k_attn = M·H + M²/2 = 700·300 + 700²/2 = 455000, at α = 1 too (they read 0: audit)
     g = service_ttft_gradient(ChipTimeCoefficients(0.01, 0.0, 0.0, 0.0, 0.0), 1000, 0.3, 0.0, 1.0)
     assert g == pytest.approx((1.0, 700.0, 455000.0, 0.0, 0.0))
+
+
+def test_a_change_of_overlap_under_the_same_chip_time_is_found_and_the_fit_follows_it():
+    # 2/3 of the steps at one traffic (ISL 4096, h_dev = h_load = 0.3, 8 running), the rest drawn
+    # as _make does; after 300 steps α goes 0.5 → 0.9. At that traffic (_truth by hand): T_compute
+    # = 5e-5·1638.4 + 1e-8·(1638.4·2457.6 + 1638.4²/2) = 0.13561 s, T_load = 0.3·4096·5e5/5e9 =
+    # 0.12288 s (the min), c = 1.1 + 0.05·8 = 1.5, prefill 1.5·(0.02 + 0.13561) + 0.12288·(1 − α):
+    # 0.29486 s at α 0.5, 0.24571 s at 0.9, −16.7 %. The old fit held α near 0.5 for as long as its
+    # 720 steps lasted; found, it keeps its newest 8 steps and fits α 0.9 within 0.05 200 steps on
+    # (α's scatter over seeds at 75 steps of this traffic: ±0.04).
+    from fitters import latency
+
+    def steps(n: int, alpha: float, seed: int) -> list[Observation]:
+        rng, drawn = np.random.default_rng(seed), iter(_make(n, alpha, seed=seed + 1)[0])
+        out = []
+        for i in range(n):
+            o = next(drawn)
+            if i % 3:
+                y = _truth(4096.0, 0.6, 0.3, 8.0, alpha)[0] * (1.0 + 0.02 * rng.standard_normal())
+                o = _obs(o.t, 4096.0, 0.3, 0.3, 8.0, y)
+            out.append(o)
+        return out
+    assert _truth(4096.0, 0.6, 0.3, 8.0, 0.9)[0] / _truth(4096.0, 0.6, 0.3, 8.0, 0.5)[0] - 1 == pytest.approx(
+        -0.1667, abs=1e-4)
+    fitter = LatencyFitter()
+
+    def feed(obs: list[Observation]) -> list[int]:
+        found = []
+        for i, o in enumerate(obs):
+            fitter.update(o)
+            fitter.result(COEF, S_KV, B_LOAD)
+            if fitter.shift is not None:
+                found.append(i)
+                size = fitter.shift.size
+                fitter.shift = None
+        assert not found or size == pytest.approx(-0.1667, abs=0.03), size
+        return found
+    assert feed(steps(300, 0.5, 1)) == []
+    found = feed(steps(200 + latency.SHIFT_STEPS, 0.9, 2))
+    # once half of the last 32 steps it fits are the changed engine's (2/3 of them at the traffic
+    # compared), within the 32
+    assert len(found) == 1 and latency.SHIFT_STEPS // 2 <= found[0] < latency.SHIFT_STEPS, found
+    overlap = fitter.result(COEF, S_KV, B_LOAD)[1]
+    assert overlap.ok and overlap.value("alpha") == pytest.approx(0.9, abs=0.05)
+
+
+@pytest.mark.parametrize("noise", [0.02, 0.3])
+def test_the_same_overlap_at_any_noise_is_no_change(noise):
+    # 1500 steps of one truth: a 32-step median of 30 % noise moves ~7 % by itself, beyond the 5 %
+    # threshold; the 6 standard errors of fitters.online.ShiftTest hold
+    fitter = LatencyFitter()
+    for o in _make(1500, 0.5, noise=noise, seed=3)[0]:
+        fitter.update(o)
+        fitter.result(COEF, S_KV, B_LOAD)
+        assert fitter.shift is None

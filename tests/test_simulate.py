@@ -1341,3 +1341,40 @@ def test_a_tpm_past_what_the_kv_load_link_can_feed_is_flagged():
     assert link_excess(5.11e6, 2048.0, 128.0, 80_000.0) == "8.016e+04 vs 8e+04 prompt tokens/s"
     # no hit loaded: no link to bound it (Θ's compute term is no physical limit of a mixed workload's means)
     assert replace(m.fitted, hit_load_share=0.0).link_feed(0.98) is None
+
+
+def test_a_change_of_overlap_is_warned_and_the_latency_fit_follows_it():
+    # 40 min of agentic traffic (h drawn in [0.3, 0.95] per scrape, h_load = h/2) at α 0.5, then α
+    # 0.95 (another offload setting) at the same chip time: at h 0.6, ISL 2048 the prefill moves by
+    # 0.45·T_load = 0.45·0.3·2048·S_kv/B_load, 7.5 % of it (Truth.prefill_latency at 10 running).
+    # The fit over 2 h of steps held α near 0.5 for half an hour (0.52 ± 0.02 five minutes on, status
+    # ok); now it warns once (one label value), keeps its newest steps, and 15 min on α is the new one.
+    from exporter.config import Config, Geometry
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+    from exporter.simulate import SIM_GEOMETRY
+
+    before = Truth(alpha=0.5)
+    after = replace(before, alpha=0.95)
+    t_load = 0.3 * 2048 * before.kv_bytes_per_token / before.load_bandwidth
+    assert 0.45 * t_load / before.prefill_latency(0.6, 10.0) == pytest.approx(0.075, abs=0.005)
+    sc = Scenario(truth=before, schedule=(Segment("agentic", 3300.0, 0.3, 0.95),), seed=3)
+    runner = Runner(Config(window_seconds=60, interval=5, model=Geometry(**SIM_GEOMETRY),
+                           load_bandwidth_bytes_per_second=before.load_bandwidth), "sim", clock=(clock := TraceClock()))
+    engine = Engine(sc)
+    clock.t = sc.start
+    runner.ingest_text(sc.start, engine.exposition())
+    warned = set()
+    for i in range(1, int(sc.duration / sc.interval) + 1):
+        if i == 480:  # 40 min
+            engine.sc = replace(engine.sc, truth=after)
+        clock.t = engine.advance().t
+        runner.ingest_text(clock.t, engine.exposition())
+        m = runner.current()[0].models[sc.model_name]
+        if i == 479:
+            assert m.fits["overlap"].value("alpha") == pytest.approx(0.5, abs=0.05)
+        if "prefill_latency_changed" in m.warnings:
+            assert i > 480
+            warned.add(label_reason(m.warnings["prefill_latency_changed"]))
+    assert len(warned) == 1 and "engine_speed_changed" not in m.warnings
+    assert m.fits["overlap"].ok and m.fits["overlap"].value("alpha") == pytest.approx(0.95, abs=0.05)
