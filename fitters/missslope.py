@@ -292,7 +292,7 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
     # Delta method for (tps0, a) = (b0, -b1/b0).
     jac = np.array([[1.0, 0.0], [b1 / b0**2, -1.0 / b0]])
     cov = jac @ cov_b @ jac.T
-    bias = _quadrature_bias(hk, w, ref)
+    bias = _quadrature_bias(design, w, xtw_inv, ref)
     if bias is not None:
         cov = cov + np.outer(bias, bias)
     resid = y_k - (b0 + b1 * hk)
@@ -311,19 +311,21 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
     )
 
 
-def _quadrature_bias(h: np.ndarray, w: np.ndarray, ref: _Reference) -> np.ndarray | None:
-    """(ΔTPS0, Δa) of the line the steps' quadrature weights ``w`` (shape (n,), over their ``h``)
-    give through the reference curve, less the line through it on 201 evenly spaced h over the same
-    range (MODEL.md §4's line): the error of seeing the curve at these h alone, which the steps'
-    scatter does not count; None where either line has TPS0 ≤ 0."""
+def _quadrature_bias(design: np.ndarray, w: np.ndarray, xtw_inv: np.ndarray, ref: _Reference) -> np.ndarray | None:
+    """(ΔTPS0, Δa) of the line the steps' quadrature weights ``w`` (shape (n,)) give through the
+    reference curve, less the line through it on 201 evenly spaced h over the same range (MODEL.md
+    §4's line): the error of seeing the curve at these h alone, which the steps' scatter does not
+    count; None where either line has TPS0 ≤ 0. ``design``: the steps' (1, h), shape (n, 2);
+    ``xtw_inv``: the inverse of their weighted normal matrix (:func:`_line`'s)."""
+    h = design[:, 1]
     grid = np.linspace(h.min(), h.max(), 201)
     trap = np.full(201, grid[1] - grid[0])
     trap[[0, -1]] /= 2.0
+    dense = np.column_stack([np.ones_like(grid), grid])
+    curve = ref.y_scale / _reference_cost(ref.p, grid)
     out = []
-    for x, wx in ((h, w), (grid, trap)):
-        y = ref.y_scale / _reference_cost(ref.p, x)
-        d = np.column_stack([np.ones_like(x), x])
-        b0, b1 = np.linalg.solve(d.T @ (d * wx[:, None]), d.T @ (wx * y))
+    for b0, b1 in (xtw_inv @ (design.T @ (w * ref.y_scale / _reference_cost(ref.p, h))),
+                   np.linalg.solve(dense.T @ (dense * trap[:, None]), dense.T @ (trap * curve))):
         if not b0 > 0:
             return None
         out.append((b0, -b1 / b0))
@@ -504,11 +506,13 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         old = len(data) - SHIFT_STEPS
         if old < SHIFT_STEPS or ref is None:
             return None
-        bound = ANOMALY_SIGMAS * ref.sigma
-        if np.count_nonzero(np.abs(_reference_residuals(ref.p, data[old:, 1], data[old:, 2] / ref.y_scale)) > bound) \
-                < SHIFT_SHARE * SHIFT_STEPS:
+        def off(rows: slice) -> np.ndarray:  # off the reference (a nan residual too)
+            return ~(np.abs(_reference_residuals(ref.p, data[rows, 1], data[rows, 2] / ref.y_scale))
+                     <= ANOMALY_SIGMAS * ref.sigma)
+        newest = off(slice(old, None))
+        if np.count_nonzero(newest) < SHIFT_SHARE * SHIFT_STEPS:  # the cheap test of every new row
             return None
-        off = ~(np.abs(_reference_residuals(ref.p, data[:, 1], data[:, 2] / ref.y_scale)) <= bound)
+        off = np.concatenate([off(slice(None, old)), newest])
         node = _node(data[:, 1])
         clean = (np.bincount(node[:old][~off[:old]], minlength=_NODES) > 0) & \
             (np.bincount(node[:old][off[:old]], minlength=_NODES) == 0)
