@@ -1413,6 +1413,9 @@ def test_a_trace_file_over_the_body_cap_is_refused_before_it_is_read(tmp_path, c
     (["simulate", "--alpha", "2"], "argument --alpha: must be in [0, 1], got 2"),
     (["simulate", "--interval", "0"], "argument --interval: must be in [0.1, 86400], got 0"),
     (["simulate", "--miss-slope", "5"], "argument --miss-slope: must be in (0, 1], got 5"),
+    # no_valley's point is a < ρ = 0.1 (exporter/simulate.py preset): a = 0.5 served a valley under its name
+    (["simulate", "--scenario", "no_valley", "--miss-slope", "0.5"],
+     "--miss-slope: no_valley has no valley at ρ = 0.1 because its a is below ρ; a = 0.5 would make one"),
     (["simulate", "--listen", "127.0.0.1:99999"], "--listen: the port must be 0-65535 (0: any free one), got '127.0.0.1:99999'"),
     # a refused address is a bad key at config time, not a failure to bind (exit 1) after start-up
     (["run", "--target", "http://127.0.0.1:9/metrics", "--listen", "127.0.0.1:18720:1"],
