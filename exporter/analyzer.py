@@ -260,9 +260,10 @@ class _ModelState:
     def afresh(self, identity: "_Identity") -> "_ModelState":
         """Fitters emptied for another engine, ``identity`` (:meth:`another_engine`); the traffic's
         state kept: the 24 h hit rollup, ISL/OSL, the load share and the spike peaks are the
-        traffic's, not the engine's."""
+        traffic's, not the engine's; and the changes found before, each warned for its hour."""
         return _ModelState(rollup=self.rollup, isl=self.isl, osl=self.osl, load_share=self.load_share, peak=self.peak,
-                           identity=identity, hit_scale=self.hit_scale)
+                           identity=identity, hit_scale=self.hit_scale, changed=self.changed,
+                           latency_changed=self.latency_changed)
 
 
 @dataclass(frozen=True)
@@ -404,15 +405,16 @@ class Analyzer:
                 if learned is None and not (p.doubtful or went_back) and _confirms(delta, p.delta):
                     _fit_step_rows(st, p)
                     _raise_peak(st.peak, p.rates)
-                    if (shift := st.latency.shift) is not None:  # the latency fit kept its newest steps only
-                        st.latency.shift = None
-                        log.warning("model %r: %s: the latency fit starts again from its newest steps%s", model,
-                                    SHIFT_REASON, measured(shift.text()))
-                        st.latency_changed = (p.delta.t1, shift)
+                    # the engine's speed first: its latency, fitted under the old chip time, moved with it
                     if (size := st.chip.drift) is not None:  # its fitted steps no longer describe the engine
                         log.warning("model %r: %s: its fits start afresh%s", model, DRIFT_REASON, measured(size.text()))
                         st = self._state[model] = st.afresh(st.identity)
                         st.changed = (p.delta.t1, size)
+                    elif (shift := st.latency.shift) is not None:  # the latency fit kept its newest steps only
+                        st.latency.shift = None
+                        log.warning("model %r: %s: the latency fit starts again from its newest steps%s", model,
+                                    SHIFT_REASON, measured(shift.text()))
+                        st.latency_changed = (p.delta.t1, shift)
                 else:
                     self.last_dropped[model] = p.obs
             suspect = _spike(rates, {}, st.peak) is not None

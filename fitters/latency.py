@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fitters.chiptime import octaves, traffic_cells
+from fitters.chiptime import octaves
 from fitters.model import (ChipTimeCoefficients, attention_work, chip_time_regressors, load_time, overlap_time,
                            ttft_unified)
 from fitters.observation import Observation
@@ -685,8 +685,8 @@ SHIFT = 0.05
 SHIFT_STEPS = 32
 SHIFT_REASON = (f"the engine's prefill latency changed against its chip time and earlier steps of the same traffic (h, "
                 f"ISL, concurrency, loaded hits): the median of its last {SHIFT_STEPS} steps with finished requests "
-                f"by more than {SHIFT:.0%}, as after another KV offload or connector setting (the overlap α) or a "
-                f"change of contention")
+                f"by more than {SHIFT:.0%}, as after another KV offload or connector setting (the overlap α), a change "
+                f"of contention, or of the engine's speed by less than the chip-time fit tells")
 
 Key = tuple[ChipTimeCoefficients, "float | None", "float | None"]
 
@@ -842,12 +842,13 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
 
     def _changed(self, state: _Frozen) -> Shift | None:
         """The change of the latency layer its stored steps tell (:class:`~fitters.online.ShiftTest`;
-        the traffic: the (h, ISL) cell, concurrency by octave, loaded hits or not), or None."""
+        the traffic: ISL and concurrency by octave, loaded hits or not; references bracketing each
+        step in h), or None."""
         x = self.rows.view()[:, :-1]
         r, fitted = self._relative(x, state)
         x = x[fitted]
-        traffic = np.column_stack([traffic_cells(x[:, 3], x[:, 2]), octaves(x[:, 5]), x[:, 4] > 0])
-        return self._watch.compare(r[fitted], traffic)
+        traffic = np.column_stack([octaves(np.maximum(x[:, 2], 1.0)), octaves(x[:, 5]), x[:, 4] > 0])
+        return self._watch.compare(r[fitted], traffic, x[:, 3])
 
     def result(
         self,

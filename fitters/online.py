@@ -178,8 +178,10 @@ class ShiftTest:
     under the newest and the earlier rows' scatter (a robust σ): a noisy engine's own spread (20 %
     per step) read as a change once every ~3 h at a fixed 15 % (review)."""
 
-    def __init__(self, threshold: float, what: str, steps: int = 32, references: int = 8, sigmas: float = 6.0) -> None:
+    def __init__(self, threshold: float, what: str, steps: int = 32, references: int = 8, sigmas: float = 6.0,
+                 span: float = 0.05) -> None:
         self.threshold, self.what, self.steps, self.references, self.sigmas = threshold, what, steps, references, sigmas
+        self.span = span  # the widest h range of one row's references [1] (compare with h)
         self._arrived: deque[float] = deque(maxlen=steps)
         self._above = self._below = 0  # … of them above threshold, below -threshold
         self._compared = -steps  # rows appended when compare was last due
@@ -202,34 +204,52 @@ class ShiftTest:
             return True
         return False
 
-    def compare(self, r: np.ndarray, traffic: np.ndarray) -> Shift | None:
+    def compare(self, r: np.ndarray, traffic: np.ndarray, h: np.ndarray | None = None) -> Shift | None:
         """The change (:class:`Shift`) told by every stored row's relative residual under the last
         refit, ``r`` shape (n,), oldest first, and its traffic, ``traffic`` shape (n, k) (rows
         equal in every column are the same traffic); None when the last ``steps`` rows do not say
-        it changed."""
-        n = len(r) - self.steps
-        if n < self.references:
+        it changed. With ``h`` (n,), a row's references are the ``references`` earlier rows of its
+        traffic that bracket it most closely in h, within ``span``: a misfit that moves with h
+        cancels to first order (against every earlier row of an h cell, traffic drifting slowly
+        through h read a misfit as a 5–8 % change once an hour, review); a row beyond the h its
+        traffic saw has none."""
+        n, k = len(r) - self.steps, self.references
+        if n < k:
             return None
         # one id per traffic; a row with a nan (unknown) is its own (equal to none)
         ids = np.unique(traffic, axis=0, return_inverse=True)[1].ravel()
         ids = np.where(np.isnan(traffic).any(axis=1), -1 - np.arange(len(r)), ids)
-        earlier: dict[int, tuple[float, int] | None] = {}  # id → (median of its earlier rows' r, how many)
-        shifts, refs = [], []
+        earlier: dict[int, np.ndarray] = {}  # id → its earlier rows (by h when h is given)
+        medians: dict[tuple[int, int], float] = {}  # (id, first reference) → the references' median r
+        used = np.zeros(n, dtype=bool)  # the earlier rows some reference is
+        shifts = []
         for i in range(n, len(r)):
             if (g := int(ids[i])) not in earlier:
-                same = ids[:n] == g
-                k = np.count_nonzero(same)
-                earlier[g] = (median(r[:n][same]), k) if k >= self.references else None
-            if (ref := earlier[g]) is not None:
-                shifts.append(r[i] - ref[0])
-                refs.append(ref[1])
+                rows = np.flatnonzero(ids[:n] == g)
+                earlier[g] = rows if h is None else rows[np.argsort(h[rows], kind="stable")]
+            rows, start = earlier[g], 0
+            if len(rows) < k:
+                continue
+            if h is not None:
+                hs = h[rows]
+                centre = np.searchsorted(hs, h[i], "left") + np.searchsorted(hs, h[i], "right")
+                start = min(max((centre - k) // 2, 0), len(rows) - k)
+                if not (hs[start] <= h[i] <= hs[start + k - 1] and hs[start + k - 1] - hs[start] <= self.span):
+                    continue
+                rows = rows[start:start + k]
+            if (g, start) not in medians:
+                medians[g, start] = median(r[rows])
+            shifts.append(r[i] - medians[g, start])
+            used[rows] = True
         if 2 * len(shifts) < self.steps:
             return None
         # a median's standard error ≈ 1.25 σ/√m, of the shifts' own (the newest rows' σ) and of their
-        # references' (shared; the earlier rows' σ): an engine grown noisier at the same speed (3 % →
-        # 12 %) passed 8 % against its quieter past's σ alone (review)
+        # references' (the earlier rows' σ, over every row they draw on: the references of two
+        # traffics are independent; over those of one alone, 10 % noise on 26 traffics passed for
+        # 1.43x its real spread, review); an engine grown noisier at the same speed (3 % → 12 %)
+        # passed 8 % against its quieter past's σ alone (review)
         stderr = 1.25 * math.sqrt(robust_sigma(r[n:]) ** 2 / len(shifts)
-                                  + robust_sigma(r[:n]) ** 2 / median(np.array(refs, dtype=float)))
+                                  + robust_sigma(r[:n]) ** 2 / np.count_nonzero(used))
         shift = median(np.array(shifts))
         if not abs(shift) > max(self.threshold, self.sigmas * stderr):
             return None

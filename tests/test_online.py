@@ -399,3 +399,26 @@ def test_median_is_numpys_bit_for_bit(n):
             want = np.median(x)
         got = median(x)
         assert got == want or (np.isnan(got) and np.isnan(want)), (x, got, want)
+
+
+def test_a_misfit_that_moves_with_h_is_no_change_and_a_shift_on_top_of_it_is_one():
+    # One traffic, 400 earlier rows at h in [0.80, 0.85] whose relative residual is the model's misfit
+    # r = -4·(h - 0.825) (±0.1 across the cell), then 32 at h in [0.835, 0.85] (traffic drifting up
+    # through the cell, as a diurnal peak does): r there is -0.04 to -0.1, and against the cell's
+    # median (0) that read as a -7 % shift, past the 5 % threshold (review: once an hour). Against the
+    # 8 earlier rows that bracket each in h it is 0 ± noise; the same rows 0.1 higher (a real change)
+    # are a shift of +0.1: Shift -0.1 (+ is a measured time grown; r = (predicted − measured)/predicted).
+    from fitters.online import ShiftTest
+    rng = np.random.default_rng(5)
+    h = np.concatenate([rng.uniform(0.80, 0.85, 400), rng.uniform(0.835, 0.85, 32)])
+    r = -4.0 * (h - 0.825) + 0.005 * rng.standard_normal(len(h))
+    traffic = np.zeros((len(h), 1))
+    test = ShiftTest(0.05, "steps")
+    assert test.compare(r, traffic) is not None  # the cell alone: the misfit read as a change
+    assert test.compare(r, traffic, h) is None
+    r[-32:] += 0.1
+    found = test.compare(r, traffic, h)
+    assert found is not None and found.shift == pytest.approx(-0.1, abs=0.01) and found.size == pytest.approx(-0.1, abs=0.01)
+    # a row beyond every h its traffic saw has no reference: nothing to tell it by
+    h[-32:] = rng.uniform(0.86, 0.87, 32)
+    assert test.compare(r, traffic, h) is None
