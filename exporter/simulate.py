@@ -633,8 +633,9 @@ def cmd_simulate(args) -> int:
         print(f"kvhit simulate: analyse it with: {kvhit_run_command(truth, f'http://{host}:{p}/metrics', every)}",
               flush=True)
         if args.speed != 1:
-            print(f"kvhit simulate: fitted times are in wall seconds: at --speed {args.speed:g} they come out "
-                  f"{args.speed:g}x too small", file=sys.stderr, flush=True)
+            print(f"kvhit simulate: chip times are fitted in wall seconds: at --speed {args.speed:g} they come out "
+                  f"{args.speed:g}x too small, and the contention factor (latencies, in simulated seconds, over "
+                  f"them) {args.speed:g}x too large", file=sys.stderr, flush=True)
 
     def fast(agent: str, repeats: int) -> None:
         every = min(max(sc.interval / args.speed, MIN_INTERVAL), MAX_INTERVAL)
