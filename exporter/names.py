@@ -61,7 +61,7 @@ STALE = _m("kvhit_stale", "1 when the per-model values shown do not come from th
            "are removed after two intervals plus the timeout [boolean].", ("target",))
 INPUT_QUIRKS = _m("kvhit_input_quirks_total", "Lines or series of the target's expositions that kvhit handled "
                   "as a quirk, by quirk (truncated, malformed_line, non_utf8, non_finite, out_of_range, negative, "
-                  "duplicate_series, pid_duplicate, engine_incomplete, histogram_inconsistent, models_over_limit) [lines].",
+                  "duplicate_series, pid_duplicate, engine_incomplete, histogram_inconsistent, models_over_limit, engines_over_limit) [lines].",
                   ("target", "quirk"), "counter")
 UNTRACKED_SERIES = _m("kvhit_untracked_series", "(model_name, engine) series of the last scrape not analysed "
                       "because max_series was reached [series].", ("target",))

@@ -20,7 +20,9 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
   twice is dropped, unknown (``duplicate_series``: which value is right cannot be told, and a stuck copy must not win); a gauge duplicated per API-server ``pid`` (vLLM
   0.9.2–0.11.0 multiprocess bug) is one value (max), never a sum (``pid_duplicate``).
 * Samples of model_name values past the first MAX_MODELS a body names are dropped before anything
-  of them is read (``models_over_limit``): each model costs memory however few its series.
+  of them is read (``models_over_limit``): each model costs memory however few its series. A model
+  whose samples name more than MAX_ENGINES ``engine`` labels is dropped whole (``engines_over_limit``):
+  a part of its engines would be a partial sum.
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
   summed, KV usage max over engines — only when EVERY engine of the model has the signal: a signal
   missing for one engine (a cut body, a partial paste) is unknown, never a partial sum
@@ -159,10 +161,15 @@ PLAN_MAX_LINES = 50_000
 # 840 MiB, past the sidecar's 256 MiB limit (a deploy review's find), and 4,000 models of 8 such
 # lines 224 MiB at a limit of 4,096; vLLM serves one model, a fleet's Prometheus a few dozen.
 MAX_MODELS = 1024
+# A model's samples that name more ``engine`` values than this drop the model (``engines_over_limit``):
+# a body of 60,000 engines (3.7 MB) took 10 s to assemble, every scrape, and the model kvhit served
+# came and went as its scrapes fell behind (a newcomer's find); data parallelism spans tens of engines.
+MAX_ENGINES = 1024
 _HIST_SUFFIXES = ("_bucket", "_sum", "_count")
 
 QUIRKS = ("truncated", "malformed_line", "non_utf8", "non_finite", "out_of_range", "negative",
-          "duplicate_series", "pid_duplicate", "engine_incomplete", "histogram_inconsistent", "models_over_limit")
+          "duplicate_series", "pid_duplicate", "engine_incomplete", "histogram_inconsistent", "models_over_limit",
+          "engines_over_limit")
 
 
 class ParseError(ValueError):
@@ -389,6 +396,8 @@ class _Builder:
         self.model_samples: set[tuple[str, str]] = set()  # (exposed base, model) of every sample read, usable or not
         self.usable: set[tuple[str, str]] = set()  # (exposed base, model) read with a usable value
         self.models: set[str] = set()  # model_name values read, at most MAX_MODELS
+        self.engines: dict[str, set[str]] = {}  # model → its engine labels read, at most MAX_ENGINES
+        self.over: set[str] = set()  # models with more engines: dropped whole at assembly
         self.samples = 0
         self.families: dict[str, set[str]] = {}  # engine prefix → family names
         self.connector_models: set[str] = set()  # model_name labels of LMCache's samples (_connector)
@@ -424,9 +433,21 @@ class _Builder:
         base = _hist_base(_counter_base(name[:-8] if name.endswith("_created") else name))
         self.declared.update((name, _counter_base(name), _hist_base(name), base))
 
-    def admit(self, model: str) -> bool:
-        """Whether a sample of ``model`` is read: the first MAX_MODELS models seen are; a sample of
-        a later one is dropped and counted (``models_over_limit``)."""
+    def admit(self, model: str, engine: str | None = None) -> bool:
+        """Whether a sample of ``model`` (of ``engine``: its label, None for none) is read: the first
+        MAX_MODELS models seen are, while they name at most MAX_ENGINES engines; a sample of a
+        later one, or of one past that, is dropped and counted (``models_over_limit``,
+        ``engines_over_limit``)."""
+        if model in self.over:
+            self.quirk("engines_over_limit")
+            return False
+        if engine is not None:
+            seen = self.engines.setdefault(model, set())
+            seen.add(engine)
+            if len(seen) > MAX_ENGINES:
+                self.over.add(model)
+                self.quirk("engines_over_limit")
+                return False
         if model in self.models or not model:  # no model_name (cache_config_info, …): no model's slot
             return True
         if len(self.models) >= MAX_MODELS:
@@ -822,7 +843,7 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
         return True
     if engine != "vllm":
         return True
-    if not b.admit(labels.get("model_name", "")):  # before anything of it is counted, declared or sampled
+    if not b.admit(labels.get("model_name", ""), labels.get("engine")):  # before anything of it is counted, …
         return True
     b.sample_line(declared, "engine" in labels)
     if created:
@@ -894,6 +915,11 @@ class _Models:
 def _assemble(b: _Builder, timestamp: float) -> Snapshot:
     for slot, key in b.ambiguous:
         b.series[slot].pop(key, None)
+    if b.over:  # what was read of them before they named too many engines
+        for slot in b.series.values():
+            for key in [k for k in slot if dict(k).get("model_name") in b.over]:
+                del slot[key]
+                b.quirk("engines_over_limit")
     quirks = MappingProxyType(dict(b.quirks))
     if not b.families:
         return Snapshot(timestamp, "unknown", "no vLLM metrics in the exposition", {}, quirks=quirks)

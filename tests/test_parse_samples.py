@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.parse import MAX_MODELS, Histogram, ParseError, parse_exposition
+from exporter.parse import MAX_ENGINES, MAX_MODELS, Histogram, ParseError, parse_exposition
 
 SAMPLES = Path(__file__).parent / "data" / "samples"
 T = 1_700_000_000.0  # scrape time handed to the parser; not in the files
@@ -733,6 +733,23 @@ def test_model_names_past_max_models_are_dropped_and_counted():
     assert dropped.since_of("real") == without.since_of("real")
     assert dropped.excludes_preempted("real") == without.excludes_preempted("real")
     assert dict(dropped.models["real"].unknown) == dict(without.models["real"].unknown)
+
+
+def test_a_model_past_max_engines_is_dropped_whole_and_counted():
+    # a newcomer's find: 60,000 engine labels of one model (3.7 MB) took 10 s per scrape to assemble;
+    # past MAX_ENGINES its engines would be a partial sum, so the model goes whole: its 1025 lines
+    # (1024 read, then removed, and the one past the cap) are counted, the real model read as without
+    (path,) = SAMPLES.glob("25_*.prom")
+    text = path.read_text(encoding="utf-8")
+
+    def junk(n: int) -> str:
+        return "".join(f'vllm:prefix_cache_hits_total{{engine="{e}",model_name="m"}} 5.0\n' for e in range(n))
+    assert MAX_ENGINES == 1024
+    kept = parse_exposition(text + junk(MAX_ENGINES), T)
+    assert "m" in kept.models and "engines_over_limit" not in kept.quirks
+    snap = parse_exposition(text + junk(MAX_ENGINES + 1), T)
+    assert "m" not in snap.models and snap.quirks["engines_over_limit"] == 1025
+    assert snap.models["tiny"].counters["hits"] == 4_131_168.0
 
 
 def test_a_translated_engines_models_past_max_models_are_dropped_in_body_order():
