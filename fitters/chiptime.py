@@ -401,17 +401,23 @@ def predict_busy_time(coef: ChipTimeCoefficients, obs: Observation) -> float:
 CELL_H = 0.05
 
 
+def octave(x: float) -> float:
+    """log2 x rounded; nan (no octave, equal to none) for x nan or ≤ 0. Per step: :func:`octaves`'
+    numpy calls cost 10x more on one value."""
+    return float(round(math.log2(x))) if x > 0.0 else math.nan
+
+
 def octaves(x: np.ndarray) -> np.ndarray:
-    """log2 x rounded of every element of x, shape (n,); nan (no octave, equal to none) for x nan or ≤ 0."""
+    """:func:`octave` of every element of x, shape (n,)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(x > 0.0, np.round(np.log2(x)), np.nan)
 
 
-def traffic_cells(h: np.ndarray, isl: np.ndarray) -> np.ndarray:
-    """The (h, ISL) cell of every step, h and ISL shape (n,), each as one float: h to CELL_H
-    (unknown h, nan: a cell of its own), log2 ISL rounded."""
-    hb = np.where(np.isfinite(h), np.floor(np.clip(h, 0.0, 1.0) / CELL_H), -1.0)
-    return hb * 256 + np.round(np.log2(np.maximum(isl, 1.0)))
+def traffic_cell(h: float, isl: float) -> float:
+    """The (h, ISL) cell of a step, as one float: h to CELL_H (unknown h, nan: a cell of its own), log2
+    ISL rounded."""
+    hb = math.floor(min(max(h, 0.0), 1.0) / CELL_H) if math.isfinite(h) else -1
+    return float(hb * 256 + octave(max(isl, 1.0)))
 
 
 class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]]):
@@ -462,7 +468,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         if row is None:
             return False
         h = math.nan if obs.hit_ratio is None else obs.hit_ratio
-        cell = float(traffic_cells(np.array([h]), np.array([obs.isl]))[0])
+        cell = traffic_cell(h, obs.isl)
         k = self.append((*row, obs.dt))
         if len(self._tags) == self.capacity:
             gone = self._tags.view()[k]
@@ -472,7 +478,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
             self._multi -= gone[3] != 1.0
         running = math.nan if obs.running is None else obs.running / engines
         # ISL, OSL known: ΔC_dec needs both
-        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, float(octaves(np.array([running]))[0]), h), k)
+        self._tags.append((obs.isl, obs.osl, cell, engines, self._epoch, octave(running), h), k)
         self._cells[cell] = self._cells.get(cell, 0) + 1
         self._multi += engines != 1.0
         state = self._state
@@ -496,7 +502,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
         (h, ISL) cell, OSL and concurrency per engine by octave)."""
         tags = self._tags.view()
         x = self.rows.view()
-        traffic = np.column_stack([tags[:, 2], np.round(np.log2(np.maximum(tags[:, 1], 1.0))), tags[:, 5]])
+        traffic = np.column_stack([tags[:, 2], octaves(np.maximum(tags[:, 1], 1.0)), tags[:, 5]])
         return self._watch.compare(self._relative(x[:, :5], x[:, 5], tags[:, 3], state), traffic)
 
     def restarted(self) -> None:
@@ -507,7 +513,7 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
 
     def _evict(self) -> int:
         """The oldest row when it predates the latest restart (:meth:`restarted`), else the oldest
-        of the (h, ISL) cell (:func:`traffic_cells`) holding the most: steady traffic replaces its own
+        of the (h, ISL) cell (:func:`traffic_cell`) holding the most: steady traffic replaces its own
         steps and keeps those of the other h and ISL it saw, which tell the prefill's terms apart
         (at one h and ISL, FFN and attention work grow alike: collinear, one term dropped, the
         chip-time bathtub withheld after 720 steps of it). Rows stay in time order, so the

@@ -706,3 +706,12 @@ def test_an_engine_grown_noisier_at_the_same_speed_is_no_change_of_speed():
     steps = [*make_steps(rng, 700, isls=(1024.0,), osls=(256.0,), noise=0.03, h_range=(0.5, 0.6)),
              *make_steps(rng, 1500, isls=(1024.0,), osls=(256.0,), noise=0.12, t0=10_000.0, h_range=(0.5, 0.6))]
     assert _speed_changes(steps) == 0
+
+
+def test_octaves_of_an_array_are_each_element_s_octave():
+    # the per-step scalar and the change test's array form of one rule: log2 rounded (half to even, as
+    # Python's round), nan for ≤ 0 or nan (no octave, equal to none)
+    from fitters.chiptime import octave, octaves
+    x = np.array([-1.0, 0.0, np.nan, 0.7, 1.0, 2 ** 1.5, 3.0, 2 ** 2.5, 1e6])
+    assert [octave(v) for v in x[3:]] == [-1.0, 0.0, 2.0, 2.0, 2.0, 20.0]
+    np.testing.assert_array_equal(octaves(x), [octave(v) for v in x])
