@@ -441,19 +441,18 @@ class _Builder:
         if model in self.over:
             self.quirk("engines_over_limit")
             return False
-        if engine is not None:
+        if model and model not in self.models:  # no model_name (cache_config_info, …): no model's slot
+            if len(self.models) >= MAX_MODELS:
+                self.quirk("models_over_limit")
+                return False
+            self.models.add(model)
+        if engine is not None:  # of a model read
             seen = self.engines.setdefault(model, set())
             seen.add(engine)
             if len(seen) > MAX_ENGINES:
                 self.over.add(model)
                 self.quirk("engines_over_limit")
                 return False
-        if model in self.models or not model:  # no model_name (cache_config_info, …): no model's slot
-            return True
-        if len(self.models) >= MAX_MODELS:
-            self.quirk("models_over_limit")
-            return False
-        self.models.add(model)
         return True
 
     def add(self, kind: str, base: str, part: str, labels: Mapping[str, str], value: float) -> None:
@@ -917,7 +916,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
         b.series[slot].pop(key, None)
     if b.over:  # what was read of them before they named too many engines
         for slot in b.series.values():
-            for key in [k for k in slot if dict(k).get("model_name") in b.over]:
+            for key in [k for k in slot if dict(k).get("model_name", "") in b.over]:
                 del slot[key]
                 b.quirk("engines_over_limit")
     quirks = MappingProxyType(dict(b.quirks))

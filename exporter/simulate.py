@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator
 
-from exporter.config import (MAX_INTERVAL, MIN_INTERVAL, ConfigError, bounded, listen_address, listening,
+from exporter.config import (MAX_INTERVAL, MIN_INTERVAL, ConfigError, Prices, bounded, listen_address, listening,
                              stop_event)
 from fitters.model import attention_work, decode_context_per_token, kv_bytes_per_token, max_hit_ratio
 
@@ -540,16 +540,13 @@ def serve(scenario: Scenario, host: str = "127.0.0.1", port: int = 0, speed: flo
         httpd.server_close()
 
 
-NO_VALLEY_RHO = 0.1  # the hit price ratio ρ at which the no_valley preset has none (its a is below it)
-
-
 def preset(name: str, seed: int = 0, noise: float = 0.02) -> Scenario:
     """Named scenarios for ``kvhit simulate`` and the rule tests.
 
     ``sweep``: steps 0 → 0.95 then agentic 90 %+ (valley for the default prices);
     ``valley``: h held inside the chip-time valley after a sweep; ``no_valley``: a truth whose
     light attention (k_attn 2e-9 s/token²) and decode-light chip time (a = 0.08 over its h range
-    [0, 0.95], the lowest k_dec ≥ 0 reaches with it is 0.076) have no valley at ρ = NO_VALLEY_RHO (a < ρ),
+    [0, 0.95], the lowest k_dec ≥ 0 reaches with it is 0.076) have no valley at the default ρ = 0.1 (a < ρ),
     after a sweep to 0.95; ``diurnal``: a day
     in 10 minutes with a restart and tail-chunk dips.
     """
@@ -612,9 +609,10 @@ def cmd_simulate(args) -> int:
     if args.alpha is not None:
         truth = replace(truth, alpha=args.alpha)
     if args.miss_slope is not None:
-        if args.scenario == "no_valley" and args.miss_slope >= NO_VALLEY_RHO:
-            raise ConfigError(f"--miss-slope: no_valley has no valley at ρ = {NO_VALLEY_RHO:g} because its a is below "
-                              f"ρ; a = {args.miss_slope:g} would make one (use --scenario valley, or a < {NO_VALLEY_RHO:g})")
+        rho = Prices().hit_price_ratio  # the preset's: its a is below the default ρ
+        if args.scenario == "no_valley" and args.miss_slope >= rho:
+            raise ConfigError(f"--miss-slope: no_valley has no valley at ρ = {rho:g} because its a is below ρ; "
+                              f"a = {args.miss_slope:g} would make one (use --scenario valley, or a < {rho:g})")
         try:
             truth = calibrate_truth(truth, args.miss_slope, sc.h_max, h_min=sc.h_min)
         except ValueError as exc:

@@ -757,6 +757,11 @@ def _transform(key: Key, names: list[str]) -> np.ndarray:
     return t
 
 
+def _shift_test() -> ShiftTest:
+    """The latency fit's change test (SHIFT), afresh."""
+    return ShiftTest(SHIFT, "steps with finished requests", SHIFT_STEPS)
+
+
 class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
     """Online load-aware latency / overlap fitter over a bounded ring buffer (MODEL.md §6, §7;
     fitters/online.py).
@@ -792,7 +797,7 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
         super().__init__(capacity, len(_COLUMNS), every, basis_width=12)
         self.capacity = capacity
         self.min_samples = min_samples
-        self._watch = ShiftTest(SHIFT, "steps with finished requests", SHIFT_STEPS)
+        self._watch = _shift_test()
         self.shift: Shift | None = None  # the latest change found (:meth:`update`, SHIFT_REASON)
 
     def extreme_points(self) -> tuple[tuple[float, float], ...]:
@@ -827,7 +832,7 @@ class LatencyFitter(AmortizedFit[_Frozen, tuple[FitResult, FitResult]]):
                 shift := self._changed(state)) is not None:
             self.shift = shift
             self.keep_newest(SHIFT_STEPS // 4)
-            self._watch = ShiftTest(SHIFT, "steps with finished requests", SHIFT_STEPS)
+            self._watch = _shift_test()
         return True
 
     def _relative(self, x: np.ndarray, state: _Frozen) -> tuple[np.ndarray, np.ndarray]:

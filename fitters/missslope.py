@@ -506,13 +506,13 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         old = len(data) - SHIFT_STEPS
         if old < SHIFT_STEPS or ref is None:
             return None
-        def off(rows: slice) -> np.ndarray:  # off the reference (a nan residual too)
+        def off_reference(rows: slice) -> np.ndarray:  # a nan residual too
             return ~(np.abs(_reference_residuals(ref.p, data[rows, 1], data[rows, 2] / ref.y_scale))
                      <= ANOMALY_SIGMAS * ref.sigma)
-        newest = off(slice(old, None))
+        newest = off_reference(slice(old, None))
         if np.count_nonzero(newest) < SHIFT_SHARE * SHIFT_STEPS:  # the cheap test of every new row
             return None
-        off = np.concatenate([off(slice(None, old)), newest])
+        off = np.concatenate([off_reference(slice(None, old)), newest])
         node = _node(data[:, 1])
         clean = (np.bincount(node[:old][~off[:old]], minlength=_NODES) > 0) & \
             (np.bincount(node[:old][off[:old]], minlength=_NODES) == 0)

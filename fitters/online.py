@@ -221,7 +221,7 @@ class ShiftTest:
         ids = np.where(np.isnan(traffic).any(axis=1), -1 - np.arange(len(r)), ids)
         earlier: dict[int, np.ndarray] = {}  # id → its earlier rows (by h when h is given)
         medians: dict[tuple[int, int], float] = {}  # (id, first reference) → the references' median r
-        used = np.zeros(n, dtype=bool)  # the earlier rows some reference is
+        share = np.zeros(n)  # each earlier row's weight in the shifts' references, summed over the shifts
         shifts = []
         for i in range(n, len(r)):
             if (g := int(ids[i])) not in earlier:
@@ -240,16 +240,18 @@ class ShiftTest:
             if (g, start) not in medians:
                 medians[g, start] = median(r[rows])
             shifts.append(r[i] - medians[g, start])
-            used[rows] = True
+            share[rows] += 1.0 / len(rows)
         if 2 * len(shifts) < self.steps:
             return None
         # a median's standard error ≈ 1.25 σ/√m, of the shifts' own (the newest rows' σ) and of their
-        # references' (the earlier rows' σ, over every row they draw on: the references of two
-        # traffics are independent; over those of one alone, 10 % noise on 26 traffics passed for
-        # 1.43x its real spread, review); an engine grown noisier at the same speed (3 % → 12 %)
-        # passed 8 % against its quieter past's σ alone (review)
+        # references' (the earlier rows' σ over m = 1/Σ c², c the rows' shares of the shifts' mean
+        # reference: the references of two traffics are independent; counted as one traffic's, 10 %
+        # noise on 26 traffics passed for 1.43x its real spread, and counted as their union, 3 shifts
+        # on 600 rows beside 29 on 8 for 0.6x, reviews); an engine grown noisier at the same speed
+        # (3 % → 12 %) passed 8 % against its quieter past's σ alone (review)
+        c = share / len(shifts)
         stderr = 1.25 * math.sqrt(robust_sigma(r[n:]) ** 2 / len(shifts)
-                                  + robust_sigma(r[:n]) ** 2 / np.count_nonzero(used))
+                                  + robust_sigma(r[:n]) ** 2 * float(c @ c))
         shift = median(np.array(shifts))
         if not abs(shift) > max(self.threshold, self.sigmas * stderr):
             return None
@@ -580,7 +582,8 @@ class AmortizedFit(Generic[S, R]):
 
     def keep_newest(self, k: int) -> None:
         """Drop every row but the newest ``k`` (the older ones describe what changed, :class:`ShiftTest`):
-        the next :meth:`solve` refits from them alone, cold (the last refit's state was theirs too)."""
+        the next :meth:`solve` refits from them alone, cold (the last refit's state was theirs too).
+        For a fitter that keeps nothing beside its rows (the latency fit; not the chip-time fit's tags)."""
         newest = self.rows.view()[max(len(self.rows) - k, 0):, :-1].copy()
         self.rows = RowBuffer(self.rows.capacity, newest.shape[1] + 1)
         for row in newest:

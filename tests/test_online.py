@@ -422,3 +422,18 @@ def test_a_misfit_that_moves_with_h_is_no_change_and_a_shift_on_top_of_it_is_one
     # a row beyond every h its traffic saw has no reference: nothing to tell it by
     h[-32:] = rng.uniform(0.86, 0.87, 32)
     assert test.compare(r, traffic, h) is None
+
+
+@pytest.mark.parametrize("design", [(8, 600, 29, 3), (300, 300, 16, 16), (600, 600, 32, 0)])
+def test_a_shift_of_pure_noise_passes_two_standard_errors_as_a_normal_tail_would(design):
+    # Relative residuals of pure noise (σ 0.3) in two traffics: (earlier rows of A, of B, newest of A,
+    # of B). At 2 standard errors a right error passes ~4.6 % of the time (the normal tail). The
+    # references' error counted over the union of their rows read 29 shifts on 8 rows beside 3 on 600
+    # as 608 rows' worth, and passed 32 % (review); as one traffic's, 26 traffics' 1.43x too wide.
+    from fitters.online import ShiftTest
+    old_a, old_b, new_a, new_b = design
+    traffic = np.array([0.0] * old_a + [1.0] * old_b + [0.0] * new_a + [1.0] * new_b)[:, None]
+    test = ShiftTest(0.0, "steps", steps=new_a + new_b, references=8, sigmas=2.0)
+    rng = np.random.default_rng(7)
+    passed = sum(test.compare(0.3 * rng.standard_normal(len(traffic)), traffic) is not None for _ in range(400))
+    assert 0.01 <= passed / 400 <= 0.10, passed

@@ -750,6 +750,11 @@ def test_a_model_past_max_engines_is_dropped_whole_and_counted():
     snap = parse_exposition(text + junk(MAX_ENGINES + 1), T)
     assert "m" not in snap.models and snap.quirks["engines_over_limit"] == 1025
     assert snap.models["tiny"].counters["hits"] == 4_131_168.0
+    # a body without model_name (its model is ""): 1100 engines were 1024's partial sum (review)
+    bare = "".join(f'vllm:prefix_cache_queries_total{{engine="{e}"}} 1.0\nvllm:prefix_cache_hits_total{{engine="{e}"}} 1.0\n'
+                   for e in range(1100))
+    snap = parse_exposition(bare, T)
+    assert "" not in snap.models and snap.quirks["engines_over_limit"] == 2200
 
 
 def test_a_translated_engines_models_past_max_models_are_dropped_in_body_order():
