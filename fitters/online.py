@@ -247,11 +247,14 @@ class ShiftTest:
         # references' (the earlier rows' σ over m = 1/Σ c², c the rows' shares of the shifts' mean
         # reference: the references of two traffics are independent; counted as one traffic's, 10 %
         # noise on 26 traffics passed for 1.43x its real spread, and counted as their union, 3 shifts
-        # on 600 rows beside 29 on 8 for 0.6x, reviews); an engine grown noisier at the same speed
-        # (3 % → 12 %) passed 8 % against its quieter past's σ alone (review)
+        # on 600 rows beside 29 on 8 for 0.6x, reviews); the newest rows' σ at least the references':
+        # an engine grown noisier at the same speed (3 % → 12 %) passed 8 % against its quieter
+        # past's σ alone, and 32 rows taken when half of them are past the threshold read 10 % noise
+        # as 6 % (a false change of speed in 395 h of the simulator; reviews). The references' σ is
+        # their own rows' (all earlier rows' counts a misfit across h as noise)
         c = share / len(shifts)
-        stderr = 1.25 * math.sqrt(robust_sigma(r[n:]) ** 2 / len(shifts)
-                                  + robust_sigma(r[:n]) ** 2 * float(c @ c))
+        ref = robust_sigma(r[:n][share > 0])
+        stderr = 1.25 * math.sqrt(max(robust_sigma(r[n:]), ref) ** 2 / len(shifts) + ref ** 2 * float(c @ c))
         shift = median(np.array(shifts))
         if not abs(shift) > max(self.threshold, self.sigmas * stderr):
             return None

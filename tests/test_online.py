@@ -402,15 +402,16 @@ def test_median_is_numpys_bit_for_bit(n):
 
 
 def test_a_misfit_that_moves_with_h_is_no_change_and_a_shift_on_top_of_it_is_one():
-    # One traffic, 400 earlier rows at h in [0.80, 0.85] whose relative residual is the model's misfit
-    # r = -4·(h - 0.825) (±0.1 across the cell), then 32 at h in [0.835, 0.85] (traffic drifting up
-    # through the cell, as a diurnal peak does): r there is -0.04 to -0.1, and against the cell's
-    # median (0) that read as a -7 % shift, past the 5 % threshold (review: once an hour). Against the
-    # 8 earlier rows that bracket each in h it is 0 ± noise; the same rows 0.1 higher (a real change)
-    # are a shift of +0.1: Shift -0.1 (+ is a measured time grown; r = (predicted − measured)/predicted).
+    # One traffic whose relative residual is the model's misfit r = -4·(h - 0.825) (plus 0.5 % noise):
+    # 380 earlier rows at h in [0.80, 0.83] and 20 in [0.83, 0.85] (traffic that spent longer low in
+    # the cell), then 32 at h in [0.835, 0.85] (drifting up through it, as a diurnal peak does). Their
+    # r, about -4·(0.8425 - 0.825) = -0.07, against the cell's median (h ≈ 0.815: +0.04) read as a
+    # shift of about -0.11, past 5 % and 6 standard errors (~0.06) (review: once an hour). Against
+    # the 8 earlier rows that bracket each in h it is 0 ± noise; the same rows 0.1 higher (a real
+    # change) are a shift of +0.1: Shift -0.1 (+ is a measured time grown; r = (predicted − measured)/predicted).
     from fitters.online import ShiftTest
     rng = np.random.default_rng(5)
-    h = np.concatenate([rng.uniform(0.80, 0.85, 400), rng.uniform(0.835, 0.85, 32)])
+    h = np.concatenate([rng.uniform(0.80, 0.83, 380), rng.uniform(0.83, 0.85, 20), rng.uniform(0.835, 0.85, 32)])
     r = -4.0 * (h - 0.825) + 0.005 * rng.standard_normal(len(h))
     traffic = np.zeros((len(h), 1))
     test = ShiftTest(0.05, "steps")
