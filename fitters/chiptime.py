@@ -49,8 +49,9 @@ REJECT_AFTER = 3
 REJECT_ROUNDS = 4  # flag-and-refit rounds at most (two settle a seed-002 dip pattern)
 # An engine that changed speed (a power or clock cap, a co-located job, flags changed at a
 # restart): the last DRIFT_STEPS steps' relative residuals against the fit, less those of the
-# earlier steps of the same traffic (h and ISL cell, OSL and concurrency per engine by octave),
-# have a median beyond DRIFT (most of them are the changed engine's). Kept (_evict keeps other h's steps), the earlier steps bend
+# earlier steps of the same traffic (ISL, OSL and concurrency per engine by octave, bracketing it
+# in h: against an h cell, traffic crossing it slowly read a misfit with h, or tail-chunk dips at
+# one h, as a change: 5 false restarts in 10-h runs of the simulator, review), have a median beyond DRIFT (most of them are the changed engine's). Kept (_evict keeps other h's steps), the earlier steps bend
 # the fit to both engines: 1.5x slower, the bathtub's bottom read 0.60 for 0.30, a valley paged
 # for 3 h where there was none (helper's repro). 8 %: the real trace's phases left out were
 # predicted within 4.4 % (MODEL.md §7), a misfit the shift against earlier steps of the same
@@ -408,7 +409,7 @@ def octave(x: float) -> float:
 
 
 def octaves(x: np.ndarray) -> np.ndarray:
-    """:func:`octave` of every element of x, shape (n,)."""
+    """:func:`octave` of every element of x (an array of any shape)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(x > 0.0, np.round(np.log2(x)), np.nan)
 
@@ -498,12 +499,12 @@ class ChipTimeFitter(AmortizedFit[_Frozen, tuple[FitResult, "np.ndarray | None"]
 
     def _changed(self, state: _Frozen) -> Shift | None:
         """How much the engine's chip time per unit of work changed, or None when its last
-        DRIFT_STEPS rows do not say so (:meth:`fitters.online.ShiftTest.compare`; the traffic: the
-        (h, ISL) cell, OSL and concurrency per engine by octave)."""
+        DRIFT_STEPS rows do not say so (:meth:`fitters.online.ShiftTest.compare`; the traffic: ISL,
+        OSL and concurrency per engine by octave; references bracketing each step in h)."""
         tags = self._tags.view()
         x = self.rows.view()
-        traffic = np.column_stack([tags[:, 2], octaves(np.maximum(tags[:, 1], 1.0)), tags[:, 5]])
-        return self._watch.compare(self._relative(x[:, :5], x[:, 5], tags[:, 3], state), traffic)
+        traffic = np.column_stack([octaves(np.maximum(tags[:, :2], 1.0)), tags[:, 5]])
+        return self._watch.compare(self._relative(x[:, :5], x[:, 5], tags[:, 3], state), traffic, tags[:, 6])
 
     def restarted(self) -> None:
         """The engine restarted (as the same engine: its configuration unchanged): the steps

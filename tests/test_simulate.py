@@ -1380,3 +1380,25 @@ def test_a_change_of_overlap_is_warned_and_the_latency_fit_follows_it():
             warned.add(label_reason(m.warnings["prefill_latency_changed"]))
     assert len(warned) == 1 and "engine_speed_changed" not in m.warnings
     assert m.fits["overlap"].ok and m.fits["overlap"].value("alpha") == pytest.approx(0.95, abs=0.05)
+
+
+def test_tail_chunk_dips_crossed_slowly_are_no_change_of_speed():
+    # A day-like cycle of 8 h (h 0.2-0.95) with tail-chunk dips at h 0.4 and 0.7, 10 % noise, no
+    # change of speed: h stays within a dip's ±0.005 for 25-30 steps as the cycle passes it, and
+    # those steps against every earlier step of their h cell read 40-60 % slower, a change of speed
+    # 4 times in 10 h (review). Against the earlier steps that bracket each in h (the dip's own,
+    # from the cycle before, or none), no change.
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = Scenario(schedule=(Segment("diurnal", 36000.0, 0.2, 0.95, period=28800.0),), noise=0.1,
+                  dips=((0.4, 0.4), (0.7, 0.3)), seed=9)
+    runner = Runner(Config(interval=sc.interval), "sim", clock=(clock := TraceClock()))
+    engine = Engine(sc)
+    clock.t = sc.start
+    runner.ingest_text(sc.start, engine.exposition())
+    for _ in range(int(sc.duration / sc.interval)):
+        clock.t = engine.advance().t
+        runner.ingest_text(clock.t, engine.exposition())
+        assert runner.analyzer._state[sc.model_name].changed is None  # a test's look inside: never, not just now
