@@ -284,7 +284,8 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
 
     # Sandwich covariance of (b0, b1): the noise is each step's scatter about the reference curve,
     # with the dof of the reference's 4 parameters.
-    noise = y_k - ref.y_scale / _reference_cost(ref.p, hk)
+    on_curve = ref.y_scale / _reference_cost(ref.p, hk)
+    noise = y_k - on_curve
     dof = len(hk) - 4
     meat = design.T @ (design * ((w * noise) ** 2)[:, None])
     cov_b = xtw_inv @ meat @ xtw_inv * (len(hk) / dof if dof > 0 else math.nan)
@@ -292,7 +293,7 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
     # Delta method for (tps0, a) = (b0, -b1/b0).
     jac = np.array([[1.0, 0.0], [b1 / b0**2, -1.0 / b0]])
     cov = jac @ cov_b @ jac.T
-    bias = _quadrature_bias(design, w, xtw_inv, ref)
+    bias = _quadrature_bias(design, w, xtw_inv, on_curve, ref)
     if bias is not None:
         cov = cov + np.outer(bias, bias)
     resid = y_k - (b0 + b1 * hk)
@@ -311,12 +312,14 @@ def _line(h: np.ndarray, y: np.ndarray, keep: np.ndarray, ref: _Reference, min_s
     )
 
 
-def _quadrature_bias(design: np.ndarray, w: np.ndarray, xtw_inv: np.ndarray, ref: _Reference) -> np.ndarray | None:
+def _quadrature_bias(design: np.ndarray, w: np.ndarray, xtw_inv: np.ndarray, on_curve: np.ndarray,
+                     ref: _Reference) -> np.ndarray | None:
     """(ΔTPS0, Δa) of the line the steps' quadrature weights ``w`` (shape (n,)) give through the
     reference curve, less the line through it on 201 evenly spaced h over the same range (MODEL.md
     §4's line): the error of seeing the curve at these h alone, which the steps' scatter does not
     count; None where either line has TPS0 ≤ 0. ``design``: the steps' (1, h), shape (n, 2);
-    ``xtw_inv``: the inverse of their weighted normal matrix (:func:`_line`'s)."""
+    ``xtw_inv``: the inverse of their weighted normal matrix (:func:`_line`'s); ``on_curve``: the
+    reference curve at their h, shape (n,)."""
     h = design[:, 1]
     grid = np.linspace(h.min(), h.max(), 201)
     trap = np.full(201, grid[1] - grid[0])
@@ -324,7 +327,7 @@ def _quadrature_bias(design: np.ndarray, w: np.ndarray, xtw_inv: np.ndarray, ref
     dense = np.column_stack([np.ones_like(grid), grid])
     curve = ref.y_scale / _reference_cost(ref.p, grid)
     out = []
-    for b0, b1 in (xtw_inv @ (design.T @ (w * ref.y_scale / _reference_cost(ref.p, h))),
+    for b0, b1 in (xtw_inv @ (design.T @ (w * on_curve)),
                    np.linalg.solve(dense.T @ (dense * trap[:, None]), dense.T @ (trap * curve))):
         if not b0 > 0:
             return None
