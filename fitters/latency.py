@@ -325,10 +325,11 @@ def _solve(design: np.ndarray, z: np.ndarray, w: np.ndarray, lower: np.ndarray, 
 
 
 def _robust_covariance(a: np.ndarray, b: np.ndarray, theta: np.ndarray, f_scale: float) -> np.ndarray:
-    """Covariance of θ after a soft_l1 least squares, shape (p, p): the larger, in the matrix order
-    (C − M and C − S both positive semidefinite), of two estimates, as the larger of the
-    conventional and the robust standard error (Angrist & Pischke, Mostly Harmless Econometrics
-    §8.1):
+    """Covariance of θ after a soft_l1 least squares, shape (p, p): a C at least each of two
+    estimates in the matrix order (C − M and C − S both positive semidefinite; a minimal one: S's
+    eigenvalues in M's whitened coordinates raised to 1), so that every standard error is at
+    least the larger of the conventional and the robust one (Angrist & Pischke, Mostly Harmless
+    Econometrics §8.1):
     M = s²·(JᵀJ)⁻¹ as scipy's curve_fit computes it: s² = 2·cost/(n − p), J the loss-modified
     Jacobian (rows of a scaled by √ψ' = (1 + z)^(-3/4), z = (r/f_scale)², as scipy scales them),
     cost = f_scale²·Σ(√(1 + z) − 1); right when the request weights give every row its true
@@ -342,7 +343,7 @@ def _robust_covariance(a: np.ndarray, b: np.ndarray, theta: np.ndarray, f_scale:
     r = a @ theta - b
     z = (r / f_scale) ** 2
     jac = a * np.maximum((1.0 + z) ** -1.5, np.finfo(float).eps)[:, None] ** 0.5
-    cost = f_scale**2 * float(np.sum(np.sqrt(1.0 + z) - 1.0))
+    cost = f_scale**2 * float(np.sum(z / (np.sqrt(1.0 + z) + 1.0)))  # √(1 + z) − 1 without cancellation
     n, p = a.shape
     u, s, vt = np.linalg.svd(jac, full_matrices=False)
     threshold = np.finfo(float).eps * max(jac.shape) * s[0] if s.size else 0.0
@@ -352,10 +353,12 @@ def _robust_covariance(a: np.ndarray, b: np.ndarray, theta: np.ndarray, f_scale:
     root = vt.T * (scale / s)  # M = root·rootᵀ
     if scale == 0.0:  # no residual at all: both are 0
         return root @ root.T
-    leverage = np.minimum(np.sum(u * u, axis=1), 1.0 - 1e-12)  # a row at leverage 1 has r = 0
+    # a row near leverage 1 (its partner down-weighted as an outlier) alone decides a parameter:
+    # capped, its HC3 term is at most 10⁴× its HC0 one (1 − 1e-12 put α's stderr at 1.8e5, review)
+    leverage = np.minimum(np.sum(u * u, axis=1), 0.99)
     scores = a * (r / np.sqrt(1.0 + z) / (1.0 - leverage))[:, None]
     # S whitened by M, root⁻¹·S·root⁻ᵀ = KᵀK with K = scores·(JᵀJ)⁻¹·root⁻ᵀ = scores·V/(s·scale);
-    # raising its eigenvalues below 1 to 1 gives the smallest C above both
+    # raising its eigenvalues below 1 to 1 gives a minimal C above both
     k = (scores @ vt.T) / (s * scale)
     lam, v = np.linalg.eigh(k.T @ k)
     grown = root @ v
