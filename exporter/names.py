@@ -200,11 +200,13 @@ VALLEY_BREAKEVEN = _m("kvhit_valley_breakeven_hit_ratio", "h_even > h*, where R 
                       "for chip_time when R(0) is not identified (a fit whose steps spanned a narrow h range) "
                       "[ratio].", MODEL + ("form",), section="§4")
 VALLEY_BOTTOM_STDERR = _m("kvhit_valley_bottom_hit_ratio_stderr", "Standard error of h* by the delta method from the "
-                          "fit covariance, through R'(h*) = 0; absent with h* and at the wall (h* at the h grid's end, "
-                          "where R still falls) [ratio].", MODEL + ("form",), section="§4")
+                          "fit covariance, through R'(h*) = 0 (chip_time: at least h*'s moves, over 1.96, with the "
+                          "coefficients 1.96 sigma either way along the step that moves it most); absent with h* and at "
+                          "the wall (h* at the h grid's end, where R still falls) [ratio].", MODEL + ("form",),
+                          section="§4")
 VALLEY_BREAKEVEN_STDERR = _m("kvhit_valley_breakeven_hit_ratio_stderr", "Standard error of h_even by the delta method "
-                             "from the fit covariance, through R(h_even) = R(0); absent with h_even [ratio].",
-                             MODEL + ("form",), section="§4")
+                             "from the fit covariance, through R(h_even) = R(0) (chip_time: at least h_even's moves, as "
+                             "h*'s); absent with h_even [ratio].", MODEL + ("form",), section="§4")
 VALLEY_EXIT = _m("kvhit_valley_exit", "1 when R(h) climbs back to R(0) before h=1 (chip_time form: "
                  "before h = 1 - 1/ISL, one token computed per request), 0 when the valley has no exit; absent without a valley, for form=linear when h_even (or, without one, h = 1) lies outside "
                  "the direct slope's h range, and for chip_time when R(0) is not identified.", MODEL + ("form",), section="§4")
