@@ -143,7 +143,7 @@ def _beyond_linear(value: float, se: float | None, dh: np.ndarray, cov: np.ndarr
     10 % noise): the delta method alone left the truth outside 95 % intervals 21–23 % of the time
     (a calibration audit of 200 simulated sweeps); moved by 1.96 σ, k_attn can take the bottom from
     0.3 to 0.6. None when ``se`` is None."""
-    if se is None or not se > 0.0 or not np.all(np.isfinite(dh)):
+    if se is None or not 0.0 < se < math.inf or not np.all(np.isfinite(dh)):
         return se
     delta = cov @ dh / se
     moves = []
@@ -154,7 +154,7 @@ def _beyond_linear(value: float, se: float | None, dh: np.ndarray, cov: np.ndarr
             h = None
         if h is not None:
             moves.append(abs(h - value) / Z95)
-    return max(se, *moves)
+    return max([se, *moves])
 
 
 def _active(h: float, slope: float, ci: tuple[float, float] | None) -> bool:
@@ -337,9 +337,9 @@ def bathtub_chip_time(
     def edge(x: np.ndarray, even: bool) -> float | None:
         """h* (or h_even) under coefficients x ≥ 0 by root finding on R' (and R − R(0)), at its
         limit where it left [0, h_max] (no valley: 0; no exit: h_even = h_max); None where
-        t_chip ≤ 0 (it is concave in h: its ends tell)."""
+        t_chip ≤ 0 (it falls with h: h_max tells)."""
         k, tf = ChipTimeCoefficients(*x), _t_fixed_at(x, x0, t_fixed, fixed_steps)
-        if min(k.t_chip(isl, osl, 0.0, tf), k.t_chip(isl, osl, h_max, tf)) <= 0.0:
+        if k.t_chip(isl, osl, h_max, tf) <= 0.0:
             return None
         def r(h: float, slope: bool = False) -> float:
             fn = revenue_slope_chip_time if slope else revenue_chip_time
@@ -348,11 +348,13 @@ def bathtub_chip_time(
             return 0.0
         if r(h_max, True) <= 0.0:
             return h_max
-        bottom = float(brentq(lambda h: r(h, True), 0.0, h_max, xtol=1e-9))
         r0x = r(0.0)
+        if even and r(h_max) < r0x:  # no exit (R(bottom) ≤ R(h_max): the bottom is not needed)
+            return h_max
+        bottom = float(brentq(lambda h: r(h, True), 0.0, h_max, xtol=1e-9))
         if not even or r(bottom) >= r0x:
             return bottom
-        return h_max if r(h_max) < r0x else float(brentq(lambda h: r(h) - r0x, bottom, h_max, xtol=1e-9))
+        return float(brentq(lambda h: r(h) - r0x, bottom, h_max, xtol=1e-9))
 
     r0 = rev(0.0)
     h_star = h_even = exit_ = h_star_se = h_even_se = None

@@ -244,32 +244,37 @@ def test_linear_edge_stderrs_by_hand():
 
 
 def test_chip_time_edge_stderrs_against_the_edges_refound_at_moved_coefficients():
-    # The delta method through R'(h*) = 0 and R(h_even) = R(0), checked against h* and h_even found
-    # again by the whole bathtub (bounded minimisation, brentq) at each coefficient moved by ±1e-4
-    # relative: g_j = Δh/Δc_j, σ = √(gᵀΣg) with Σ the diagonal below; at least the edges' moves,
-    # over 1.96, found again by the whole bathtub at the coefficients moved by ±1.96 σ along
-    # δ = Σg/σ (the step along which each edge moves most): here k_ffn at 4 % and k_attn at 10 %
-    # take h* 0.0415 up and 0.0316 down, not the delta method's ±0.0359.
+    # The delta method through R'(h*) = 0 and R(h_even) = R(0), checked against the closed forms
+    # of h* and h_even (module header: A, B, C, E, F) at each coefficient moved by ±1e-4 relative:
+    # g_j = Δh/Δc_j, σ = √(gᵀΣg) with Σ the diagonal below; at least the edges' moves, over 1.96,
+    # by the closed forms at the coefficients moved by ±1.96 σ along δ = Σg/σ (the step along
+    # which each edge moves most): here k_ffn at 4 % and k_attn at 10 % take h* 0.0415 up and
+    # 0.0316 down, not the delta method's ±0.0359.
+    def edges(x):  # (h*, h_even) by the closed forms, T_fixed = TF (t_step does not enter)
+        a, b = PM * N + PO * OSL, (PM - PH) * N
+        e, f = x[1] * N, x[2] * N * N / 2
+        c = TF + e + f + OSL * (x[3] + x[4] * (N + OSL / 2))
+        return (a - math.sqrt(a * a - b * (b * c - a * e) / f)) / b, (b * c - a * e) / (a * f)
+
     coef = _coef(1e-3)  # exits: h* 0.6517, h_even 0.9394 (test above)
+    x0 = np.array(coef.as_tuple())
+    assert edges(x0) == pytest.approx((0.651692, 0.939353), rel=1e-5)  # the hand numbers above
     sd = np.array([1e-3, 2e-6, 2e-9, 1e-4, 1e-9])
     bt = bathtub_chip_time(coef, np.diag(sd**2), TF, N, OSL, 0.3, PM, PH, PO)
     g = np.zeros((2, 5))
-    for j, name in enumerate(("t_step", "k_ffn", "k_attn", "k_dec", "k_ctx")):
-        step = 1e-4 * getattr(coef, name)
-        if step == 0.0:
-            continue
-        ends = [bathtub_chip_time(dataclasses.replace(coef, **{name: getattr(coef, name) + sign * step}), None, TF, N,
-                                  OSL, 0.3, PM, PH, PO) for sign in (1, -1)]
-        g[:, j] = [(ends[0].h_star - ends[1].h_star) / (2 * step), (ends[0].h_even - ends[1].h_even) / (2 * step)]
-    x0 = np.array(coef.as_tuple())
+    for j in range(5):
+        step = np.eye(5)[j] * 1e-4 * x0[j]
+        g[:, j] = (np.array(edges(x0 + step)) - np.array(edges(x0 - step))) / (2 * 1e-4 * x0[j])
     for i, (name, got) in enumerate((("h_star", bt.h_star_stderr), ("h_even", bt.h_even_stderr))):
         sigma = math.sqrt(g[i] @ np.diag(sd**2) @ g[i])
         delta = sd**2 * g[i] / sigma
-        moved = [getattr(bathtub_chip_time(ChipTimeCoefficients(*(x0 + sign * 1.96 * delta)), None, TF, N, OSL, 0.3,
-                                           PM, PH, PO), name) for sign in (1, -1)]
-        expected = max(sigma, *(abs(h - getattr(bt, name)) / 1.96 for h in moved))
+        moved = [edges(x0 + sign * 1.96 * delta)[i] for sign in (1, -1)]
+        expected = max(sigma, *(abs(h - edges(x0)[i]) / 1.96 for h in moved))
         assert expected > 1.1 * sigma  # the moves, not the delta method, set it here
         assert got == pytest.approx(expected, rel=1e-3), name
+    # a coefficient of infinite variance: no bound at all (a move along it is no number)
+    inf = bathtub_chip_time(coef, np.diag([1e-6, 1e-12, np.inf, 1e-8, 1e-18]), TF, N, OSL, 0.3, PM, PH, PO)
+    assert inf.h_star_stderr == math.inf and inf.h_even_stderr == math.inf
     wall = bathtub_chip_time(_coef(2e-3), np.diag(sd**2), TF, N, OSL, 0.3, PM, PH, PO)
     assert wall.exit is False and wall.h_even_stderr is None and wall.h_star_stderr is not None  # h* inside
 
