@@ -837,6 +837,7 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
     if engine in engines.TRANSLATED:
         if not b.admit(engines.model_of(labels)):
             return True
+        b.values[b.line] = value  # checked, as an info line's
         b.other.append((name, labels, value))
         b.prefixes.setdefault(engine, full[:len(engine) + 1])
         return True
@@ -852,6 +853,9 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
         return True
     kind, base, part = what
     if kind == "info":
+        # its value is checked (a line reading "abc" is malformed): the hot path converts it too,
+        # or it took the labels of a line the reference drops (fuzzing)
+        b.values[b.line] = value
         if "model_name" in labels:  # fleet mode: each model's pods' configuration (vLLM's own has none)
             b.model_cache_config[labels["model_name"]] = {k: v for k, v in labels.items() if k != "model_name"}
         elif not b.cache_config or labels.get("engine", "0") == "0":

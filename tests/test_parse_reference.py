@@ -257,6 +257,24 @@ def test_a_layout_that_changes_every_scrape_is_planned_only_at_misses_1_2_4_8(mo
     assert len(builds) == 5 and p._misses == 0
 
 
+@pytest.mark.parametrize("line", ["vllm:cache_config_info", "sglang:num_running_reqs"])
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "2.0"])
+def test_a_value_only_checked_reads_as_the_reference_reads_it(line, value):
+    # Lines whose value the readers check but no signal sums: cache_config_info (its labels are
+    # read) and an SGLang line in a vLLM body (kept for translation). The hot path took "abc" on
+    # the first as the plan's labels while the reference drops the line as malformed (fuzzing);
+    # every other value either reads as the reference does or sends the body to the full path.
+    _, text = load_trace(TRACE).snapshots[0]
+    if line.startswith("sglang"):
+        text += 'sglang:num_running_reqs{model_name="tiny"} 1.0\n'
+    lines = text.split("\n")
+    i = next(k for k, x in enumerate(lines) if x.startswith(line))
+    lines[i] = f"{_VALUE_LINE.match(lines[i]).group(1)} {value}"
+    _hot(text, "\n".join(lines))  # asserts Parser.parse gives the reference outcome
+    if value == "abc":
+        assert dict(parse.parse_exposition("\n".join(lines), 1.0).quirks) == {"malformed_line": 1}
+
+
 def test_a_body_past_the_library_s_size_reads_as_the_library_would():
     # parse_exposition skips prometheus-client past LIBRARY_MAX_CHARS (its sample objects took
     # ~0.8 KiB per line: a 4 MiB body of short lines, 120 MiB, in a 256-MiB sidecar): the same
