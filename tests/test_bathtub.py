@@ -10,7 +10,6 @@ Then
     R'(h)·den² = -B(C - Eh - Fh²) + (A - Bh)(E + 2Fh) = (AE - BC) + 2AF·h - BF·h²
     → bottom h* = (A - sqrt(A² - B(BC - AE)/F)) / B   (smaller root of the quadratic)
 """
-import dataclasses
 import math
 
 import numpy as np
