@@ -338,7 +338,7 @@ def _robust_covariance(a: np.ndarray, b: np.ndarray, theta: np.ndarray, f_scale:
     row's leverage in J): right whatever each row's variance is. The noise of a prefill time grows
     with it (longer prompts, more contention) and need not fall as 1/requests: under M alone α's
     95 % interval left the truth out 17 % of the time at 60 steps with ISL 1000–8000 and
-    relative noise, 10 % at 600 (z-scores' RMS 1.3–1.8); S alone, 9–30 % at 8–16 steps.
+    relative noise, 10 % at 600 (z-scores' RMS 1.3–1.8); S alone, 9–11 % at 16 steps.
     inf when J is rank deficient. a: (n, p), b: (n,), θ: (p,)."""
     r = a @ theta - b
     z = (r / f_scale) ** 2
