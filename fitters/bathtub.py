@@ -134,18 +134,19 @@ def _stderr(grad: np.ndarray, cov: np.ndarray, scale: float) -> float | None:
     return math.sqrt(max(float(grad @ cov @ grad), 0.0)) / abs(scale)
 
 
-def _beyond_linear(value: float, se: float | None, dh: np.ndarray, cov: np.ndarray, x0: np.ndarray,
+def _beyond_linear(value: float, grad: np.ndarray, scale: float, cov: np.ndarray, x0: np.ndarray,
                    solve: Callable[[np.ndarray], float | None]) -> float | None:
-    """The larger of the delta method's standard error ``se`` of a root h(θ) (``dh`` = ∂h/∂θ,
-    shape (5,)) and its moves where the coefficients x0 ± Z95·δ (δ = Σ·dh/se, the 1-σ step along
-    which h moves most, clipped at 0) put the root ``solve(x)`` (None: no root to read), over
-    Z95. h* and h_even are strongly nonlinear in coefficients known to 20–60 % (early windows,
+    """The larger of the delta method's standard error se of a root h(θ) of F(h, θ) = 0
+    (:func:`_stderr`: ``grad`` = ∂F/∂θ, shape (5,), ``scale`` = ∂F/∂h; ∂h/∂θ = −grad/scale) and
+    its moves where the coefficients x0 ± Z95·δ (δ = Σ·∂h/∂θ/se, the 1-σ step along which h moves
+    most, clipped at 0) put the root ``solve(x)`` (None: no root to read), over Z95. h* and h_even are strongly nonlinear in coefficients known to 20–60 % (early windows,
     10 % noise): the delta method alone left the truth outside 95 % intervals 21–23 % of the time
     (a calibration audit of 200 simulated sweeps); moved by 1.96 σ, k_attn can take the bottom from
-    0.3 to 0.6. None when ``se`` is None."""
-    if se is None or not 0.0 < se < math.inf or not np.all(np.isfinite(dh)):
+    0.3 to 0.6. None when se is (∂F/∂h 0 or not finite)."""
+    se = _stderr(grad, cov, scale)
+    if se is None or not 0.0 < se < math.inf or not np.all(np.isfinite(grad)):
         return se
-    delta = cov @ dh / se
+    delta = cov @ (-grad / scale) / se
     moves = []
     for sign in (1.0, -1.0):
         try:
@@ -373,12 +374,10 @@ def bathtub_chip_time(
             e = min(1e-4, h_star, h_max - h_star)
             curvature = (at(x0, h_star + e, True) - at(x0, h_star - e, True)) / (2 * e) if e > 0 else math.nan
             grad = _central_gradient(lambda x: at(x, h_star, True), x0, steps)
-            h_star_se = _beyond_linear(h_star, _stderr(grad, c, curvature), -grad / curvature, c, x0,
-                                       lambda x: edge(x, False))
+            h_star_se = _beyond_linear(h_star, grad, curvature, c, x0, lambda x: edge(x, False))
         if c is not None and h_even is not None:  # F = R(h_even) − R(0) = 0: ∂F/∂h = R'(h_even)
             grad = _central_gradient(lambda x: at(x, h_even) - at(x, 0.0), x0, steps)
-            scale = at(x0, h_even, True)
-            h_even_se = _beyond_linear(h_even, _stderr(grad, c, scale), -grad / scale, c, x0, lambda x: edge(x, True))
+            h_even_se = _beyond_linear(h_even, grad, at(x0, h_even, True), c, x0, lambda x: edge(x, True))
     return BathtubCurve(
         form="chip_time",
         h_now=float(h_now),
