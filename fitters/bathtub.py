@@ -8,6 +8,7 @@ Hit ratios are fractions in [0, 1]; prices are per token; revenue is price per m
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,9 +140,10 @@ def _beyond_linear(value: float, grad: np.ndarray, scale: float, cov: np.ndarray
     """The larger of the delta method's standard error se of a root h(θ) of F(h, θ) = 0
     (:func:`_stderr`: ``grad`` = ∂F/∂θ, shape (5,), ``scale`` = ∂F/∂h; ∂h/∂θ = −grad/scale) and
     its moves where the coefficients x0 ± Z95·δ (δ = Σ·∂h/∂θ/se, the 1-σ step along which h moves
-    most, clipped at 0) put the root ``solve(x)`` (None: no root to read), over Z95. h* and h_even are strongly nonlinear in coefficients known to 20–60 % (early windows,
-    10 % noise): the delta method alone left the truth outside 95 % intervals 21–23 % of the time
-    (a calibration audit of 200 simulated sweeps); moved by 1.96 σ, k_attn can take the bottom from
+    most, clipped at 0) put the root ``solve(x)`` (None: no root to read), over Z95. h* and
+    h_even are strongly nonlinear in coefficients known to 20–60 % (early windows, 10 % noise):
+    the delta method alone left the truth outside 95 % intervals 21–23 % of the time (a
+    calibration audit of 200 simulated sweeps); moved by 1.96 σ, k_attn can take the bottom from
     0.3 to 0.6. None when se is (∂F/∂h 0 or not finite)."""
     se = _stderr(grad, cov, scale)
     if se is None or not 0.0 < se < math.inf or not np.all(np.isfinite(grad)):
@@ -322,9 +324,12 @@ def bathtub_chip_time(
 
     x0 = np.array(coef.as_tuple(), dtype=float)
 
-    def at(x: np.ndarray, h: float, slope: bool = False) -> float:  # R(h) or R'(h) under coefficients x
+    def under(k: ChipTimeCoefficients, tf: float, h: float, slope: bool = False) -> float:  # R(h) or R'(h)
         fn = revenue_slope_chip_time if slope else revenue_chip_time
-        return fn(h, isl, osl, ChipTimeCoefficients(*x), _t_fixed_at(x, x0, t_fixed, fixed_steps), p_miss, p_hit, p_out)
+        return fn(h, isl, osl, k, tf, p_miss, p_hit, p_out)
+
+    def at(x: np.ndarray, h: float, slope: bool = False) -> float:  # under coefficients x
+        return under(ChipTimeCoefficients(*x), _t_fixed_at(x, x0, t_fixed, fixed_steps), h, slope)
 
     def rev(h: float) -> float:
         return at(x0, h)
@@ -342,9 +347,7 @@ def bathtub_chip_time(
         k, tf = ChipTimeCoefficients(*x), _t_fixed_at(x, x0, t_fixed, fixed_steps)
         if k.t_chip(isl, osl, h_max, tf) <= 0.0:
             return None
-        def r(h: float, slope: bool = False) -> float:
-            fn = revenue_slope_chip_time if slope else revenue_chip_time
-            return fn(h, isl, osl, k, tf, p_miss, p_hit, p_out)
+        r = functools.partial(under, k, tf)  # the coefficients built once for the root finders
         if r(0.0, True) >= 0.0:
             return 0.0
         if r(h_max, True) <= 0.0:
