@@ -639,7 +639,7 @@ class Analyzer:
             if fits["overlap"].ok:
                 why = f"α is fitted against the loaded steps' prefill chip time, which is {problem}"
                 fits = {**fits, "overlap": FitResult.failed(Status.NOT_IDENTIFIABLE, why, fits["overlap"].samples)}
-                fitted = replace(fitted, alpha=None, alpha_stderr=None)
+                fitted = replace(fitted, alpha=None, alpha_stderr=None, alpha_chip_gradient=None)
         out = replace(out, fits=fits, fitted=fitted)
         if steps_per_request is None:
             unknown.setdefault("fixed_time", STEPS_UNKNOWN)
@@ -809,6 +809,7 @@ class Analyzer:
             c0=la.value("c0"), c1=la.value("c1") if la.value("c1") is not None else (0.0 if la.ok else None),
             running=running, queue_time=wobs.queue_time_mean, alpha=alpha,
             alpha_stderr=alpha_se if alpha is not None and math.isfinite(alpha_se) else None,
+            alpha_chip_gradient=fits["overlap"].extra.get("alpha_chip_gradient") if alpha is not None else None,
             hit_load_share=load_share,
             kv_bytes_per_token=kv, load_bandwidth=bandwidth[0] if bandwidth else None,
             gpus=cfg.model.gpus * engines, engines=engines, busy_engines=busy, p_miss=cfg.prices.p_miss,

@@ -175,7 +175,8 @@ PREDICTED_TTFT = _m("kvhit_predicted_ttft_seconds", "Predicted TTFT at the curre
                     MODEL + ("hit_ratio", "kind"), section="§3.2, §7")
 PREDICTED_TTFT_STDERR = _m("kvhit_predicted_ttft_stderr_seconds", "Standard error of kvhit_predicted_ttft_seconds "
                            "kind=service from the chip-time fit's covariance and, with loaded hits, the overlap alpha's "
-                           "standard error (delta method, the two fitted apart): a young or noisy fit's service TTFT "
+                           "standard error and its covariance with the chip-time coefficients it was fitted under "
+                           "(delta method): a young or noisy fit's service TTFT "
                            "may be off by twice this; at an h, ISL or OSL beyond the fit's steps (the prediction's "
                            "extrapolated, /api/v1/analysis) it does not count the extrapolation's error [s].",
                            MODEL + ("hit_ratio", "kind"), section="§3.2, §7")

@@ -456,7 +456,10 @@ def fit_latency(
         extra: "alpha_fitted" ("yes"/"no"), "loaded_steps", "running_min", "running_max", "f_scale".
 
         overlap: param "alpha" [1] with stderr, covariance 1×1; samples = steps with
-        h_load > 0; r2 on those steps. Status:
+        h_load > 0; r2 on those steps; extra "samples_total" (steps fitted) and, with
+        ``coef_covariance``, "alpha_chip_gradient": ∂α/∂(t_step, k_ffn, k_attn) [1/s, s/token,
+        s/token²], 3 floats (:func:`_first_stage`), what a prediction reading both α and the
+        coefficients needs for their covariance Σ·gradient. Status:
         not_identifiable (:data:`REASON_NO_LOADED_HITS`) when no step has h_load > 0;
         not_identifiable naming what is missing when S_kv or B_load is None while loaded hits
         exist; not_identifiable when min(T_load, T_compute) is zero or collinear with the
@@ -566,6 +569,7 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
     idx = {n: i for i, n in enumerate(names)}
     cov = sol.covariance
     sigma = None if coef_covariance is None else coef_covariance()
+    g = None
     if sigma is not None:
         g = _first_stage(_basis_rows(x[rows], (coef, kv, bw))[0], arrays, design, names, sol)
         cov = cov + g @ np.asarray(sigma, dtype=float) @ g.T
@@ -614,7 +618,9 @@ def _fit_matrix(x: np.ndarray, coef: ChipTimeCoefficients, kv: float | None, bw:
         samples=n_loaded,
         r2=_weighted_r2(arrays["y"][mask], y_hat[mask], arrays["w"][mask]),
         covariance=((float(cov[ia, ia]),),),
-        extra={"samples_total": float(n_fit)},
+        extra={"samples_total": float(n_fit),
+               # ∂α/∂(t_step, k_ffn, k_attn): α's error runs against the coefficients' (a TTFT's cross term)
+               **({"alpha_chip_gradient": g[ia].tolist()} if g is not None and np.isfinite(g[ia]).all() else {})},
     )
     return (load_aware, overlap), fitted
 

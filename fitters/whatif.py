@@ -101,7 +101,7 @@ def finite_number(v: object) -> bool:
 
 
 # fields of other shapes (mappings, lists), each checked by from_dict itself
-STRUCTURED = ("collinear", "chip_covariance", "isl_range", "osl_range", "h_range")
+STRUCTURED = ("collinear", "chip_covariance", "isl_range", "osl_range", "h_range", "alpha_chip_gradient")
 NULLABLE = {"steps_per_request", "c0", "c1", "running", "queue_time", "alpha", "kv_bytes_per_token", "load_bandwidth",
             "hit_load_share", "busy_engines", "alpha_stderr"}
 
@@ -170,7 +170,10 @@ class FittedModel:
         running: num_requests_running at which load-aware predictions are made [1].
         queue_time: mean queue time of the publish window [s] (None when unknown).
         alpha: overlap α (None when not identifiable); alpha_stderr: its standard error (None: not
-            known, as in fits saved before it was).
+            known, as in fits saved before it was); alpha_chip_gradient: ∂α/∂(t_step, k_ffn,
+            k_attn) of one engine's coefficients (the overlap fit's extra, fitters/latency.py),
+            so that a TTFT's error counts α's moving with the coefficients (None: taken as
+            independent, as in fits saved before it was).
         hit_load_share: h_load / h at the current operating point (scales a what-if h; a window
             without prefix-cache queries: the latest step's that told it) [1]; None
             when unknown (no hit in the window while a KV connector counts them): a what-if at
@@ -220,6 +223,7 @@ class FittedModel:
     osl_range: list[float] | None = None
     h_range: list[float] | None = None
     alpha_stderr: float | None = None
+    alpha_chip_gradient: list[float] | None = None
 
     @property
     def coefficients(self) -> ChipTimeCoefficients:
@@ -304,6 +308,20 @@ class FittedModel:
                 "more steps, over more varied traffic, tell it"
                 + measured(f"at h={hit_ratio:g}, ISL={isl:g} {chip:.4g} ± {stderr:.4g} s of chip time{spans}"))
 
+    def _with_alpha(self, chip_se: float, g: Sequence[float], d_alpha: float) -> float:
+        """Standard error of g·β + d_alpha·α [s]: the chip part's ``chip_se`` (g over one engine's
+        coefficients, CHIP_TIME_TERMS order), α's ``alpha_stderr`` and, with
+        ``alpha_chip_gradient`` G, their covariance E²·gᵀΣ[:, :3]·G (α was fitted under one
+        engine's coefficients, the fit's × E: fitters/latency.py's two-step delta method). On the
+        simulator α's error ran against the chip time's (correlation -0.4 to -0.7): added as
+        independent, the TTFT's 95 % interval at loaded hits h ≥ 0.5 was 1.4-3× too wide."""
+        var = chip_se * chip_se + (d_alpha * self.alpha_stderr) ** 2
+        if self.alpha_chip_gradient is not None:
+            cross = sum(x * c * y for x, row in zip(g, self.chip_covariance)
+                        for c, y in zip(row, self.alpha_chip_gradient))
+            var += 2.0 * d_alpha * self.engines * self.engines * cross
+        return math.sqrt(max(var, 0.0))
+
     def _chip_stderr(self, g: Sequence[float]) -> float:
         """Standard error √(gᵀΣg) of g·β, a linear function of the chip-time coefficients
         (CHIP_TIME_TERMS order; Σ ``chip_covariance``, not None) [its unit]."""
@@ -347,13 +365,14 @@ class FittedModel:
                                   self.load_bandwidth)
             if ttft_s is not None and self.chip_covariance is not None:
                 # one engine's coefficients are the fit's × engines: their errors too
-                ttft_se = self.engines * self._chip_stderr(service_ttft_gradient(
-                    one, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token, self.load_bandwidth))
+                gradient = service_ttft_gradient(one, isl, hit_ratio, h_load, self.alpha, self.kv_bytes_per_token,
+                                                 self.load_bandwidth)
+                ttft_se = self.engines * self._chip_stderr(gradient)
                 if h_load > 0 and self.alpha_stderr is not None:
                     # and α's, fitted apart: ∂TTFT/∂α = -min(T_load, T_compute) (MODEL.md §3.2). Left
                     # out, a soak's target TTFT was 8-16 % off, 30 of these σ (α 0.15 ± 0.22)
                     times = load_and_compute(one, isl, hit_ratio, h_load, self.kv_bytes_per_token, self.load_bandwidth)
-                    ttft_se = math.hypot(ttft_se, min(times) * self.alpha_stderr)
+                    ttft_se = self._with_alpha(ttft_se, gradient, -min(times))
             if ttft_s is None:
                 why = ("hits are loaded from host memory (h_load > 0) and α, kv_bytes_per_token or the load "
                        "bandwidth is unknown, so T_load and its overlap are")
@@ -454,6 +473,9 @@ class FittedModel:
                 isinstance(row, list) and len(row) == len(CHIP_TIME_TERMS) and all(map(finite_number, row))
                 for row in cov) and all(cov[i][i] >= 0 for i in range(len(cov)))):
             raise ValueError("fit field chip_covariance must be null or 5 rows of 5 finite numbers, variances >= 0")
+        grad = model.alpha_chip_gradient
+        if grad is not None and not (isinstance(grad, list) and len(grad) == 3 and all(map(finite_number, grad))):
+            raise ValueError("fit field alpha_chip_gradient must be null or 3 finite numbers")
         for name, top in (("isl_range", math.inf), ("osl_range", math.inf), ("h_range", 1.0)):
             r = getattr(model, name)
             if r is not None and not (isinstance(r, list) and len(r) == 2 and all(map(finite_number, r))

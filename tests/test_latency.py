@@ -438,6 +438,9 @@ def test_chip_time_uncertainty_propagates_to_alpha_and_contention():
     assert errs == pytest.approx(np.sqrt(np.array(base) ** 2 + np.diag(g @ sigma @ g.T)), rel=0.02)
     assert all(errs > 1.5 * np.array(base))
     assert ov.covariance[0][0] == pytest.approx(ov.params["alpha"].stderr ** 2)
+    # α's row of G, signs and all, for a prediction's covariance of α with the coefficients
+    assert ov.extra["alpha_chip_gradient"] == pytest.approx(g[2], rel=0.05)
+    assert "alpha_chip_gradient" not in fit_latency(samples, COEF, S_KV, B_LOAD)[1].extra  # taken as exact
     # the online fitter: the same at its refit, and its exact steps carry the propagation too
     fitter = LatencyFitter(every=16)
     for o in obs[:-1]:
@@ -451,6 +454,7 @@ def test_chip_time_uncertainty_propagates_to_alpha_and_contention():
     on_la, on_ov = fitter.result(COEF, S_KV, B_LOAD, cov)
     assert fitter.refits == 1  # the exact step
     assert on_ov.params["alpha"].stderr == pytest.approx(ov.params["alpha"].stderr, rel=0.02)
+    assert on_ov.extra["alpha_chip_gradient"] == pytest.approx(g[2], rel=0.05)
     assert fitter.result(COEF, S_KV, B_LOAD, None)[1].params["alpha"].stderr < 0.5 * on_ov.params["alpha"].stderr
     # an exact chip-time fit adds nothing
     la0, ov0 = fit_latency(samples, COEF, S_KV, B_LOAD, coef_covariance=np.zeros((3, 3)))

@@ -2,6 +2,8 @@
 MODEL.md §3.2 and §7, never read back from the code."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from exporter.analyzer import _load_bound_note, _load_share
@@ -242,6 +244,36 @@ def test_the_service_ttft_carries_its_standard_error_from_the_chip_time_covarian
     # nothing loaded: α moves nothing, nor does its error
     alone = FittedModel(**FIT, hit_load_share=0.0, chip_covariance=cov, alpha_stderr=0.2).predict(0.5, 1000.0, 20.0)
     assert alone.ttft_service_stderr == pytest.approx(8.6e-5 ** 0.5)
+
+
+def test_the_service_ttft_error_counts_alphas_moving_with_the_chip_time_coefficients():
+    # α is fitted under the coefficients (two-step delta method): with G = ∂α/∂(t_step, k_ffn, k_attn)
+    # = (0, 1000, 0), cov(g·β, α) = gᵀΣ[:, :3]·G. The slow link above (T_load 0.5 s ≥ T_compute
+    # 0.1225 s, α 0.5, σ(α) 0.2): g = (1, 250, 187,500, 0, 0), Σ·G = (−1.5e-8·1000, 4e-10·1000, 0, …)
+    # = (−1.5e-5, 4e-7, 0, …), gᵀΣG = −1.5e-5 + 250·4e-7 = 8.5e-5; ∂TTFT/∂α = −0.1225:
+    # var = 1.85e-5 + 6.0025e-4 + 2·(−0.1225)·8.5e-5 = 1.85e-5 + 6.0025e-4 − 2.0825e-5 = 5.97925e-4
+    cov = [[0.0] * 5 for _ in range(5)]
+    cov[0][0], cov[1][1], cov[0][1], cov[1][0] = 1e-6, 4e-10, -1.5e-8, -1.5e-8
+    slow = {**FIT, "load_bandwidth": 1e8}
+    fit = FittedModel(**slow, hit_load_share=1.0, chip_covariance=cov, alpha_stderr=0.2,
+                      alpha_chip_gradient=[0.0, 1000.0, 0.0])
+    assert fit.predict(0.5, 1000.0, 20.0).ttft_service_stderr == pytest.approx(5.97925e-4 ** 0.5)
+    # two engines: one engine's coefficients are the fit's × 2, T_compute 0.245 s (still < T_load), g
+    # the same; the chip part and the cross term × 2² (G is per one engine's coefficients):
+    # var = 4·1.85e-5 + (0.245·0.2)² + 2·(−0.245)·4·8.5e-5 = 7.4e-5 + 2.401e-3 − 1.666e-4 = 2.3084e-3
+    two = replace(fit, engines=2.0)
+    assert two.predict(0.5, 1000.0, 20.0).ttft_service_stderr == pytest.approx(2.3084e-3 ** 0.5)
+    # nothing loaded: no α term, no cross term
+    alone = replace(fit, hit_load_share=0.0).predict(0.5, 1000.0, 20.0)
+    assert alone.ttft_service_stderr == pytest.approx(8.6e-5 ** 0.5)
+    # a saved fit keeps it, and a malformed one is refused by name
+    assert FittedModel.from_dict(fit.to_dict()).alpha_chip_gradient == [0.0, 1000.0, 0.0]
+    with pytest.raises(ValueError, match="alpha_chip_gradient"):
+        FittedModel.from_dict({**fit.to_dict(), "alpha_chip_gradient": [0.0, float("nan"), 0.0]})
+    # a fit saved before it was (no such field) loads, its errors taken as independent
+    old = {k: v for k, v in fit.to_dict().items() if k != "alpha_chip_gradient"}
+    assert FittedModel.from_dict(old).predict(0.5, 1000.0, 20.0).ttft_service_stderr == pytest.approx(
+        (1.85e-5 + 6.0025e-4) ** 0.5)
 
 
 def test_a_request_whose_chip_time_is_unknown_keeps_its_ttft_when_its_prefill_is_identified():
