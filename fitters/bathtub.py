@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq, minimize_scalar
+from scipy.optimize import brentq
 
 from fitters.model import (
     CHIP_TIME_TERMS,
@@ -295,10 +295,11 @@ def bathtub_chip_time(
             (MODEL.md §7): t_step's variance enters the interval through T_fixed; 0 treats
             t_fixed as exact.
 
-    h_star: bounded scalar minimisation of R on [0, h_max] when R'(0) < 0 (R is unimodal there: the
+    h_star: brentq on R'(h) = 0 over [0, h_max] when R'(0) < 0 (R is unimodal there: the
     numerator of R' is a quadratic increasing in h while revenue is positive); it equals h_max when
     R still falls at h_max. h_even: brentq on R(h) - R(0) over [h_star, h_max] when R(h_max) ≥ R(0);
-    otherwise exit is False and h_even None ("the valley has no exit").
+    otherwise exit is False and h_even None ("the valley has no exit"). The same search finds the
+    edges under the moved coefficients of their standard errors.
     slope_ci: delta method, numerical gradient of R'(h_now) in the 5 coefficients × cov.
 
     Raises ValueError if isl ≤ 0, h_max is not in (0, 1], h_now is not in [0, h_max], a price or
@@ -340,7 +341,7 @@ def bathtub_chip_time(
         steps = _coef_steps(coef, t_fixed, isl, osl, fixed_steps)
         ci = _interval(slope_now, _central_gradient(lambda x: at(x, h_now, True), x0, steps), c)
 
-    def edge(x: np.ndarray, even: bool) -> float | None:
+    def edge(x: np.ndarray, even: bool, xtol: float = 1e-9) -> float | None:
         """h* (or h_even) under coefficients x ≥ 0 by root finding on R' (and R − R(0)), at its
         limit where it left [0, h_max] (no valley: 0; no exit: h_even = h_max); None where
         t_chip ≤ 0 (it falls with h: h_max tells)."""
@@ -355,23 +356,19 @@ def bathtub_chip_time(
         r0x = r(0.0)
         if even and r(h_max) < r0x:  # no exit (R(bottom) ≤ R(h_max): the bottom is not needed)
             return h_max
-        bottom = float(brentq(lambda h: r(h, True), 0.0, h_max, xtol=1e-9))
+        bottom = float(brentq(lambda h: r(h, True), 0.0, h_max, xtol=xtol))
         if not even or r(bottom) >= r0x:
-            return bottom
-        return float(brentq(lambda h: r(h) - r0x, bottom, h_max, xtol=1e-9))
+            return bottom  # a bottom within rounding of R(0) (R'(0) a hair below 0): back at once
+        return float(brentq(lambda h: r(h) - r0x, bottom, h_max, xtol=xtol))
 
     r0 = rev(0.0)
     h_star = h_even = exit_ = h_star_se = h_even_se = None
     if at(x0, 0.0, True) < 0.0:
-        res = minimize_scalar(rev, bounds=(0.0, h_max), method="bounded", options={"xatol": 1e-10})
-        h_star = float(res.x)
-        if rev(h_max) < r0:
-            h_star = h_max if rev(h_max) < rev(h_star) else h_star  # still falling at the wall
-            exit_ = False
-        else:
-            exit_ = True
-            # a bottom within rounding of R(0) (R'(0) a hair below 0): the curve is back at once
-            h_even = h_star if rev(h_star) >= r0 else float(brentq(lambda h: rev(h) - r0, h_star, h_max, xtol=1e-12))
+        # the fitted coefficients' edges as the interval's moved ones (_beyond_linear), to 1e-12
+        h_star = edge(x0, False, 1e-12)
+        exit_ = bool(rev(h_max) >= r0)
+        if exit_:
+            h_even = edge(x0, True, 1e-12)
         if c is not None and h_star < h_max:
             # F = R'(h*) = 0: ∂F/∂h = R''(h*), by central differences of R' (e: within [0, h_max])
             e = min(1e-4, h_star, h_max - h_star)
