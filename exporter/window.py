@@ -192,12 +192,13 @@ def _process(sig: ModelSignals) -> float | None:
 def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Container[float] = ()) -> str:
     """How the step from ``prev`` to ``cur`` (``t0`` on the wall clock of the ``_created`` stamps:
     step_delta's clock_offset) began: "restart" (every ``_created`` timestamp both scrapes share
-    changed — a new process stamps all its series anew —, or a counter or observation count went
-    down while no ``_created`` tells otherwise), "foreign" (they changed to a time before the
+    changed — a new process stamps all its series anew —, or, where no ``_created`` tells, a
+    counter or observation count fell below half its last value), "foreign" (they changed to a time before the
     previous scrape ``t0``, less CREATED_SKEW_SECONDS: a restarted engine creates its series after
     the old one was last scraped, so this is another process's series — a target URL reaching
     several pods), "glitch" (a value went down while some ``_created`` both scrapes share stayed
-    put: the same process, so no restart, and its lifetime totals are no increase) or "" (plain
+    put, or, without them, by less than half: the same process, so no restart, and its lifetime
+    totals are no increase) or "" (plain
     increases). Some stamps changed and some not is no restart: one series recreated in a live
     process (a review moved one family's stamp alone, and its lifetime totals counted as one step:
     TPM read 5×, h 0.16 for 0.30, the caching verdict not_paying for 24 h); the values decide.
@@ -209,11 +210,16 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
         if shared and all(a != b for a, b in shared):
             new = min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS and _process(cur) not in known
             return "restart" if new else "foreign"
-    down = (any(v < prev.counters[n] for n, v in cur.counters.items() if n in prev.counters)
-            or any(h.count < prev.histograms[n].count for n, h in cur.histograms.items() if n in prev.histograms))
-    if not down:
+    pairs = [(v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
+    pairs += [(h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
+    if not any(now < before for now, before in pairs):
         return ""
-    return "glitch" if any(name in prev.created for name in cur.created) else "restart"
+    if any(name in prev.created for name in cur.created):
+        return "glitch"
+    # no _created to tell (prometheus_client's multiprocess mode): a new process counts from 0, so
+    # some value fell below half its last; a smaller fall is the same process read low (a torn
+    # read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for 0.81, adversarial test)
+    return "restart" if any(now < 0.5 * before for now, before in pairs) else "glitch"
 
 
 def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0,

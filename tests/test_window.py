@@ -99,9 +99,17 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     cur = sig({"queries": 1040.0, "hits": 450.0}, created={key: 1000.0})
     d = step_delta(prev, cur, 2000.0, 2005.0)
     assert d.counters == {} and (d.glitches, d.resets, d.foreign) == (1, 0, 0)
-    # without _created (prometheus_client's multiprocess mode) a value down is a restart, as before
+    # without _created (prometheus_client's multiprocess mode) the values decide: a new process counts
+    # from 0, so a restart takes some value below half its last (queries 1000 → 120, above); hits
+    # 500 → 450 while queries rose is the same process read low (an adversarial test's torn read
+    # counted both lifetimes, 1040 and 450, as the step: h 0.67 for 0.81), a glitch
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 450.0}), 2000.0, 2005.0)
-    assert d.counters == {"queries": 1040.0, "hits": 450.0} and d.resets == 1
+    assert d.counters == {} and (d.glitches, d.resets) == (1, 0)
+    d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 249.0}), 2000.0, 2005.0)
+    assert d.counters == {"queries": 1040.0, "hits": 249.0} and d.resets == 1
+    # exactly half is no restart (one of two multiprocess files missing from a sum halves it)
+    d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 250.0}), 2000.0, 2005.0)
+    assert d.counters == {} and d.glitches == 1
 
     def analysed(scrapes):
         a = Analyzer(Config())
