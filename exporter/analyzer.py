@@ -1186,19 +1186,22 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
 
 
 def _complete_engines(sig: ModelSignals) -> int:
-    """Data-parallel engines of one exposition that export every counter another of them does
-    (counters vLLM creates at first use aside: parse.LAZY_COUNTERS): a few series with another
+    """Data-parallel engines of one exposition that export at least half the counters the engines
+    do (counters vLLM creates at first use aside: parse.LAZY_COUNTERS): a few series with another
     ``engine`` label (a stray copy, a partial paste; parse counts engine_incomplete) are no engine,
-    whose coming and going restarted every fit as "another engine" (a fault breaker)."""
+    whose coming and going restarted every fit as "another engine" (a fault breaker); nor is one
+    series of a real engine dropped (a NaN, a body cut at a line) the engine gone: counted by
+    every counter, a NaN hit counter on engine 1 of 2 doubled the per-GPU TPM and restarted every
+    fit, twice (adversarial test). Sums take only the counters every engine has (window.py)."""
     engines = sig.engines.values()
     names = set().union(*(e.counters.keys() for e in engines)) - set(LAZY_COUNTERS)
-    return sum(names <= e.counters.keys() for e in engines)
+    return sum(2 * len(names & e.counters.keys()) >= len(names) for e in engines)
 
 
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``; those that
-    export every counter another does, :func:`_complete_engines`); 1 for signals built by hand."""
+    export at least half the counters the engines do, :func:`_complete_engines`); 1 for signals built by hand."""
     return snap.engine_counts.get(model) or max(1, _complete_engines(snap.models[model]))
 
 

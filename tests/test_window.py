@@ -692,6 +692,32 @@ def dp(t, q0, q1, k0, k1):
     return parse_exposition(DP_COUNTERS.format(q0=q0, q1=q1, k0=k0, k1=k1), float(t)).models["m"]
 
 
+def test_one_series_missing_from_an_engine_leaves_it_an_engine():
+    # Two engines, four counters each. A NaN hits line on engine 1 is dropped (parse): engine 1 still
+    # exports 3 of the 4 counters, so the model still has two engines (per-GPU values divide by 2;
+    # counted as 1, a NaN for one scrape doubled them and restarted every fit); a stray line of an
+    # engine "2" (1 of 4 counters) is no engine. The step sums only the counters both engines have:
+    # queries 2·(150 − 100) = 100, prompt 2·(120 − 100) = 40; hits unknown, not engine 0's alone.
+    from exporter.analyzer import _complete_engines
+    names = ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens")
+
+    def scrape(t, v, hits1=None, stray=""):
+        text = "".join(f"# TYPE vllm:{n}_total counter\n" + "".join(
+            f'vllm:{n}_total{{engine="{e}",model_name="m"}} '
+            f'{hits1 if (n, e) == ("prefix_cache_hits", 1) and hits1 else v[n]}\n' for e in (0, 1)) for n in names)
+        return parse_exposition(text + stray, float(t)).models["m"]
+    before = scrape(0, {"prefix_cache_queries": 100, "prefix_cache_hits": 50, "prompt_tokens": 100,
+                        "generation_tokens": 10})
+    after = {"prefix_cache_queries": 150, "prefix_cache_hits": 60, "prompt_tokens": 120, "generation_tokens": 20}
+    nan = scrape(5, after, hits1="NaN")
+    assert "prefix_cache_hits" not in nan.engines["1"].counters
+    assert _complete_engines(before) == _complete_engines(nan) == 2
+    d = step_delta(before, nan, 0.0, 5.0)
+    assert d.counters == {"queries": 100.0, "prompt_tokens": 40.0, "generation_tokens": 20.0}
+    stray = scrape(5, after, stray='vllm:prefix_cache_hits_total{engine="2",model_name="m"} 7\n')
+    assert set(stray.engines) == {"0", "1", "2"} and _complete_engines(stray) == 2
+
+
 def test_one_engine_restarts_sum_goes_down():
     # engine 0: queries 1000 → 1500, hits 400 → 700; engine 1 restarted: 800 → 50, 300 → 20.
     # Model sum 1800 → 1550 went down. Per engine: 1500 − 1000 = 500 plus engine 1's current 50
