@@ -103,16 +103,17 @@ def test_same_counters_with_token_help_have_no_block_warning():
 def test_a_window_across_a_change_of_hit_unit_withholds_h_until_it_leaves(unit, block_size, old_config):
     # A version audit: vLLM 0.8 (blocks of 16) restarted in place as 0.9 (tokens), or with
     # --block-size 32. Two block scrapes 5 s apart (12/3 then 22/8 blocks), then the restarted
-    # engine from 20/12 (its counters went down: a reset) growing 100/50 per 5 s. The window's raw
-    # sums (5 + 12)/(10 + 20) = 0.567 were scaled by the newest unit alone; in tokens the hand sum is
-    # (80 + 12)/(160 + 20) = 0.511 (16-token blocks), or (80 + 384)/(160 + 640) = 0.58 (32): withheld
-    # while the 60-s window holds a step that ends at or before the first new scrape (T0 + 10), then
-    # the new era's own 50/100 = 0.5. Without cache_config_info in the old scrapes (blocks of an
-    # unknown size: a diff review) the raw sums were published as they were: 0.567.
+    # engine from 8/3 (its counters fell below half: a reset, with no _created to tell) growing
+    # 100/50 per 5 s. The window's raw sums (5 + 3)/(10 + 8) = 0.444 were scaled by the newest unit
+    # alone; in tokens the hand sum is (80 + 3)/(160 + 8) = 0.494 (16-token blocks), or (80 + 96)/(160
+    # + 256) = 0.423 (32): withheld while the 60-s window holds a step that ends at or before the
+    # first new scrape (T0 + 10), then the new era's own 50/100 = 0.5. Without cache_config_info in
+    # the old scrapes (blocks of an unknown size: a diff review) the raw sums were published as they
+    # were.
     old = [BLOCKS.format(unit="blocks", q=12.0 + 10 * i, k=3.0 + 5 * i) for i in range(2)]
     if not old_config:
         old = ["".join(ln + "\n" for ln in body.splitlines() if "cache_config_info" not in ln) for body in old]
-    new = [BLOCKS.format(unit=unit, q=20.0 + 100 * i, k=12.0 + 50 * i).replace('block_size="16"',
+    new = [BLOCKS.format(unit=unit, q=8.0 + 100 * i, k=3.0 + 50 * i).replace('block_size="16"',
                                                                             f'block_size="{block_size}"')
            for i in range(13)]
     for n in (1, 12):  # the newest scrape at T0 + 10 and T0 + 65: windows from T0 and T0 + 5
