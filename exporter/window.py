@@ -210,16 +210,22 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
         if shared and all(a != b for a, b in shared):
             new = min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS and _process(cur) not in known
             return "restart" if new else "foreign"
-    pairs = [(v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
-    pairs += [(h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
-    if not any(now < before for now, before in pairs):
+    down, halved = _fell(prev, cur)
+    if not down:
         return ""
     if any(name in prev.created for name in cur.created):
         return "glitch"
     # no _created to tell (prometheus_client's multiprocess mode): a new process counts from 0, so
     # some value fell below half its last; a smaller fall is the same process read low (a torn
     # read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for 0.81, adversarial test)
-    return "restart" if any(now < 0.5 * before for now, before in pairs) else "glitch"
+    return "restart" if halved else "glitch"
+
+
+def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool]:
+    """(whether a counter or observation count both have went down, whether one fell below half)."""
+    pairs = [(v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
+    pairs += [(h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
+    return any(now < before for now, before in pairs), any(now < 0.5 * before for now, before in pairs)
 
 
 def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0,
@@ -383,6 +389,11 @@ class ModelWindow:
 
 SUM_DISAGREES = "_sum disagrees with the buckets"  # HistogramDelta.problem: one of them is wrong, which is unknown
 KNOWN_PROCESSES = 16  # processes remembered per model (_step_kind's known: a URL reaching several pods)
+# Scrapes of a model skipped in a row while a value stays below half its value at the scrape before
+# them (Windows.push; a smaller fall, which a high read before them also makes, one): a counter read
+# 0 for 3 scrapes and back counted its whole lifetime as the step back, which was fitted and raised
+# the spike guard's peak 25x for good (adversarial test), when one was skipped.
+GLITCH_HOLD_SCRAPES = 3
 
 
 def _remember(known: dict[float, None], sig: ModelSignals) -> None:
@@ -411,7 +422,8 @@ class Windows:
         self._last: Snapshot | None = None
         self._models: dict[str, ModelWindow] = {}
         self.gaps = 0  # steps longer than gap_seconds, not used (see the module doc)
-        self._held: dict[str, tuple[float, ModelSignals]] = {}  # model → (t, signals) before a skipped scrape
+        # model → (t, signals) before the skipped scrapes, and how many were skipped in a row
+        self._held: dict[str, tuple[float, ModelSignals, int]] = {}
         self.skipped = 0  # scrapes of a model skipped as glitched (push)
         self.restarts = 0  # steps of a model across an engine restart (push)
         self.foreign = 0  # steps of a model between two processes' counters (push)
@@ -446,7 +458,7 @@ class Windows:
             self._models.clear()  # no window spans the gap; it starts again from this snapshot
             return out
         for model, cur in snap.models.items():
-            t0, before = held.get(model) or (prev.timestamp, prev.models.get(model))
+            t0, before, skipped = held.get(model) or (prev.timestamp, prev.models.get(model), 0)
             if before is None:
                 continue
             known = self._processes.setdefault(model, {})
@@ -458,12 +470,13 @@ class Windows:
             if model in snap.instance_counts:
                 d = replace(d, instance_seconds=snap.instance_counts[model] * d.dt)
             w = self._models.get(model)
-            if d.glitches and model not in held:
+            if d.glitches and skipped < (GLITCH_HOLD_SCRAPES if _fell(before, cur)[1] else 1):
                 # A value went down with _created unchanged: this scrape read low, or the last one
-                # high. This scrape is skipped once: the next step is taken from before it, so a
-                # dip costs nothing; still down then, that step (no increases) starts afresh. Until
-                # the next scrape tells, the step ending at the last one is in doubt.
-                self._held[model] = (t0, before)
+                # high. It is skipped: the next step is taken from before it, so a dip costs
+                # nothing; still down then (below half: after GLITCH_HOLD_SCRAPES), that step (no
+                # increases) starts afresh. Until a scrape tells, the step ending at the last one is
+                # in doubt.
+                self._held[model] = (t0, before, skipped + 1)
                 self.skipped += 1
                 if w is not None and w.steps:
                     w.steps[-1] = replace(w.steps[-1], doubted=1)

@@ -140,6 +140,30 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
 
 
 
+def test_a_counter_read_0_for_three_scrapes_costs_nothing_when_it_comes_back():
+    # True growth: queries +100, hits +50 per 5-s scrape (h 0.5). Queries read 0 at 2015, 2020 and
+    # 2025 (_created unchanged), back at 2030. Skipping one scrape took the step [2020, 2025] from 0
+    # as the new base, and the step back counted queries' whole lifetime (1600) in 5 s: fitted, it
+    # raised the spike guard's peak 16x for good, and h read 50/1600 (an adversarial test). Up to
+    # GLITCH_HOLD_SCRAPES scrapes below half are skipped: the step back is [2010, 2030], queries
+    # 1600 − 1200 = 400, hits 800 − 600 = 200, h 0.5; the peak stays the true 20 queries/s.
+    key = 'prefix_cache_queries{engine="0"}'
+    a = Analyzer(Config())
+    reads = [(2000.0 + 5 * i, 1000.0 + 100 * i, 500.0 + 50 * i) for i in range(9)]
+    for t, q, h in reads:
+        a.ingest(snap(t, m=sig({"queries": 0.0 if 2015.0 <= t <= 2025.0 else q, "hits": h}, created={key: 1000.0})))
+    d = a.windows.window("m")
+    assert a.windows.skipped == 3 and d.glitches == 0 and d.resets == 0
+    assert (d.t0, d.t1) == (2000.0, 2040.0) and d.counters == {"queries": 800.0, "hits": 400.0}
+    assert a.analysis().models["m"].hit_ratio["device"] == 0.5
+    assert a._state["m"].peak["queries"] == pytest.approx(20.0)
+    # still down at the fourth scrape, that step has no increases and starts afresh, as before
+    b = Analyzer(Config())
+    for t, q, h in reads:
+        b.ingest(snap(t, m=sig({"queries": 0.0 if t >= 2015.0 else q, "hits": h}, created={key: 1000.0})))
+    assert b.windows.skipped == 3 and b.windows.window("m").glitches == 1
+
+
 def test_a_dip_after_a_step_without_increases_keeps_the_window_unknown():
     # True growth: queries +100, hits +50 per 5-s scrape (h 0.5). 2005 reads queries 1400 (true
     # 1100): the step [2000, 2005] reads h = 50 / 400 = 0.125. 2010 (1200) and 2015 (1300) read
