@@ -34,5 +34,5 @@ def _signal_handlers():
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     yield
     for sig, handler in saved.items():
-        if signal.getsignal(sig) is not handler:
+        if handler is not None and signal.getsignal(sig) is not handler:  # None: not set from Python
             signal.signal(sig, handler)

@@ -457,8 +457,8 @@ def fit_latency(
 
         overlap: param "alpha" [1] with stderr, covariance 1×1; samples = steps with
         h_load > 0; r2 on those steps; extra "samples_total" (steps fitted) and, with
-        ``coef_covariance``, "alpha_chip_gradient": ∂α/∂(t_step, k_ffn, k_attn) [1/s, s/token,
-        s/token²], 3 floats (:func:`_first_stage`), what a prediction reading both α and the
+        ``coef_covariance``, "alpha_chip_gradient": ∂α/∂(t_step, k_ffn, k_attn) [1/s, token/s,
+        token²/s], 3 floats (:func:`_first_stage`), what a prediction reading both α and the
         coefficients needs for their covariance Σ·gradient. Status:
         not_identifiable (:data:`REASON_NO_LOADED_HITS`) when no step has h_load > 0;
         not_identifiable naming what is missing when S_kv or B_load is None while loaded hits

@@ -68,7 +68,8 @@ class FitResult:
         r2: coefficient of determination of the last fit (nan when not fitted).
         covariance: covariance matrix of the parameters in ``params`` order (None when unknown);
             used to propagate errors to derived quantities (e.g. R'(h) interval, MODEL.md §4).
-        extra: fitter-specific diagnostics (e.g. anomaly count), plain floats/strings only.
+        extra: fitter-specific diagnostics (e.g. anomaly count): JSON-serialisable numbers, strings,
+            lists and mappings of them.
     """
 
     status: Status

@@ -319,8 +319,11 @@ class FittedModel:
         if self.alpha_chip_gradient is not None:
             cross = sum(x * c * y for x, row in zip(g, self.chip_covariance)
                         for c, y in zip(row, self.alpha_chip_gradient))
-            var += 2.0 * d_alpha * self.engines * self.engines * cross
-        return math.sqrt(max(var, 0.0))
+            with_cross = var + 2.0 * d_alpha * self.engines * self.engines * cross
+            # α's variance holds G·Σ·Gᵀ (fitters/latency.py), so this stays > 0 unless a saved fit's
+            # G and errors disagree (a review's G = (0, 1e5, 0) with α ± 0.01 gave 0): then without it
+            var = with_cross if with_cross > 0.0 else var
+        return math.sqrt(var)
 
     def _chip_stderr(self, g: Sequence[float]) -> float:
         """Standard error √(gᵀΣg) of g·β, a linear function of the chip-time coefficients

@@ -1299,9 +1299,10 @@ def test_the_valley_edges_standard_errors_cover_the_true_edges():
 def test_the_service_ttft_interval_at_loaded_hits_counts_alpha_moving_with_the_chip_time():
     # TTFT = T_step + T_load + T_compute − α·min(T_load, T_compute) reads α and the chip-time
     # coefficients, and α is fitted under those coefficients: its error runs against theirs. Added
-    # as independent, the interval at loaded hits was too wide: over these 40 seeds the z-scores'
-    # RMS at h 0.5-0.9 was 0.77 (a 200-seed audit: 0.46-0.78). Truth: MODEL.md §3.2 with the
-    # simulator's parameters (half the hits loaded, α 0.5), at the run's end; the seeds are fixed.
+    # as independent, the interval at loaded hits was too wide: the z-scores' RMS at h 0.5-0.9 over
+    # these 100 seeds was 0.68, 0.91 with it (a review's other 100-seed blocks: 0.63-0.69 and
+    # 0.84-0.91; 40 seeds spread 0.75-1.01). Truth: MODEL.md §3.2 with the simulator's parameters
+    # (half the hits loaded, α 0.5), at the run's end; the seeds are fixed.
     from exporter.config import Config, Geometry, Prices
     from exporter.replay import TraceClock
     from exporter.runner import Runner
@@ -1310,7 +1311,7 @@ def test_the_service_ttft_interval_at_loaded_hits_counts_alpha_moving_with_the_c
     levels = (0.0, 0.8, 0.2, 0.6, 0.4, 0.95, 0.1, 0.7, 0.3, 0.9, 0.5)
     schedule = tuple(Segment("step", 60.0, h) for h in levels) + (Segment("step", 120.0, 0.5),)
     z = []
-    for seed in range(1, 41):
+    for seed in range(1, 101):
         sc = Scenario(truth=truth, schedule=schedule, seed=seed, noise=0.1)
         cfg = Config(interval=sc.interval, prices=Prices(), model=Geometry(layers=32, kv_heads=32, head_dim=128),
                      load_bandwidth_bytes_per_second=truth.load_bandwidth)
@@ -1322,11 +1323,10 @@ def test_the_service_ttft_interval_at_loaded_hits_counts_alpha_moving_with_the_c
         assert fit.alpha is not None and fit.alpha_chip_gradient is not None
         for h in (0.5, 0.7, 0.9):
             p = fit.predict(h, truth.isl, truth.osl)
-            t_load = fit.hit_load_share * h * truth.isl * truth.kv_bytes_per_token / truth.load_bandwidth
-            t_compute = truth.compute_time(h)
+            t_load, t_compute = truth.load_time(h), truth.compute_time(h)
             want = truth.t_step + t_load + t_compute - truth.alpha * min(t_load, t_compute)
             z.append((p.ttft_service - want) / p.ttft_service_stderr)
-    assert 0.85 < math.sqrt(sum(x * x for x in z) / len(z)) < 1.2, z
+    assert 0.77 < math.sqrt(sum(x * x for x in z) / len(z)) < 1.2, z
     assert sum(abs(x) > 1.96 for x in z) <= 0.1 * len(z), z
 
 

@@ -266,6 +266,11 @@ def test_the_service_ttft_error_counts_alphas_moving_with_the_chip_time_coeffici
     # nothing loaded: no α term, no cross term
     alone = replace(fit, hit_load_share=0.0).predict(0.5, 1000.0, 20.0)
     assert alone.ttft_service_stderr == pytest.approx(8.6e-5 ** 0.5)
+    # a saved fit whose G disagrees with α's error (G·Σ·Gᵀ = 1e10·4e-10 = 4 ≫ 0.01²): the cross term
+    # 2·(−0.1225)·(−1.5e-3 + 250·4e-5) = −2.0825e-3 would take the variance below 0; its errors are
+    # then added as independent, 1.85e-5 + (0.1225·0.01)² = 2.0000625e-5, never a stderr of 0
+    odd = replace(fit, alpha_stderr=0.01, alpha_chip_gradient=[0.0, 1e5, 0.0])
+    assert odd.predict(0.5, 1000.0, 20.0).ttft_service_stderr == pytest.approx(2.0000625e-5 ** 0.5)
     # a saved fit keeps it, and a malformed one is refused by name
     assert FittedModel.from_dict(fit.to_dict()).alpha_chip_gradient == [0.0, 1000.0, 0.0]
     with pytest.raises(ValueError, match="alpha_chip_gradient"):
