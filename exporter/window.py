@@ -193,13 +193,12 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
     """How the step from ``prev`` to ``cur`` (``t0`` on the wall clock of the ``_created`` stamps:
     step_delta's clock_offset) began: "restart" (every ``_created`` timestamp both scrapes share
     changed — a new process stamps all its series anew —, or, where no ``_created`` tells, a
-    counter or observation count fell below half its last value), "foreign" (they changed to a time before the
-    previous scrape ``t0``, less CREATED_SKEW_SECONDS: a restarted engine creates its series after
-    the old one was last scraped, so this is another process's series — a target URL reaching
-    several pods), "glitch" (a value went down while some ``_created`` both scrapes share stayed
-    put, or, without them, by less than half: the same process, so no restart, and its lifetime
-    totals are no increase) or "" (plain
-    increases). Some stamps changed and some not is no restart: one series recreated in a live
+    counter or observation count fell below half its last value), "foreign" (they changed to a
+    time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a restarted engine creates
+    its series after the old one was last scraped, so this is another process's series — a target
+    URL reaching several pods), "glitch" (a value went down while some ``_created`` both scrapes
+    share stayed put, or, without them, by less than half: the same process, so no restart, and
+    its lifetime totals are no increase) or "" (plain increases). Some stamps changed and some not is no restart: one series recreated in a live
     process (a review moved one family's stamp alone, and its lifetime totals counted as one step:
     TPM read 5×, h 0.16 for 0.30, the caching verdict not_paying for 24 h); the values decide.
     ``known``: the processes (:func:`_process`) this engine's scrapes came from before: a change
@@ -222,7 +221,8 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
 
 
 def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool]:
-    """(whether a counter or observation count both have went down, whether one fell below half)."""
+    """(whether a counter or observation count present at both scrapes went down, whether one fell
+    below half its value at ``prev``)."""
     pairs = [(v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
     pairs += [(h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
     return any(now < before for now, before in pairs), any(now < 0.5 * before for now, before in pairs)
