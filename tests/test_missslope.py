@@ -232,6 +232,23 @@ def test_traffic_changed_inside_a_bucket_starts_the_bucket_again(read_every_step
     assert fitter.h_range() == pytest.approx((0.2, 0.6))
 
 
+def test_an_engine_drifting_within_a_phase_on_few_nodes_is_no_change_of_traffic():
+    # A live calibration (CPU vLLM, 25-s phases, 1-s steps): at h 0 then 0.3 the reference curve's 4
+    # parameters run through both nodes and its σ is their ±1 % scatter, so the engine's drift
+    # within the second phase read as a change, and the bucket dropped h 0 (then h 0.3 at the next
+    # phase) and withheld its line for the gap. On no more nodes than parameters there is no change
+    # test: 20 steps at h 0 and 12 + 15 at h 0.3 (the last 15 10 % faster: 7σ of the ±1 % scatter)
+    # all stay.
+    fitter = MissSlopeFitter()
+    t = 0.0
+    for hi, n, speed in ((0.0, 20, 1.0), (0.3, 12, 1.0), (0.3, 15, 1.1)):
+        for _ in range(n):
+            t += 1.0
+            fitter.update(step(t, hi, speed * TPS0 * (1 - 0.5 * hi) * (1 + (0.01 if t % 2 else -0.01)), isl=2048.0))
+            fitter.result()
+    assert fitter.result().samples == 47 and fitter.h_range() == pytest.approx((0.0, 0.3))
+
+
 def test_traffic_staying_at_a_tail_chunk_h_keeps_the_bucket():
     # Every old step at h 0.4 dipped 40 % (a tail chunk, seed 002); 16 new steps there dip the same:
     # no change of traffic, the bucket keeps its 40 + 16 steps: 36 on the line, 4 + 16 dips left out,
