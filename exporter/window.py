@@ -198,9 +198,10 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
     its series after the old one was last scraped, so this is another process's series — a target
     URL reaching several pods), "glitch" (a value went down while some ``_created`` both scrapes
     share stayed put, or, without them, by less than half: the same process, so no restart, and
-    its lifetime totals are no increase) or "" (plain increases). Some stamps changed and some not is no restart: one series recreated in a live
-    process (a review moved one family's stamp alone, and its lifetime totals counted as one step:
-    TPM read 5×, h 0.16 for 0.30, the caching verdict not_paying for 24 h); the values decide.
+    its lifetime totals are no increase) or "" (plain increases). Some stamps changed and some not
+    is no restart: one series recreated in a live process (a review moved one family's stamp
+    alone, and its lifetime totals counted as one step: TPM read 5×, h 0.16 for 0.30, the caching
+    verdict not_paying for 24 h); the values decide.
     ``known``: the processes (:func:`_process`) this engine's scrapes came from before: a change
     to one of them is "foreign" too (a load-balanced URL flipping between two young pods, each
     created within CREATED_SKEW_SECONDS, read a restart at every flip: 25× TPM, review)."""

@@ -521,7 +521,7 @@ class _BucketFit(AmortizedFit[_Reference, tuple[FitResult, np.ndarray]]):
         # steps and its σ is their scatter alone: an engine's drift within a phase read as a change
         # (a live calibration's 25-s phases at h 0 and 0.31, then 0.31 and 0.59: the bucket kept
         # h 0.59-0.94 alone and withheld its line for the gap)
-        if len(np.unique(node[:old])) <= 4:
+        if len(np.unique(node[:old])) <= len(ref.p):
             return None
         off = np.concatenate([off_reference(slice(None, old)), newest])
         clean = (np.bincount(node[:old][~off[:old]], minlength=_NODES) > 0) & \

@@ -319,18 +319,23 @@ class FittedModel:
         independent sum."""
         var = chip_se * chip_se + (d_alpha * self.alpha_stderr) ** 2
         if self.alpha_chip_gradient is not None:
-            cross = sum(x * c * y for x, row in zip(g, self.chip_covariance)
-                        for c, y in zip(row, self.alpha_chip_gradient))
+            # G pairs with Σ's first 3 columns, (t_step, k_ffn, k_attn)
+            cross = self._chip_form(g, self.alpha_chip_gradient)
             with_cross = var + 2.0 * d_alpha * self.engines * self.engines * cross
             # α's variance holds G·Σ·Gᵀ (fitters/latency.py), so this stays > 0 unless a saved fit's
             # G and errors disagree (a review's G = (0, 1e5, 0) with α ± 0.01 gave 0): then without it
             var = with_cross if with_cross > 0.0 else var
         return math.sqrt(var)
 
+    def _chip_form(self, a: Sequence[float], b: Sequence[float]) -> float:
+        """aᵀΣb over ``chip_covariance`` Σ (not None; CHIP_TIME_TERMS order; a shorter b pairs with
+        Σ's first columns)."""
+        return sum(x * c * y for x, row in zip(a, self.chip_covariance) for c, y in zip(row, b))
+
     def _chip_stderr(self, g: Sequence[float]) -> float:
         """Standard error √(gᵀΣg) of g·β, a linear function of the chip-time coefficients
         (CHIP_TIME_TERMS order; Σ ``chip_covariance``, not None) [its unit]."""
-        var = sum(x * c * y for x, row in zip(g, self.chip_covariance) for c, y in zip(row, g))
+        var = self._chip_form(g, g)
         # a sum that overflowed (inf - inf, a hand-edited covariance of 1e308s) is no bound at all
         return math.inf if math.isnan(var) else math.sqrt(max(var, 0.0))
 
