@@ -2048,7 +2048,10 @@ def test_a_pod_restart_with_a_missed_scrape_is_counted_across_the_staleness_mark
         _three_samples(prom, "vllm:prefix_cache_queries_total", 1)
         fams = (Family("prefix_cache_queries", "counter"), Family("prefix_cache_hits", "counter"))
         totals = []
-        poll = _poller(src := PrometheusSource(prom, fams, interval=2.0), totals)
+        # the polls wait for a down pod only while the last range's end is at most interval +
+        # timeout old: 4 s of sleeps plus its samples' lag passed the default 5 s on a loaded CI
+        # machine (CI: the pod was left out at once); a longer timeout keeps the wait in this test
+        poll = _poller(src := PrometheusSource(prom, fams, interval=2.0, timeout=10.0), totals)
         poll()  # the baseline
         time.sleep(2.5)
         poll()
