@@ -229,6 +229,14 @@ def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool]:
     return any(now < before for now, before in pairs), any(now < 0.5 * before for now, before in pairs)
 
 
+def _halved(prev: ModelSignals, cur: ModelSignals) -> bool:
+    """Whether some engine's counter or observation count fell below half its value at ``prev``
+    (per engine where both have ``engines``: a model's sums hide one engine's fall)."""
+    if prev.engines and cur.engines:
+        return any(_fell(prev.engines[e], sig)[1] for e, sig in cur.engines.items() if e in prev.engines)
+    return _fell(prev, cur)[1]
+
+
 def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0,
                known: Container[float] = ()) -> Delta:
     """The :class:`Delta` of one model between two consecutive snapshots (MODEL.md §1).
@@ -471,7 +479,7 @@ class Windows:
             if model in snap.instance_counts:
                 d = replace(d, instance_seconds=snap.instance_counts[model] * d.dt)
             w = self._models.get(model)
-            if d.glitches and skipped < (GLITCH_HOLD_SCRAPES if _fell(before, cur)[1] else 1):
+            if d.glitches and skipped < (GLITCH_HOLD_SCRAPES if _halved(before, cur) else 1):
                 # A value went down with _created unchanged: this scrape read low, or the last one
                 # high. It is skipped: the next step is taken from before it, so a dip costs
                 # nothing; still down then (below half: after GLITCH_HOLD_SCRAPES), that step (no

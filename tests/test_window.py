@@ -164,6 +164,31 @@ def test_a_counter_read_0_for_three_scrapes_costs_nothing_when_it_comes_back():
     assert b.windows.skipped == 3 and b.windows.window("m").glitches == 1
 
 
+def test_one_engine_of_two_read_0_for_three_scrapes_is_held_as_one_engine_would_be():
+    # Data parallel, two engines: engine 0 grows queries +1000, hits +500 per 5-s scrape; engine 1
+    # +100, +50. Engine 1's queries read 0 at 2015, 2020 and 2025 (_created unchanged), back at 2030.
+    # The model's sum (13000 at 2015 against 13400) did not fall below half, so the hold judged on
+    # sums skipped one scrape: [2010, 2020] became a step without increases, engine 1's 0 the base,
+    # and [2025, 2030] counted its lifetime queries (1600) in 5 s. Judged per engine, the three
+    # scrapes are held: the window [2000, 2040] holds queries 8 x 1000 + 8 x 100 = 8800, hits
+    # 8 x 500 + 8 x 50 = 4400.
+    keys = {e: f'prefix_cache_queries{{engine="{e}"}}' for e in "01"}
+
+    def model(i, t):
+        q1 = 0.0 if 2015.0 <= t <= 2025.0 else 1000.0 + 100 * i
+        engines = {"0": sig({"queries": 10000.0 + 1000 * i, "hits": 5000.0 + 500 * i}, created={keys["0"]: 1000.0}),
+                   "1": sig({"queries": q1, "hits": 500.0 + 50 * i}, created={keys["1"]: 1000.0})}
+        total = sig({n: engines["0"].counters[n] + engines["1"].counters[n] for n in ("queries", "hits")},
+                    created={k: 1000.0 for k in keys.values()})
+        return ModelSignals(total.counters, {}, {}, total.created, "tokens", {}, engines)
+    w = Windows(60.0)
+    for i in range(9):
+        w.push(snap(2000.0 + 5 * i, m=model(i, 2000.0 + 5 * i)))
+    d = w.window("m")
+    assert w.skipped == 3 and d.glitches == 0 and d.resets == 0
+    assert (d.t0, d.t1) == (2000.0, 2040.0) and d.counters == {"queries": 8800.0, "hits": 4400.0}
+
+
 def test_a_dip_after_a_step_without_increases_keeps_the_window_unknown():
     # True growth: queries +100, hits +50 per 5-s scrape (h 0.5). 2005 reads queries 1400 (true
     # 1100): the step [2000, 2005] reads h = 50 / 400 = 0.125. 2010 (1200) and 2015 (1300) read
