@@ -747,7 +747,10 @@ def test_one_series_missing_from_an_engine_leaves_it_an_engine():
     # counted as 1, a NaN for one scrape doubled them and restarted every fit); a stray line of an
     # engine "2" (1 of 4 counters) is no engine. The step sums only the counters both engines have:
     # queries 2·(150 − 100) = 100, prompt 2·(120 − 100) = 40; hits unknown, not engine 0's alone.
-    from exporter.analyzer import _complete_engines
+    # The stray line stays out of the sums (summed in, its coming changed the engine set, a step
+    # without increases, and its staying left the model only hits, 2·(70 − 60) + (9 − 7) = 22:
+    # adversarial test): every counter 2 × its growth, hits 2·10 = 20, at both steps.
+    from exporter.window import complete_engines
     names = ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens")
 
     def scrape(t, v, hits1=None, stray=""):
@@ -760,11 +763,16 @@ def test_one_series_missing_from_an_engine_leaves_it_an_engine():
     after = {"prefix_cache_queries": 150, "prefix_cache_hits": 60, "prompt_tokens": 120, "generation_tokens": 20}
     nan = scrape(5, after, hits1="NaN")
     assert "prefix_cache_hits" not in nan.engines["1"].counters
-    assert _complete_engines(before) == _complete_engines(nan) == 2
+    assert complete_engines(before) == complete_engines(nan) == ("0", "1")
     d = step_delta(before, nan, 0.0, 5.0)
     assert d.counters == {"queries": 100.0, "prompt_tokens": 40.0, "generation_tokens": 20.0}
     stray = scrape(5, after, stray='vllm:prefix_cache_hits_total{engine="2",model_name="m"} 7\n')
-    assert set(stray.engines) == {"0", "1", "2"} and _complete_engines(stray) == 2
+    assert set(stray.engines) == {"0", "1", "2"} and complete_engines(stray) == ("0", "1")
+    later = scrape(10, {"prefix_cache_queries": 200, "prefix_cache_hits": 70, "prompt_tokens": 140,
+                        "generation_tokens": 30}, stray='vllm:prefix_cache_hits_total{engine="2",model_name="m"} 9\n')
+    for a, b in ((before, stray), (stray, later)):  # the stray line appears, then stays
+        d = step_delta(a, b, 0.0, 5.0)
+        assert d.counters == {"queries": 100.0, "hits": 20.0, "prompt_tokens": 40.0, "generation_tokens": 20.0}
 
 
 def test_one_engine_restarts_sum_goes_down():
