@@ -18,7 +18,7 @@ from exporter.engines import TRANSLATED, missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               hit_sums, kv_capacity_tokens, observe, request_isl, request_osl, window_notes)
 from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
-from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows, complete_engines
+from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
 from fitters.chiptime import CELL_H, DRIFT_REASON, ChipTimeFitter, observed_regressors
@@ -374,7 +374,7 @@ class Analyzer:
             if st is None:  # not setdefault: a _ModelState is every fitter's buffers, built once per model
                 st = self._state[model] = _ModelState()
             # a fleet's (engines counted by its source) is its pods' mix, which scaling and rollouts move
-            identity = _Identity(len(complete_engines(snap.models[model])),
+            identity = _Identity(len(snap.models[model].engines),
                                  {} if model in snap.engine_counts else snap.cache_config_of(model))
             if (why := st.another_engine(identity)) is not None:
                 log.info("model %r is served by another engine now (%s): its fits start afresh", model, why)
@@ -1180,16 +1180,16 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
     if len(now) < 2:
         return engines
     ends = any if either else all
-    busy = sum(1 for e in complete_engines(snap.models[model]) if ends((
-        now[e].gauges.get("running", 0.0) > 0, e in before and before[e].gauges.get("running", 0.0) > 0)))
+    busy = sum(1 for e, sig in now.items()
+               if ends((sig.gauges.get("running", 0.0) > 0, e in before and before[e].gauges.get("running", 0.0) > 0)))
     return max(1, busy)
 
 
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``; those that
-    export at least half the counters the engines do: window.complete_engines); 1 for signals built by hand."""
-    return snap.engine_counts.get(model) or max(1, len(complete_engines(snap.models[model])))
+    export at least half the counters the engines do: parse's _Models.settle); 1 for signals built by hand."""
+    return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
 
 
 def _confirms(d: Delta, pending: Delta) -> bool:

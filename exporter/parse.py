@@ -26,8 +26,10 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
   summed, KV usage max over engines — only when EVERY engine of the model has the signal: a signal
   missing for one engine (a cut body, a partial paste) is unknown, never a partial sum
-  (``engine_incomplete``). Per-engine values are kept (:attr:`ModelSignals.engines`) so that steps
-  detect a restart per engine.
+  (``engine_incomplete``). An engine is one that exports at least half the counters the engines
+  do: a few series of another ``engine`` label (a stray copy) are left out, and counted as
+  ``engine_incomplete`` too. Per-engine values are kept (:attr:`ModelSignals.engines`) so that
+  steps detect a restart per engine.
 * A histogram whose cumulative buckets decrease, exceed ``_count``, or whose ``+Inf`` bucket is
   not ``_count`` is left out (``histogram_inconsistent``); bucket edges are read from the scrape
   (custom, CUDA-graph, 1-2-5 edges all work; no edge is assumed).
@@ -901,18 +903,39 @@ class _Models:
         self.model: dict[str, dict[str, dict]] = {}  # model → field → canonical → value
         self.engine: dict[str, dict[str, dict[str, dict]]] = {}  # model → engine → field → ...
         self.incomplete: dict[str, set[str]] = {}
+        self._put: list[tuple[str, str, str, Mapping[str, object], object]] = []  # summed in settle
 
     def put(self, field_: str, canon: str, model: str, per_engine: Mapping[str, object], combine) -> None:
         for e, v in per_engine.items():
             self.engine.setdefault(model, {}).setdefault(e, {}).setdefault(field_, {})[canon] = v
-        if set(per_engine) >= self.engines.get(model, set()):
-            value = combine(list(per_engine.values()))
-            if value is not None:
-                self.model.setdefault(model, {}).setdefault(field_, {})[canon] = value
-        elif canon not in LAZY_COUNTERS:  # those an engine creates at first use: one without has not used
-            # it yet (no damage), and the model's total waits for every engine's (unknown until then)
-            self.b.quirk("engine_incomplete")
-            self.incomplete.setdefault(model, set()).add(canon)
+        self._put.append((field_, canon, model, per_engine, combine))
+
+    def settle(self) -> None:
+        """Keep each model's engines that export at least half the counters its engines do
+        (counters an engine creates at first use aside: LAZY_COUNTERS), then form the model's
+        values over them. A few series of another ``engine`` label (a stray copy, a partial paste)
+        are no engine: summed in, one stray hits line left the model only hits, every other
+        signal unknown (adversarial test). Nor is one series of a real engine dropped (a NaN, a
+        body cut at a line) the engine gone: counted by every counter, a NaN hit counter on engine 1
+        of 2 doubled the per-GPU TPM and restarted every fit, twice (adversarial test); that
+        signal is unknown for the model instead, never a partial sum."""
+        for model, seen in self.engines.items():
+            per = self.engine.get(model, {})
+            names = set().union(*(per.get(e, {}).get("counters", {}).keys() for e in seen)) - set(LAZY_COUNTERS)
+            kept = {e for e in seen if 2 * len(names & per.get(e, {}).get("counters", {}).keys()) >= len(names)}
+            if kept and kept != seen:  # (none kept: no engine tells, every one stays)
+                self.b.quirk("engine_incomplete", len(seen - kept))
+                self.engines[model] = kept
+        for field_, canon, model, per_engine, combine in self._put:
+            want = self.engines.get(model, set())
+            if set(per_engine) >= want:
+                value = combine([v for e, v in per_engine.items() if e in want])
+                if value is not None:
+                    self.model.setdefault(model, {}).setdefault(field_, {})[canon] = value
+            elif canon not in LAZY_COUNTERS:  # those an engine creates at first use: one without has not used
+                # it yet (no damage), and the model's total waits for every engine's (unknown until then)
+                self.b.quirk("engine_incomplete")
+                self.incomplete.setdefault(model, set()).add(canon)
 
 
 def _assemble(b: _Builder, timestamp: float) -> Snapshot:
@@ -988,6 +1011,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                     continue
                 done.add(model)
                 acc.put("histograms", canon, model, per, _sum_histograms)
+    acc.settle()
 
     # Per series, not per family: a labelled series created later (a new label value appearing,
     # e.g. a new ``transfer_type``) would otherwise change the family's max and fake a restart.
@@ -1024,7 +1048,7 @@ def _assemble(b: _Builder, timestamp: float) -> Snapshot:
                                    b.model_cache_config.get(model, b.cache_config), _connector(b, model, acc.model),
                                    _external_exposed(b, model))
         whole = {"counters": counters, "histograms": hists, "gauges": gauges,
-                 "created": {k: v for per in created.get(model, {}).values() for k, v in per.items()}}
+                 "created": {k: v for e in per_engine for k, v in created.get(model, {}).get(e, {}).items()}}
         if len(per_engine) == 1:  # one engine: the model's maps are that engine's (evaluated once)
             (one,) = per_engine.values()
             whole = {k: getattr(one, k) if getattr(one, k) == m else m for k, m in whole.items()}

@@ -13,9 +13,7 @@ Bad days, each handled as a kind:
   restart counts that engine's current values, the others' plain increases — never one
   engine's lifetime total as an increase, never a negative one.
 * A step across which the model's engine set changed (DP scale, a cut body) has no increases:
-  unknown, not a partial or inflated sum. An engine is one that exports at least half the
-  engines' counters (:func:`complete_engines`): a few stray series of another ``engine`` label
-  are left out of the sums, not an engine.
+  unknown, not a partial or inflated sum.
 * A step whose ``_created`` stamps changed to a time before the previous scrape came from another
   process (one target URL load-balancing several pods): no increases either, never a pod's
   lifetime total taken for a restart's increase.
@@ -48,7 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Collection, Container, Mapping
 
-from exporter.parse import LAZY_COUNTERS, Buckets, Histogram, ModelSignals, Snapshot
+from exporter.parse import Buckets, Histogram, ModelSignals, Snapshot
 
 # Clock difference tolerated between kvhit's scrape time and the engine's ``_created`` stamps.
 CREATED_SKEW_SECONDS = 60.0
@@ -235,24 +233,8 @@ def _halved(prev: ModelSignals, cur: ModelSignals) -> bool:
     """Whether some engine's counter or observation count fell below half its value at ``prev``
     (per engine where both have ``engines``: a model's sums hide one engine's fall)."""
     if prev.engines and cur.engines:
-        return any(_fell(prev.engines[e], cur.engines[e])[1] for e in complete_engines(cur) if e in prev.engines)
+        return any(_fell(prev.engines[e], sig)[1] for e, sig in cur.engines.items() if e in prev.engines)
     return _fell(prev, cur)[1]
-
-
-def complete_engines(sig: ModelSignals) -> tuple[str, ...]:
-    """The ``engine`` labels (sorted) of ``sig``'s data-parallel engines that export at least half
-    the counters the engines do (counters vLLM creates at first use aside: parse.LAZY_COUNTERS):
-    a few series with another ``engine`` label (a stray copy, a partial paste; parse counts
-    engine_incomplete) are no engine — summed in, a stray hits line left the model only that
-    counter, every other signal unknown (adversarial test) —; nor is one series of a real engine
-    dropped (a NaN, a body cut at a line) the engine gone: counted by every counter, a NaN hit
-    counter on engine 1 of 2 doubled the per-GPU TPM and restarted every fit, twice (adversarial
-    test). Empty without ``engines`` (signals built by hand)."""
-    engines = sig.engines
-    if len(engines) == 1:  # the usual case
-        return tuple(engines)
-    names = set().union(*(e.counters.keys() for e in engines.values())) - set(LAZY_COUNTERS)
-    return tuple(sorted(e for e, s in engines.items() if 2 * len(names & s.counters.keys()) >= len(names)))
 
 
 def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0,
@@ -268,9 +250,9 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     total counted as one step's increase. Nor has a step in which a value went down while the
     ``_created`` stamps stayed put (``glitches``: the same process, so no restart; Prometheus
     would count a reset of that series alone, and kvhit's ratios need all of them).
-    With per-engine signals (parsed snapshots) increases are formed per engine
-    (:func:`complete_engines`) and summed — only signals every engine has at both ends; when the
-    engine set changed the step has no increases at all. Signals built by hand (no ``engines``) are one engine.
+    With per-engine signals (parsed snapshots) increases are formed per engine and summed —
+    only signals every engine has at both ends; when the engine set changed the step has no
+    increases at all. Signals built by hand (no ``engines``) are one engine.
     ``clock_offset`` [s]: the step's stamps minus the wall clock the engine stamps ``_created``
     on (parse.Snapshot.clock_offset): t0 is compared with ``_created`` on that clock, so a wall
     clock stepped back reads a restart as a restart. ``known``: the processes the model's scrapes
@@ -278,11 +260,11 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
     """
     mean = _mean_running(prev, cur)
     running = None if mean is None else mean * (t1 - t0)
-    engines = complete_engines(cur)
     if prev.engines and cur.engines:
-        if complete_engines(prev) != engines:
+        if set(prev.engines) != set(cur.engines):
             return Delta(t0, t1, {}, {}, prev.gauges, cur.gauges, rescaled=1, running_seconds=running)
-        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset, known) for e in engines]
+        parts = [_engine_increase(prev.engines[e], cur.engines[e], t0 - clock_offset, known)
+                 for e in sorted(cur.engines)]
     else:
         parts = [_engine_increase(prev, cur, t0 - clock_offset, known)]
     kinds = {k for _, _, k in parts}
@@ -299,7 +281,7 @@ def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, cloc
         hists = {n: _sum_hist_deltas([h[n] for _, h, _ in parts])
                  for n in set(parts[0][1]).intersection(*(h for _, h, _ in parts[1:]))}
         engine_steps = tuple(EngineStep(_mean_running(prev.engines[e], cur.engines[e]), h)
-                             for e, (_, h, _) in zip(engines, parts))
+                             for e, (_, h, _) in zip(sorted(cur.engines), parts))
     return Delta(t0, t1, counters, hists, prev.gauges, cur.gauges, resets=int("restart" in kinds),
                  running_seconds=running, partial=frozenset(prev.counters.keys() ^ cur.counters.keys()),
                  engine_steps=engine_steps)
