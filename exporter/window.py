@@ -192,12 +192,12 @@ def _process(sig: ModelSignals) -> float | None:
 def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Container[float] = ()) -> str:
     """How the step from ``prev`` to ``cur`` (``t0`` on the wall clock of the ``_created`` stamps:
     step_delta's clock_offset) began: "restart" (every ``_created`` timestamp both scrapes share
-    changed — a new process stamps all its series anew —, or, where no ``_created`` tells, a
-    counter or observation count fell below half its last value), "foreign" (they changed to a
+    changed — a new process stamps all its series anew —, or, where no ``_created`` tells, every
+    counter and observation count above 0 went down, some below half its last value), "foreign" (they changed to a
     time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a restarted engine creates
     its series after the old one was last scraped, so this is another process's series — a target
     URL reaching several pods), "glitch" (a value went down while some ``_created`` both scrapes
-    share stayed put, or, without them, by less than half: the same process, so no restart, and
+    share stayed put, or, without them, any other fall: the same process, so no restart, and
     its lifetime totals are no increase) or "" (plain increases). Some stamps changed and some not
     is no restart: one series recreated in a live process (a review moved one family's stamp
     alone, and its lifetime totals counted as one step: TPM read 5×, h 0.16 for 0.30, the caching
@@ -210,23 +210,26 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
         if shared and all(a != b for a, b in shared):
             new = min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS and _process(cur) not in known
             return "restart" if new else "foreign"
-    down, halved = _fell(prev, cur)
+    down, halved, every = _fell(prev, cur)
     if not down:
         return ""
     if any(name in prev.created for name in cur.created):
         return "glitch"
     # no _created to tell (prometheus_client's multiprocess mode): a new process counts from 0, so
-    # some value fell below half its last; a smaller fall is the same process read low (a torn
-    # read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for 0.81, adversarial test)
-    return "restart" if halved else "glitch"
+    # every value above 0 went down, some below half its last. A smaller fall is the same process
+    # read low (a torn read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for
+    # 0.81), and so is one counter read 0 while others grew (taken for a restart, the others'
+    # lifetimes made the TPM 2.2x for a window: adversarial tests)
+    return "restart" if halved and every else "glitch"
 
 
-def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool]:
+def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool, bool]:
     """(whether a counter or observation count present at both scrapes went down, whether one fell
-    below half its value at ``prev``)."""
+    below half its value at ``prev``, whether every one above 0 at ``prev`` went down)."""
     pairs = [(v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
     pairs += [(h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
-    return any(now < before for now, before in pairs), any(now < 0.5 * before for now, before in pairs)
+    return (any(now < before for now, before in pairs), any(now < 0.5 * before for now, before in pairs),
+            all(now < before for now, before in pairs if before > 0))
 
 
 def _halved(prev: ModelSignals, cur: ModelSignals) -> bool:

@@ -65,14 +65,19 @@ def test_plain_increase():
 
 
 def test_counter_down_is_restart_for_the_whole_model():
-    # queries went 1000 → 120: the engine restarted. As Prometheus increase() counts a reset, the
-    # increase is the current value; hits and generation went up but restarted too (same process):
-    # their increases are their current values 30 and 600, not 30 − 10 = 20 and 600 − 500 = 100.
-    prev = sig({"queries": 1000.0, "hits": 10.0, "generation_tokens": 500.0})
-    cur = sig({"queries": 120.0, "hits": 30.0, "generation_tokens": 600.0})
+    # Without _created, every counter went down, queries 1000 → 120 below half: the engine
+    # restarted. As Prometheus increase() counts a reset, each increase is the current value: 120,
+    # 30 and 600, never 30 − 400 or 600 − 5000.
+    prev = sig({"queries": 1000.0, "hits": 400.0, "generation_tokens": 5000.0, "num_preemptions": 0.0})
+    cur = sig({"queries": 120.0, "hits": 30.0, "generation_tokens": 600.0, "num_preemptions": 0.0})
     d = step_delta(prev, cur, 0.0, 5.0)
-    assert dict(d.counters) == {"queries": 120.0, "hits": 30.0, "generation_tokens": 600.0}
+    assert dict(d.counters) == {"queries": 120.0, "hits": 30.0, "generation_tokens": 600.0, "num_preemptions": 0.0}
     assert d.resets == 1
+    # queries read 120 while hits and generation grew is no new process (it counts every counter
+    # from 0): one counter read low, a glitch. Taken for a restart, the others' lifetimes were one
+    # step's increase (adversarial test: TPM 2.2x for a window); the step has no increases instead
+    d = step_delta(prev, sig({"queries": 120.0, "hits": 430.0, "generation_tokens": 5100.0}), 0.0, 5.0)
+    assert d.counters == {} and (d.glitches, d.resets) == (1, 0)
 
 
 def test_changed_created_is_restart_even_when_value_went_up():
@@ -100,13 +105,16 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     d = step_delta(prev, cur, 2000.0, 2005.0)
     assert d.counters == {} and (d.glitches, d.resets, d.foreign) == (1, 0, 0)
     # without _created (prometheus_client's multiprocess mode) the values decide: a new process counts
-    # from 0, so a restart takes some value below half its last (queries 1000 → 120, above); hits
+    # from 0, so a restart takes every value down, some below half its last (1000 → 120, 500 → 40); hits
     # 500 → 450 while queries rose is the same process read low (an adversarial test's torn read
     # counted both lifetimes, 1040 and 450, as the step: h 0.67 for 0.81), a glitch
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 450.0}), 2000.0, 2005.0)
     assert d.counters == {} and (d.glitches, d.resets) == (1, 0)
+    d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 120.0, "hits": 40.0}), 2000.0, 2005.0)
+    assert d.counters == {"queries": 120.0, "hits": 40.0} and d.resets == 1
+    # below half while another counter grew is no new process either: a glitch
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 249.0}), 2000.0, 2005.0)
-    assert d.counters == {"queries": 1040.0, "hits": 249.0} and d.resets == 1
+    assert d.counters == {} and d.glitches == 1
     # exactly half is no restart (one of two multiprocess files missing from a sum halves it)
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 250.0}), 2000.0, 2005.0)
     assert d.counters == {} and d.glitches == 1
@@ -357,12 +365,12 @@ def test_histogram_bucket_deltas():
 
 def test_histogram_count_down_is_restart():
     prev = sig({"queries": 10.0}, histograms={"ttft": Histogram.of(40.0, 100.0, ((1.0, 90.0), (math.inf, 100.0)))})
-    cur = sig({"queries": 20.0}, histograms={"ttft": Histogram.of(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))})
+    cur = sig({"queries": 4.0}, histograms={"ttft": Histogram.of(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))})
     d = step_delta(prev, cur, 0.0, 5.0)
-    # count 100 → 3: restart → histogram increase = current (1.5, 3, buckets 2, 3) and the counter,
-    # although it went up 10 → 20, counts from zero: 20
+    # count 100 → 3 and queries 10 → 4: restart → histogram increase = current (1.5, 3, buckets
+    # 2, 3) and the counter's its current value 4
     assert d.histograms["ttft"] == HistogramDelta.of(1.5, 3.0, ((1.0, 2.0), (math.inf, 3.0)))
-    assert d.counters == {"queries": 20.0}
+    assert d.counters == {"queries": 4.0}
     assert d.resets == 1
 
 
