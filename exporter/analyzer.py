@@ -271,7 +271,8 @@ class _Identity:
     """What vLLM exports of the configuration of the engine serving a model: its data-parallel
     engines in one exposition (not a fleet's pods, which come and go), and its ``cache_config_info``
     labels ({} when the scrape lacked them, or in fleet mode, whose majority of pods' labels moves
-    with scaling in a mixed fleet: unknown, not changed). The analyzer starts a model's fits afresh
+    with scaling in a mixed fleet: unknown, not changed; so are those of another ``engine`` label
+    than before). The analyzer starts a model's fits afresh
     when two steps in a row show another engine (one is a cut body, or a scrape of another pod)."""
 
     engines: int
@@ -288,6 +289,10 @@ class _Identity:
             return f"data-parallel engines {self.engines} → {new.engines}"
         old, cur = self.config, new.config
         if not cur or not old or cur is old:  # unknown at either end: not changed
+            return None
+        if old.get("engine") != cur.get("engine"):
+            # another data-parallel engine's line (engine 0's missing, or the engines renumbered):
+            # unknown, not changed (it started every fit afresh at 0,1 → 1,2: adversarial test)
             return None
         changed = [k for k in sorted(set(old) | set(cur)) if _label_changed(k, old, cur)]
         if changed:

@@ -210,6 +210,19 @@ def test_one_odd_scrape_or_a_config_first_unknown_keeps_the_fits(original, odd):
     assert samples[N - 1] > samples[K - 1] > N - 1 - K
 
 
+def test_engines_renumbered_keep_the_fits(original):
+    # The same engine under another engine label from scrape K on (vLLM renumbered its
+    # data-parallel engines, or engine 0's cache_config_info line went missing and engine 1's was
+    # read): cache_config_info's own engine label "0" → "1" was compared as configuration and
+    # every fit started afresh (adversarial test: chip-time samples 311 → 119). It is another
+    # engine's line, unknown, not a change: the fits keep their rows.
+    snaps = list(original.snapshots)
+    assert 'vllm:cache_config_info{' in snaps[K][1] and 'engine="0"' in snaps[K][1]
+    snaps[K:] = [(t, text.replace('engine="0"', 'engine="1"')) for t, text in snaps[K:]]
+    samples = chip_samples(Trace(snaps, original.phases, original.meta))
+    assert samples[N - 1] > samples[K - 1] > N - 1 - K
+
+
 def test_fleet_mode_keeps_its_fits_when_the_pods_majority_config_moves(original):
     # Fleet mode's cache_config_info is most pods' (exporter/sources.py): in a fleet of mixed GPUs it
     # moves as pods scale, so it tells no engine change; the fleet's fits go on (counts as its source gives them).
