@@ -24,7 +24,9 @@ Bad days, each handled as a kind:
   (unless it is the window's only step, or one without increases: a glitch, another process, an
   engine set changed).
   Still down at the next scrape (the skipped one had read
-  high), that step has no increases (``glitches``) and counting starts afresh from it.
+  high), that step has no increases (``glitches``) and counting starts afresh from it; nor has
+  a later step in which a value rises by at least what it fell then (the scrapes since read
+  low: that step holds what they missed).
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
   go down are dropped, never clamped to 0; a Δsum outside what the bucket deltas allow
   (:attr:`HistogramDelta.problem`, e.g. all observations ≤ 1 ms but a mean of 0.5 s) makes the
@@ -408,6 +410,28 @@ KNOWN_PROCESSES = 16  # processes remembered per model (_step_kind's known: a UR
 GLITCH_HOLD_SCRAPES = 3
 
 
+def _values(sig: ModelSignals) -> dict[tuple[str, str], float]:
+    """(engine label, counter or histogram name) → its value or observation count in ``sig``."""
+    out: dict[tuple[str, str], float] = {}
+    for e, one in (sig.engines.items() if sig.engines else (("", sig),)):
+        out.update(((e, n), v) for n, v in one.counters.items())
+        out.update(((e, n), h.count) for n, h in one.histograms.items())
+    return out
+
+
+def _deficits(before: ModelSignals, cur: ModelSignals) -> dict[tuple[str, str], float]:
+    """What each value that went down from ``before`` to ``cur`` fell by, keyed as :func:`_values`."""
+    then = _values(before)
+    return {k: then[k] - v for k, v in _values(cur).items() if k in then and v < then[k]}
+
+
+def _recovers(prev: ModelSignals, cur: ModelSignals, deficit: Mapping[tuple[str, str], float]) -> bool:
+    """Whether a value rose from ``prev`` to ``cur`` by at least what it fell by at a glitch step
+    (``deficit``: :func:`_deficits`)."""
+    then, now = _values(prev), _values(cur)
+    return any(k in then and k in now and now[k] - then[k] >= fall for k, fall in deficit.items())
+
+
 def _remember(known: dict[float, None], sig: ModelSignals) -> None:
     """Add the processes of ``sig``'s engines to ``known`` (the latest last, KNOWN_PROCESSES kept)."""
     for engine in (sig.engines.values() if sig.engines else (sig,)):
@@ -440,6 +464,8 @@ class Windows:
         self.restarts = 0  # steps of a model across an engine restart (push)
         self.foreign = 0  # steps of a model between two processes' counters (push)
         self._processes: dict[str, dict[float, None]] = {}  # model → the latest KNOWN_PROCESSES processes seen
+        # model → what its values fell by at its last glitch step taken (_deficits), until one rose back
+        self._deficit: dict[str, dict[tuple[str, str], float]] = {}
 
     @property
     def last(self) -> Snapshot | None:
@@ -495,6 +521,16 @@ class Windows:
                 continue
             if model in held and w is not None and w.steps:
                 w.steps[-1] = replace(w.steps[-1], doubted=0)  # told: a glitch step follows it, or it stood
+            if d.glitches:  # still down after the hold: counting starts afresh from this scrape
+                self._deficit[model] = _deficits(before, cur)
+            elif d.resets or d.foreign or d.rescaled:
+                self._deficit.pop(model, None)
+            elif model in self._deficit and _recovers(before, cur, self._deficit[model]):
+                # A value back up by what it fell: the scrapes since read low, and this step's increase
+                # holds what they missed (read 0 for 4 scrapes and back, one step counted a lifetime:
+                # h 0.38 for 0.9 once the glitch step left the window, adversarial test). No increases.
+                d = replace(d, counters={}, histograms={}, engine_steps=(), glitches=1)
+                del self._deficit[model]
             if w is None:
                 w = self._models[model] = ModelWindow(self.window_seconds)
             w.push(d)
@@ -506,6 +542,8 @@ class Windows:
                 del self._models[model]  # the model disappeared: its window is over
         for model in [m for m in self._processes if m not in snap.models]:
             del self._processes[model]
+        for model in [m for m in self._deficit if m not in snap.models]:
+            del self._deficit[model]
         return out
 
     def mark_spike(self, model: str, t1: float, spike: bool = True) -> None:

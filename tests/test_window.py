@@ -172,6 +172,30 @@ def test_a_counter_read_0_for_three_scrapes_costs_nothing_when_it_comes_back():
     assert b.windows.skipped == 3 and b.windows.window("m").glitches == 1
 
 
+def test_a_counter_read_0_past_the_hold_does_not_count_what_it_missed_when_it_comes_back():
+    # True growth: queries +100, hits +50 per 5-s scrape (h 0.5). Queries read 0 at 2015-2030,
+    # one scrape past the 3 held: [2010, 2030] is a glitch step (no increases), and counting
+    # started afresh from 0, so the step back [2030, 2035] counted 1700 − 0 (the scrapes' misses
+    # with it) in 5 s: once the glitch step left the window, [2030, 2090] published h
+    # 600 / (1700 + 11 × 100) = 0.214, and the spike guard's peak rose 17x (adversarial test). The
+    # step back rose by at least what the counter fell (1200 → 0): it has no increases either, so
+    # that window is unknown; [2035, 2095] holds 12 × 100 queries, 12 × 50 hits: h 0.5.
+    key = 'prefix_cache_queries{engine="0"}'
+    a = Analyzer(Config())
+    for i in range(19):
+        t = 2000.0 + 5 * i
+        q = 0.0 if 2015.0 <= t <= 2030.0 else 1000.0 + 100 * i
+        a.ingest(snap(t, m=sig({"queries": q, "hits": 500.0 + 50 * i}, created={key: 1000.0})))
+    d = a.windows.window("m")
+    assert (d.t0, d.t1, d.glitches) == (2030.0, 2090.0, 1)
+    assert a.analysis().models["m"].hit_ratio == {}
+    assert a._state["m"].peak["queries"] == pytest.approx(20.0)
+    a.ingest(snap(2095.0, m=sig({"queries": 1000.0 + 100 * 19, "hits": 500.0 + 50 * 19}, created={key: 1000.0})))
+    d = a.windows.window("m")
+    assert (d.t0, d.glitches, d.counters) == (2035.0, 0, {"queries": 1200.0, "hits": 600.0})
+    assert a.analysis().models["m"].hit_ratio["device"] == 0.5
+
+
 def test_one_engine_of_two_read_0_for_three_scrapes_is_held_as_one_engine_would_be():
     # Data parallel, two engines: engine 0 grows queries +1000, hits +500 per 5-s scrape; engine 1
     # +100, +50. Engine 1's queries read 0 at 2015, 2020 and 2025 (_created unchanged), back at 2030.
