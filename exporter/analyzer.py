@@ -271,8 +271,7 @@ class _Identity:
     """What vLLM exports of the configuration of the engine serving a model: its data-parallel
     engines in one exposition (not a fleet's pods, which come and go), and its ``cache_config_info``
     labels ({} when the scrape lacked them, or in fleet mode, whose majority of pods' labels moves
-    with scaling in a mixed fleet: unknown, not changed; so are those of another ``engine`` label
-    than before). The analyzer starts a model's fits afresh
+    with scaling in a mixed fleet: unknown, not changed; its ``engine`` label is none of it). The analyzer starts a model's fits afresh
     when two steps in a row show another engine (one is a cut body, or a scrape of another pod)."""
 
     engines: int
@@ -290,11 +289,9 @@ class _Identity:
         old, cur = self.config, new.config
         if not cur or not old or cur is old:  # unknown at either end: not changed
             return None
-        if old.get("engine") != cur.get("engine"):
-            # another data-parallel engine's line (engine 0's missing, or the engines renumbered):
-            # unknown, not changed (it started every fit afresh at 0,1 → 1,2: adversarial test)
-            return None
-        changed = [k for k in sorted(set(old) | set(cur)) if _label_changed(k, old, cur)]
+        # vLLM's engine label is no configuration: engine 0's line missing, or the engines renumbered,
+        # started every fit afresh as "engine 0 → 1" (adversarial test); the other labels still tell
+        changed = [k for k in sorted(set(old) | set(cur)) if k != "engine" and _label_changed(k, old, cur)]
         if changed:
             return "cache_config_info " + ", ".join(f"{k} {old.get(k, '(none)')} → {cur.get(k, '(none)')}" for k in changed)
         return None
@@ -1193,7 +1190,7 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``; those that
-    export at least half the counters the engines do: parse's _Models.settle); 1 for signals built by hand."""
+    have at least half as many series as the engine with the most: parse's _Models.settle); 1 for signals built by hand."""
     return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
 
 
