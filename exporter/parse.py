@@ -26,9 +26,9 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
   summed, KV usage max over engines — only when EVERY engine of the model has the signal: a signal
   missing for one engine (a cut body, a partial paste) is unknown, never a partial sum
-  (``engine_incomplete``). An engine is one that exports at least half the counters the engines
-  do: a few series of another ``engine`` label (a stray copy) are left out, and counted as
-  ``engine_incomplete`` too. Per-engine values are kept (:attr:`ModelSignals.engines`) so that
+  (``engine_incomplete``). An engine is one with at least half as many series of them as the
+  engine with the most: a few series of another ``engine`` label (a stray copy) are left out,
+  and counted as ``engine_incomplete`` too. Per-engine values are kept (:attr:`ModelSignals.engines`) so that
   steps detect a restart per engine.
 * A histogram whose cumulative buckets decrease, exceed ``_count``, or whose ``+Inf`` bucket is
   not ``_count`` is left out (``histogram_inconsistent``); bucket edges are read from the scrape
@@ -896,10 +896,14 @@ class _Models:
         self.b = b
         # model → engines seen on any signal kvhit reads (the data-parallel set to aggregate over)
         self.engines: dict[str, set[str]] = {}
+        self._series: dict[str, dict[str, int]] = {}  # model → engine → its series of those signals (settle)
         for (kind, _, _), slot in b.series.items():
             if kind in ("counter", "gauge", "hist"):
                 for model, per in _split(slot).items():
                     self.engines.setdefault(model, set()).update(per)
+                    counts = self._series.setdefault(model, {})
+                    for e, rows in per.items():
+                        counts[e] = counts.get(e, 0) + len(rows)
         self.model: dict[str, dict[str, dict]] = {}  # model → field → canonical → value
         self.engine: dict[str, dict[str, dict[str, dict]]] = {}  # model → engine → field → ...
         self.incomplete: dict[str, set[str]] = {}
@@ -911,19 +915,20 @@ class _Models:
         self._put.append((field_, canon, model, per_engine, combine))
 
     def settle(self) -> None:
-        """Keep each model's engines that export at least half the counters its engines do
-        (counters an engine creates at first use aside: LAZY_COUNTERS), then form the model's
-        values over them. A few series of another ``engine`` label (a stray copy, a partial paste)
-        are no engine: summed in, one stray hits line left the model only hits, every other
-        signal unknown (adversarial test). Nor is one series of a real engine dropped (a NaN, a
-        body cut at a line) the engine gone: counted by every counter, a NaN hit counter on engine 1
-        of 2 doubled the per-GPU TPM and restarted every fit, twice (adversarial test); that
-        signal is unknown for the model instead, never a partial sum."""
+        """Keep each model's engines that have at least half as many series of the signals kvhit
+        reads as its engine with the most, then form the model's values over them. A few series of
+        another ``engine`` label (a stray copy, a partial paste) are no engine: summed in, one
+        stray hits line left the model only hits, every other signal unknown (adversarial test).
+        A series of a real engine dropped (a NaN), or a body cut inside one family (the engines
+        list each family in turn), leaves it an engine: counted by its counters, a NaN hit counter
+        on engine 1 of 2 had doubled the per-GPU TPM and restarted every fit (adversarial test),
+        and a body cut after engine 0's first counter left engine 1's gauges out of the sums
+        (review). A signal some kept engine lacks is unknown for the model, never a partial sum."""
         for model, seen in self.engines.items():
-            per = self.engine.get(model, {})
-            names = set().union(*(per.get(e, {}).get("counters", {}).keys() for e in seen)) - set(LAZY_COUNTERS)
-            kept = {e for e in seen if 2 * len(names & per.get(e, {}).get("counters", {}).keys()) >= len(names)}
-            if kept and kept != seen:  # (none kept: no engine tells, every one stays)
+            counts = self._series.get(model, {})
+            top = max(counts.values(), default=0)
+            kept = {e for e in seen if 2 * counts.get(e, 0) >= top}
+            if kept != seen:
                 self.b.quirk("engine_incomplete", len(seen - kept))
                 self.engines[model] = kept
         for field_, canon, model, per_engine, combine in self._put:

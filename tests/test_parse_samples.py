@@ -204,9 +204,10 @@ def test_08_dp2_partial_paste_no_partial_sums():
     # finished at least 1: its le=500 bucket is 1.0), so the DP total is unknown, not 3.
     # TTFT and decode time: engine 1 buckets only, no _count → unknown, not 0.
     assert snap.models == {}
-    # one request_generation_tokens series incomplete (engine 1 lacks it); TTFT and decode time
-    # have no complete engine at all (nothing to sum, nothing reported as incomplete)
-    assert snap.quirks == {"engine_incomplete": 1}
+    # engine 0 has 3 series, engine 1 36 (its buckets): under half as many, engine 0 is taken for a
+    # stray (1); request_generation_tokens is then incomplete (engine 1 lacks its _count: 1); TTFT
+    # and decode time have no complete engine at all (nothing to sum, nothing reported)
+    assert snap.quirks == {"engine_incomplete": 2}
 
 
 DP2 = """\
@@ -596,7 +597,7 @@ def test_samples_are_the_shared_fixtures_byte_for_byte():
 # no quirk, except 08: its three excerpts lost engine 1's request_generation_tokens _count.
 # Version evidence: 05 declares prefix_cache_queries (0.9.2+), 06/08 carry the engine label
 # (0.8.3+), 25 exports num_requests_waiting_by_reason (0.20+); the others prove nothing.
-QUIRKS = {"08": {"engine_incomplete": 1}}
+QUIRKS = {"08": {"engine_incomplete": 2}}  # test_08_dp2_partial_paste_no_partial_sums
 SINCE = {"05": (0, 9, 2), "06": (0, 8, 3), "08": (0, 8, 3), "25": (0, 20, 0)}
 
 
