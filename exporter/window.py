@@ -212,34 +212,41 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
         if shared and all(a != b for a, b in shared):
             new = min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS and _process(cur) not in known
             return "restart" if new else "foreign"
-    down, halved, every = _fell(prev, cur)
+    down, halved, most = _fell(prev, cur)
     if not down:
         return ""
     if any(name in prev.created for name in cur.created):
         return "glitch"
     # no _created to tell (prometheus_client's multiprocess mode): a new process counts from 0, so
-    # every value above 0 went down, some below half its last. A smaller fall is the same process
+    # some value fell below half its last, and most of those above 0 went down (a young process's
+    # rare counters may pass the old one's: preemptions 1 → 2). A smaller fall is the same process
     # read low (a torn read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for
-    # 0.81), and so is one counter read 0 while others grew (taken for a restart, the others'
+    # 0.81), and so is one counter read 0 while the others grew (taken for a restart, their
     # lifetimes made the TPM 2.2x for a window: adversarial tests)
-    return "restart" if halved and every else "glitch"
+    return "restart" if halved and most else "glitch"
+
+
+def _pairs(prev: ModelSignals, cur: ModelSignals) -> list[tuple[str, float, float]]:
+    """(name, value at ``cur``, value at ``prev``) of each counter and histogram observation count
+    present at both scrapes (one engine's signals)."""
+    pairs = [(n, v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
+    pairs += [(n, h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
+    return pairs
 
 
 def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool, bool]:
     """(whether a counter or observation count present at both scrapes went down, whether one fell
-    below half its value at ``prev``, whether every one above 0 at ``prev`` went down)."""
-    pairs = [(v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
-    pairs += [(h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
-    return (any(now < before for now, before in pairs), any(now < 0.5 * before for now, before in pairs),
-            all(now < before for now, before in pairs if before > 0))
+    below half its value at ``prev``, whether at least half of those above 0 at ``prev`` went down)."""
+    pairs = _pairs(prev, cur)
+    above = [now < before for _, now, before in pairs if before > 0]
+    return (any(now < before for _, now, before in pairs), any(now < 0.5 * before for _, now, before in pairs),
+            2 * sum(above) >= len(above))
 
 
 def _halved(prev: ModelSignals, cur: ModelSignals) -> bool:
     """Whether some engine's counter or observation count fell below half its value at ``prev``
     (per engine where both have ``engines``: a model's sums hide one engine's fall)."""
-    if prev.engines and cur.engines:
-        return any(_fell(prev.engines[e], sig)[1] for e, sig in cur.engines.items() if e in prev.engines)
-    return _fell(prev, cur)[1]
+    return any(now < 0.5 * then for _, _, now, then in _engine_pairs(prev, cur))
 
 
 def step_delta(prev: ModelSignals, cur: ModelSignals, t0: float, t1: float, clock_offset: float = 0.0,
@@ -408,28 +415,30 @@ KNOWN_PROCESSES = 16  # processes remembered per model (_step_kind's known: a UR
 # 0 for 3 scrapes and back counted its whole lifetime as the step back, which was fitted and raised
 # the spike guard's peak 25x for good (adversarial test), when one was skipped.
 GLITCH_HOLD_SCRAPES = 3
+# How long [publish windows] a value that fell at a glitch step is watched for its rise back: a
+# burst an hour later, rising by as much, was taken for one (review)
+DEFICIT_WINDOWS = 10
 
 
-def _values(sig: ModelSignals) -> dict[tuple[str, str], float]:
-    """(engine label, counter or histogram name) → its value or observation count in ``sig``."""
-    out: dict[tuple[str, str], float] = {}
-    for e, one in (sig.engines.items() if sig.engines else (("", sig),)):
-        out.update(((e, n), v) for n, v in one.counters.items())
-        out.update(((e, n), h.count) for n, h in one.histograms.items())
-    return out
+def _engine_pairs(prev: ModelSignals, cur: ModelSignals):
+    """(engine label, name, value at ``cur``, value at ``prev``) over the engines both scrapes have
+    (:func:`_pairs`; one engine, label "", without ``engines``)."""
+    if not (prev.engines and cur.engines):
+        return (("", n, now, then) for n, now, then in _pairs(prev, cur))
+    return ((e, n, now, then) for e, sig in cur.engines.items() if e in prev.engines
+            for n, now, then in _pairs(prev.engines[e], sig))
 
 
 def _deficits(before: ModelSignals, cur: ModelSignals) -> dict[tuple[str, str], float]:
-    """What each value that went down from ``before`` to ``cur`` fell by, keyed as :func:`_values`."""
-    then = _values(before)
-    return {k: then[k] - v for k, v in _values(cur).items() if k in then and v < then[k]}
+    """(engine label, name) → what each value that went down from ``before`` to ``cur`` fell by."""
+    return {(e, n): then - now for e, n, now, then in _engine_pairs(before, cur) if now < then}
 
 
-def _recovers(prev: ModelSignals, cur: ModelSignals, deficit: Mapping[tuple[str, str], float]) -> bool:
-    """Whether a value rose from ``prev`` to ``cur`` by at least what it fell by at a glitch step
-    (``deficit``: :func:`_deficits`)."""
-    then, now = _values(prev), _values(cur)
-    return any(k in then and k in now and now[k] - then[k] >= fall for k, fall in deficit.items())
+def _recovered(prev: ModelSignals, cur: ModelSignals, deficit: Mapping[tuple[str, str], float]) -> set:
+    """The keys of ``deficit`` (:func:`_deficits`) whose value rose from ``prev`` to ``cur`` by at
+    least what it fell by at a glitch step."""
+    return {(e, n) for e, n, now, then in _engine_pairs(prev, cur)
+            if (e, n) in deficit and now - then >= deficit[(e, n)]}
 
 
 def _remember(known: dict[float, None], sig: ModelSignals) -> None:
@@ -464,8 +473,9 @@ class Windows:
         self.restarts = 0  # steps of a model across an engine restart (push)
         self.foreign = 0  # steps of a model between two processes' counters (push)
         self._processes: dict[str, dict[float, None]] = {}  # model → the latest KNOWN_PROCESSES processes seen
-        # model → what its values fell by at its last glitch step taken (_deficits), until one rose back
-        self._deficit: dict[str, dict[tuple[str, str], float]] = {}
+        # model → (t of its last glitch step taken, what its values fell by then: _deficits), each value
+        # until it rose back, for DEFICIT_WINDOWS publish windows
+        self._deficit: dict[str, tuple[float, dict[tuple[str, str], float]]] = {}
 
     @property
     def last(self) -> Snapshot | None:
@@ -494,6 +504,7 @@ class Windows:
         if snap.timestamp - prev.timestamp > self.gap_seconds:
             self.gaps += 1
             self._models.clear()  # no window spans the gap; it starts again from this snapshot
+            self._deficit.clear()
             return out
         for model, cur in snap.models.items():
             t0, before, skipped = held.get(model) or (prev.timestamp, prev.models.get(model), 0)
@@ -522,15 +533,21 @@ class Windows:
             if model in held and w is not None and w.steps:
                 w.steps[-1] = replace(w.steps[-1], doubted=0)  # told: a glitch step follows it, or it stood
             if d.glitches:  # still down after the hold: counting starts afresh from this scrape
-                self._deficit[model] = _deficits(before, cur)
+                self._deficit[model] = (snap.timestamp, _deficits(before, cur))
             elif d.resets or d.foreign or d.rescaled:
                 self._deficit.pop(model, None)
-            elif model in self._deficit and _recovers(before, cur, self._deficit[model]):
-                # A value back up by what it fell: the scrapes since read low, and this step's increase
-                # holds what they missed (read 0 for 4 scrapes and back, one step counted a lifetime:
-                # h 0.38 for 0.9 once the glitch step left the window, adversarial test). No increases.
-                d = replace(d, counters={}, histograms={}, engine_steps=(), glitches=1)
-                del self._deficit[model]
+            elif model in self._deficit:
+                since, deficit = self._deficit.pop(model)
+                if snap.timestamp - since <= DEFICIT_WINDOWS * self.window_seconds:
+                    back = _recovered(before, cur, deficit)
+                    if back:
+                        # A value back up by what it fell: the scrapes since read low, and this step's
+                        # increase holds what they missed (read 0 for 4 scrapes and back, one step counted
+                        # a lifetime: h 0.38 for 0.9 once the glitch step left the window, adversarial test)
+                        d = replace(d, counters={}, histograms={}, engine_steps=(), glitches=1)
+                        deficit = {k: v for k, v in deficit.items() if k not in back}
+                    if deficit:
+                        self._deficit[model] = (since, deficit)
             if w is None:
                 w = self._models[model] = ModelWindow(self.window_seconds)
             w.push(d)

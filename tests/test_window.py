@@ -112,9 +112,14 @@ def test_value_down_with_created_unchanged_is_a_glitch_not_a_restart():
     assert d.counters == {} and (d.glitches, d.resets) == (1, 0)
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 120.0, "hits": 40.0}), 2000.0, 2005.0)
     assert d.counters == {"queries": 120.0, "hits": 40.0} and d.resets == 1
-    # below half while another counter grew is no new process either: a glitch
-    d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 249.0}), 2000.0, 2005.0)
+    # below half while most counters grew is no new process either: a glitch (1 of 3 went down);
+    # a young process whose one rare counter passed the old one's is (2 of 3 down: review, a crash
+    # loop read as a glitch and held against the old totals published TPM 180 for 4680)
+    before = sig({"queries": 1000.0, "hits": 500.0, "num_preemptions": 1.0})
+    d = step_delta(before, sig({"queries": 1040.0, "hits": 249.0, "num_preemptions": 1.0}), 2000.0, 2005.0)
     assert d.counters == {} and d.glitches == 1
+    d = step_delta(before, sig({"queries": 120.0, "hits": 40.0, "num_preemptions": 2.0}), 2000.0, 2005.0)
+    assert d.counters == {"queries": 120.0, "hits": 40.0, "num_preemptions": 2.0} and d.resets == 1
     # exactly half is no restart (one of two multiprocess files missing from a sum halves it)
     d = step_delta(sig({"queries": 1000.0, "hits": 500.0}), sig({"queries": 1040.0, "hits": 250.0}), 2000.0, 2005.0)
     assert d.counters == {} and d.glitches == 1
@@ -194,6 +199,55 @@ def test_a_counter_read_0_past_the_hold_does_not_count_what_it_missed_when_it_co
     d = a.windows.window("m")
     assert (d.t0, d.glitches, d.counters) == (2035.0, 0, {"queries": 1200.0, "hits": 600.0})
     assert a.analysis().models["m"].hit_ratio["device"] == 0.5
+
+
+def test_two_counters_read_0_in_turn_past_the_hold_each_come_back_without_what_they_missed():
+    # True growth: queries +1000, hits +50 per 5-s scrape (h 0.05). Queries read 0 at 2015-2030,
+    # hits at 2025-2040. The glitch step [2010, 2030] saw both fall (queries by 12000, hits by 600);
+    # the queries' return voids [2030, 2035], and forgetting the hits' fall with it made the step
+    # [2040, 2045] count their lifetime, 950: [2040, 2100] published 1500 / 12000 = 0.125 (review).
+    # Each value is watched until it is back: [2040, 2045] has no increases either, so that window
+    # is unknown, and [2045, 2105] holds 12 x 1000 queries, 12 x 50 hits: h 0.05.
+    key = 'prefix_cache_queries{engine="0"}'
+    a = Analyzer(Config())
+
+    def scrape(i):
+        t = 2000.0 + 5 * i
+        q = 0.0 if 2015.0 <= t <= 2030.0 else 10000.0 + 1000 * i
+        k = 0.0 if 2025.0 <= t <= 2040.0 else 500.0 + 50 * i
+        a.ingest(snap(t, m=sig({"queries": q, "hits": k}, created={key: 1000.0})))
+    for i in range(21):
+        scrape(i)
+    d = a.windows.window("m")
+    assert (d.t0, d.t1) == (2040.0, 2100.0) and d.glitches == 1 and a.analysis().models["m"].hit_ratio == {}
+    scrape(21)
+    d = a.windows.window("m")
+    assert (d.t0, d.glitches, d.counters) == (2045.0, 0, {"queries": 12000.0, "hits": 600.0})
+    assert a.analysis().models["m"].hit_ratio["device"] == 0.05
+
+
+def test_a_fall_at_a_glitch_step_is_watched_for_its_rise_back_for_ten_windows_and_not_across_a_gap():
+    # True growth: queries +100, hits +50 per 5 s. Hits read 300 high at 2005 (850 for 550): 2010
+    # (600) is skipped, and [2005, 2015] is a glitch step, at which hits fell 850 → 650, by 200. A
+    # burst step (queries +2000, hits +1000) rises by more: within 10 publish windows (600 s) of
+    # 2015 it is taken for low reads' return (no increases); 605 s on (review: a legitimate burst
+    # an hour later was voided), or after a gap (a step over 120 s), it is a plain step.
+    key = 'prefix_cache_queries{engine="0"}'
+
+    def burst(at, gap=False):
+        w, q, k = Windows(60.0), 1000.0, 500.0
+        times = [2000.0 + 5 * i for i in range(int((at - 2000.0) / 5))] + [at]
+        if gap:
+            times[-2] = times[-3] + 130.0  # a 130-s gap, then the burst 5 s after it
+            times[-1] = times[-2] + 5.0
+        for t in times[:-1]:
+            w.push(snap(t, m=sig({"queries": q, "hits": k + (300.0 if t == 2005.0 else 0.0)}, created={key: 1000.0})))
+            q, k = q + 100.0, k + 50.0
+        return w.push(snap(times[-1], m=sig({"queries": q + 1900.0, "hits": k + 950.0}, created={key: 1000.0})))["m"]
+    within = burst(2300.0)
+    assert within.counters == {} and within.glitches == 1
+    for d in (burst(2620.0), burst(2300.0, gap=True)):
+        assert d.glitches == 0 and d.counters == {"queries": 2000.0, "hits": 1000.0}
 
 
 def test_one_engine_of_two_read_0_for_three_scrapes_is_held_as_one_engine_would_be():
@@ -777,7 +831,7 @@ def test_one_series_missing_from_an_engine_leaves_it_an_engine():
     # Two engines, four counters each. A NaN hits line on engine 1 is dropped (parse): engine 1 still
     # exports 3 of the 4 counters, so the model still has two engines (per-GPU values divide by 2;
     # counted as 1, a NaN for one scrape doubled them and restarted every fit); a stray line of an
-    # engine "2" (1 of 4 counters) is no engine. The step sums only the counters both engines have:
+    # engine "2" (1 series, under half of each engine's 5) is no engine. The step sums only the counters both engines have:
     # queries 2·(150 − 100) = 100, prompt 2·(120 − 100) = 40; hits unknown, not engine 0's alone.
     # The stray line stays out of the sums (summed in, its coming changed the engine set, a step
     # without increases, and its staying left the model only hits, 2·(70 − 60) + (9 − 7) = 22:
@@ -805,6 +859,16 @@ def test_one_series_missing_from_an_engine_leaves_it_an_engine():
     assert set(stray.engines) == {"0", "1"} and "hit_ratio" not in stray.unknown
     assert stray.counters == {"queries": 300.0, "hits": 120.0, "prompt_tokens": 240.0, "generation_tokens": 40.0}
     assert stray.gauges["running"] == 6.0
+    # a body cut after engine 0's first counter: engine 1 has its gauges (3 series, engine 0 4), an
+    # engine; its running is summed, 3 + 5 = 8, and the queries of engine 0 alone are no sum
+    # (counted by counters alone, engine 1 was a stray: running 3, queries engine 0's: review)
+    cut = parse_exposition("".join(
+        f'# TYPE vllm:{n} gauge\n' + "".join(f'vllm:{n}{{engine="{e}",model_name="m"}} {v}\n' for e, v in ((0, a), (1, b)))
+        for n, a, b in (("num_requests_running", 3, 5), ("num_requests_waiting", 1, 4), ("kv_cache_usage_perc", 0.3, 0.95)))
+        + '# TYPE vllm:prefix_cache_queries_total counter\n'
+          'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000\n', 5.0).models["m"]
+    assert set(cut.engines) == {"0", "1"} and "queries" not in cut.counters
+    assert (cut.gauges["running"], cut.gauges["waiting"], cut.gauges["kv_usage"]) == (8.0, 5.0, 0.95)
     later = scrape(10, {"prefix_cache_queries": 200, "prefix_cache_hits": 70, "prompt_tokens": 140,
                         "generation_tokens": 30}, stray='vllm:prefix_cache_hits_total{engine="2",model_name="m"} 9\n')
     for a, b in ((before, stray), (stray, later)):  # the stray line appears, then stays
