@@ -1190,7 +1190,7 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
     engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``; those that
-    have at least half as many series as the engine with the most: parse's _Models.settle); 1 for signals built by hand."""
+    have at least half as many families as the engine with the most: parse's _Models.settle); 1 for signals built by hand."""
     return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
 
 

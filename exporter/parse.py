@@ -26,7 +26,7 @@ counted in :attr:`Snapshot.quirks` (reference vllm-metrics.md §1, §2, §7):
 * Counters and histograms are summed over data-parallel ``engine`` labels, running/waiting
   summed, KV usage max over engines — only when EVERY engine of the model has the signal: a signal
   missing for one engine (a cut body, a partial paste) is unknown, never a partial sum
-  (``engine_incomplete``). An engine is one with at least half as many series of them as the
+  (``engine_incomplete``). An engine is one with at least half as many families of them as the
   engine with the most: a few series of another ``engine`` label (a stray copy) are left out,
   and counted as ``engine_incomplete`` too. Per-engine values are kept (:attr:`ModelSignals.engines`) so that
   steps detect a restart per engine.
@@ -896,14 +896,14 @@ class _Models:
         self.b = b
         # model → engines seen on any signal kvhit reads (the data-parallel set to aggregate over)
         self.engines: dict[str, set[str]] = {}
-        self._series: dict[str, dict[str, int]] = {}  # model → engine → its series of those signals (settle)
-        for (kind, _, _), slot in b.series.items():
+        self._families: dict[str, dict[str, set]] = {}  # model → engine → its families of those signals (settle)
+        for (kind, base, _), slot in b.series.items():
             if kind in ("counter", "gauge", "hist"):
                 for model, per in _split(slot).items():
                     self.engines.setdefault(model, set()).update(per)
-                    counts = self._series.setdefault(model, {})
-                    for e, rows in per.items():
-                        counts[e] = counts.get(e, 0) + len(rows)
+                    families = self._families.setdefault(model, {})
+                    for e in per:
+                        families.setdefault(e, set()).add((kind, base))
         self.model: dict[str, dict[str, dict]] = {}  # model → field → canonical → value
         self.engine: dict[str, dict[str, dict[str, dict]]] = {}  # model → engine → field → ...
         self.incomplete: dict[str, set[str]] = {}
@@ -915,19 +915,20 @@ class _Models:
         self._put.append((field_, canon, model, per_engine, combine))
 
     def settle(self) -> None:
-        """Keep each model's engines that have at least half as many series of the signals kvhit
+        """Keep each model's engines that have at least half as many families of the signals kvhit
         reads as its engine with the most, then form the model's values over them. A few series of
         another ``engine`` label (a stray copy, a partial paste) are no engine: summed in, one
         stray hits line left the model only hits, every other signal unknown (adversarial test).
         A series of a real engine dropped (a NaN), or a body cut inside one family (the engines
         list each family in turn), leaves it an engine: counted by its counters, a NaN hit counter
         on engine 1 of 2 had doubled the per-GPU TPM and restarted every fit (adversarial test),
-        and a body cut after engine 0's first counter left engine 1's gauges out of the sums
-        (review). A signal some kept engine lacks is unknown for the model, never a partial sum."""
+        a body cut after engine 0's first counter left engine 1's gauges out of the sums, and
+        counted by series, one cut inside engine 0's histogram, its buckets (reviews). A signal
+        some kept engine lacks is unknown for the model, never a partial sum."""
         for model, seen in self.engines.items():
-            counts = self._series.get(model, {})
-            top = max(counts.values(), default=0)
-            kept = {e for e in seen if 2 * counts.get(e, 0) >= top}
+            families = self._families.get(model, {})
+            top = max(map(len, families.values()), default=0)
+            kept = {e for e in seen if 2 * len(families.get(e, ())) >= top}
             if kept != seen:
                 self.b.quirk("engine_incomplete", len(seen - kept))
                 self.engines[model] = kept

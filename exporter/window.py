@@ -218,7 +218,7 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
     if any(name in prev.created for name in cur.created):
         return "glitch"
     # no _created to tell (prometheus_client's multiprocess mode): a new process counts from 0, so
-    # some value fell below half its last, and most of those above 0 went down (a young process's
+    # some value fell below half its last, and more than half of those above 0 went down (a young process's
     # rare counters may pass the old one's: preemptions 1 → 2). A smaller fall is the same process
     # read low (a torn read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for
     # 0.81), and so is one counter read 0 while the others grew (taken for a restart, their
@@ -236,11 +236,11 @@ def _pairs(prev: ModelSignals, cur: ModelSignals) -> list[tuple[str, float, floa
 
 def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool, bool]:
     """(whether a counter or observation count present at both scrapes went down, whether one fell
-    below half its value at ``prev``, whether at least half of those above 0 at ``prev`` went down)."""
+    below half its value at ``prev``, whether more than half of those above 0 at ``prev`` went down)."""
     pairs = _pairs(prev, cur)
     above = [now < before for _, now, before in pairs if before > 0]
     return (any(now < before for _, now, before in pairs), any(now < 0.5 * before for _, now, before in pairs),
-            2 * sum(above) >= len(above))
+            2 * sum(above) > len(above))
 
 
 def _halved(prev: ModelSignals, cur: ModelSignals) -> bool:
@@ -415,8 +415,9 @@ KNOWN_PROCESSES = 16  # processes remembered per model (_step_kind's known: a UR
 # 0 for 3 scrapes and back counted its whole lifetime as the step back, which was fitted and raised
 # the spike guard's peak 25x for good (adversarial test), when one was skipped.
 GLITCH_HOLD_SCRAPES = 3
-# How long [publish windows] a value that fell at a glitch step is watched for its rise back: a
-# burst an hour later, rising by as much, was taken for one (review)
+# How long [publish windows] a value that fell at a glitch step and grew since is watched for its
+# rise back: a burst an hour later, rising by as much, was taken for one (review). One that has not
+# grown since (still read 0) is watched until it does.
 DEFICIT_WINDOWS = 10
 
 
@@ -429,16 +430,10 @@ def _engine_pairs(prev: ModelSignals, cur: ModelSignals):
             for n, now, then in _pairs(prev.engines[e], sig))
 
 
-def _deficits(before: ModelSignals, cur: ModelSignals) -> dict[tuple[str, str], float]:
-    """(engine label, name) → what each value that went down from ``before`` to ``cur`` fell by."""
-    return {(e, n): then - now for e, n, now, then in _engine_pairs(before, cur) if now < then}
-
-
-def _recovered(prev: ModelSignals, cur: ModelSignals, deficit: Mapping[tuple[str, str], float]) -> set:
-    """The keys of ``deficit`` (:func:`_deficits`) whose value rose from ``prev`` to ``cur`` by at
-    least what it fell by at a glitch step."""
-    return {(e, n) for e, n, now, then in _engine_pairs(prev, cur)
-            if (e, n) in deficit and now - then >= deficit[(e, n)]}
+def _deficits(before: ModelSignals, cur: ModelSignals) -> dict[tuple[str, str], tuple[float, float]]:
+    """(engine label, name) → (what each value that went down from ``before`` to ``cur`` fell by,
+    its value at ``cur``)."""
+    return {(e, n): (then - now, now) for e, n, now, then in _engine_pairs(before, cur) if now < then}
 
 
 def _remember(known: dict[float, None], sig: ModelSignals) -> None:
@@ -473,9 +468,9 @@ class Windows:
         self.restarts = 0  # steps of a model across an engine restart (push)
         self.foreign = 0  # steps of a model between two processes' counters (push)
         self._processes: dict[str, dict[float, None]] = {}  # model → the latest KNOWN_PROCESSES processes seen
-        # model → (t of its last glitch step taken, what its values fell by then: _deficits), each value
-        # until it rose back, for DEFICIT_WINDOWS publish windows
-        self._deficit: dict[str, tuple[float, dict[tuple[str, str], float]]] = {}
+        # model → (t of its last glitch step taken, what its values fell by then and their values: _deficits),
+        # each value until it rose back (DEFICIT_WINDOWS)
+        self._deficit: dict[str, tuple[float, dict[tuple[str, str], tuple[float, float]]]] = {}
 
     @property
     def last(self) -> Snapshot | None:
@@ -504,7 +499,6 @@ class Windows:
         if snap.timestamp - prev.timestamp > self.gap_seconds:
             self.gaps += 1
             self._models.clear()  # no window spans the gap; it starts again from this snapshot
-            self._deficit.clear()
             return out
         for model, cur in snap.models.items():
             t0, before, skipped = held.get(model) or (prev.timestamp, prev.models.get(model), 0)
@@ -538,16 +532,19 @@ class Windows:
                 self._deficit.pop(model, None)
             elif model in self._deficit:
                 since, deficit = self._deficit.pop(model)
-                if snap.timestamp - since <= DEFICIT_WINDOWS * self.window_seconds:
-                    back = _recovered(before, cur, deficit)
-                    if back:
-                        # A value back up by what it fell: the scrapes since read low, and this step's
-                        # increase holds what they missed (read 0 for 4 scrapes and back, one step counted
-                        # a lifetime: h 0.38 for 0.9 once the glitch step left the window, adversarial test)
-                        d = replace(d, counters={}, histograms={}, engine_steps=(), glitches=1)
-                        deficit = {k: v for k, v in deficit.items() if k not in back}
-                    if deficit:
-                        self._deficit[model] = (since, deficit)
+                ends = {(e, n): (now, then) for e, n, now, then in _engine_pairs(before, cur) if (e, n) in deficit}
+                # past DEFICIT_WINDOWS, only a value not grown since the glitch step (still read 0) is watched
+                watched = snap.timestamp - since <= DEFICIT_WINDOWS * self.window_seconds
+                deficit = {k: v for k, v in deficit.items() if watched or (k in ends and ends[k][1] <= v[1])}
+                back = {k for k, (now, then) in ends.items() if k in deficit and now - then >= deficit[k][0]}
+                if back:
+                    # A value back up by what it fell: the scrapes since read low, and this step's
+                    # increase holds what they missed (read 0 for 4 scrapes and back, one step counted a
+                    # lifetime: h 0.38 for 0.9 once the glitch step left the window, adversarial test)
+                    d = replace(d, counters={}, histograms={}, engine_steps=(), glitches=1)
+                    deficit = {k: v for k, v in deficit.items() if k not in back}
+                if deficit:
+                    self._deficit[model] = (since, deficit)
             if w is None:
                 w = self._models[model] = ModelWindow(self.window_seconds)
             w.push(d)
