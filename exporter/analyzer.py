@@ -271,8 +271,9 @@ class _Identity:
     """What vLLM exports of the configuration of the engine serving a model: its data-parallel
     engines in one exposition (not a fleet's pods, which come and go), and its ``cache_config_info``
     labels ({} when the scrape lacked them, or in fleet mode, whose majority of pods' labels moves
-    with scaling in a mixed fleet: unknown, not changed; its ``engine`` label is none of it). The analyzer starts a model's fits afresh
-    when two steps in a row show another engine (one is a cut body, or a scrape of another pod)."""
+    with scaling in a mixed fleet: unknown, not changed; its ``engine`` label is none of it). The
+    analyzer starts a model's fits afresh when two steps in a row show another engine (one is a
+    cut body, or a scrape of another pod)."""
 
     engines: int
     config: Mapping[str, str]
@@ -1189,8 +1190,9 @@ def _busy_in_step(prev: Snapshot | None, snap: Snapshot, model: str, engines: in
 
 def _engine_count(snap: Snapshot, model: str) -> int:
     """Data-parallel engines ``model``'s signals sum: as the source told (fleet mode: pods ×
-    engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``; those that
-    have at least half as many families as the engine with the most: parse's _Models.settle); 1 for signals built by hand."""
+    engines), else in one exposition (vLLM's ``engine`` label, SGLang's ``dp_rank``; those with at
+    least half as many families as the engine with the most: parse's _Models.settle); 1 for
+    signals built by hand."""
     return snap.engine_counts.get(model) or max(1, len(snap.models[model].engines))
 
 

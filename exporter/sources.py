@@ -928,9 +928,10 @@ class PrometheusSource:
         from its growth: parse reads its total going down, unknown until that step leaves the window)."""
         by_query: dict[str, list[tuple[dict[str, str], float]]] = {}
         # a fleet's bytes add up fast: past half the cap a model's totals start again from this answer
-        # (no _created: the windows read its restart, the total past half the cap and most others going
-        # down — else a glitch, a window unknown —, and its increases are then this answer's). Per model: another model's total could go up, no restart
-        # read, its increase short by its old total (a diff review's find)
+        # (no _created: the windows read its restart, the total past half the cap and most others
+        # going down — else a glitch, a window unknown —, and its increases are then this answer's).
+        # Per model: another model's total could go up, no restart read, its increase short by its
+        # old total (a diff review's find)
         full = {dict(key[1]).get("model_name", "") for key, total in self._totals.items() if total > MAX_VALUE / 2}
         if full:
             for key in [k for k in self._totals if dict(k[1]).get("model_name", "") in full]:

@@ -26,7 +26,8 @@ Bad days, each handled as a kind:
   Still down at the next scrape (the skipped one had read
   high), that step has no increases (``glitches``) and counting starts afresh from it; nor has
   a later step in which a value rises by at least what it fell then (the scrapes since read
-  low: that step holds what they missed).
+  low: that step holds what they missed), within DEFICIT_WINDOWS publish windows, or while that
+  value has not grown since.
 * A histogram whose ``_sum`` goes down without a reset has an unknown Δsum; bucket deltas that
   go down are dropped, never clamped to 0; a Δsum outside what the bucket deltas allow
   (:attr:`HistogramDelta.problem`, e.g. all observations ≤ 1 ms but a mean of 0.5 s) makes the
@@ -194,8 +195,9 @@ def _process(sig: ModelSignals) -> float | None:
 def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Container[float] = ()) -> str:
     """How the step from ``prev`` to ``cur`` (``t0`` on the wall clock of the ``_created`` stamps:
     step_delta's clock_offset) began: "restart" (every ``_created`` timestamp both scrapes share
-    changed — a new process stamps all its series anew —, or, where no ``_created`` tells, every
-    counter and observation count above 0 went down, some below half its last value), "foreign" (they changed to a
+    changed — a new process stamps all its series anew —, or, where no ``_created`` tells, more
+    than half the counters and observation counts above 0 went down, some below half its last
+    value), "foreign" (they changed to a
     time before the previous scrape ``t0``, less CREATED_SKEW_SECONDS: a restarted engine creates
     its series after the old one was last scraped, so this is another process's series — a target
     URL reaching several pods), "glitch" (a value went down while some ``_created`` both scrapes
@@ -218,8 +220,8 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
     if any(name in prev.created for name in cur.created):
         return "glitch"
     # no _created to tell (prometheus_client's multiprocess mode): a new process counts from 0, so
-    # some value fell below half its last, and more than half of those above 0 went down (a young process's
-    # rare counters may pass the old one's: preemptions 1 → 2). A smaller fall is the same process
+    # some value fell below half its last, and more than half of those above 0 went down (a young
+    # process's rare counters may pass the old one's: preemptions 1 → 2). A smaller fall is the same process
     # read low (a torn read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for
     # 0.81), and so is one counter read 0 while the others grew (taken for a restart, their
     # lifetimes made the TPM 2.2x for a window: adversarial tests)
