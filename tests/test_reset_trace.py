@@ -223,7 +223,8 @@ def test_engines_renumbered_keep_the_fits(original):
     assert samples[N - 1] > samples[K - 1] > N - 1 - K
     # the other labels still tell: renumbered with another memory share is another engine (review:
     # a label of another engine read as unknown hid it), whose fit holds only steps after K
-    other = [(t, text.replace('gpu_memory_utilization="0.92"', 'gpu_memory_utilization="0.5"')) for t, text in renumbered]
+    other = [(t, text.replace('gpu_memory_utilization="0.92"', 'gpu_memory_utilization="0.5"'))
+             for t, text in renumbered]
     assert other[0][1] != renumbered[0][1]
     samples = chip_samples(Trace(snaps[:K] + other, original.phases, original.meta))
     assert samples[K - 1] > N - 1 - K >= samples[N - 1]
