@@ -271,9 +271,9 @@ class _Identity:
     """What vLLM exports of the configuration of the engine serving a model: its data-parallel
     engines in one exposition (not a fleet's pods, which come and go), and its ``cache_config_info``
     labels ({} when the scrape lacked them, or in fleet mode, whose majority of pods' labels moves
-    with scaling in a mixed fleet: unknown, not changed; its ``engine`` label is none of it). The
-    analyzer starts a model's fits afresh when two steps in a row show another engine (one is a
-    cut body, or a scrape of another pod)."""
+    with scaling in a mixed fleet: unknown, not changed; parse leaves out its ``engine`` label).
+    The analyzer starts a model's fits afresh when two steps in a row show another engine (one is
+    a cut body, or a scrape of another pod)."""
 
     engines: int
     config: Mapping[str, str]
@@ -290,9 +290,7 @@ class _Identity:
         old, cur = self.config, new.config
         if not cur or not old or cur is old:  # unknown at either end: not changed
             return None
-        # vLLM's engine label is no configuration: engine 0's line missing, or the engines renumbered,
-        # started every fit afresh as "engine 0 → 1" (adversarial test); the other labels still tell
-        changed = [k for k in sorted(set(old) | set(cur)) if k != "engine" and _label_changed(k, old, cur)]
+        changed = [k for k in sorted(set(old) | set(cur)) if _label_changed(k, old, cur)]
         if changed:
             return "cache_config_info " + ", ".join(f"{k} {old.get(k, '(none)')} → {cur.get(k, '(none)')}" for k in changed)
         return None

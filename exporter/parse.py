@@ -244,7 +244,8 @@ class Snapshot:
             "sglang", "lmcache" or "unknown".
         reason: why the engine is unsupported / why nothing could be read ("" when fine).
         models: model_name → :class:`ModelSignals` (empty for unsupported engines).
-        cache_config: labels of ``vllm:cache_config_info`` (first engine), {} when absent.
+        cache_config: labels of ``vllm:cache_config_info`` (engine 0's, else the first engine's; its
+            ``engine`` label left out), {} when absent.
         model_cache_config: model_name → the labels of its own ``cache_config_info`` (one with a
             ``model_name`` label: fleet mode's, one per model from that model's pods); a model
             not in it has ``cache_config`` (:meth:`cache_config_of`).
@@ -861,7 +862,9 @@ def _take(b: _Builder, full: str, labels: dict[str, str], value: float) -> bool:
         if "model_name" in labels:  # fleet mode: each model's pods' configuration (vLLM's own has none)
             b.model_cache_config[labels["model_name"]] = {k: v for k, v in labels.items() if k != "model_name"}
         elif not b.cache_config or labels.get("engine", "0") == "0":
-            b.cache_config = dict(labels)
+            # engine 0's line, else the first: its engine label tells which line, no configuration (engine
+            # 0's line missing, or the engines renumbered, read "engine 0 → 1": every fit afresh, adversarial test)
+            b.cache_config = {k: v for k, v in labels.items() if k != "engine"}
     elif kind == "hist" and part == "bucket":
         le = labels.pop("le", None)
         edge = None if le is None else _value(le)
@@ -894,16 +897,15 @@ class _Models:
 
     def __init__(self, b: _Builder) -> None:
         self.b = b
-        # model → engines seen on any signal kvhit reads (the data-parallel set to aggregate over)
-        self.engines: dict[str, set[str]] = {}
-        self._families: dict[str, dict[str, set]] = {}  # model → engine → its families of those signals (settle)
+        self._families: dict[str, dict[str, set]] = {}  # model → engine → its families of the signals kvhit reads
         for (kind, base, _), slot in b.series.items():
             if kind in ("counter", "gauge", "hist"):
                 for model, per in _split(slot).items():
-                    self.engines.setdefault(model, set()).update(per)
                     families = self._families.setdefault(model, {})
                     for e in per:
                         families.setdefault(e, set()).add((kind, base))
+        # model → engines seen on any of those signals (the data-parallel set to aggregate over; settle)
+        self.engines: dict[str, set[str]] = {model: set(per) for model, per in self._families.items()}
         self.model: dict[str, dict[str, dict]] = {}  # model → field → canonical → value
         self.engine: dict[str, dict[str, dict[str, dict]]] = {}  # model → engine → field → ...
         self.incomplete: dict[str, set[str]] = {}
@@ -926,9 +928,9 @@ class _Models:
         counted by series, one cut inside engine 0's histogram, its buckets (reviews). A signal
         some kept engine lacks is unknown for the model, never a partial sum."""
         for model, seen in self.engines.items():
-            families = self._families.get(model, {})
-            top = max(map(len, families.values()), default=0)
-            kept = {e for e in seen if 2 * len(families.get(e, ())) >= top}
+            families = self._families[model]
+            top = max(map(len, families.values()))
+            kept = {e for e in seen if 2 * len(families[e]) >= top}
             if kept != seen:
                 self.b.quirk("engine_incomplete", len(seen - kept))
                 self.engines[model] = kept
