@@ -214,8 +214,8 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
         if shared and all(a != b for a, b in shared):
             new = min(b for _, b in shared) > t0 - CREATED_SKEW_SECONDS and _process(cur) not in known
             return "restart" if new else "foreign"
-    down, halved, most = _fell(prev, cur)
-    if not down:
+    pairs = _pairs(prev, cur)
+    if not any(now < before for _, now, before in pairs):
         return ""
     if any(name in prev.created for name in cur.created):
         return "glitch"
@@ -225,7 +225,9 @@ def _step_kind(prev: ModelSignals, cur: ModelSignals, t0: float, known: Containe
     # read low (a torn read: hits × 0.9 counted every counter's lifetime as one step, h 0.67 for
     # 0.81), and so is one counter read 0 while the others grew (taken for a restart, their
     # lifetimes made the TPM 2.2x for a window: adversarial tests)
-    return "restart" if halved and most else "glitch"
+    above = [now < before for _, now, before in pairs if before > 0]
+    from_zero = any(now < 0.5 * before for _, now, before in pairs) and 2 * sum(above) > len(above)
+    return "restart" if from_zero else "glitch"
 
 
 def _pairs(prev: ModelSignals, cur: ModelSignals) -> list[tuple[str, float, float]]:
@@ -234,15 +236,6 @@ def _pairs(prev: ModelSignals, cur: ModelSignals) -> list[tuple[str, float, floa
     pairs = [(n, v, prev.counters[n]) for n, v in cur.counters.items() if n in prev.counters]
     pairs += [(n, h.count, prev.histograms[n].count) for n, h in cur.histograms.items() if n in prev.histograms]
     return pairs
-
-
-def _fell(prev: ModelSignals, cur: ModelSignals) -> tuple[bool, bool, bool]:
-    """(whether a counter or observation count present at both scrapes went down, whether one fell
-    below half its value at ``prev``, whether more than half of those above 0 at ``prev`` went down)."""
-    pairs = _pairs(prev, cur)
-    above = [now < before for _, now, before in pairs if before > 0]
-    return (any(now < before for _, now, before in pairs), any(now < 0.5 * before for _, now, before in pairs),
-            2 * sum(above) > len(above))
 
 
 def _halved(prev: ModelSignals, cur: ModelSignals) -> bool:
@@ -528,25 +521,7 @@ class Windows:
                 continue
             if model in held and w is not None and w.steps:
                 w.steps[-1] = replace(w.steps[-1], doubted=0)  # told: a glitch step follows it, or it stood
-            if d.glitches:  # still down after the hold: counting starts afresh from this scrape
-                self._deficit[model] = (snap.timestamp, _deficits(before, cur))
-            elif d.resets or d.foreign or d.rescaled:
-                self._deficit.pop(model, None)
-            elif model in self._deficit:
-                since, deficit = self._deficit.pop(model)
-                ends = {(e, n): (now, then) for e, n, now, then in _engine_pairs(before, cur) if (e, n) in deficit}
-                # past DEFICIT_WINDOWS, only a value not grown since the glitch step (still read 0) is watched
-                watched = snap.timestamp - since <= DEFICIT_WINDOWS * self.window_seconds
-                deficit = {k: v for k, v in deficit.items() if watched or (k in ends and ends[k][1] <= v[1])}
-                back = {k for k, (now, then) in ends.items() if k in deficit and now - then >= deficit[k][0]}
-                if back:
-                    # A value back up by what it fell: the scrapes since read low, and this step's
-                    # increase holds what they missed (read 0 for 4 scrapes and back, one step counted a
-                    # lifetime: h 0.38 for 0.9 once the glitch step left the window, adversarial test)
-                    d = replace(d, counters={}, histograms={}, engine_steps=(), glitches=1)
-                    deficit = {k: v for k, v in deficit.items() if k not in back}
-                if deficit:
-                    self._deficit[model] = (since, deficit)
+            d = self._watch(model, d, before, cur)
             if w is None:
                 w = self._models[model] = ModelWindow(self.window_seconds)
             w.push(d)
@@ -561,6 +536,33 @@ class Windows:
         for model in [m for m in self._deficit if m not in snap.models]:
             del self._deficit[model]
         return out
+
+    def _watch(self, model: str, d: Delta, before: ModelSignals, cur: ModelSignals) -> Delta:
+        """``d``, the step from ``before`` to ``cur``, taken: a glitch step starts watching what each
+        value fell by (:func:`_deficits`); a later step in which a watched value rises back by at
+        least that has no increases (the scrapes since read low, and it holds what they missed:
+        read 0 for 4 scrapes and back, one step counted a lifetime, h 0.38 for 0.9 once the glitch
+        step left the window, adversarial test). A value is watched for DEFICIT_WINDOWS publish
+        windows, or while it has not grown since; a restart, another process or another engine set
+        ends the watch."""
+        if d.glitches:
+            self._deficit[model] = (d.t1, _deficits(before, cur))
+            return d
+        if d.resets or d.foreign or d.rescaled:
+            self._deficit.pop(model, None)
+        if model not in self._deficit:
+            return d
+        since, deficit = self._deficit.pop(model)
+        ends = {(e, n): (now, then) for e, n, now, then in _engine_pairs(before, cur) if (e, n) in deficit}
+        watched = d.t1 - since <= DEFICIT_WINDOWS * self.window_seconds
+        deficit = {k: v for k, v in deficit.items() if watched or (k in ends and ends[k][1] <= v[1])}
+        back = {k for k, (now, then) in ends.items() if k in deficit and now - then >= deficit[k][0]}
+        if back:
+            d = replace(d, counters={}, histograms={}, engine_steps=(), glitches=1)
+            deficit = {k: v for k, v in deficit.items() if k not in back}
+        if deficit:
+            self._deficit[model] = (since, deficit)
+        return d
 
     def mark_spike(self, model: str, t1: float, spike: bool = True) -> None:
         """Mark ``model``'s step ending at ``t1`` as a spike (:attr:`Delta.spikes`), or clear the
