@@ -266,8 +266,14 @@ class Heartbeat:
 
 
 def paused_within(pauses: list[tuple[float, float]], t0: float, t1: float) -> float:
-    """Seconds of [t0, t1] (unix time) covered by ``pauses`` (Heartbeat.pauses)."""
-    return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in pauses)
+    """Seconds of [t0, t1] (unix time) covered by any of ``pauses`` ((start, end) spans, unix
+    time, e.g. Heartbeat.pauses); spans that overlap count once."""
+    covered, end = 0.0, t0
+    for a, b in sorted(pauses):
+        a, b = max(a, end), min(b, t1)
+        if b > a:
+            covered, end = covered + b - a, b
+    return covered
 
 
 # --- kvhit's /metrics, polled -----------------------------------------------------------------
