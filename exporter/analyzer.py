@@ -17,7 +17,7 @@ from exporter.config import Config
 from exporter.engines import TRANSLATED, missing_histogram
 from exporter.observe import (ISL_HISTOGRAM, OSL_HISTOGRAM, Context, cache_config_number, histogram_mean, hit_problem,
                               hit_sums, kv_capacity_tokens, observe, request_isl, request_osl, window_notes)
-from exporter.parse import HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
+from exporter.parse import DROPPED, HISTOGRAMS, PREFIX_CACHING_OFF, Snapshot, prefix_caching_off
 from exporter.window import SUM_DISAGREES, Delta, HistogramDelta, Windows
 from fitters.bathtub import BathtubCurve, bathtub_chip_time, bathtub_linear, derived_miss_slope
 from fitters.caching import JITTER_MIN_MINUTES, RECENT_MINUTES, STATES, CachingVerdict, HitRollup, speedup, verdict
@@ -86,8 +86,7 @@ CHANGED_NOTE_SECONDS = 3600.0
 # why a counter of every scrape is not in a window (Delta.counters holds those at every scrape)
 MISSING_IN_WINDOW = ("missing at a scrape inside the publish window (a cut or bad body, or in fleet mode a family left "
                      "out of a poll, logged): unknown until that scrape leaves the window")
-ABSENT_NOW = ("absent from the latest scrape (not exported, or dropped as NaN, negative or duplicated: see "
-              "kvhit_input_quirks_total; fleet mode: not from every pod)")
+ABSENT_NOW = f"absent from the latest scrape (not exported, or {DROPPED}; fleet mode: not from every pod)"
 
 
 @dataclass(frozen=True)
@@ -652,8 +651,14 @@ class Analyzer:
         idle = [name for name, v in (("h", h_now), ("ISL", isl), ("OSL", osl), ("engine steps per request",
                                                                                 steps_per_request)) if v is None]
         if idle:
-            why = (f"{', '.join(idle)} of the publish window unknown (no request finished in it, or no prefix-cache "
-                   "query): no traffic to predict at; kvhit predict and /api/v1/predict answer for traffic given")
+            causes = []
+            if h_now is None:  # h has its own reason where there is one
+                src = next((k for k in ("hit_ratio", "hit_ratio_loaded") if k in unknown), None)
+                causes.append(f"h: see {src}" if src else "no prefix-cache query")
+            if idle != ["h"]:
+                causes.append("no request finished in it")
+            why = (f"{', '.join(idle)} of the publish window unknown ({'; '.join(causes)}): no traffic to predict "
+                   "at; kvhit predict and /api/v1/predict answer for traffic given")
             _predictions_unknown(unknown, cfg, why)
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # Terms the chip-time fit could not tell apart are carried by the kept ones only where a
@@ -926,11 +931,13 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
         return out
     if "external_hits" in w.partial:
         unknown.setdefault("hit_ratio_loaded", "external_prefix_cache_hits missing at a scrape inside the publish window "
-                                               "(dropped as NaN or negative, or cut from a body): the loaded hits and h "
-                                               "over all sources are unknown until that scrape leaves the window")
+                                               f"({DROPPED}; or cut from a body): the loaded hits are "
+                                               "unknown until that scrape leaves the window")
     for key, h in (("device", wobs.hit_ratio_device), ("loaded", wobs.hit_ratio_loaded), ("all", wobs.hit_ratio)):
         if h is not None:
             out[key] = h
+    if "all" not in out and "hit_ratio_loaded" in unknown:  # the device's h alone is no h to predict at
+        unknown["hit_ratio_loaded"] += "; so are h over all sources (source=\"all\") and what is predicted at it"
     return out
 
 

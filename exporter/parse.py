@@ -1318,6 +1318,8 @@ def prefix_caching_off(cache_config: Mapping[str, str]) -> bool:
 
 PREFIX_CACHING_OFF = ('prefix caching is off (cache_config_info enable_prefix_caching="False"): vLLM counts no '
                       "prefix-cache query, so there is no hit ratio")
+# why a value a scrape shows is not read (the quirks counted in kvhit_input_quirks_total)
+DROPPED = "dropped as NaN, out of range, negative or duplicated: see kvhit_input_quirks_total"
 
 
 def _connector(b: _Builder, model: str, models: Mapping[str, object]) -> bool:
@@ -1352,9 +1354,8 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
         reasons["hit_ratio"] = ("prefix_cache_queries/hits missing for some data-parallel engines of this model "
                                 "(cut or partial body): a partial sum would be wrong")
     elif "queries" not in counters or "hits" not in counters:
-        reasons["hit_ratio"] = ("no usable prefix_cache_queries/hits counters (absent, or dropped as NaN, negative or "
-                                "duplicated: see kvhit_input_quirks_total; fleet mode: not from every pod, e.g. pods "
-                                "of another vLLM version)")
+        reasons["hit_ratio"] = (f"no usable prefix_cache_queries/hits counters (absent, or {DROPPED}; fleet mode: "
+                                "not from every pod, e.g. pods of another vLLM version)")
     elif hit_unit == "unknown":
         reasons["hit_ratio"] = ("gpu_prefix_cache_* without HELP text and no sign of vLLM >= 0.9: counted in "
                                 "blocks (0.7-0.8) or tokens (0.9+) cannot be told")
@@ -1364,9 +1365,8 @@ def _unknown_reasons(era: str, since: tuple[int, ...], counters: Mapping[str, ob
             reasons["hit_ratio_loaded"] = "external_prefix_cache_hits missing for some data-parallel engines"
         elif external_exposed:  # the engine counts a connector's hits, unreadable here
             reasons["hit_ratio_loaded"] = ("external_prefix_cache_* exposed without a usable external_prefix_cache_hits "
-                                           "(absent, or dropped as NaN, negative or duplicated: see "
-                                           "kvhit_input_quirks_total; fleet mode: not from every pod): the "
-                                           "loaded hits are unknown")
+                                           f"(absent, or {DROPPED}; fleet mode: not from every pod): the loaded hits "
+                                           "are unknown")
         elif since >= _SINCE["external_prefix_cache_queries"]:  # this vLLM exports them: cut from the body
             reasons["hit_ratio_loaded"] = (f"no external_prefix_cache_* counters from a vLLM >= "
                                            f"{'.'.join(map(str, since))} (its other families prove it), which exports "

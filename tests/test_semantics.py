@@ -277,12 +277,23 @@ def test_missing_hit_counters_are_unknown_never_zero():
     pub = published(run(PROMPTS.format(p=100.0, g=10.0), PROMPTS.format(p=400.0, g=40.0)))
     assert series(pub, "kvhit_hit_ratio") == {}
     assert info(pub, "kvhit_unknown_info", "signal")["hit_ratio"] == \
-        "no usable prefix_cache_queries/hits counters (absent, or dropped as NaN, negative or duplicated: " \
-        "see kvhit_input_quirks_total; fleet mode: not from every pod, e.g. pods of another vLLM version)"
+        "no usable prefix_cache_queries/hits counters (absent, or dropped as NaN, out of range, negative or " \
+        "duplicated: see kvhit_input_quirks_total; fleet mode: not from every pod, e.g. pods of another vLLM version)"
     # delivered TPM is known: (300 + 30) tokens in 5 s → 330 · 60 / 5 = 3960 per minute
     tpm = series(pub, "kvhit_tpm_tokens_per_minute")
     assert tpm[(("basis", "observed"), ("kind", "delivered"), ("model_name", "m"), ("per", "instance"))] == \
         pytest.approx(3960.0)
+
+
+def test_a_hit_counter_out_of_range_is_unknown_and_its_reason_says_so():
+    # hits at 1e200 (past parse's ±1e18) are dropped as out_of_range: h unknown, never 0; the reason
+    # listed NaN, negative and duplicated but not out of range (newcomer review)
+    hits = PROMPTS + "# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{{engine=\"0\",model_name=\"m\"}} {q}\n" \
+        "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{{engine=\"0\",model_name=\"m\"}} 1e200\n"
+    pub = published(run(hits.format(p=100.0, g=10.0, q=100.0), hits.format(p=400.0, g=40.0, q=400.0)))
+    assert series(pub, "kvhit_hit_ratio") == {}
+    assert "out of range" in info(pub, "kvhit_unknown_info", "signal")["hit_ratio"]
+    assert series(pub, "kvhit_input_quirks_total")[(("quirk", "out_of_range"),)] == 2  # one per scrape
 
 
 def test_an_engine_appearing_says_so_instead_of_blaming_a_cut_body():

@@ -1056,6 +1056,32 @@ def test_loaded_hits_read_as_nan_are_unknown_not_0(nan_at, families, why):
     assert m.unknown["hit_ratio_loaded"].startswith(why), m.unknown
 
 
+def test_predictions_withheld_for_an_unknown_h_point_at_its_reason():
+    # The chip-time fit ok, then the connector's external_prefix_cache_hits read NaN: h over all
+    # sources is unknown, so nothing is predicted at the window's traffic. The reason said "no
+    # request finished in it, or no prefix-cache query" while both were there (newcomer review).
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep")
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for i, (t, text, _) in enumerate(generate(sc)):
+        text = text.replace('kv_offloading_size="64"', 'kv_offloading_size="None"')
+        if i >= 60:
+            text = re.sub(r"^(vllm:external_prefix_cache_hits_total\{[^}]*\}) \S+$", r"\1 NaN", text, flags=re.M)
+        clock.t = t
+        runner.ingest_text(t, text)
+        if i == 80:
+            break
+    m = runner.current()[0].models[sc.model_name]
+    assert m.fits["chip_time"].ok and "all" not in m.hit_ratio and m.hit_ratio["device"] > 0
+    assert m.unknown["hit_ratio_loaded"].endswith('so are h over all sources (source="all") and what is predicted at it')
+    for signal in ("predicted_current", "tpm_target"):
+        assert m.unknown[signal].startswith("h of the publish window unknown (h: see hit_ratio_loaded): "), m.unknown
+
+
 def test_no_current_prediction_at_an_isl_that_can_no_longer_be_read():
     # request_prompt_tokens dropped from the body (or its _sum NaN): the window's ISL is unknown,
     # and so is every prediction at the window's traffic; an adversarial review saw the ISL read
