@@ -87,6 +87,35 @@ def wait_for(cond, timeout: float, what, proc: subprocess.Popen | None = None) -
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {_text(what)}{log}")
 
 
+class StallMeter:
+    """How long this process was stopped while the block ran, as a thread waking every ``tick``
+    sees it: the sum of its oversleeps beyond ``grace`` (SIGSTOP, a starved CPU, a paused VM —
+    CI has seen 14-26 s pauses). The code under test running slowly does not count: it holds the
+    GIL at most the switch interval (5 ms) at a time. A latency bound is then ``bound + stalled``:
+    what the deadline did not cause, measured, instead of a slack guessed larger."""
+
+    def __init__(self, tick: float = 0.01, grace: float = 0.05) -> None:
+        self.tick, self.grace, self.stalled = tick, grace, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.tick):
+            now = time.monotonic()
+            self.stalled += max(0.0, now - last - self.tick - self.grace)
+            last = now
+        self.stalled += max(0.0, time.monotonic() - last - self.tick - self.grace)
+
+    def __enter__(self) -> "StallMeter":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _text(what) -> str:
     return what() if callable(what) else what
 
