@@ -606,7 +606,8 @@ class PrometheusSource:
         self._down_since: dict[tuple[str, str], float] = {}  # (job, instance) down (up == 0) → t first seen so …
         self._left_out: dict[tuple[str, str], float] = {}  # … and those polls went on without → t last left out
         self._leaving_out = False  # the last poll went on without some pod (its return is logged)
-        self._out: set[tuple[str, str]] = set()  # the pods left out at the last fetch's t (its range's end)
+        # the pods the next range leaves out → when a poll first saw each up again (inf: down at the last one)
+        self._out: dict[tuple[str, str], float] = {}
         self._waiting_since: float | None = None  # now at the first of the polls waiting in a row for down pods
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
@@ -647,8 +648,8 @@ class PrometheusSource:
         new = [pod for pod in down if pod not in self._left_out]
         if new:
             log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) are left out of the sums (polls wait "
-                        "%.0f s at most for down pods) until they are back (%s), and then count from the first poll "
-                        "after it on (their growth while out is in no step)", len(new), DOWN_WAIT_SECONDS,
+                        "%.0f s at most for down pods) until they are back (%s), and then count from the first range "
+                        "that starts once they are seen back (their growth while out is in no step)", len(new), DOWN_WAIT_SECONDS,
                         _some(shown(f"{job}/{instance}") for job, instance in sorted(new)))
         elif self._leaving_out and not down:
             log.info("fleet mode: every pod Prometheus scrapes is up again")
@@ -680,7 +681,7 @@ class PrometheusSource:
             # down was published idle, TPM 0, not unknown), nor of one left out at the range's start (its
             # growth since its last sample before that, the time out included, in one step: fleet TPM +50 %);
             # by the polls' own verdicts: up at t, before now, can be 0 for one failed scrape (review)
-            query = self.promql(t - start, born, down | self._out)
+            query = self.promql(t - start, born, down | self._out.keys())
         rows = _vector(self._query(query, t, deadline), self._where)
         # the pods a fleet's cost is for (seed 003's price is per instance-hour): those whose
         # output tokens this range's sum holds (p:), not those with a sample at t
@@ -708,7 +709,13 @@ class PrometheusSource:
             self._totals, self._seen, self._partial, self._glitched, self._banned = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.counts, self._out = counts, set(down)
+        self.counts = counts
+        # A pod back stays out until a range starts at or after the poll that saw it up (its first sample
+        # back came no later): a range ends at the pods' oldest latest sample, which can be before that
+        # sample, and the next range then read its start from before the pod was out: the time out in
+        # one step (review)
+        back = {pod: min(since, now) for pod, since in self._out.items() if pod not in down}
+        self._out = {pod: since for pod, since in back.items() if since > t} | dict.fromkeys(down, math.inf)
         # the stamp is t (it was t + delay: every step dated a delay late, review)
         self._end, self.answer_delay, self.lag = t, t - (now + self.delay), now - t
         if self._baseline is None or not history:

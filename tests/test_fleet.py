@@ -1736,12 +1736,15 @@ def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_inte
     assert not fake.forms  # no range query was sent
 
 
-def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str) -> ScrapeError | None:
-    """A poll of ``src`` at ``t`` with ``pods`` (instances of job vllm) down, up == 0: None when it
-    went on, its catching_up error when it waited for them (no range was asked then)."""
+def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
+               latest: float | None = None) -> ScrapeError | None:
+    """A poll of ``src`` at ``t`` with ``pods`` (instances of job vllm) down, up == 0 (and the pods'
+    oldest latest sample at ``latest``, None: unknown): None when it went on, its catching_up error
+    when it waited for them (no range was asked then)."""
     clock.t = t
+    stamp = [] if latest is None else [({"kvhit_query": "f0"}, str(latest))]
     fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2")
-                                          for p in pods])))
+                                          for p in pods] + stamp)))
     fake.answer([_row("c:prefix_cache_queries", "100")])
     try:
         src.fetch()
@@ -1792,6 +1795,32 @@ def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(f
         caplog.text.count("are left out of the sums (polls wait 60 s at most for down pods) until they are back (vllm/a)") == 1 and \
         caplog.text.count("are left out of the sums (polls wait 60 s at most for down pods) until they are back (vllm/b)") == 1, caplog.text
     assert "every pod Prometheus scrapes is up again" in caplog.text
+
+
+def test_a_pod_back_stays_out_until_a_range_starts_after_a_poll_saw_it_up(fake):
+    # The poll that first sees a left-out pod up (at 1100) ends its range at the pods' oldest latest
+    # sample (1090), which can be before the pod's first sample back; the next range starts there
+    # and read the pod's value at its start from before it was out: the whole time out in one step
+    # (review: 3 runs of 5 against a real Prometheus, 600-700 queries in a 2-s step at 100/s). Its
+    # first sample back is no later than 1100 (up == 1 then): a range starting at or after 1100 may
+    # count it, one starting before may not.
+    from exporter.sources import DOWN_WAIT_SECONDS
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+
+    def out() -> str:
+        m = re.search(r"unless on \(job, instance\) \(([^()]*)\)\)", fake.forms[-1]["query"])
+        return "" if m is None else m.group(1)
+
+    assert _poll_down(fake, src, clock, 1000.0) is None  # the baseline
+    assert _poll_down(fake, src, clock, 1005.0, "a") is not None  # waited for …
+    assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a") is None  # … then left out
+    assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # a up again; the range ends at 1090
+    assert out() == 'up{job="vllm", instance=~"a"}'  # from the range that left it out
+    assert _poll_down(fake, src, clock, 1160.0, latest=1159.0) is None  # the range 1090-1159 starts before 1100
+    assert out() == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1220.0, latest=1219.0) is None  # 1159-1219: a's samples since it is back
+    assert out() == ""
 
 
 def test_pods_down_in_turns_hold_the_polls_back_a_minute_at_most_and_no_wait_is_a_failure(fake):
@@ -1848,7 +1877,7 @@ def test_prometheus_s_words_in_a_log_line_are_shown_not_written(fake, caplog):
     (line,) = [r.getMessage() for r in caplog.records if "left out of the sums" in r.getMessage()]
     assert line.endswith("until they are back (vllm/evil\\n2026 kvhit INFO forged \\x1b[2J, vllm/p00, vllm/p01, "
                          "vllm/p02, vllm/p03, vllm/p04, vllm/p05, vllm/p06, vllm/p07, vllm/p08 and 2 more), and then "
-                         "count from the first poll after it on (their growth while out is in no step)")
+                         "count from the first range that starts once they are seen back (their growth while out is in no step)")
 
 
 def test_the_pods_left_out_are_selected_by_prometheus_exactly(tmp_path):
@@ -2219,8 +2248,9 @@ def test_a_pod_left_out_is_in_no_sum_while_down_nor_with_its_growth_while_out(tm
     # Pod b, model n's only pod, cannot be scraped (503) while its counters go on growing. Left
     # out, its stale series read as growth 0: model n was published idle (TPM 0), not unknown
     # (fleet review). Back, its growth over the whole time out came in one step of the poll
-    # interval (fleet TPM +50 % for a window). By hand: n absent while b is out and in the step it
-    # is back; then n's growth is b's own raw samples' difference between the two polls' ends.
+    # interval (fleet TPM +50 % for a window). By hand: n absent while b is out and in the steps
+    # until a range starts after b's first sample back; then n's growth is b's own raw samples'
+    # difference between that range's ends.
     monkeypatch.setattr(sources, "DOWN_WAIT_SECONDS", 1.0)  # left out after 1 s instead of 60
     t0, state = time.time(), {"down": False}
 
@@ -2262,11 +2292,21 @@ def test_a_pod_left_out_is_in_no_sum_while_down_nor_with_its_growth_while_out(tm
         assert set(models) == {"m"}, models
         # nor in the engines the sums add up (per-GPU TPM divided by one engine more for that step)
         assert src.counts["engines"] == {"m": 1}, src.counts
-        time.sleep(2.5)
-        t, models = poll()
+        for _ in range(4):  # b counts from the first range that starts after its first sample back
+            time.sleep(2.5)
+            t_start, (t, models) = t_back, poll()
+            if "n" in models:
+                break
+            t_back = t
         assert src.counts["engines"] == {"m": 1, "n": 1}, src.counts
-        raw = _raw_at(prom, "vllm:prefix_cache_queries_total", t)
-        by_hand = raw("b", t) - raw("b", t_back)
+        # By hand: b's growth from its last sample at or before the range's start, which must be one
+        # scraped after its failed scrapes (review: one from before them put b's whole time out in
+        # that step, and a difference anchored at the same start agreed with it)
+        up = [(float(ts), float(v)) for ts, v in prometheus_query(prom, 'up{pod="b"}[60s]', t)[0]["values"]]
+        start = max((float(ts), float(v)) for ts, v in prometheus_query(
+            prom, 'vllm:prefix_cache_queries_total{pod="b"}[60s]', t_start)[0]["values"])
+        assert start[0] > max(ts for ts, v in up if v == 0), (start, up)
+        by_hand = _raw_at(prom, "vllm:prefix_cache_queries_total", t)("b", t) - start[1]
         assert by_hand > 0 and models["n"] - n_before == pytest.approx(by_hand), (models, by_hand)
     finally:
         _stop([a, b], procs)
