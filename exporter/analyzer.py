@@ -651,12 +651,9 @@ class Analyzer:
         idle = [name for name, v in (("h", h_now), ("ISL", isl), ("OSL", osl), ("engine steps per request",
                                                                                 steps_per_request)) if v is None]
         if idle:
-            causes = []
-            if h_now is None:  # h has its own reason where there is one
-                src = next((k for k in ("hit_ratio", "hit_ratio_loaded") if k in unknown), None)
-                causes.append(f"h: see {src}" if src else "no prefix-cache query")
-            if idle != ["h"]:
-                causes.append("no request finished in it")
+            # each points at its own reason where there is one
+            causes = [next((f"{name}: see {k}" for k in keys if k in unknown), f"{name}: {fallback}")
+                      for name, keys, fallback in _IDLE_REASONS if name in idle]
             why = (f"{', '.join(idle)} of the publish window unknown ({'; '.join(causes)}): no traffic to predict "
                    "at; kvhit predict and /api/v1/predict answer for traffic given")
             _predictions_unknown(unknown, cfg, why)
@@ -905,6 +902,13 @@ def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> s
     return "linear" if "linear" in bathtubs else None
 
 
+# the window's traffic a prediction needs (Analyzer, ``idle``) → the unknown signals that say why
+# it is unknown, and why otherwise
+_IDLE_REASONS = (("h", ("hit_ratio", "hit_ratio_loaded"), "no prefix-cache query"),
+                 ("ISL", ("isl",), "no request finished in it"), ("OSL", ("osl",), "no request finished in it"),
+                 ("engine steps per request", ("fixed_time",), "no request finished in it"))
+
+
 def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, str]) -> dict[str, float]:
     """{"device", "loaded", "all"} → the window's h (``wobs``: ``observe(w, ctx)``), each only when
     known; why not goes into ``unknown["hit_ratio"]`` (MODEL.md §1, §2)."""
@@ -937,7 +941,7 @@ def _window_hits(w: Delta, ctx: Context, wobs: Observation, unknown: dict[str, s
         if h is not None:
             out[key] = h
     if "all" not in out and "hit_ratio_loaded" in unknown:  # the device's h alone is no h to predict at
-        unknown["hit_ratio_loaded"] += "; so are h over all sources (source=\"all\") and what is predicted at it"
+        unknown["hit_ratio_loaded"] += "; h over all sources (source=\"all\") and what is predicted at it are unknown too"
     return out
 
 

@@ -487,10 +487,10 @@ def test_each_failure_kind_has_its_reason_and_never_echoes_the_body(target, mode
         with pytest.raises(ScrapeError) as info:
             src.fetch()
         took = time.monotonic() - started
-        # and through the runner: up 0, the error counted, the message logged without the body
-        runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url, clock=lambda: 1000.0)
-        with caplog.at_level(logging.DEBUG, logger="kvhit"):
-            assert runner.poll(src) is False
+    # and through the runner: up 0, the error counted, the message logged without the body
+    runner = Runner(Config(interval=5.0, timeout=TIMEOUT), target.url, clock=lambda: 1000.0)
+    with StallMeter() as polled, caplog.at_level(logging.DEBUG, logger="kvhit"):
+        assert runner.poll(src) is False
     assert info.value.reason == FAULTS[mode]
     assert SECRET not in str(info.value)
     # the whole scrape is bounded by the deadline (plus slack for a loaded CI machine); the
@@ -500,7 +500,7 @@ def test_each_failure_kind_has_its_reason_and_never_echoes_the_body(target, mode
     assert health.up is False and health.errors == {FAULTS[mode]: 1}
     assert caplog.records and all(SECRET not in r.getMessage() for r in caplog.records)
     # the failed scrape's own duration is published, and the engine line says why nothing is read
-    assert health.duration is not None and 0 <= health.duration < TIMEOUT + 1.5 + stall.stalled
+    assert health.duration is not None and 0 <= health.duration < TIMEOUT + 1.5 + polled.stalled
     if mode == "slow":
         assert health.duration >= TIMEOUT  # it waited for the deadline
     assert analysis.engine_reason == f"no successful scrape yet (last attempt: {FAULTS[mode]})"

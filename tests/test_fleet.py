@@ -103,7 +103,7 @@ def _scrape_gaps(raw: dict[str, list[tuple[float, float]]], t0: float, t1: float
     out = {}
     for pod, samples in raw.items():
         ts = [t for t, _ in samples if t0 - 2 * SCRAPE <= t <= t1 + SCRAPE]
-        out[pod] = max(b - a for a, b in zip(ts, ts[1:]))
+        out[pod] = max((b - a for a, b in zip(ts, ts[1:])), default=math.inf)  # < 2 samples: no range
     return out
 
 
@@ -115,13 +115,15 @@ def _hand_check(prom: str, t1: float, span: float) -> dict:
     t0 = t1 - span
     raw = {name: _raw(prom, f"vllm:{name}_total", t1 + 2 * SCRAPE)
            for name in ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_hits")}
+    # Preconditions of the bound: regular scrapes (no pod missing from a range), and δ and λ, of the
+    # pods in the sum (ε_a, ε_b: pods c and d are in no count kvhit's h is made of).
+    gaps = _scrape_gaps(raw["prefix_cache_queries"], t0, t1)
+    if max(gaps.values()) >= 1.5 * SCRAPE:  # (none around t0 or t1 to interpolate, either)
+        return {"gaps": gaps, "gaps_ok": False, "usable": False, "why": f"scrape gaps {max(gaps.values()):.2f}s"}
     q = {pod: _at(s, t1) - _at(s, t0) for pod, s in raw["prefix_cache_queries"].items()}
     hits = {pod: _at(s, t1) - _at(s, t0) for pod, s in raw["prefix_cache_hits"].items()}
     ext = {pod: _at(s, t1) - _at(s, t0) for pod, s in raw["external_prefix_cache_hits"].items()}
     fleet_pods = [p for p, (ns, _, _) in PODS.items() if ns == "ns-fleet"]
-    # Preconditions of the bound: regular scrapes (no pod missing from a range), and δ and λ, of the
-    # pods in the sum (ε_a, ε_b: pods c and d are in no count kvhit's h is made of).
-    gaps = _scrape_gaps(raw["prefix_cache_queries"], t0, t1)
     delta = 0.0
     for pod in fleet_pods:
         inside = [(t, v) for t, v in raw["prefix_cache_queries"][pod] if t0 - 2 * SCRAPE <= t <= t1 + SCRAPE]
@@ -132,8 +134,7 @@ def _hand_check(prom: str, t1: float, span: float) -> dict:
     lag = TICK + max(v for pod in fleet_pods for t, v in durations[pod] if t0 - 2 * SCRAPE <= t <= t1 + SCRAPE)
     eps = lag / (INTERVAL - SCRAPE) + 2 * lag / span + 2 * delta * SCRAPE * (1 / INTERVAL + 2 / span)
     w = q["b"] / (q["a"] + q["b"])
-    out = {"q": q, "hits": hits, "ext": ext, "gaps": gaps, "gaps_ok": max(gaps.values()) < 1.5 * SCRAPE,
-           "eps": eps, "sources": {}, "summary": {}}
+    out = {"q": q, "hits": hits, "ext": ext, "gaps": gaps, "gaps_ok": True, "eps": eps, "sources": {}, "summary": {}}
     sharp = eps < 1
     for source, num in (("device", hits), ("all", {p: hits[p] + ext[p] for p in q})):
         per_pod = {p: num[p] / q[p] for p in q}
@@ -145,9 +146,7 @@ def _hand_check(prom: str, t1: float, span: float) -> dict:
         out["sources"][source] = {"by_hand": by_hand, "tol": tol, "unweighted": unweighted, "everyone": everyone}
         out["summary"][source] = (f"pods a {per_pod['a']:.4f}, b {per_pod['b']:.4f}, c {per_pod['c']:.4f}; w_b {w:.3f}, "
                                   f"delta {delta:.3f}, lag {lag:.4f}s, eps {eps:.4f}, window {span:.2f}s")
-    out["usable"] = out["gaps_ok"] and sharp
-    out["why"] = (f"scrape gaps {max(gaps.values()):.2f}s" if not out["gaps_ok"] else
-                  f"bound not sharp: eps {eps:.3f} (delta {delta:.3f}, lag {lag:.3f}s)")
+    out["usable"], out["why"] = sharp, f"bound not sharp: eps {eps:.3f} (delta {delta:.3f}, lag {lag:.3f}s)"
     return out
 
 

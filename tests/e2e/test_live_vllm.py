@@ -289,16 +289,18 @@ MIN_WINDOWS = 20  # checked at the least, however starved the machine
 
 
 def _stalled(live: Live, t0: float, t1: float) -> float:
-    """Seconds of [t0, t1] in which this test process was paused or vLLM was answering one of
-    kvhit's scrapes (kvhit scrapes one at a time; CI once saw vLLM's /metrics take 14 s)."""
-    return paused_within(live.pauses + [(r.t, r.t + r.upstream_seconds) for r in live.records], t0, t1)
+    """Seconds of [t0, t1] in which this test process was paused or vLLM held one of kvhit's
+    scrapes past INTERVAL (kvhit scrapes one at a time and starts them INTERVAL apart, so only a
+    longer answer delays the next; CI once saw vLLM's /metrics take 14 s)."""
+    overruns = [(r.t + INTERVAL, r.t + r.upstream_seconds) for r in live.records if r.upstream_seconds > INTERVAL]
+    return paused_within(live.pauses + overruns, t0, t1)
 
 
 def _expected_windows(live: Live) -> int:
     """Windows the poller must have seen: half of one per INTERVAL while vLLM was up, this test
     process ran (a machine-wide stall pauses kvhit, the poller and the heartbeat alike; CI once
-    lost 26 s at a time) and vLLM was not answering one of kvhit's scrapes (:func:`_stalled`), and
-    never fewer than MIN_WINDOWS."""
+    lost 26 s at a time) and vLLM did not hold one of kvhit's scrapes past INTERVAL (:func:`_stalled`),
+    and never fewer than MIN_WINDOWS."""
     t_up = min((s.t for s in live.samples if s.up == 1.0), default=live.t_kill)
     t_end = max((s.t for s in live.samples), default=live.t_restarted)
     spans = [(t_up, live.t_kill), (live.t_restarted, t_end)]
