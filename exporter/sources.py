@@ -649,8 +649,8 @@ class PrometheusSource:
         if new:
             log.warning("fleet mode: %d pod(s) Prometheus cannot scrape (up == 0) are left out of the sums (polls wait "
                         "%.0f s at most for down pods) until they are back (%s), and then count from the first range "
-                        "that starts once they are seen back (their growth while out is in no step)", len(new), DOWN_WAIT_SECONDS,
-                        _some(shown(f"{job}/{instance}") for job, instance in sorted(new)))
+                        "that starts once they are seen back (their growth while out is in no step)", len(new),
+                        DOWN_WAIT_SECONDS, _some(shown(f"{job}/{instance}") for job, instance in sorted(new)))
         elif self._leaving_out and not down:
             log.info("fleet mode: every pod Prometheus scrapes is up again")
         self._leaving_out = bool(down)
