@@ -608,6 +608,9 @@ class PrometheusSource:
         self._leaving_out = False  # the last poll went on without some pod (its return is logged)
         # the pods the next range leaves out → when a poll first saw each up again (inf: down at the last one)
         self._out: dict[tuple[str, str], float] = {}
+        # pods waited for (down at a poll that waited), up again → when a poll first saw them up: a range
+        # ending before then may end before their first sample back
+        self._returning: dict[tuple[str, str], float] = {}
         self._waiting_since: float | None = None  # now at the first of the polls waiting in a row for down pods
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
@@ -627,6 +630,10 @@ class PrometheusSource:
         now = min(self.clock(), time.time()) - self.delay
         deadline = time.monotonic() + self._http.timeout  # one for the poll's two queries
         latest, history, down = self._latest(now, deadline)
+        # (kept across failed polls: a pod seen down or back by one must not be forgotten by the next)
+        returned = dict.fromkeys(self._down_since.keys() - down - self._out.keys(), now)
+        self._returning = {pod: since for pod, since in (returned | self._returning).items() if pod not in down}
+        self._out.update(dict.fromkeys(down & self._out.keys(), math.inf))  # back, still out, down again
         self._down_since = {pod: self._down_since.get(pod, now) for pod in down}
         # each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out in the last
         # LOOKBACK is not waited for again (a crash-looping pod held every model back at each crash);
@@ -668,6 +675,18 @@ class PrometheusSource:
                               "will cover the wait",
                               costly=False)
         t = now if latest is None else min(now, latest)
+        # A pod waited for and back: the range ends at the pods' oldest latest sample, which can be before
+        # its first sample back; it would then read the pod's value from before it was down, and the growth
+        # over the wait would land in the next, short step (review). Wait once more (the next range ends
+        # past the poll that saw it up), or where that would withdraw the analysis, leave it out as a pod
+        # left out is, until a range starts past that poll.
+        late = {pod: since for pod, since in self._returning.items() if since > t}
+        if late and self._end is not None:
+            if fresh:
+                raise ScrapeError("catching_up", f"{self._where}: {len(late)} pod(s) waited for are up again, but "
+                                  "the range would end before their first sample back; the next range will cover "
+                                  "the wait", costly=False, unchanged=True)
+            self._out.update(late)
         # A clock that stepped back restarts the ranges instead of querying an empty one.
         start = self._end if self._end is not None and self._end < t else t - self.interval
         if self._baseline is None:
@@ -709,7 +728,7 @@ class PrometheusSource:
             self._totals, self._seen, self._partial, self._glitched, self._banned = kept
             raise ScrapeError("bad_response", f"{self._where}: an answer kvhit cannot render "
                                               f"({type(exc).__name__})") from None
-        self.counts = counts
+        self.counts, self._returning = counts, {}
         # A pod back stays out until a range starts at or after the poll that saw it up (its first sample
         # back came no later): a range ends at the pods' oldest latest sample, which can be before that
         # sample, and the next range then read its start from before the pod was out: the time out in

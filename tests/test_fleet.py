@@ -1822,6 +1822,66 @@ def test_a_pod_back_stays_out_until_a_range_starts_after_a_poll_saw_it_up(fake):
     assert out() == ""
 
 
+def _out_of(fake) -> str:
+    """The pods the last range query leaves out of every growth (none: '')."""
+    m = re.search(r"unless on \(job, instance\) \(([^()]*)\)\)", fake.forms[-1]["query"])
+    return "" if m is None else m.group(1)
+
+
+def test_a_pod_waited_for_and_back_is_waited_for_until_a_range_ends_after_it(fake):
+    # Pod a down at 1005 is waited for; at 1010 it is up, but the range would end at the pods'
+    # oldest latest sample, 1008, which can be before a's first sample back (no later than 1010,
+    # up == 1 then): a's value at 1008 from before it was down, and its growth over the wait in the
+    # next, short step (review: 100 then 500 queries in 3-s and 2.4-s steps for ~300 and ~240).
+    # The poll waits once more (the last range ended 10 s ago, within interval + timeout, 15 s);
+    # the range 1000-1014 then holds the wait, a in it.
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, timeout=10.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0) is None  # the baseline
+    assert _poll_down(fake, src, clock, 1005.0, "a") is not None  # waited for
+    err = _poll_down(fake, src, clock, 1010.0, latest=1008.0)
+    assert err is not None and "up again" in str(err) and err.unchanged  # no failure after a success
+    assert _poll_down(fake, src, clock, 1015.0, latest=1014.0) is None
+    assert _out_of(fake) == "" and "[14000ms]" in fake.forms[-1]["query"]  # 1000-1014, a in it
+
+
+def test_a_pod_back_late_where_a_wait_would_withdraw_the_analysis_is_left_out_instead(fake):
+    # as above, but the last range ended 9.5 s ago, past interval + timeout (8 s): no more waiting
+    # (Runner.current withdraws data that old); a is left out of every range starting before 1009.5
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=5.0, timeout=3.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0) is None
+    assert _poll_down(fake, src, clock, 1005.0, "a") is not None
+    assert _poll_down(fake, src, clock, 1009.5, latest=1009.0) is None and _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1015.0, latest=1014.0) is None and _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1020.0, latest=1019.0) is None and _out_of(fake) == ""
+
+
+def test_a_pod_back_and_still_out_seen_down_by_a_failed_poll_stays_out(fake):
+    # a left out, seen up at 1100 (still out: the range ended at 1090), down again at a poll that
+    # then failed (1130: Prometheus 503), up at 1160: its first sample after the second outage can
+    # be as late as 1160, so the range from 1159 must leave it out (review: the failed poll's
+    # verdict was lost, and a counted from 1159 with its value from before that outage)
+    from exporter.sources import DOWN_WAIT_SECONDS
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0) is None
+    assert _poll_down(fake, src, clock, 1005.0, "a") is not None
+    assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a") is None  # left out
+    assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # up; still out (range to 1090)
+    clock.t = 1130.0
+    fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": "a"}, "2"),
+                                          ({"kvhit_query": "f0"}, "1129")])))
+    fake.answers.append((503, b"overloaded"))
+    with pytest.raises(ScrapeError):
+        src.fetch()
+    assert _poll_down(fake, src, clock, 1160.0, latest=1159.0) is None  # up again: the range 1129-1159
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1220.0, latest=1219.0) is None  # from 1159 < 1160: still out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1280.0, latest=1279.0) is None and _out_of(fake) == ""
+
+
 def test_pods_down_in_turns_hold_the_polls_back_a_minute_at_most_and_no_wait_is_a_failure(fake):
     # a fleet breaker: 300 pods each failing 0.5 % of their scrapes kept some pod down at most polls;
     # each poll waited for it (catching_up, kvhit_up 0), 14 of 22 polls, and every value went stale
