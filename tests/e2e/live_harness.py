@@ -190,6 +190,7 @@ class RecordingProxy:
         self.upstream, self.upstream_timeout = upstream, upstream_timeout
         self.records: list[Record] = []
         self.failures = 0
+        self.attempts: list[tuple[float, float]] = []  # every upstream request, answered or not: (t, seconds)
         self._lock = threading.Lock()
         proxy = self
 
@@ -202,11 +203,12 @@ class RecordingProxy:
                     body = resp.content
                 except requests.RequestException:
                     ok, body = False, b"upstream unreachable\n"
-                if ok:
-                    with proxy._lock:
-                        proxy.records.append(Record(t, body.decode("utf-8", errors="replace"), time.time() - t))
-                else:
-                    with proxy._lock:
+                took = time.time() - t
+                with proxy._lock:
+                    proxy.attempts.append((t, took))
+                    if ok:
+                        proxy.records.append(Record(t, body.decode("utf-8", errors="replace"), took))
+                    else:
                         proxy.failures += 1
                 self.send_response(200 if ok else 502)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
