@@ -1754,6 +1754,12 @@ def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
     return None
 
 
+def _out_of(fake) -> str:
+    """The pods the last range query leaves out of every growth (none: '')."""
+    m = re.search(r"unless on \(job, instance\) \(([^()]*)\)\)", fake.forms[-1]["query"])
+    return "" if m is None else m.group(1)
+
+
 def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(fake, caplog):
     # A crash-looping pod (up 20 s, down 200 s) held every model's analysis back: each poll failed
     # catching_up for up to 5 min, kvhit_up 0 (KvhitTargetDown: "cannot scrape its vLLM target").
@@ -1769,27 +1775,22 @@ def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(f
         """'ok' or 'wait' (catching_up) of a poll at ``t`` with ``pods`` down."""
         return "ok" if _poll_down(fake, src, clock, t, *pods) is None else "wait"
 
-    def out() -> str:
-        """The pods the last range query leaves out of every growth (none: '')."""
-        m = re.search(r"unless on \(job, instance\) \(([^()]*)\)\)", fake.forms[-1]["query"])
-        return "" if m is None else m.group(1)
-
     w = DOWN_WAIT_SECONDS
     with caplog.at_level("INFO", logger="kvhit"):
         assert poll(1000.0) == "ok"  # the baseline, every pod up
         assert [poll(1005.0, "a"), poll(1005.0 + w - 1, "a"), poll(1005.0 + w, "a")] == ["wait", "wait", "ok"]
         # left out: none of its series in any growth (its stale ones read as growth 0)
-        assert out() == 'up{job="vllm", instance=~"a"}'
+        assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
         assert poll(1070.0, "a", "b") == "wait"  # b just went down: its own wait
         assert poll(1070.0 + w, "a", "b") == "ok"
-        assert out() == 'up{job="vllm", instance=~"a|b"}'  # one selector per job (fleet breaker)
+        assert _out_of(fake) == 'up{job="vllm", instance=~"a|b"}'  # one selector per job (fleet breaker)
         assert poll(1200.0) == "ok"  # both back
         # nor in the range from a poll that left them out: their growth while out would be in this step
-        assert out() == 'up{job="vllm", instance=~"a|b"}'
-        assert poll(1205.0) == "ok" and out() == ""  # by the polls' verdicts, not by up at t (review: one
+        assert _out_of(fake) == 'up{job="vllm", instance=~"a|b"}'
+        assert poll(1205.0) == "ok" and _out_of(fake) == ""  # by the polls' verdicts, not by up at t (review: one
         # failed scrape of a pod, up 0 at a t before now, lost its growth over two ranges)
         assert poll(1220.0, "a") == "ok"  # a crashes again within 5 min: left out at once
-        assert out() == 'up{job="vllm", instance=~"a"}'
+        assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert [ln for ln in caplog.text.splitlines() if "are left out of the sums" in ln] and \
         caplog.text.count("are left out of the sums (polls wait 60 s at most for down pods) until they are back (vllm/a)") == 1 and \
         caplog.text.count("are left out of the sums (polls wait 60 s at most for down pods) until they are back (vllm/b)") == 1, caplog.text
@@ -1807,25 +1808,15 @@ def test_a_pod_back_stays_out_until_a_range_starts_after_a_poll_saw_it_up(fake):
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
 
-    def out() -> str:
-        m = re.search(r"unless on \(job, instance\) \(([^()]*)\)\)", fake.forms[-1]["query"])
-        return "" if m is None else m.group(1)
-
     assert _poll_down(fake, src, clock, 1000.0) is None  # the baseline
     assert _poll_down(fake, src, clock, 1005.0, "a") is not None  # waited for …
     assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a") is None  # … then left out
     assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # a up again; the range ends at 1090
-    assert out() == 'up{job="vllm", instance=~"a"}'  # from the range that left it out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'  # from the range that left it out
     assert _poll_down(fake, src, clock, 1160.0, latest=1159.0) is None  # the range 1090-1159 starts before 1100
-    assert out() == 'up{job="vllm", instance=~"a"}'
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert _poll_down(fake, src, clock, 1220.0, latest=1219.0) is None  # 1159-1219: a's samples since it is back
-    assert out() == ""
-
-
-def _out_of(fake) -> str:
-    """The pods the last range query leaves out of every growth (none: '')."""
-    m = re.search(r"unless on \(job, instance\) \(([^()]*)\)\)", fake.forms[-1]["query"])
-    return "" if m is None else m.group(1)
+    assert _out_of(fake) == ""
 
 
 def test_a_pod_waited_for_and_back_is_waited_for_until_a_range_ends_after_it(fake):

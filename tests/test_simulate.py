@@ -1021,6 +1021,29 @@ def test_the_diurnal_banner_states_the_true_line_over_the_h_range_it_plays(capsy
     assert f"a={-slope / tps0:.4f}" in out, out
 
 
+def _connector_nan_run(nan_at, families: str, last: int):
+    """The sweep preset through a Runner with a KV connector (kv_offloading_size "None") whose
+    external_prefix_cache_{families}_total read NaN at the steps in ``nan_at``, up to step ``last``:
+    (the model's analysis then, the simulator's truth at that step)."""
+    from exporter.config import Config
+    from exporter.replay import TraceClock
+    from exporter.runner import Runner
+
+    sc = preset("sweep")
+    clock = TraceClock()
+    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
+    for i, (t, text, truth) in enumerate(generate(sc)):
+        text = text.replace('kv_offloading_size="64"', 'kv_offloading_size="None"')
+        if i in nan_at:
+            text = re.sub(rf"^(vllm:external_prefix_cache_(?:{families})_total\{{[^}}]*\}}) \S+$", r"\1 NaN", text,
+                          flags=re.M)
+        clock.t = t
+        runner.ingest_text(t, text)
+        if i == last:
+            break
+    return runner.current()[0].models[sc.model_name], truth
+
+
 @pytest.mark.parametrize("nan_at, families, why", [
     (range(10**6), "hits", "external_prefix_cache_* exposed without a usable external_prefix_cache_hits"),
     (range(10**6), "hits|queries", "external_prefix_cache_* exposed without a usable external_prefix_cache_hits"),
@@ -1032,25 +1055,8 @@ def test_loaded_hits_read_as_nan_are_unknown_not_0(nan_at, families, why):
     # why, never 0 (an adversarial review saw h_loaded 0 and h 0.30 for a true 0.6, with no reason;
     # a second one the same with _queries NaN too: vLLM exports both at 0 without a connector, so
     # the families on show mean the engine counts a connector's hits)
-    import re as re_
-    from exporter.config import Config
-    from exporter.replay import TraceClock
-    from exporter.runner import Runner
-
-    sc = preset("sweep")  # h = 0.5 at steps 24-35, half of it loaded
-    clock = TraceClock()
-    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
-    for i, (t, text, truth) in enumerate(generate(sc)):
-        text = text.replace('kv_offloading_size="64"', 'kv_offloading_size="None"')
-        if i in nan_at:
-            text = re_.sub(rf"^(vllm:external_prefix_cache_(?:{families})_total\{{[^}}]*\}}) \S+$", r"\1 NaN", text,
-                           flags=re_.M)
-        clock.t = t
-        runner.ingest_text(t, text)
-        if i == 33:
-            break
+    m, truth = _connector_nan_run(nan_at, families, last=33)  # h = 0.5 at steps 24-35, half of it loaded
     assert truth.h_load > 0  # loaded hits were there
-    m = runner.current()[0].models[sc.model_name]
     assert "loaded" not in m.hit_ratio and "all" not in m.hit_ratio
     assert 0 < m.hit_ratio["device"] < truth.h  # the device hits are still read
     assert m.unknown["hit_ratio_loaded"].startswith(why), m.unknown
@@ -1060,22 +1066,7 @@ def test_predictions_withheld_for_an_unknown_h_point_at_its_reason():
     # The chip-time fit ok, then the connector's external_prefix_cache_hits read NaN: h over all
     # sources is unknown, so nothing is predicted at the window's traffic. The reason said "no
     # request finished in it, or no prefix-cache query" while both were there (newcomer review).
-    from exporter.config import Config
-    from exporter.replay import TraceClock
-    from exporter.runner import Runner
-
-    sc = preset("sweep")
-    clock = TraceClock()
-    runner = Runner(Config(interval=sc.interval), "sim", clock=clock)
-    for i, (t, text, _) in enumerate(generate(sc)):
-        text = text.replace('kv_offloading_size="64"', 'kv_offloading_size="None"')
-        if i >= 60:
-            text = re.sub(r"^(vllm:external_prefix_cache_hits_total\{[^}]*\}) \S+$", r"\1 NaN", text, flags=re.M)
-        clock.t = t
-        runner.ingest_text(t, text)
-        if i == 80:
-            break
-    m = runner.current()[0].models[sc.model_name]
+    m, _ = _connector_nan_run(range(60, 10**6), "hits", last=80)
     assert m.fits["chip_time"].ok and "all" not in m.hit_ratio and m.hit_ratio["device"] > 0
     assert m.unknown["hit_ratio_loaded"].count('h over all sources (source="all") and what is predicted at it are '
                                                'unknown too') == 1
