@@ -648,14 +648,14 @@ class Analyzer:
                                              f"identifiable: {step.reason}")
         # the fit stands without the window's traffic (a what-if gives its own); what is predicted
         # at the window's traffic waits for it, and says so
-        idle = [name for name, v in (("h", h_now), ("ISL", isl), ("OSL", osl), ("engine steps per request",
-                                                                                steps_per_request)) if v is None]
+        traffic = {"h": h_now, "ISL": isl, "OSL": osl, "engine steps per request": steps_per_request}
+        idle = [(name, keys, fallback) for name, keys, fallback in _IDLE_REASONS if traffic[name] is None]
         if idle:
             # each points at its own reason where there is one
             causes = [next((f"{name}: see {k}" for k in keys if k in unknown), f"{name}: {fallback}")
-                      for name, keys, fallback in _IDLE_REASONS if name in idle]
-            why = (f"{', '.join(idle)} of the publish window unknown ({'; '.join(causes)}): no traffic to predict "
-                   "at; kvhit predict and /api/v1/predict answer for traffic given")
+                      for name, keys, fallback in idle]
+            why = (f"{', '.join(name for name, _, _ in idle)} of the publish window unknown ({'; '.join(causes)}): "
+                   "no traffic to predict at; kvhit predict and /api/v1/predict answer for traffic given")
             _predictions_unknown(unknown, cfg, why)
             return replace(out, bathtubs=linear, valley_form=_valley_form(None, linear))
         # Terms the chip-time fit could not tell apart are carried by the kept ones only where a
@@ -902,8 +902,8 @@ def _valley_form(chip: FitResult | None, bathtubs: dict[str, BathtubCurve]) -> s
     return "linear" if "linear" in bathtubs else None
 
 
-# the window's traffic a prediction needs (Analyzer, ``idle``) → the unknown signals that say why
-# it is unknown, and why otherwise
+# the window's traffic a prediction needs (Analyzer, ``traffic``), in the order a reason names it →
+# the unknown signals that say why it is unknown, and why otherwise
 _IDLE_REASONS = (("h", ("hit_ratio", "hit_ratio_loaded"), "no prefix-cache query"),
                  ("ISL", ("isl",), "no request finished in it"), ("OSL", ("osl",), "no request finished in it"),
                  ("engine steps per request", ("fixed_time",), "no request finished in it"))
