@@ -1741,9 +1741,7 @@ def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
     oldest latest sample at ``latest``, None: unknown): None when it went on, its catching_up error
     when it waited for them (no range was asked then)."""
     clock.t = t
-    stamp = [] if latest is None else [({"kvhit_query": "f0"}, str(latest))]
-    fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2")
-                                          for p in pods] + stamp)))
+    fake.latest.append(_latest_answer(fake, pods, latest))
     fake.answer([_row("c:prefix_cache_queries", "100")])
     try:
         src.fetch()
@@ -1752,6 +1750,13 @@ def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
         fake.answers.pop()
         return err
     return None
+
+
+def _latest_answer(fake, pods, latest: float | None) -> tuple[int, bytes]:
+    """The latest-sample query's answer: ``pods`` (instances of job vllm) down, up == 0, and the
+    pods' oldest latest sample at ``latest`` (None: unknown)."""
+    stamp = [] if latest is None else [({"kvhit_query": "f0"}, str(latest))]
+    return 200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2") for p in pods] + stamp)
 
 
 def _out_of(fake) -> str:
@@ -1861,8 +1866,7 @@ def test_a_pod_back_and_still_out_seen_down_by_a_failed_poll_stays_out(fake):
     assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a") is None  # left out
     assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # up; still out (range to 1090)
     clock.t = 1130.0
-    fake.latest.append((200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": "a"}, "2"),
-                                          ({"kvhit_query": "f0"}, "1129")])))
+    fake.latest.append(_latest_answer(fake, ["a"], 1129.0))
     fake.answers.append((503, b"overloaded"))
     with pytest.raises(ScrapeError):
         src.fetch()
