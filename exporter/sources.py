@@ -611,6 +611,7 @@ class PrometheusSource:
         # pods waited for (down at a poll that waited), up again → when a poll first saw them up: a range
         # ending before then may end before their first sample back
         self._returning: dict[tuple[str, str], float] = {}
+        self._gone: set[tuple[str, str]] = set()  # pods with counters in the lookback and no up at the last poll
         self._waiting_since: float | None = None  # now at the first of the polls waiting in a row for down pods
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
@@ -629,10 +630,21 @@ class PrometheusSource:
         # Prometheus about the future (empty ranges) until kvhit restarts.
         now = min(self.clock(), time.time()) - self.delay
         deadline = time.monotonic() + self._http.timeout  # one for the poll's two queries
-        latest, history, down = self._latest(now, deadline)
+        latest, history, down, gone = self._latest(now, deadline)
         # (kept across failed polls: a pod seen down or back by one must not be forgotten by the next)
         returned = dict.fromkeys(self._down_since.keys() - down - self._out.keys(), now)
         self._returning = {pod: since for pod, since in (returned | self._returning).items() if pod not in down}
+        # a pod back in service discovery had no up while gone, so it was never seen down: each end of its
+        # growth is its last real sample, at the range's start the last before it left, and its traffic
+        # while gone would land in one step (a breaker: 1600 queries in a 3-s step). It is out as a pod
+        # back from a time down is (below); one gone past the lookback leaves the set too, out of no range.
+        back_in_sd = self._gone - gone - self._out.keys()
+        if back_in_sd:
+            log.info("fleet mode: %d pod(s) back in service discovery count from the first range that starts once "
+                     "they are seen back (their growth while gone is in no step) (%s)", len(back_in_sd),
+                     _some(shown(f"{job}/{instance}") for job, instance in sorted(back_in_sd)))
+        self._out.update(dict.fromkeys(back_in_sd, now))
+        self._gone = gone
         self._out.update(dict.fromkeys(down & self._out.keys(), math.inf))  # back, still out, down again
         self._down_since = {pod: self._down_since.get(pod, now) for pod in down}
         # each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out in the last
@@ -641,7 +653,9 @@ class PrometheusSource:
         # 300 pods failing 0.5 % of their scrapes each failed 14 polls of 22, every value withdrawn),
         # nor past where the analysis is withdrawn at the next poll (data two intervals plus the
         # timeout old, Runner.current): then the pods down are left out instead
-        waiting = [pod for pod in down if pod not in self._left_out and now - self._down_since[pod] < DOWN_WAIT_SECONDS]
+        # (nor one out anyway: back in service discovery down, its growth is in no step before its return)
+        unwaited = self._left_out.keys() | self._out.keys()
+        waiting = [pod for pod in down if pod not in unwaited and now - self._down_since[pod] < DOWN_WAIT_SECONDS]
         since = now if self._waiting_since is None or not waiting else self._waiting_since
         fresh = self._end is None or now - self._end <= self.interval + self._http.timeout
         self._waiting_since = None
@@ -742,7 +756,8 @@ class PrometheusSource:
             self._baseline = t
         return t, text
 
-    def _latest(self, t: float, deadline: float) -> tuple[float | None, bool, set[tuple[str, str]]]:
+    def _latest(self, t: float, deadline: float
+                ) -> tuple[float | None, bool, set[tuple[str, str]], set[tuple[str, str]]]:
         """(the oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
         — one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
         series of one pod would collide —; whether Prometheus has a counter sample of the selected
@@ -750,10 +765,12 @@ class PrometheusSource:
         storage or a fresh replica lost; the pods, (job, instance), with counter samples within
         LOOKBACK whose target is down at t: ``up == 0``, their series stale, which timestamp() does not see, while
         last_over_time() would read their growth as 0 and the whole gap's in one step when they
-        return — a pod gone from service discovery has no ``up`` and is not counted). Logs a warning
+        return — a pod gone from service discovery has no ``up`` and is not counted); the pods with
+        counter samples within LOOKBACK and no ``up`` the matchers select (gone from service
+        discovery, or unwatched, below). Logs a warning
         when pods scraped now have no ``up`` the matchers select (their being down would go unseen)."""
         if not self._counters:
-            return None, False, set()
+            return None, False, set(), set()
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
@@ -761,6 +778,8 @@ class PrometheusSource:
         up, counters = self._up(), self._counters_selector()
         queries.append(("down:", f"count by (job, instance) (last_over_time({counters}"
                                   f"[{LOOKBACK}])) and on (job, instance) ({up} == 0)"))
+        queries.append(("gone:", f"count by (job, instance) (last_over_time({counters}[{LOOKBACK}])) "
+                                  f"unless on (job, instance) {up}"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
         queries.append(("unwatched:", f"count(count by (job, instance) ({counters}) "
                                       f"unless on (job, instance) {up})"))
@@ -776,10 +795,11 @@ class PrometheusSource:
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
                                                for q, e in queries), t, deadline), self._where)
         stamps = [v for labels, v in rows
-                  if labels.get(_QUERY_LABEL) not in ("history:", "down:", "unwatched:", "twice:") and math.isfinite(v)]
+                  if labels.get(_QUERY_LABEL) not in ("history:", "down:", "gone:", "unwatched:", "twice:")
+                  and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
-        down = {(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
-                if labels.get(_QUERY_LABEL) == "down:"}
+        down, gone = ({(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
+                       if labels.get(_QUERY_LABEL) == qid} for qid in ("down:", "gone:"))
         self._warn_on_change(rows, "unwatched:", "fleet mode: %.0f pod(s) with vLLM counters have no up series the "
                              "selector's matchers select (a matcher on a label up lacks, other than model_name?): kvhit "
                              "cannot see when they are down, and a down pod's growth would land in one later step",
@@ -788,7 +808,7 @@ class PrometheusSource:
                              "more than once (by two jobs, or found twice by one): their growth is summed once per "
                              "scrape (narrow --selector to one of them)",
                              "fleet mode: every target is scraped once again")
-        return (min(stamps) if stamps else None), history, down
+        return (min(stamps) if stamps else None), history, down, gone
 
     def _warn_on_change(self, rows: list[tuple[dict[str, str], float]], qid: str, warning: str, cleared: str) -> None:
         """Log ``warning`` (%-formatted with the count) when query ``qid``'s count in ``rows`` turns

@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler
 from importlib.metadata import version
@@ -1736,12 +1736,12 @@ def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_inte
 
 
 def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
-               latest: float | None = None) -> ScrapeError | None:
+               latest: float | None = None, gone: Iterable[str] = ()) -> ScrapeError | None:
     """A poll of ``src`` at ``t`` with ``pods`` (instances of job vllm) down, up == 0 (and the pods'
-    oldest latest sample at ``latest``, None: unknown): None when it went on, its catching_up error
-    when it waited for them (no range was asked then)."""
+    oldest latest sample at ``latest``, None: unknown; ``gone``: those with counters and no up):
+    None when it went on, its catching_up error when it waited for them (no range was asked then)."""
     clock.t = t
-    fake.latest.append(_latest_answer(fake, pods, latest))
+    fake.latest.append(_latest_answer(fake, pods, latest, gone))
     fake.answer([_row("c:prefix_cache_queries", "100")])
     try:
         src.fetch()
@@ -1752,11 +1752,13 @@ def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
     return None
 
 
-def _latest_answer(fake, pods, latest: float | None) -> tuple[int, bytes]:
-    """The latest-sample query's answer: ``pods`` (instances of job vllm) down, up == 0, and the
-    pods' oldest latest sample at ``latest`` (None: unknown)."""
+def _latest_answer(fake, pods, latest: float | None, gone: Iterable[str] = ()) -> tuple[int, bytes]:
+    """The latest-sample query's answer: ``pods`` (instances of job vllm) down, up == 0, the pods'
+    oldest latest sample at ``latest`` (None: unknown), and ``gone`` with counters but no up (gone
+    from service discovery)."""
     stamp = [] if latest is None else [({"kvhit_query": "f0"}, str(latest))]
-    return 200, fake.vector([({"kvhit_query": "down:", "job": "vllm", "instance": p}, "2") for p in pods] + stamp)
+    return 200, fake.vector([({"kvhit_query": kind, "job": "vllm", "instance": p}, "2")
+                             for kind, names in (("down:", pods), ("gone:", gone)) for p in names] + stamp)
 
 
 def _out_of(fake) -> str:
@@ -1822,6 +1824,32 @@ def test_a_pod_back_stays_out_until_a_range_starts_after_a_poll_saw_it_up(fake):
     assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert _poll_down(fake, src, clock, 1220.0, latest=1219.0) is None  # 1159-1219: a's samples since it is back
     assert _out_of(fake) == ""
+
+
+def test_a_pod_back_in_service_discovery_stays_out_until_a_range_starts_after_a_poll_saw_it(fake, caplog):
+    # Pod a gone from service discovery at 1005 (counters in the lookback, no up) is back at 1100:
+    # never down, it was counted from a range starting at its last sample before it left, its
+    # traffic while gone in one step. It is out as a pod back from a time down is (above). Back and
+    # down (up == 0), it is out and not waited for: its growth is in no step before its return.
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0) is None  # the baseline
+    assert _poll_down(fake, src, clock, 1005.0, gone=["a"]) is None and _out_of(fake) == ""  # gone: growth 0
+    with caplog.at_level("INFO", logger="kvhit"):
+        assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # back; the range ends at 1090
+    assert "1 pod(s) back in service discovery count from the first range that starts once they are seen back" \
+        in caplog.text and "vllm/a" in caplog.text
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1160.0, latest=1159.0) is None  # 1090-1159 starts before 1100: out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1220.0, latest=1219.0) is None and _out_of(fake) == ""
+    assert _poll_down(fake, src, clock, 1280.0, latest=1279.0, gone=["a"]) is None
+    assert _poll_down(fake, src, clock, 1340.0, "a", latest=1339.0) is None  # back, down: out, no wait
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1400.0, latest=1399.0) is None  # up at 1400: the range to 1399 leaves it out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1460.0, latest=1459.0) is None and _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1520.0, latest=1519.0) is None and _out_of(fake) == ""
 
 
 def test_a_pod_waited_for_and_back_is_waited_for_until_a_range_ends_after_it(fake):
@@ -2679,6 +2707,54 @@ def test_the_pods_priced_are_those_with_output_tokens_in_the_range_idle_or_busy_
             time.sleep(2.5)
         # the baseline prices nothing (no growth yet); three pods, then b's last range, then two
         assert seen[0] == {} and seen[1] == seen[2] == {"m": 3} and seen[4] == {"m": 2}, seen
+    finally:
+        _stop(pods.values(), procs)
+
+
+def test_a_pod_back_in_service_discovery_brings_no_growth_of_its_time_gone_into_one_step(tmp_path):
+    # A pod dropped from service discovery while it kept serving (a relabelling that keeps ready
+    # endpoints only, and a readiness probe timing out under load), back under the same job and
+    # instance within the 5-min lookback: it has no up while gone, so it was never seen down. Each
+    # growth end is its last real sample, its last before it was dropped at the range's start: its
+    # traffic while gone (15 s × 100/s here) landed in one step (2101 queries in 3.3 s). No step may
+    # hold more than two pods at 100/s serve in its time + 3 s (each end is a pod's last sample, a
+    # 1-s scrape before it, 2 s after a missed scrape of a starved machine): 1500 and more of b's
+    # alone pass that. And b counts again: the last three steps hold more than one pod's most.
+    t0, rate = time.time(), 100.0
+
+    def body() -> str:
+        return _counters("vllm:prefix_cache_queries", round(rate * (time.time() - t0)), t0)
+
+    pods, procs = {name: _pod(body) for name in ("a", "b")}, Processes(tmp_path)
+    targets = tmp_path / "targets.json"
+
+    def discover(names) -> None:
+        (tmp := tmp_path / "targets.tmp").write_text(json.dumps(
+            [{"targets": [f"127.0.0.1:{pods[n].server_address[1]}"], "labels": {"pod": n}} for n in names]))
+        tmp.replace(targets)
+    try:
+        discover(pods)
+        prom = f"http://127.0.0.1:{(port := free_port())}"
+        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
+            {"job_name": "vllm", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}, port)
+        _three_samples(prom, "vllm:prefix_cache_queries_total", 2)
+        polls = []
+        poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 10)
+        poll()  # the baseline
+        discover(("a",))
+        wait_for(lambda: not prometheus_query(prom, 'up{pod="b"}'), 30, "b gone from service discovery")
+        gone = time.time()
+        while time.time() < gone + 15.0:
+            time.sleep(2.5)
+            poll()
+        discover(pods)
+        wait_for(lambda: prometheus_query(prom, 'up{pod="b"}'), 30, "b back in service discovery")
+        for _ in range(6):
+            time.sleep(2.5)
+            poll()
+        steps = [(t1 - t0_, c1["queries"] - c0["queries"]) for (t0_, c0), (t1, c1) in zip(polls, polls[1:])]
+        assert all(growth <= 2 * rate * (dt + 3.0) for dt, growth in steps), steps
+        assert sum(g for _, g in steps[-3:]) > rate * (sum(dt for dt, _ in steps[-3:]) + 3.0), steps  # b counted
     finally:
         _stop(pods.values(), procs)
 
