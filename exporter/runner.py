@@ -383,6 +383,7 @@ class Runner:
         out (:attr:`Analysis.failed`), counted alike. Neither is a failed scrape (``up`` and the
         backoff stay as they are).
         """
+        read_failed = False
         try:
             with self._lock:  # one critical section: the analysis of the snapshot health dates
                 analysis, health = self.analyzer.analysis(), self._health
@@ -396,7 +397,7 @@ class Runner:
                 health = counted or self._health
             if counted:
                 log.warning("analysis of the snapshot at %s failed: %s", stamp, type(exc).__name__, exc_info=True)
-            analysis = Analysis(stamp, "unknown", "analysis failed", {})
+            analysis, read_failed = Analysis(stamp, "unknown", "analysis failed", {}), True
         now = self.clock()
         age = None if health.last_success is None else max(0.0, now - health.last_success)
         stale = age is None or not health.up or age > self.config.interval + self.config.timeout
@@ -409,7 +410,7 @@ class Runner:
                 "mode also polls that found nothing newer, and data ending that long before the poll, both logged)")
         if analysis.timestamp is None and self._last_reason:
             analysis = replace(analysis, engine_reason=f"no successful scrape yet (last attempt: {self._last_reason})")
-        elif analysis.timestamp is not None:
+        elif analysis.timestamp is not None and not read_failed:  # kvhit's own failure says so, not the selector
             analysis = replace(analysis, engine_reason=self._reason(analysis.engine, analysis.engine_reason,
                                                                     bool(analysis.models)))
         return analysis, replace(health, age=age, stale=stale, clock_offset=self._clock_offset())
