@@ -630,20 +630,21 @@ class PrometheusSource:
         # Prometheus about the future (empty ranges) until kvhit restarts.
         now = min(self.clock(), time.time()) - self.delay
         deadline = time.monotonic() + self._http.timeout  # one for the poll's two queries
-        latest, history, down, gone = self._latest(now, deadline)
+        latest, history, down, gone, seen = self._latest(now, deadline)
         # (kept across failed polls: a pod seen down or back by one must not be forgotten by the next)
         returned = dict.fromkeys(self._down_since.keys() - down - self._out.keys(), now)
         self._returning = {pod: since for pod, since in (returned | self._returning).items() if pod not in down}
         # a pod back in service discovery had no up while gone, so it was never seen down: each end of its
         # growth is its last real sample, at the range's start the last before it left, and its traffic
         # while gone would land in one step (a breaker: 1600 queries in a 3-s step). It is out as a pod
-        # back from a time down is (below); one gone past the lookback leaves the set too, out of no range.
-        back_in_sd = self._gone - gone - self._out.keys()
+        # back from a time down is (below), from this poll on, whatever an earlier verdict said (one left
+        # out while down, then gone: review); one that left the set past the lookback has no up: not back.
+        back_in_sd = (self._gone - gone) & seen
         if back_in_sd:
             log.info("fleet mode: %d pod(s) back in service discovery count from the first range that starts once "
                      "they are seen back (their growth while gone is in no step) (%s)", len(back_in_sd),
                      _some(shown(f"{job}/{instance}") for job, instance in sorted(back_in_sd)))
-        self._out.update(dict.fromkeys(back_in_sd, now))
+        self._out.update({pod: max(self._out.get(pod, now), now) for pod in back_in_sd})
         self._gone = gone
         self._out.update(dict.fromkeys(down & self._out.keys(), math.inf))  # back, still out, down again
         self._down_since = {pod: self._down_since.get(pod, now) for pod in down}
@@ -756,8 +757,8 @@ class PrometheusSource:
             self._baseline = t
         return t, text
 
-    def _latest(self, t: float, deadline: float
-                ) -> tuple[float | None, bool, set[tuple[str, str]], set[tuple[str, str]]]:
+    def _latest(self, t: float, deadline: float) -> tuple[float | None, bool, set[tuple[str, str]],
+                                                          set[tuple[str, str]], set[tuple[str, str]]]:
         """(the oldest of the pods' latest counter samples at ``t`` [unix s], None when there is none
         — one ``min(timestamp())`` per family: timestamp() drops the metric name, and two families'
         series of one pod would collide —; whether Prometheus has a counter sample of the selected
@@ -767,19 +768,23 @@ class PrometheusSource:
         last_over_time() would read their growth as 0 and the whole gap's in one step when they
         return — a pod gone from service discovery has no ``up`` and is not counted); the pods with
         counter samples within LOOKBACK and no ``up`` the matchers select (gone from service
-        discovery, or unwatched, below). Logs a warning
+        discovery, or unwatched, below); those gone at the last poll that have an ``up`` at ``t``
+        (back, not past LOOKBACK). Logs a warning
         when pods scraped now have no ``up`` the matchers select (their being down would go unseen)."""
         if not self._counters:
-            return None, False, set(), set()
+            return None, False, set(), set(), set()
         # a pod's newest sample time of either spelling (a downgrade's stale vllm: one held t back 5 min)
         queries = [(f.name, f'min({_newest("timestamp({})", self._selector(f, "(_total)?"))})')
                    for f in self._counters]
         # up with the selector's matchers too (_up; a matcher on a label up lacks finds no down pod)
         up, counters = self._up(), self._counters_selector()
-        queries.append(("down:", f"count by (job, instance) (last_over_time({counters}"
-                                  f"[{LOOKBACK}])) and on (job, instance) ({up} == 0)"))
-        queries.append(("gone:", f"count by (job, instance) (last_over_time({counters}[{LOOKBACK}])) "
-                                  f"unless on (job, instance) {up}"))
+        # the pods with counters in the lookback and no up == 1, down (up == 0) or gone (no up), told
+        # apart by the targets with up == 0: one scan of the counters over the lookback, not one each
+        queries.append(("notup:", f"count by (job, instance) (last_over_time({counters}[{LOOKBACK}])) "
+                                   f"unless on (job, instance) ({up} == 1)"))
+        queries.append(("down:", f"count by (job, instance) ({up} == 0)"))
+        if (gone_up := _up_of(self._gone, within=None)) is not None:  # those gone at the last poll, up now: back
+            queries.append(("seen:", f"count by (job, instance) {gone_up}"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
         queries.append(("unwatched:", f"count(count by (job, instance) ({counters}) "
                                       f"unless on (job, instance) {up})"))
@@ -795,11 +800,11 @@ class PrometheusSource:
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
                                                for q, e in queries), t, deadline), self._where)
         stamps = [v for labels, v in rows
-                  if labels.get(_QUERY_LABEL) not in ("history:", "down:", "gone:", "unwatched:", "twice:")
+                  if labels.get(_QUERY_LABEL) not in ("history:", "notup:", "down:", "seen:", "unwatched:", "twice:")
                   and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
-        down, gone = ({(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
-                       if labels.get(_QUERY_LABEL) == qid} for qid in ("down:", "gone:"))
+        notup, down, seen = ({(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
+                              if labels.get(_QUERY_LABEL) == qid} for qid in ("notup:", "down:", "seen:"))
         self._warn_on_change(rows, "unwatched:", "fleet mode: %.0f pod(s) with vLLM counters have no up series the "
                              "selector's matchers select (a matcher on a label up lacks, other than model_name?): kvhit "
                              "cannot see when they are down, and a down pod's growth would land in one later step",
@@ -808,7 +813,7 @@ class PrometheusSource:
                              "more than once (by two jobs, or found twice by one): their growth is summed once per "
                              "scrape (narrow --selector to one of them)",
                              "fleet mode: every target is scraped once again")
-        return (min(stamps) if stamps else None), history, down, gone
+        return (min(stamps) if stamps else None), history, notup & down, notup - down, seen
 
     def _warn_on_change(self, rows: list[tuple[dict[str, str], float]], qid: str, warning: str, cleared: str) -> None:
         """Log ``warning`` (%-formatted with the count) when query ``qid``'s count in ``rows`` turns
@@ -1373,19 +1378,21 @@ class _Rendered:
         return self._families
 
 
-def _up_of(pods: Iterable[tuple[str, str]]) -> str | None:
+def _up_of(pods: Iterable[tuple[str, str]], within: str | None = LOOKBACK) -> str | None:
     """PromQL: the ``up`` series of ``pods`` (job, instance), in parentheses (None: no pod), for
     :func:`_growth` to leave out: one selector per job, its instances one regex (a selector per
     pod, repeated in every growth, made 100 pods down a 674-KB query Prometheus took 12 s over: a
-    fleet breaker)."""
+    fleet breaker). Each its last sample ``within`` (None: at the query's time): a pod back in
+    service discovery and gone again by then has no ``up`` at it, and was left out of nothing
+    (review: its time gone in one step)."""
     jobs: dict[str, list[str]] = {}
     for job, inst in sorted(pods):
         jobs.setdefault(job, []).append(_re2_literal(inst))
     if not jobs:
         return None
-    return "(" + " or ".join(f"up{{job={json.dumps(job, ensure_ascii=False)}, "
-                             f"instance=~{json.dumps('|'.join(insts), ensure_ascii=False)}}}"
-                             for job, insts in jobs.items()) + ")"
+    selectors = (f"up{{job={json.dumps(job, ensure_ascii=False)}, "
+                 f"instance=~{json.dumps('|'.join(insts), ensure_ascii=False)}}}" for job, insts in jobs.items())
+    return "(" + " or ".join(s if within is None else f"last_over_time({s}[{within}])" for s in selectors) + ")"
 
 
 def _re2_literal(text: str) -> str:

@@ -456,10 +456,13 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
         assert (f'label_replace(min((({ts["vllm:"]} >= {ts["vllm_"]}) or {ts["vllm_"]} or {ts["vllm:"]})), '
                 f'"kvhit_query", "{name}", "", "")') in fake.latest_forms[0]["query"]
     assert "history:" not in fake.latest_forms[0]["query"]
-    # the selected pods that Prometheus cannot scrape now: up with the selector's matchers (another
-    # cluster's target at the same job and address is none of the fleet's: review)
-    assert (f'label_replace(count by (job, instance) (last_over_time({counters}[5m])) and on (job, instance) '
-            f'(up{{{sel}}} == 0), "kvhit_query", "down:", "", "")') in fake.latest_forms[0]["query"]
+    # the selected pods with counters that Prometheus cannot scrape now (up == 0) or no longer
+    # discovers (no up): up with the selector's matchers (another cluster's target at the same job
+    # and address is none of the fleet's: review)
+    assert (f'label_replace(count by (job, instance) (last_over_time({counters}[5m])) unless on (job, instance) '
+            f'(up{{{sel}}} == 1), "kvhit_query", "notup:", "", "")') in fake.latest_forms[0]["query"]
+    assert (f'label_replace(count by (job, instance) (up{{{sel}}} == 0), "kvhit_query", "down:", "", "")'
+            in fake.latest_forms[0]["query"])
     assert (f'label_replace(count(last_over_time({counters}[5m] offset 3250ms)), "kvhit_query", "history:", "", "")'
             in fake.latest_forms[1]["query"])
     assert len(fake.latest_forms) == 4  # the failed fetch's range query too
@@ -1073,7 +1076,7 @@ def test_a_model_whose_pods_run_lmcache_on_an_older_vllm_has_its_loaded_hits_unk
     info = Family("cache_config_info", "info", ("block_size", "kv_offloading_size"))
     src = PrometheusSource(fake.url, (*FAMILIES[:2], info), interval=5.0, clock=Clock(6000.0))
     assert sources._connected(src._counters_selector(), src.matchers) in src.promql(5.0)
-    out = ' unless on (job, instance) (up{job="j", instance=~"a"})'
+    out = ' unless on (job, instance) (last_over_time(up{job="j", instance=~"a"}[5m]))'
     assert sources._connected(src._counters_selector() + out, src.matchers) in src.promql(5.0, out=[("j", "a")])
     fake.answer([*[({**labels, "model_name": m}, v) for m in ("m1", "m2") for labels, v in (
                      _row("c:prefix_cache_queries", "1000"), _row("c:prefix_cache_hits", "500"))],
@@ -1726,7 +1729,7 @@ def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_inte
     clock = Clock(1000.0)
     src = PrometheusSource(fake.url, FAMILIES, interval=5.0, clock=clock)
     runner = Runner(Config(interval=5.0), fake.url, scope="fleet", clock=clock)
-    fake.latest += [(200, fake.vector([({"kvhit_query": "down:"}, "1")]))] * 3
+    fake.latest += [_latest_answer(fake, [""], None)] * 3
     waits = []
     for _ in range(3):
         assert runner.poll(src) is False
@@ -1735,13 +1738,14 @@ def test_a_poll_waiting_for_a_pod_prometheus_cannot_scrape_is_retried_every_inte
     assert not fake.forms  # no range query was sent
 
 
-def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
-               latest: float | None = None, gone: Iterable[str] = ()) -> ScrapeError | None:
+def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str, latest: float | None = None,
+               gone: Iterable[str] = (), seen: Iterable[str] = ()) -> ScrapeError | None:
     """A poll of ``src`` at ``t`` with ``pods`` (instances of job vllm) down, up == 0 (and the pods'
-    oldest latest sample at ``latest``, None: unknown; ``gone``: those with counters and no up):
-    None when it went on, its catching_up error when it waited for them (no range was asked then)."""
+    oldest latest sample at ``latest``, None: unknown; ``gone``: those with counters and no up;
+    ``seen``: those gone at the last poll with an up now): None when it went on, its catching_up
+    error when it waited for them (no range was asked then)."""
     clock.t = t
-    fake.latest.append(_latest_answer(fake, pods, latest, gone))
+    fake.latest.append(_latest_answer(fake, pods, latest, gone, seen))
     fake.answer([_row("c:prefix_cache_queries", "100")])
     try:
         src.fetch()
@@ -1752,19 +1756,22 @@ def _poll_down(fake, src: PrometheusSource, clock: Clock, t: float, *pods: str,
     return None
 
 
-def _latest_answer(fake, pods, latest: float | None, gone: Iterable[str] = ()) -> tuple[int, bytes]:
+def _latest_answer(fake, pods, latest: float | None, gone: Iterable[str] = (),
+                   seen: Iterable[str] = ()) -> tuple[int, bytes]:
     """The latest-sample query's answer: ``pods`` (instances of job vllm) down, up == 0, the pods'
-    oldest latest sample at ``latest`` (None: unknown), and ``gone`` with counters but no up (gone
-    from service discovery)."""
+    oldest latest sample at ``latest`` (None: unknown), ``gone`` with counters but no up (gone from
+    service discovery), and ``seen`` with an up (among those gone at the last poll)."""
     stamp = [] if latest is None else [({"kvhit_query": "f0"}, str(latest))]
+    kinds = (("notup:", [*pods, *gone]), ("down:", pods), ("seen:", seen))
     return 200, fake.vector([({"kvhit_query": kind, "job": "vllm", "instance": p}, "2")
-                             for kind, names in (("down:", pods), ("gone:", gone)) for p in names] + stamp)
+                             for kind, names in kinds for p in names] + stamp)
 
 
 def _out_of(fake) -> str:
-    """The pods the last range query leaves out of every growth (none: '')."""
-    m = re.search(r"unless on \(job, instance\) \(([^()]*)\)\)", fake.forms[-1]["query"])
-    return "" if m is None else m.group(1)
+    """The pods the last range query leaves out of every growth, their up selectors (none: '')."""
+    m = re.search(r"unless on \(job, instance\) \(((?:last_over_time\(up\{[^{}]*\}\[5m\]\)(?: or )?)+)\)",
+                  fake.forms[-1]["query"])
+    return "" if m is None else " or ".join(re.findall(r"last_over_time\((up\{[^{}]*\})\[5m\]\)", m.group(1)))
 
 
 def test_a_pod_down_for_a_minute_is_left_out_and_the_fleet_analysed_without_it(fake, caplog):
@@ -1836,7 +1843,7 @@ def test_a_pod_back_in_service_discovery_stays_out_until_a_range_starts_after_a_
     assert _poll_down(fake, src, clock, 1000.0) is None  # the baseline
     assert _poll_down(fake, src, clock, 1005.0, gone=["a"]) is None and _out_of(fake) == ""  # gone: growth 0
     with caplog.at_level("INFO", logger="kvhit"):
-        assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # back; the range ends at 1090
+        assert _poll_down(fake, src, clock, 1100.0, latest=1090.0, seen=["a"]) is None  # back; the range ends at 1090
     assert "1 pod(s) back in service discovery count from the first range that starts once they are seen back" \
         in caplog.text and "vllm/a" in caplog.text
     assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
@@ -1844,12 +1851,68 @@ def test_a_pod_back_in_service_discovery_stays_out_until_a_range_starts_after_a_
     assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert _poll_down(fake, src, clock, 1220.0, latest=1219.0) is None and _out_of(fake) == ""
     assert _poll_down(fake, src, clock, 1280.0, latest=1279.0, gone=["a"]) is None
-    assert _poll_down(fake, src, clock, 1340.0, "a", latest=1339.0) is None  # back, down: out, no wait
+    assert _poll_down(fake, src, clock, 1340.0, "a", latest=1339.0, seen=["a"]) is None  # back, down: out, no wait
     assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert _poll_down(fake, src, clock, 1400.0, latest=1399.0) is None  # up at 1400: the range to 1399 leaves it out
     assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert _poll_down(fake, src, clock, 1460.0, latest=1459.0) is None and _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert _poll_down(fake, src, clock, 1520.0, latest=1519.0) is None and _out_of(fake) == ""
+
+
+def test_a_pod_left_out_then_gone_then_back_stays_out_until_a_range_starts_after_the_poll_that_saw_it(fake):
+    # a hangs (up == 0) and is left out, then its readiness fails and it leaves service discovery
+    # (gone), then it is back at 1160 (its first sample back no later; that poll's range ends at
+    # 1150): a range starting before 1160 must leave it out. Its verdict from the time it was
+    # left out (seen "not down" at 1100) let it count from 1150 (review).
+    from exporter.sources import DOWN_WAIT_SECONDS
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0) is None
+    assert _poll_down(fake, src, clock, 1005.0, "a") is not None  # waited for
+    assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a", latest=1064.0) is None  # left out
+    assert _poll_down(fake, src, clock, 1100.0, latest=1099.0, gone=["a"]) is None  # gone from service discovery
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1160.0, latest=1150.0, seen=["a"]) is None  # back; the range ends at 1150
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1220.0, latest=1219.0) is None  # 1150-1219 starts before 1160: out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1280.0, latest=1279.0) is None and _out_of(fake) == ""
+
+
+def test_a_pod_gone_past_the_lookback_is_not_back(fake, caplog):
+    # a scaled down: gone (counters in the 5-min lookback, no up) until its counters leave the
+    # lookback. It has no up then: not back, neither logged as back nor named in the range query
+    # (a rollout of 2000 pods named them all: a 3.8-MB query, 2.1 s; review)
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0, latest=999.0) is None
+    for t in range(1060, 1300, 60):
+        assert _poll_down(fake, src, clock, float(t), latest=t - 1.0, gone=["a"]) is None
+        # from the poll after the first that found it gone: is it back? (seen:)
+        assert ('instance=~"a"' in fake.latest_forms[-1]["query"]) is (t > 1060)
+    with caplog.at_level("INFO", logger="kvhit"):
+        assert _poll_down(fake, src, clock, 1300.0, latest=1299.0) is None
+        assert _poll_down(fake, src, clock, 1360.0, latest=1359.0) is None
+    assert "back in service discovery" not in caplog.text and _out_of(fake) == ""
+    assert 'instance=~"a"' not in fake.latest_forms[-1]["query"]
+
+
+def test_a_pod_back_seen_by_a_poll_whose_range_query_failed_stays_out(fake):
+    # the poll that saw a back (1120) failed at its range query (Prometheus 503): the verdict stays
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0) is None
+    assert _poll_down(fake, src, clock, 1060.0, latest=1059.0, gone=["a"]) is None
+    clock.t = 1120.0
+    fake.latest.append(_latest_answer(fake, [], 1110.0, seen=["a"]))
+    fake.answers.append((503, b"overloaded"))
+    with pytest.raises(ScrapeError):
+        src.fetch()
+    assert _poll_down(fake, src, clock, 1180.0, latest=1115.0) is None  # 1059-1115: a out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1240.0, latest=1239.0) is None  # 1115-1239 starts before 1120: out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
+    assert _poll_down(fake, src, clock, 1300.0, latest=1299.0) is None and _out_of(fake) == ""
 
 
 def test_a_pod_waited_for_and_back_is_waited_for_until_a_range_ends_after_it(fake):
@@ -1921,7 +1984,7 @@ def test_pods_down_in_turns_hold_the_polls_back_a_minute_at_most_and_no_wait_is_
     assert poll(1000.0) == "ok"
     # a, then b, then c, each down for one poll: the polls wait from 1005 on, for w at most
     assert [poll(1005.0, "a"), poll(1005.0 + w / 2, "b"), poll(1005.0 + w, "c")] == ["wait", "wait", "ok"]
-    assert 'unless on (job, instance) (up{job="vllm", instance=~"c"})' in fake.forms[-1]["query"]  # c left out
+    assert _out_of(fake) == 'up{job="vllm", instance=~"c"}'  # c left out
     assert poll(1070.0, "d") == "wait"  # a poll without a wait starts the count again: d is waited for
     # at a 30-s interval and a 10-s timeout the analysis is withdrawn at 2·30 + 10 = 70 s: a poll 40 s
     # or more after the last range's end does not wait (the next poll would come 70 s or more after it)
@@ -2716,22 +2779,42 @@ def test_a_pod_back_in_service_discovery_brings_no_growth_of_its_time_gone_into_
     # endpoints only, and a readiness probe timing out under load), back under the same job and
     # instance within the 5-min lookback: it has no up while gone, so it was never seen down. Each
     # growth end is its last real sample, its last before it was dropped at the range's start: its
-    # traffic while gone (15 s × 100/s here) landed in one step (2101 queries in 3.3 s). No step may
-    # hold more than two pods at 100/s serve in its time + 3 s (each end is a pod's last sample, a
-    # 1-s scrape before it, 2 s after a missed scrape of a starved machine): 1500 and more of b's
-    # alone pass that. And b counts again: the last three steps hold more than one pod's most.
-    t0, rate = time.time(), 100.0
+    # traffic while gone (15 s × 100/s here) landed in one step (2101 queries in 3.3 s). Three ways
+    # back (review): (A) gone 15 s, then back; (B) gone 15 s, back for one poll, gone again (its up
+    # at the range's end is stale: left out only by its last up within the lookback); (C) down
+    # (503) until left out, then gone, then back (an older verdict on it kept: counted from before
+    # the poll that saw it back). No step may hold more than two pods at 100/s serve in its time +
+    # 3 s (each end is a pod's last sample, a 1-s scrape before it, 2 s after a missed scrape of a
+    # starved machine): 1500 and more of b's alone pass that. b counts again after each: the last
+    # three steps of each phase hold more than one pod's most.
+    t0, rate, failing = time.time(), 100.0, [False]
 
-    def body() -> str:
-        return _counters("vllm:prefix_cache_queries", round(rate * (time.time() - t0)), t0)
+    def body(name: str):
+        return lambda: None if name == "b" and failing[0] else _counters(
+            "vllm:prefix_cache_queries", round(rate * (time.time() - t0)), t0)
 
-    pods, procs = {name: _pod(body) for name in ("a", "b")}, Processes(tmp_path)
+    pods, procs = {name: _pod(body(name)) for name in ("a", "b")}, Processes(tmp_path)
     targets = tmp_path / "targets.json"
 
     def discover(names) -> None:
         (tmp := tmp_path / "targets.tmp").write_text(json.dumps(
             [{"targets": [f"127.0.0.1:{pods[n].server_address[1]}"], "labels": {"pod": n}} for n in names]))
         tmp.replace(targets)
+
+    def b_up(there: bool) -> bool:
+        return bool(prometheus_query(prom, 'up{pod="b"} == 1')) is there
+
+    def polls_for(seconds: float) -> None:
+        end = time.time() + seconds
+        while time.time() < end:
+            time.sleep(2.5)
+            poll()
+
+    def counted_again() -> list:
+        polls_for(15.0)  # out for about two polls after the one that saw it back
+        steps = [(t1 - ta, c1["queries"] - c0["queries"]) for (ta, c0), (t1, c1) in zip(polls[-4:], polls[-3:])]
+        assert sum(g for _, g in steps) > rate * (sum(dt for dt, _ in steps) + 3.0), (steps, polls)  # b counted
+        return steps
     try:
         discover(pods)
         prom = f"http://127.0.0.1:{(port := free_port())}"
@@ -2739,22 +2822,30 @@ def test_a_pod_back_in_service_discovery_brings_no_growth_of_its_time_gone_into_
             {"job_name": "vllm", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}, port)
         _three_samples(prom, "vllm:prefix_cache_queries_total", 2)
         polls = []
-        poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 10)
+        poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0,
+                                        timeout=3.0), polls, 10)
         poll()  # the baseline
-        discover(("a",))
-        wait_for(lambda: not prometheus_query(prom, 'up{pod="b"}'), 30, "b gone from service discovery")
-        gone = time.time()
-        while time.time() < gone + 15.0:
-            time.sleep(2.5)
-            poll()
-        discover(pods)
-        wait_for(lambda: prometheus_query(prom, 'up{pod="b"}'), 30, "b back in service discovery")
-        for _ in range(6):
-            time.sleep(2.5)
-            poll()
-        steps = [(t1 - t0_, c1["queries"] - c0["queries"]) for (t0_, c0), (t1, c1) in zip(polls, polls[1:])]
-        assert all(growth <= 2 * rate * (dt + 3.0) for dt, growth in steps), steps
-        assert sum(g for _, g in steps[-3:]) > rate * (sum(dt for dt, _ in steps[-3:]) + 3.0), steps  # b counted
+        for phase in "ABC":
+            if phase == "C":
+                failing[0] = True  # down: waited for until the wait would withdraw the analysis, then left out
+                wait_for(lambda: prometheus_query(prom, 'up{pod="b"} == 0'), 30, "b down")
+                polls_for(10.0)
+                failing[0] = False
+            discover(("a",))
+            wait_for(lambda: not prometheus_query(prom, 'up{pod="b"}'), 30, "b gone from service discovery")
+            polls_for(15.0 if phase != "C" else 2.5)
+            discover(pods)
+            wait_for(lambda: b_up(True), 30, "b back in service discovery")
+            if phase == "B":
+                poll()  # right after its first scrape back …
+                discover(("a",))  # … and gone again
+                wait_for(lambda: not prometheus_query(prom, 'up{pod="b"}'), 30, "b gone again")
+                polls_for(5.0)
+                discover(pods)
+                wait_for(lambda: b_up(True), 30, "b back again")
+            counted_again()
+        steps = [(t1 - ta, c1["queries"] - c0["queries"]) for (ta, c0), (t1, c1) in zip(polls, polls[1:])]
+        assert not [(dt, growth) for dt, growth in steps if growth > 2 * rate * (dt + 3.0)], steps
     finally:
         _stop(pods.values(), procs)
 
