@@ -1767,6 +1767,19 @@ def _latest_answer(fake, pods, latest: float | None, gone: Iterable[str] = (),
                              for kind, names in kinds for p in names] + stamp)
 
 
+def _a_left_out(fake, latest: float | None = None) -> tuple[PrometheusSource, Clock]:
+    """A source (60-s interval, 10-s timeout) whose pod a went down at 1005 and, waited for
+    DOWN_WAIT_SECONDS, was left out at the poll after (the pods' oldest latest sample then at
+    ``latest``): (source, its clock)."""
+    from exporter.sources import DOWN_WAIT_SECONDS
+    clock = Clock(1000.0)
+    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
+    assert _poll_down(fake, src, clock, 1000.0) is None  # the baseline
+    assert _poll_down(fake, src, clock, 1005.0, "a") is not None  # waited for …
+    assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a", latest=latest) is None  # … then left out
+    return src, clock
+
+
 def _out_of(fake) -> str:
     """The pods the last range query leaves out of every growth, their up selectors (none: '')."""
     m = re.search(r"unless on \(job, instance\) \(((?:last_over_time\(up\{[^{}]*\}\[5m\]\)(?: or )?)+)\)",
@@ -1818,13 +1831,7 @@ def test_a_pod_back_stays_out_until_a_range_starts_after_a_poll_saw_it_up(fake):
     # (review: 3 runs of 5 against a real Prometheus, 600-700 queries in a 2-s step at 100/s). Its
     # first sample back is no later than 1100 (up == 1 then): a range starting at or after 1100 may
     # count it, one starting before may not.
-    from exporter.sources import DOWN_WAIT_SECONDS
-    clock = Clock(1000.0)
-    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
-
-    assert _poll_down(fake, src, clock, 1000.0) is None  # the baseline
-    assert _poll_down(fake, src, clock, 1005.0, "a") is not None  # waited for …
-    assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a") is None  # … then left out
+    src, clock = _a_left_out(fake)
     assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # a up again; the range ends at 1090
     assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'  # from the range that left it out
     assert _poll_down(fake, src, clock, 1160.0, latest=1159.0) is None  # the range 1090-1159 starts before 1100
@@ -1864,12 +1871,7 @@ def test_a_pod_left_out_then_gone_then_back_stays_out_until_a_range_starts_after
     # (gone), then it is back at 1160 (its first sample back no later; that poll's range ends at
     # 1150): a range starting before 1160 must leave it out. Its verdict from the time it was
     # left out (seen "not down" at 1100) let it count from 1150 (review).
-    from exporter.sources import DOWN_WAIT_SECONDS
-    clock = Clock(1000.0)
-    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
-    assert _poll_down(fake, src, clock, 1000.0) is None
-    assert _poll_down(fake, src, clock, 1005.0, "a") is not None  # waited for
-    assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a", latest=1064.0) is None  # left out
+    src, clock = _a_left_out(fake, latest=1064.0)
     assert _poll_down(fake, src, clock, 1100.0, latest=1099.0, gone=["a"]) is None  # gone from service discovery
     assert _out_of(fake) == 'up{job="vllm", instance=~"a"}'
     assert _poll_down(fake, src, clock, 1160.0, latest=1150.0, seen=["a"]) is None  # back; the range ends at 1150
@@ -1949,12 +1951,7 @@ def test_a_pod_back_and_still_out_seen_down_by_a_failed_poll_stays_out(fake):
     # then failed (1130: Prometheus 503), up at 1160: its first sample after the second outage can
     # be as late as 1160, so the range from 1159 must leave it out (review: the failed poll's
     # verdict was lost, and a counted from 1159 with its value from before that outage)
-    from exporter.sources import DOWN_WAIT_SECONDS
-    clock = Clock(1000.0)
-    src = PrometheusSource(fake.url, FAMILIES, interval=60.0, timeout=10.0, clock=clock)
-    assert _poll_down(fake, src, clock, 1000.0) is None
-    assert _poll_down(fake, src, clock, 1005.0, "a") is not None
-    assert _poll_down(fake, src, clock, 1005.0 + DOWN_WAIT_SECONDS, "a") is None  # left out
+    src, clock = _a_left_out(fake)
     assert _poll_down(fake, src, clock, 1100.0, latest=1090.0) is None  # up; still out (range to 1090)
     clock.t = 1130.0
     fake.latest.append(_latest_answer(fake, ["a"], 1129.0))
@@ -2158,6 +2155,23 @@ def _counters(name: str, value: float, created: float | None = None, hits: bool 
         if created is not None:
             lines.append(f'{family}_created{{model_name="{model}"}} {created}')
     return "\n".join(lines) + "\n"
+
+
+def _discovered(tmp_path, procs: Processes, pods: Mapping[str, object]):
+    """Prometheus discovering ``pods`` (name → server, labelled ``pod``) from a file, scraping them
+    every second: (URL, discover) where ``discover(names)`` sets the pods service discovery finds
+    (a scaled-down pod, one dropped while not ready, leaves it)."""
+    targets = tmp_path / "targets.json"
+
+    def discover(names) -> None:
+        (tmp := tmp_path / "targets.tmp").write_text(json.dumps(
+            [{"targets": [f"127.0.0.1:{pods[n].server_address[1]}"], "labels": {"pod": n}} for n in names]))
+        tmp.replace(targets)
+    discover(pods)
+    port = free_port()
+    start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
+        {"job_name": "vllm", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}, port)
+    return f"http://127.0.0.1:{port}", discover
 
 
 def _prometheus(procs: Processes, pods: Mapping[str, object]) -> tuple[str, dict]:
@@ -2747,17 +2761,8 @@ def test_the_pods_priced_are_those_with_output_tokens_in_the_range_idle_or_busy_
         return lambda: _counters("vllm:generation_tokens", 500 + round(rate[name] * (time.time() - t0)))
 
     pods, procs = {name: _pod(body(name)) for name in rate}, Processes(tmp_path)
-    targets = tmp_path / "targets.json"
-
-    def discover(names) -> None:  # service discovery's pods: a scaled-down pod leaves it
-        (tmp := tmp_path / "targets.tmp").write_text(json.dumps(
-            [{"targets": [f"127.0.0.1:{pods[n].server_address[1]}"], "labels": {"pod": n}} for n in names]))
-        tmp.replace(targets)
     try:
-        discover(rate)
-        prom = f"http://127.0.0.1:{(port := free_port())}"
-        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
-            {"job_name": "vllm", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}, port)
+        prom, discover = _discovered(tmp_path, procs, pods)
         _three_samples(prom, "vllm:generation_tokens_total", 3)
         src, seen = PrometheusSource(prom, (Family("generation_tokens", "counter"),), interval=2.0), []
         poll = _poller(src, [])
@@ -2794,12 +2799,6 @@ def test_a_pod_back_in_service_discovery_brings_no_growth_of_its_time_gone_into_
             "vllm:prefix_cache_queries", round(rate * (time.time() - t0)), t0)
 
     pods, procs = {name: _pod(body(name)) for name in ("a", "b")}, Processes(tmp_path)
-    targets = tmp_path / "targets.json"
-
-    def discover(names) -> None:
-        (tmp := tmp_path / "targets.tmp").write_text(json.dumps(
-            [{"targets": [f"127.0.0.1:{pods[n].server_address[1]}"], "labels": {"pod": n}} for n in names]))
-        tmp.replace(targets)
 
     def b_up(there: bool) -> bool:
         return bool(prometheus_query(prom, 'up{pod="b"} == 1')) is there
@@ -2816,10 +2815,7 @@ def test_a_pod_back_in_service_discovery_brings_no_growth_of_its_time_gone_into_
         assert sum(g for _, g in steps) > rate * (sum(dt for dt, _ in steps) + 3.0), (steps, polls)  # b counted
         return steps
     try:
-        discover(pods)
-        prom = f"http://127.0.0.1:{(port := free_port())}"
-        start_prometheus(procs, {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [
-            {"job_name": "vllm", "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}, port)
+        prom, discover = _discovered(tmp_path, procs, pods)
         _three_samples(prom, "vllm:prefix_cache_queries_total", 2)
         polls = []
         poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0,
