@@ -779,11 +779,18 @@ class PrometheusSource:
         # up with the selector's matchers too (_up; a matcher on a label up lacks finds no down pod)
         up, counters = self._up(), self._counters_selector()
         # the pods with counters in the lookback and no up == 1, down (up == 0) or gone (no up), told
-        # apart by the targets with up == 0: one scan of the counters over the lookback, not one each
-        queries.append(("notup:", f"count by (job, instance) (last_over_time({counters}[{LOOKBACK}])) "
-                                   f"unless on (job, instance) ({up} == 1)"))
+        # apart by the targets with up == 0: one scan of the counters, not one each. The lookback of
+        # the next range's start, the last one's end at the earliest (a pod past t's lookback but not
+        # past that start's was no longer gone, and back before the next poll it counted from its last
+        # sample before it left: review), at most twice the lookback (a scan of hours after an outage
+        # could time out every poll). A pod found twice by one job (twice:) with one target down is down.
+        reach = min(LOOKBACK_SECONDS + (max(0.0, t - self._end) if self._end is not None else 0.0), 2 * LOOKBACK_SECONDS)
+        queries.append(("notup:", f"count by (job, instance) (last_over_time({counters}[{max(1, round(reach * 1000))}ms])) "
+                                   f"unless on (job, instance) ({up} == 1 unless on (job, instance) ({up} == 0))"))
         queries.append(("down:", f"count by (job, instance) ({up} == 0)"))
-        if (gone_up := _up_of(self._gone, within=None)) is not None:  # those gone at the last poll, up now: back
+        # those gone at the last poll with an up now (the selector's matchers too: another cluster's
+        # target at the same job and address is not back): back
+        if (gone_up := _up_of(self._gone, within=None, matchers=_target_matchers(self.matchers))) is not None:
             queries.append(("seen:", f"count by (job, instance) {gone_up}"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
         queries.append(("unwatched:", f"count(count by (job, instance) ({counters}) "
@@ -1378,20 +1385,21 @@ class _Rendered:
         return self._families
 
 
-def _up_of(pods: Iterable[tuple[str, str]], within: str | None = LOOKBACK) -> str | None:
+def _up_of(pods: Iterable[tuple[str, str]], within: str | None = LOOKBACK, matchers: Sequence[str] = ()) -> str | None:
     """PromQL: the ``up`` series of ``pods`` (job, instance), in parentheses (None: no pod), for
     :func:`_growth` to leave out: one selector per job, its instances one regex (a selector per
     pod, repeated in every growth, made 100 pods down a 674-KB query Prometheus took 12 s over: a
     fleet breaker). Each its last sample ``within`` (None: at the query's time): a pod back in
     service discovery and gone again by then has no ``up`` at it, and was left out of nothing
-    (review: its time gone in one step)."""
+    (review: its time gone in one step). ``matchers``: more label matchers of every selector."""
     jobs: dict[str, list[str]] = {}
     for job, inst in sorted(pods):
         jobs.setdefault(job, []).append(_re2_literal(inst))
     if not jobs:
         return None
-    selectors = (f"up{{job={json.dumps(job, ensure_ascii=False)}, "
-                 f"instance=~{json.dumps('|'.join(insts), ensure_ascii=False)}}}" for job, insts in jobs.items())
+    selectors = ("up{" + ", ".join((f"job={json.dumps(job, ensure_ascii=False)}",
+                                    f"instance=~{json.dumps('|'.join(insts), ensure_ascii=False)}", *matchers)) + "}"
+                 for job, insts in jobs.items())
     return "(" + " or ".join(s if within is None else f"last_over_time({s}[{within}])" for s in selectors) + ")"
 
 
