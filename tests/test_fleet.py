@@ -2999,7 +2999,12 @@ def _spelled_pod(tmp_path, first: str):
         def restart() -> None:
             procs.stop()
             procs.procs.clear()
+            restarted = time.time()
             start_prometheus(procs, config, int(prom.rsplit(":", 1)[1]))
+            # its first scrape of the pod: a poll before it sees the pod's series stale (Prometheus
+            # marks them at shutdown) and then back, as a pod back in service discovery, left out for
+            # two polls; what these tests check is the spelling, after that scrape
+            wait_for(lambda: prometheus_query(prom, f"timestamp(up) > {restarted}"), 30, "a scrape after the restart")
         polls = []
         poll = _poller(PrometheusSource(prom, (Family("prefix_cache_queries", "counter"),), interval=2.0), polls, 10)
         yield spelling, polls, poll, prom, restart
