@@ -785,7 +785,7 @@ class PrometheusSource:
         # sample before it left: review), at most twice the lookback (a scan of hours after an outage
         # could time out every poll). A pod found twice by one job (twice:) with one target down is down.
         reach = min(LOOKBACK_SECONDS + (max(0.0, t - self._end) if self._end is not None else 0.0), 2 * LOOKBACK_SECONDS)
-        queries.append(("notup:", f"count by (job, instance) (last_over_time({counters}[{max(1, round(reach * 1000))}ms])) "
+        queries.append(("notup:", f"count by (job, instance) (last_over_time({counters}[{round(reach * 1000)}ms])) "
                                    f"unless on (job, instance) ({up} == 1 unless on (job, instance) ({up} == 0))"))
         queries.append(("down:", f"count by (job, instance) ({up} == 0)"))
         # those gone at the last poll with an up now (the selector's matchers too: another cluster's

@@ -931,9 +931,9 @@ def test_the_range_query_s_age_part_is_the_oldest_pod_s_last_sample_at_its_end(t
     assert ages == [[1.0], [10.0], [1.0], [10.0]], got
 
 
-def _evaluated(tmp_path, expr: str, series: dict[str, str], at: str) -> dict[str, list[tuple[str, float]]]:
+def _engine_rows(tmp_path, expr: str, series: Mapping[str, str], at: str) -> list[tuple[dict[str, str], str]]:
     """``expr`` evaluated by Prometheus' own engine (promtool test rules, 1-s samples of ``series``)
-    at ``at``: kvhit_query → [(the row's other labels, value)]."""
+    at ``at``: each row's (labels, value as promtool prints it)."""
     from observability import tool
     doc = {"evaluation_interval": "1s", "tests": [{"interval": "1s", "input_series": [
         {"series": name, "values": values} for name, values in series.items()],
@@ -941,9 +941,14 @@ def _evaluated(tmp_path, expr: str, series: dict[str, str], at: str) -> dict[str
     (tmp_path / "t.yml").write_text(json.dumps(doc))
     out = subprocess.run([tool("promtool"), "test", "rules", "t.yml"], capture_output=True, text=True, cwd=tmp_path)
     (got,) = re.findall(r"^\s*got: (.*)$", out.stderr + out.stdout, re.M)  # the expectation no answer meets
+    return [(dict(re.findall(r'(\w+)="([^"]*)"', labels)), value)
+            for labels, value in re.findall(r"\{([^}]*)\} ([^,\s\]]+)", got)]
+
+
+def _evaluated(tmp_path, expr: str, series: dict[str, str], at: str) -> dict[str, list[tuple[str, float]]]:
+    """:func:`_engine_rows` of ``expr``: kvhit_query → [(the row's other labels, value)]."""
     rows: dict[str, list[tuple[str, float]]] = {}
-    for labels, value in re.findall(r"\{([^}]*)\} ([^,\s\]]+)", got):
-        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    for pairs, value in _engine_rows(tmp_path, expr, series, at):
         rows.setdefault(pairs.pop("kvhit_query"), []).append(
             (", ".join(f'{k}="{v}"' for k, v in sorted(pairs.items())), float(value)))
     return rows
@@ -1924,23 +1929,15 @@ class _PromtoolFleet:
     staleness markers and lookbacks exactly as Prometheus has them, without a server."""
 
     def __init__(self, tmp_path, series: Mapping[str, str], matchers: Sequence[str] = ()) -> None:
-        from observability import tool
-        self.promtool, self.tmp, self.series, self.now, self.queries = tool("promtool"), tmp_path, series, 0.0, []
+        self.tmp, self.series, self.now, self.queries = tmp_path, series, 0.0, []
         self.src = PrometheusSource("http://127.0.0.1:1", FAMILIES, matchers, interval=60.0, timeout=10.0,
                                     clock=lambda: self.now)
         self.src._query = self._query  # a look inside: the engine instead of HTTP
 
     def _query(self, query: str, t: float, deadline: float) -> bytes:
         self.queries.append(query)
-        doc = {"evaluation_interval": "1s", "tests": [{"interval": "1s", "input_series": [
-            {"series": n, "values": v} for n, v in self.series.items()], "promql_expr_test": [
-            {"expr": query, "eval_time": f"{round(t * 1000)}ms", "exp_samples": [{"labels": '{none="x"}', "value": 0}]}]}]}
-        (self.tmp / "q.yml").write_text(json.dumps(doc))
-        out = subprocess.run([self.promtool, "test", "rules", "q.yml"], capture_output=True, text=True, cwd=self.tmp)
-        got = re.findall(r"^\s*got: (.*)$", out.stderr + out.stdout, re.M)  # the answer, in the mismatch report
-        assert got, out.stdout + out.stderr
-        rows = [{"metric": dict(re.findall(r'(\w+)="([^"]*)"', labels)), "value": [t, value]}
-                for labels, value in re.findall(r"\{([^}]*)\} ([^,\s\]]+)", got[0])]
+        rows = [{"metric": labels, "value": [t, value]}
+                for labels, value in _engine_rows(self.tmp, query, self.series, f"{round(t * 1000)}ms")]
         return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
 
     def poll(self, now: float) -> float | str:
