@@ -755,14 +755,15 @@ def _flap(target) -> bool:
         with StallMeter() as stall:
             ok = runner.poll(src)
         counted = [r for r, n in runner.current()[1].errors.items() if n != before.get(r, 0)]
-        if ok == down or counted != ([] if ok else [REASON[mode]]):
+        want = [REASON[mode]] if down else []  # the reason counted (a healthy mode has none)
+        if ok == down or counted != want:
             if stall.stalled >= VOIDING_STALL:
                 print(f"{mode} came out {counted or 'ok'} after a {stall.stalled:.1f}-s pause: the run is void")
                 if not listening:
                     target.start()
                 return False
             assert ok == (not down), (clock.t - t0, mode)
-            assert counted == [REASON[mode]], (clock.t - t0, mode, counted)
+            assert counted == want, (clock.t - t0, mode, counted)
         polls += 1
         if ok:
             if consecutive_failures:
