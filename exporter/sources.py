@@ -612,6 +612,7 @@ class PrometheusSource:
         # ending before then may end before their first sample back
         self._returning: dict[tuple[str, str], float] = {}
         self._gone: set[tuple[str, str]] = set()  # pods with counters in the lookback and no up at the last poll
+        self._gone_at: float | None = None  # now at that poll
         self._waiting_since: float | None = None  # now at the first of the polls waiting in a row for down pods
         # what the last answer told of each model (model → count): "engines", pods × data-parallel
         # engines; "instances", pods (Prometheus targets) in its output tokens; "busy", pods × engines
@@ -639,13 +640,13 @@ class PrometheusSource:
         # while gone would land in one step (a breaker: 1600 queries in a 3-s step). It is out as a pod
         # back from a time down is (below), from this poll on, whatever an earlier verdict said (one left
         # out while down, then gone: review); one that left the set past the lookback has no up: not back.
-        back_in_sd = (self._gone - gone) & seen
+        back_in_sd = self._gone & seen
         if back_in_sd:
             log.info("fleet mode: %d pod(s) back in service discovery count from the first range that starts once "
                      "they are seen back (their growth while gone is in no step) (%s)", len(back_in_sd),
                      _some(shown(f"{job}/{instance}") for job, instance in sorted(back_in_sd)))
         self._out.update({pod: max(self._out.get(pod, now), now) for pod in back_in_sd})
-        self._gone = gone
+        self._gone, self._gone_at = gone, now
         self._out.update(dict.fromkeys(down & self._out.keys(), math.inf))  # back, still out, down again
         self._down_since = {pod: self._down_since.get(pod, now) for pod in down}
         # each pod down is waited for DOWN_WAIT_SECONDS, then left out; one left out in the last
@@ -674,7 +675,8 @@ class PrometheusSource:
                         "that starts once they are seen back (their growth while out is in no step)", len(new),
                         DOWN_WAIT_SECONDS, _some(shown(f"{job}/{instance}") for job, instance in sorted(new)))
         elif self._leaving_out and not down:
-            log.info("fleet mode: every pod Prometheus scrapes is up again")
+            log.info("fleet mode: every pod left out is up again or down past the %s lookback (its series in no sum)",
+                     LOOKBACK)
         self._leaving_out = bool(down)
         self._left_out = ({pod: t for pod, t in self._left_out.items() if t > now - LOOKBACK_SECONDS}
                           | dict.fromkeys(down, now))
@@ -764,11 +766,11 @@ class PrometheusSource:
         series of one pod would collide —; whether Prometheus has a counter sample of the selected
         pods within LOOKBACK before the last fetch's t: its history, which a restart on empty
         storage or a fresh replica lost; the pods, (job, instance), with counter samples within
-        LOOKBACK whose target is down at t: ``up == 0``, their series stale, which timestamp() does not see, while
+        LOOKBACK whose target is down at t: ``up == 0`` and up within them, their series stale, which timestamp() does not see, while
         last_over_time() would read their growth as 0 and the whole gap's in one step when they
         return — a pod gone from service discovery has no ``up`` and is not counted); the pods with
         counter samples within LOOKBACK and no ``up`` the matchers select (gone from service
-        discovery, or unwatched, below); those gone at the last poll that have an ``up`` at ``t``
+        discovery, or unwatched, below); those gone at the last poll that have an ``up`` since it
         (back, not past LOOKBACK). Logs a warning
         when pods scraped now have no ``up`` the matchers select (their being down would go unseen)."""
         if not self._counters:
@@ -782,15 +784,26 @@ class PrometheusSource:
         # apart by the targets with up == 0: one scan of the counters, not one each. The lookback of
         # the next range's start, the last one's end at the earliest (a pod past t's lookback but not
         # past that start's was no longer gone, and back before the next poll it counted from its last
-        # sample before it left: review), at most twice the lookback (a scan of hours after an outage
-        # could time out every poll). A pod found twice by one job (twice:) with one target down is down.
-        reach = min(LOOKBACK_SECONDS + (max(0.0, t - self._end) if self._end is not None else 0.0), 2 * LOOKBACK_SECONDS)
-        queries.append(("notup:", f"count by (job, instance) (last_over_time({counters}[{round(reach * 1000)}ms])) "
-                                   f"unless on (job, instance) ({up} == 1 unless on (job, instance) ({up} == 0))"))
-        queries.append(("down:", f"count by (job, instance) ({up} == 0)"))
-        # those gone at the last poll with an up now (the selector's matchers too: another cluster's
-        # target at the same job and address is not back): back
-        if (gone_up := _up_of(self._gone, within=None, matchers=_target_matchers(self.matchers))) is not None:
+        # sample before it left: review); past twice the lookback, t's and that start's lookbacks alone
+        # (a scan of hours after an outage could time out every poll; one capped at 10 min lost a pod
+        # gone before range queries failed for 6 min: review). A target is down when it was up within
+        # the reach (one never up, a second Service's scrape at a wrong path, held its pod out for good:
+        # review); a pod found twice by one job (twice:) with one target down is down.
+        lag = max(0.0, t - self._end) if self._end is not None else 0.0
+        if lag <= LOOKBACK_SECONDS:
+            scan = f"last_over_time({counters}[{round((LOOKBACK_SECONDS + lag) * 1000)}ms])"
+        else:
+            scan = (f"(last_over_time({counters}[{LOOKBACK}]) or "
+                    f"last_over_time({counters}[{LOOKBACK}] offset {round(lag * 1000)}ms))")
+        reach = f"{round((LOOKBACK_SECONDS + min(lag, LOOKBACK_SECONDS)) * 1000)}ms"
+        was_up = f"({up} == 0 and max_over_time({up}[{reach}]) > 0)"
+        queries.append(("notup:", f"count by (job, instance) ({scan}) "
+                                   f"unless on (job, instance) ({up} == 1 unless on (job, instance) {was_up})"))
+        queries.append(("down:", f"count by (job, instance) {was_up}"))
+        # those gone at the last poll with an up since (the selector's matchers too: another cluster's
+        # target at the same job and address is not back): back, also when gone again by now (review)
+        since = f"{max(1, round((t - self._gone_at) * 1000))}ms" if self._gone_at is not None and self._gone_at < t else None
+        if (gone_up := _up_of(self._gone, within=since, matchers=_target_matchers(self.matchers))) is not None:
             queries.append(("seen:", f"count by (job, instance) {gone_up}"))
         # pods scraped now whose up the matchers miss: their being down would go unseen
         queries.append(("unwatched:", f"count(count by (job, instance) ({counters}) "
@@ -1252,7 +1265,9 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
         new = (f"(({now} unless {then}) and ignoring(le) "
                f"(({created} > {born[1]:.3f}) unless ({created} <= on ({ident}) group_left {before})))")
         grown = f"({grown} or {new})"
-    return grown if out is None else f"({grown} unless on (job, instance) {out})"
+    # a series without a sample at the range's start (a new pod at the address of one gone) is the
+    # new-pod rule's, not an out pod's growth across its time out
+    return grown if out is None else f"({grown} unless ({then} and on (job, instance) {out}))"
 
 
 def _doubted(selector: str, offset: str) -> str:
