@@ -39,6 +39,7 @@ from exporter.server import config_error_app, serve, serve_app
 from exporter.simulate import add_arguments as add_simulate_arguments, cmd_simulate
 from exporter.sources import STDOUT_PATHS, Family, LiveSource, PrometheusSource, load_trace, trace_file, write_atomic
 from fitters.model import max_hit_ratio
+from fitters.result import label_reason
 
 log = logging.getLogger("kvhit")
 DEMO_TRACE = "vllm-cpu-0.32-sweep-ab.tar.gz"
@@ -411,7 +412,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             for m in result_runner[0].current()[0].models.values():
                 print(_demo_line(t - t0, m), flush=True)
                 for field_, why in _demo_withheld(m):
-                    why = why.split(";")[0]  # the reason without the measured numbers: once per reason
+                    why = label_reason(why)  # without the measured values: once per reason
                     if why not in told:
                         told.add(why)
                         print(f"        {field_}=-: {why}", flush=True)

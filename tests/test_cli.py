@@ -903,6 +903,11 @@ def test_demo_serves_while_replaying():
     for field_ in ("a_direct", "a_derived", "valley"):  # so do withheld slopes and valley (h at 0 at first)
         first = next(i for i, ln in enumerate(out) if f"{field_}=- " in ln or ln.endswith(f"{field_}=-"))
         assert any(ln.strip().startswith(f"{field_}=-: ") for ln in out[first + 1:first + 5]), out[first:first + 5]
+    # each reason once, whole, without the values measured (a newcomer: one cut inside its parenthesis,
+    # one printed again when its values moved)
+    reasons = [ln.strip() for ln in out if "=-: " in ln]
+    assert len({r.split(" (measured")[0] for r in reasons}) == len(reasons) and \
+        not [r for r in reasons if "(measured" in r], reasons
     # the final fit writes an exit it does not know as "-", never Python's None
     bathtubs = [ln for ln in out if ln.strip().startswith("bathtub ")]
     assert bathtubs and not any("None" in ln for ln in bathtubs), bathtubs
