@@ -504,6 +504,22 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
     return out
 
 
+def _named_as_set(exc: ConfigError, env: Mapping[str, Any], flags: Mapping[str, Any]) -> ConfigError:
+    """``exc`` naming the ``KVHIT_*`` variable that set its key, where the environment did and no flag
+    overrode it (a newcomer was told "config key interval" for KVHIT_INTERVAL=abc; env: as
+    :func:`env_overrides` gives it)."""
+    text = str(exc)
+    match = re.match(r"config key ([\w.]+):", text)
+    if match is None or match[1].split(".")[0] in flags:
+        return exc
+    node: Any = env
+    for part in match[1].split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return exc
+        node = node[part]
+    return ConfigError(f"environment variable KVHIT_{match[1].replace('.', '_').upper()} sets {text}")
+
+
 def load_config(path: str | None = None, environ: Mapping[str, str] | None = None,
                 flags: Mapping[str, Any] | None = None, defaults: Mapping[str, Any] | None = None,
                 live: bool = False) -> Config:
@@ -527,24 +543,29 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
         if loaded is not None and not isinstance(loaded, Mapping):
             raise ConfigError(f"config file {path}: top level must be a mapping")
         data = _merge(data, dict(loaded or {}))
-    data = _merge(data, env_overrides(os.environ if environ is None else environ))
-    data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
-    cfg = _build(Config, data)
-    given = cfg.model
-    cfg = replace(cfg, model=_with_hf_config(given))
-    if cfg.model.kv_lora_rank is not None:  # given, or hf_config's: the dense keys given would read as nothing
-        for key in ("kv_heads", "head_dim"):  # (DeepSeek's config.json has both, filled below MLA's)
-            if getattr(given, key) is not None:
-                raise ConfigError(f"config key model.{key}: not with model.kv_lora_rank (MLA caches the latent: S_kv "
-                                  "= layers x (kv_lora_rank + qk_rope_head_dim) x dtype_bytes, MODEL.md §3.6)")
-    validate(cfg)
-    if live:
-        listen_address(cfg.listen, "config key listen", resolve=True)
-        if "timeout" not in data:  # as Prometheus' scrape_timeout: the default, but never over the interval
-            cfg = replace(cfg, timeout=min(cfg.timeout, cfg.interval))
-    _check_hf_geometry(cfg.model)
-    if cfg.web_config:
-        load_web_config(cfg.web_config)
+    env = env_overrides(os.environ if environ is None else environ)
+    data = _merge(data, env)
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    data = _merge(data, flags)
+    try:
+        cfg = _build(Config, data)
+        given = cfg.model
+        cfg = replace(cfg, model=_with_hf_config(given))
+        if cfg.model.kv_lora_rank is not None:  # given, or hf_config's: the dense keys given would read as nothing
+            for key in ("kv_heads", "head_dim"):  # (DeepSeek's config.json has both, filled below MLA's)
+                if getattr(given, key) is not None:
+                    raise ConfigError(f"config key model.{key}: not with model.kv_lora_rank (MLA caches the latent: "
+                                      "S_kv = layers x (kv_lora_rank + qk_rope_head_dim) x dtype_bytes, MODEL.md §3.6)")
+        validate(cfg)
+        if live:
+            listen_address(cfg.listen, "config key listen", resolve=True)
+            if "timeout" not in data:  # as Prometheus' scrape_timeout: the default, but never over the interval
+                cfg = replace(cfg, timeout=min(cfg.timeout, cfg.interval))
+        _check_hf_geometry(cfg.model)
+        if cfg.web_config:
+            load_web_config(cfg.web_config)
+    except ConfigError as exc:
+        raise _named_as_set(exc, env, flags) from None
     return cfg
 
 

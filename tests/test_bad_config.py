@@ -225,7 +225,7 @@ def test_an_hf_config_that_cannot_be_read_says_why(tmp_path, capsys, monkeypatch
                       # an absolute path is no working directory's (review)
                       ("/nonexistent/config.json", "/nonexistent/config.json: cannot read (No such file or directory)")]:
         code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": path})
-        assert code == 2 and err == f"kvhit: config key model.hf_config: {why}\n"
+        assert code == 2 and err == f"kvhit: environment variable KVHIT_MODEL_HF_CONFIG sets config key model.hf_config: {why}\n"
     # a NUL: "cannot read JSON … not UTF-8" with the NUL itself on stderr (review)
     monkeypatch.delenv("KVHIT_MODEL_HF_CONFIG")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, "model:\n  hf_config: \"a\\0b\"\n")
@@ -238,7 +238,8 @@ def test_dense_keys_with_an_hf_config_s_mla_geometry_are_refused(tmp_path, capsy
     hf.write_text(json.dumps({"num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
                               "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64}))
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": str(hf), "KVHIT_MODEL_KV_HEADS": "1"})
-    assert code == 2 and err.startswith("kvhit: config key model.kv_heads: not with model.kv_lora_rank"), err
+    assert code == 2 and err.startswith("kvhit: environment variable KVHIT_MODEL_KV_HEADS sets config key model.kv_heads: "
+                                        "not with model.kv_lora_rank"), err
     monkeypatch.delenv("KVHIT_MODEL_KV_HEADS")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_MODEL_HF_CONFIG": str(hf)},
                             extra=["--check-config"])
@@ -277,9 +278,15 @@ def test_unknown_environment_variable_and_bad_flag(tmp_path, capsys, monkeypatch
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_CONFIG": "kvhit.yaml"})  # no such variable
     assert code == 2 and err.endswith("KVHIT_CONFIG: unknown key (the config file is given with --config FILE)\n")
     monkeypatch.delenv("KVHIT_CONFIG")
+    # a bad value names the variable that set it (a newcomer was told "config key interval" alone)
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_PRICES_HIT_PRICE_RATIO": "-1"})
-    assert code == 2 and "config key prices.hit_price_ratio: must be in [0, 1]" in err
+    assert code == 2 and ("environment variable KVHIT_PRICES_HIT_PRICE_RATIO sets config key "
+                          "prices.hit_price_ratio: must be in [0, 1]") in err
     monkeypatch.delenv("KVHIT_PRICES_HIT_PRICE_RATIO")
+    code, err, _ = run_with(tmp_path, capsys, monkeypatch, env={"KVHIT_INTERVAL": "abc"})
+    assert code == 2 and err.endswith("environment variable KVHIT_INTERVAL sets config key interval: expected float, "
+                                      "got 'abc'\n"), err
+    monkeypatch.delenv("KVHIT_INTERVAL")
     code, err, _ = run_with(tmp_path, capsys, monkeypatch, extra=["--interval", "-5"])
     assert code == 2 and "config key interval: must be in [0.1, 86400] seconds" in err
     # a misspelt flag is the command's: "kvhit: unrecognized arguments" did not say which command's
