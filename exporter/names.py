@@ -114,8 +114,9 @@ FIT_R2 = _m("kvhit_fit_r2", "Coefficient of determination of the last fit (chip_
 CHIP_COEF = _m("kvhit_chip_time_coefficient_seconds", "Chip-time model coefficient (robust NNLS on busy steps), term as MODEL.md §7 names it: "
                "t_step = s per engine step, k_ffn = s per computed prompt token, k_attn = s per unit of "
                "M*H+M^2/2, k_dec = s per generated token, k_ctx = s per KV token read by decode "
-               "[s per unit of the term]; absent for a term the traffic did not vary apart from the others, and for "
-               "a kept one their time rides on (kvhit_unknown_info says which).",
+               "[s per unit of the term]; a 0 is the bound (no coefficient is negative), a value within its "
+               "kvhit_chip_time_coefficient_stderr_seconds, not a cost of exactly 0; absent for a term the traffic "
+               "did not vary apart from the others, and for a kept one their time rides on (kvhit_unknown_info says which).",
                MODEL + ("term",), section="§7")
 CHIP_COEF_STDERR = _m("kvhit_chip_time_coefficient_stderr_seconds", "Standard error of each chip-time coefficient "
                       "[s per unit of the term, as the coefficient].", MODEL + ("term",), section="§7")
