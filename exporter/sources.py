@@ -769,8 +769,9 @@ class PrometheusSource:
         LOOKBACK whose target is down at t: ``up == 0`` and up within them, their series stale, which timestamp() does not see, while
         last_over_time() would read their growth as 0 and the whole gap's in one step when they
         return — a pod gone from service discovery has no ``up`` and is not counted); the pods with
-        counter samples within LOOKBACK and no ``up`` the matchers select (gone from service
-        discovery, or unwatched, below); those gone at the last poll that have an ``up`` since it
+        counter samples within LOOKBACK and no ``up`` the matchers select whose ``up`` went stale
+        within LOOKBACK, or that were gone at the last poll (gone from service discovery); those
+        gone at the last poll that have an ``up`` since it
         (back, not past LOOKBACK). Logs a warning
         when pods scraped now have no ``up`` the matchers select (their being down would go unseen)."""
         if not self._counters:
@@ -800,6 +801,10 @@ class PrometheusSource:
         queries.append(("notup:", f"count by (job, instance) ({scan}) "
                                    f"unless on (job, instance) ({up} == 1 unless on (job, instance) {was_up})"))
         queries.append(("down:", f"count by (job, instance) {was_up}"))
+        # targets whose up went stale within the lookback: gone from service discovery just now, not
+        # after a Prometheus restart, which leaves no staleness marker (every pod not scraped again yet
+        # was gone, then "back", and named in the range query: review)
+        queries.append(("left:", f"count by (job, instance) (last_over_time({up}[{LOOKBACK}]) unless {up})"))
         # those gone at the last poll with an up since (the selector's matchers too: another cluster's
         # target at the same job and address is not back): back, also when gone again by now (review)
         since = f"{max(1, round((t - self._gone_at) * 1000))}ms" if self._gone_at is not None and self._gone_at < t else None
@@ -820,11 +825,11 @@ class PrometheusSource:
         rows = _vector(self._query(" or ".join(f'label_replace({e}, "{_QUERY_LABEL}", "{q}", "", "")'
                                                for q, e in queries), t, deadline), self._where)
         stamps = [v for labels, v in rows
-                  if labels.get(_QUERY_LABEL) not in ("history:", "notup:", "down:", "seen:", "unwatched:", "twice:")
+                  if labels.get(_QUERY_LABEL) not in ("history:", "notup:", "down:", "left:", "seen:", "unwatched:", "twice:")
                   and math.isfinite(v)]
         history = any(labels.get(_QUERY_LABEL) == "history:" and v > 0 for labels, v in rows)
-        notup, down, seen = ({(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
-                              if labels.get(_QUERY_LABEL) == qid} for qid in ("notup:", "down:", "seen:"))
+        notup, down, left, seen = ({(labels.get("job", ""), labels.get("instance", "")) for labels, _ in rows
+                                    if labels.get(_QUERY_LABEL) == qid} for qid in ("notup:", "down:", "left:", "seen:"))
         self._warn_on_change(rows, "unwatched:", "fleet mode: %.0f pod(s) with vLLM counters have no up series the "
                              "selector's matchers select (a matcher on a label up lacks, other than model_name?): kvhit "
                              "cannot see when they are down, and a down pod's growth would land in one later step",
@@ -833,7 +838,9 @@ class PrometheusSource:
                              "more than once (by two jobs, or found twice by one): their growth is summed once per "
                              "scrape (narrow --selector to one of them)",
                              "fleet mode: every target is scraped once again")
-        return (min(stamps) if stamps else None), history, notup & down, notup - down, seen
+        # gone: its up went stale within the lookback, or gone at the last poll and still within the reach
+        gone = notup - down
+        return (min(stamps) if stamps else None), history, notup & down, gone & (left | self._gone), seen
 
     def _warn_on_change(self, rows: list[tuple[dict[str, str], float]], qid: str, warning: str, cleared: str) -> None:
         """Log ``warning`` (%-formatted with the count) when query ``qid``'s count in ``rows`` turns

@@ -1768,9 +1768,9 @@ def _latest_answer(fake, pods, latest: float | None, gone: Iterable[str] = (),
                    seen: Iterable[str] = ()) -> tuple[int, bytes]:
     """The latest-sample query's answer: ``pods`` (instances of job vllm) down, up == 0, the pods'
     oldest latest sample at ``latest`` (None: unknown), ``gone`` with counters but no up (gone from
-    service discovery), and ``seen`` with an up (among those gone at the last poll)."""
+    service discovery: their up gone stale), and ``seen`` with an up (among those gone at the last poll)."""
     stamp = [] if latest is None else [({"kvhit_query": "f0"}, str(latest))]
-    kinds = (("notup:", [*pods, *gone]), ("down:", pods), ("seen:", seen))
+    kinds = (("notup:", [*pods, *gone]), ("down:", pods), ("left:", gone), ("seen:", seen))
     return 200, fake.vector([({"kvhit_query": kind, "job": "vllm", "instance": p}, "2")
                              for kind, names in kinds for p in names] + stamp)
 
@@ -3247,3 +3247,26 @@ def test_a_new_pod_at_the_address_of_one_scaled_down_counts_whole_at_its_first_p
     total = [fleet.poll(float(now)) for now in (44, 104, 164, 224)]
     # by hand: c 600 per poll from 44 s; A 560 (44-100 s); B its whole 340 at 164 s (130-164), 600 more at 224
     assert total == [0.0, 1160.0, 1760.0 + 340.0, 2360.0 + 940.0], total
+
+
+def test_a_prometheus_down_7_min_takes_no_pod_as_back_in_service_discovery(tmp_path, caplog):
+    # Prometheus is down from 101 s to 519 s (a restart: no staleness markers) and scrapes a again at
+    # 520 s, b at 540 s; neither left service discovery. Its counters within the reach and no up in the
+    # last 5 min, b was taken as gone at 530, then back: logged so and named in every range query until
+    # one started after 590 (with 2000 pods, a 3.8-MB query: third review). Gone is an up gone stale.
+    fleet = _PromtoolFleet(tmp_path, _promtool_series({
+        ("a",): ("0+10x100 _x419 5200+10x200", "1x100 _x419 1x200"),
+        ("b",): ("0+10x100 _x439 5400+10x200", "1x100 _x439 1x200")}))
+    engine, down = fleet._query, set(range(164, 465, 60))
+
+    def query(q, t, deadline):
+        if round(fleet.now) in down:
+            raise ScrapeError("connection", "simulated: Prometheus down")
+        return engine(q, t, deadline)
+    fleet.src._query = query
+    with caplog.at_level("INFO", logger="kvhit"):
+        total = {now: fleet.poll(float(now)) for now in (44, 104, *sorted(down), 530, 590, 650, 710)}
+    named = [q for q in fleet.queries if "notup:" not in q and 'instance=~"b"' in q]
+    assert "back in service discovery" not in caplog.text and not named, (total, len(named))
+    # by hand: from 650 on both pods are scraped, 1200 per 60-s poll
+    assert total[710] - total[650] == 1200.0, total
