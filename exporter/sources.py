@@ -1272,9 +1272,10 @@ def _growth(selector: str, offset: str | None, born: tuple[str, float] | None = 
         new = (f"(({now} unless {then}) and ignoring(le) "
                f"(({created} > {born[1]:.3f}) unless ({created} <= on ({ident}) group_left {before})))")
         grown = f"({grown} or {new})"
-    # a series without a sample at the range's start (a new pod at the address of one gone) is the
-    # new-pod rule's, not an out pod's growth across its time out
-    return grown if out is None else f"({grown} unless ({then} and on (job, instance) {out}))"
+    # an out pod's every series, also one without a sample at the range's start: a process restarted
+    # while its scrapes failed has served since (review: counted whole, 1440 in a step of 1200); a new
+    # pod at the address of one gone within the lookback is taken as that pod back
+    return grown if out is None else f"({grown} unless on (job, instance) {out})"
 
 
 def _doubted(selector: str, offset: str) -> str:

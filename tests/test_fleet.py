@@ -3231,22 +3231,42 @@ def test_a_pod_gone_before_range_queries_failed_for_over_5_min_and_back_brings_n
     assert t0 == 344 and v1 - v0 <= 2 * 10 * (t1 - t0 + 1), done
 
 
-def test_a_new_pod_at_the_address_of_one_scaled_down_counts_whole_at_its_first_poll(tmp_path):
-    # pod A (instance x) is scaled down at 100 s; new pod B takes its address at 130 s (pod IPs are
-    # reused), created then, 10/s from 0. Taken as A back, B was left out of its first range and its
-    # first 340 lost (third review). README: a new pod adds its whole value at its first poll.
-    series = _promtool_series({("c",): ("0+10x700", "1x700")})
+def test_a_pod_out_that_restarted_while_its_scrapes_failed_brings_no_time_out_into_one_step(tmp_path):
+    # a (10/s) is down (scrapes failing, serving on) from 100 s to 450 s, left out from 164 s; its
+    # process restarts at 380 s (created then). The range (404, 464] leaves a out, but a has no
+    # sample at 404 (its last, 99 s, past the lookback): read as a new pod, it counted whole, its
+    # growth from 380 s in one step (review of a fix that left out only series with a sample at the
+    # range's start). By hand: a step holds at most both pods' 10/s over 60 s plus one sample each.
+    series = _promtool_series({("a",): ("0+10x99 stale _x349 700+10x300", "1x99 0x350 1x300"),
+                               ("b",): ("0+10x800", "1x800")})
     for n in ("queries", "hits"):
-        series[f'vllm:prefix_cache_{n}_total{{job="vllm", instance="x", pod="A", model_name="m"}}'] = "0+10x100 stale"
-        series[f'vllm:prefix_cache_{n}_created{{job="vllm", instance="x", pod="A", model_name="m"}}'] = "0x100 stale"
-        series[f'vllm:prefix_cache_{n}_total{{job="vllm", instance="x", pod="B", model_name="m"}}'] = "_x130 0+10x500"
-        series[f'vllm:prefix_cache_{n}_created{{job="vllm", instance="x", pod="B", model_name="m"}}'] = "_x130 130x500"
-    series['up{job="vllm", instance="x", pod="A"}'] = "1x100 stale"
-    series['up{job="vllm", instance="x", pod="B"}'] = "_x130 1x500"
+        series[f'vllm:prefix_cache_{n}_created{{job="vllm", instance="a", model_name="m"}}'] = "0x99 stale _x349 380x300"
+        series[f'vllm:prefix_cache_{n}_created{{job="vllm", instance="b", model_name="m"}}'] = "0x800"
     fleet = _PromtoolFleet(tmp_path, series)
-    total = [fleet.poll(float(now)) for now in (44, 104, 164, 224)]
-    # by hand: c 600 per poll from 44 s; A 560 (44-100 s); B its whole 340 at 164 s (130-164), 600 more at 224
-    assert total == [0.0, 1160.0, 1760.0 + 340.0, 2360.0 + 940.0], total
+    total = [v for v in (fleet.poll(float(now)) for now in range(44, 640, 60)) if v != "catching_up"]
+    steps = [b - a for a, b in zip(total, total[1:])]
+    assert len(total) >= 8 and max(steps) <= 2 * 10 * 61, (total, steps)
+
+
+def test_a_pod_down_for_good_while_range_queries_fail_is_never_back_in_service_discovery(tmp_path, caplog):
+    # a is down (up 0) from 250 s for good; range queries time out from 404 s to 1004 s. Past the
+    # reach it left down: and was read as gone, then "back in service discovery" at 4 polls (review).
+    # Its up never went stale: not gone.
+    fleet = _PromtoolFleet(tmp_path, _promtool_series({
+        ("a",): ("0+10x250 stale", "1x250 0x1000"),
+        ("b",): ("0+10x1250", "1x1250")}))
+    engine, failing = fleet._query, set(range(404, 1005, 60))
+
+    def query(q, t, deadline):
+        if "notup:" not in q and round(fleet.now) in failing:
+            raise ScrapeError("timeout", "simulated")
+        return engine(q, t, deadline)
+    fleet.src._query = query
+    with caplog.at_level("INFO", logger="kvhit"):
+        total = [fleet.poll(float(now)) for now in range(44, 1200, 60)]
+    assert "back in service discovery" not in caplog.text, total
+    # by hand: b alone from 1004 on, 600 per 60-s poll
+    assert total[-1] - total[-2] == 600.0, total
 
 
 def test_a_prometheus_down_7_min_takes_no_pod_as_back_in_service_discovery(tmp_path, caplog):
