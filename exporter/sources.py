@@ -790,7 +790,7 @@ class PrometheusSource:
         # gone before range queries failed for 6 min: review). A target is down when it was up within
         # the reach (one never up, a second Service's scrape at a wrong path, held its pod out for good:
         # review); a pod found twice by one job (twice:) with one target down is down.
-        lag = max(0.0, t - self._end) if self._end is not None else 0.0
+        lag = max(0.0, t - self._end) if self._end is not None else FRESH_SAMPLE_SECONDS
         if lag <= LOOKBACK_SECONDS:
             scan = f"last_over_time({counters}[{round((LOOKBACK_SECONDS + lag) * 1000)}ms])"
         else:
@@ -801,10 +801,15 @@ class PrometheusSource:
         queries.append(("notup:", f"count by (job, instance) ({scan}) "
                                    f"unless on (job, instance) ({up} == 1 unless on (job, instance) {was_up})"))
         queries.append(("down:", f"count by (job, instance) {was_up}"))
-        # targets whose up went stale within the lookback: gone from service discovery just now, not
-        # after a Prometheus restart, which leaves no staleness marker (every pod not scraped again yet
-        # was gone, then "back", and named in the range query: review)
-        queries.append(("left:", f"count by (job, instance) (last_over_time({up}[{LOOKBACK}]) unless {up})"))
+        # targets whose up went stale within the reach: gone from service discovery, not after a
+        # Prometheus restart, which leaves no staleness marker (every pod not scraped again yet was gone,
+        # then "back", and named in the range query: review). Over the reach, as the scan: over now's
+        # lookback alone, a pod that left while kvhit did not poll (stalled, its queries failing, or
+        # restarted: a first poll's range starts up to FRESH_SAMPLE_SECONDS before now) was not gone,
+        # and back it counted from its last sample before it left (4150 in a 60-s step: review). The
+        # instant one too: the subquery's 1-min steps can miss a pod that left seconds ago.
+        stale = f"(last_over_time({up}[{LOOKBACK}]) unless {up})"
+        queries.append(("left:", f"count by (job, instance) ({stale} or max_over_time({stale}[{reach}:1m]))"))
         # those gone at the last poll with an up since (the selector's matchers too: another cluster's
         # target at the same job and address is not back): back, also when gone again by now (review)
         since = f"{max(1, round((t - self._gone_at) * 1000))}ms" if self._gone_at is not None and self._gone_at < t else None

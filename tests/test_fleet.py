@@ -458,9 +458,10 @@ def test_query_ranges_tile_time_and_the_selector_is_merged_into_every_family(fak
     assert "history:" not in fake.latest_forms[0]["query"]
     # the selected pods with counters that Prometheus cannot scrape now (up == 0) or no longer
     # discovers (no up): up with the selector's matchers (another cluster's target at the same job
-    # and address is none of the fleet's: review); down, a target up within the lookback
-    down = f'(up{{{sel}}} == 0 and max_over_time(up{{{sel}}}[300000ms]) > 0)'
-    assert (f'label_replace(count by (job, instance) (last_over_time({counters}[300000ms])) unless on (job, instance) '
+    # and address is none of the fleet's: review); down, a target up within the reach: at the first
+    # poll the lookback and FRESH_SAMPLE_SECONDS (its first range may start that long before now)
+    down = f'(up{{{sel}}} == 0 and max_over_time(up{{{sel}}}[360000ms]) > 0)'
+    assert (f'label_replace(count by (job, instance) (last_over_time({counters}[360000ms])) unless on (job, instance) '
             f'(up{{{sel}}} == 1 unless on (job, instance) {down}), "kvhit_query", "notup:", "", "")'
             in fake.latest_forms[0]["query"])
     assert (f'label_replace(count by (job, instance) {down}, "kvhit_query", "down:", "", "")'
@@ -1530,7 +1531,8 @@ def test_config_prometheus_headers_and_token_file(tmp_path):
             load_config(None, environ={}, flags=flags)
         for secret in ("X-Evil: 1", "67890", "团队", "pw", "Bearer x", "sekrit"):  # never echoed
             assert secret not in str(err.value).replace(str(tmp_path), ""), (case, str(err.value))
-    with pytest.raises(ConfigError, match="^config key prometheus_headers: not a YAML mapping") as err:
+    with pytest.raises(ConfigError, match="^environment variable KVHIT_PROMETHEUS_HEADERS sets config key prometheus_headers: "
+                                          "not a YAML mapping") as err:
         load_config(None, environ={"KVHIT_PROMETHEUS": "http://p", "KVHIT_PROMETHEUS_HEADERS": "{a: Bearer sk-1: x"})
     assert "sk-1" not in str(err.value)
     # A password with an unencoded "/" ends the URL's authority early: still never shown.
@@ -3290,3 +3292,35 @@ def test_a_prometheus_down_7_min_takes_no_pod_as_back_in_service_discovery(tmp_p
     assert "back in service discovery" not in caplog.text and not named, (total, len(named))
     # by hand: from 650 on both pods are scraped, 1200 per 60-s poll
     assert total[710] - total[650] == 1200.0, total
+
+
+# a (10/s) gone from service discovery from 110 s (staleness markers at 111) to 430 s, serving on;
+# b scraped every 15 s (a range ends up to 15 s before now)
+_EVERY15 = " ".join(str(10 * i) if i % 15 == 0 else "_" for i in range(800)), \
+    " ".join("1" if i % 15 == 0 else "_" for i in range(800))
+_GONE_110_430 = {("a",): ("0+10x110 stale _x318 4300+10x369", "1x110 stale _x318 1x369"), ("b",): _EVERY15}
+
+
+@pytest.mark.parametrize("polls, failing", [
+    ((44, 104, 414, 474, 534), ()),  # kvhit stalled from 104 to 414
+    (tuple(range(54, 600, 60)), tuple(range(114, 355, 60))),  # its polls failing from 114 to 354
+    ((414, 474, 534), ()),  # kvhit (re)started at 414
+], ids=["stalled", "polls_failing", "restarted"])
+def test_a_pod_that_left_service_discovery_while_kvhit_did_not_poll_brings_no_time_gone_into_one_step(
+        tmp_path, polls, failing):
+    # At the first poll after the pause a's last up (110) is past now's lookback, but its counters
+    # are within that of the next range's start (405): not taken as gone, back at 430 it counted
+    # from 1100, 4150 in a 60-s step (review of a fix that read left: over now's lookback alone). A
+    # gone up is looked for over the reach of the range's start. By hand: a step holds at most both
+    # pods' 10/s over 60 s plus b's 15-s scrape interval.
+    fleet = _PromtoolFleet(tmp_path, _promtool_series(_GONE_110_430))
+    engine = fleet._query
+
+    def query(q, t, deadline):
+        if round(fleet.now) in failing:
+            raise ScrapeError("connection", "simulated: kvhit cannot reach Prometheus")
+        return engine(q, t, deadline)
+    fleet.src._query = query
+    total = [v for now, v in ((now, fleet.poll(float(now))) for now in polls) if now >= 414]
+    steps = [b - a for a, b in zip(total, total[1:])]
+    assert len(steps) >= 2 and max(steps) <= 2 * 10 * (60 + 15), (total, steps)
