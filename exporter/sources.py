@@ -770,7 +770,7 @@ class PrometheusSource:
         last_over_time() would read their growth as 0 and the whole gap's in one step when they
         return — a pod gone from service discovery has no ``up`` and is not counted); the pods with
         counter samples within LOOKBACK and no ``up`` the matchers select whose ``up`` went stale
-        within LOOKBACK, or that were gone at the last poll (gone from service discovery); those
+        within the reach, or that were gone at the last poll (gone from service discovery); those
         gone at the last poll that have an ``up`` since it
         (back, not past LOOKBACK). Logs a warning
         when pods scraped now have no ``up`` the matchers select (their being down would go unseen)."""
@@ -843,7 +843,7 @@ class PrometheusSource:
                              "more than once (by two jobs, or found twice by one): their growth is summed once per "
                              "scrape (narrow --selector to one of them)",
                              "fleet mode: every target is scraped once again")
-        # gone: its up went stale within the lookback, or gone at the last poll and still within the reach
+        # gone: its up went stale within the reach, or gone at the last poll and its counters still within it
         gone = notup - down
         return (min(stamps) if stamps else None), history, notup & down, gone & (left | self._gone), seen
 
