@@ -1937,8 +1937,17 @@ class _PromtoolFleet:
         self.src = PrometheusSource("http://127.0.0.1:1", FAMILIES, matchers, interval=60.0, timeout=10.0,
                                     clock=lambda: self.now)
         self.src._query = self._query  # a look inside: the engine instead of HTTP
+        self._failing: tuple[set[int], str, bool] = (set(), "", False)
+
+    def fail(self, polls: Iterable[int], reason: str, ranges_only: bool = False) -> None:
+        """The queries of the polls at ``polls`` (their now [s]) fail with ScrapeError ``reason``
+        (``ranges_only``: the range queries alone, the latest-sample query still answers)."""
+        self._failing = (set(polls), reason, ranges_only)
 
     def _query(self, query: str, t: float, deadline: float) -> bytes:
+        polls, reason, ranges_only = self._failing
+        if round(self.now) in polls and not (ranges_only and "notup:" in query):
+            raise ScrapeError(reason, "simulated")
         self.queries.append(query)
         rows = [{"metric": labels, "value": [t, value]}
                 for labels, value in _engine_rows(self.tmp, query, self.series, f"{round(t * 1000)}ms")]
@@ -3220,13 +3229,8 @@ def test_a_pod_gone_before_range_queries_failed_for_over_5_min_and_back_brings_n
     fleet = _PromtoolFleet(tmp_path, _promtool_series({
         ("a",): ("0+10x60 stale _x698 7600+10x99", "1x60 stale _x698 1x99"),
         ("b",): ("0+10x860", "1x860")}))
-    engine, failing = fleet._query, set(range(404, 705, 60))
-
-    def query(q, t, deadline):
-        if "notup:" not in q and round(fleet.now) in failing:
-            raise ScrapeError("timeout", "simulated")
-        return engine(q, t, deadline)
-    fleet.src._query = query
+    failing = set(range(404, 705, 60))
+    fleet.fail(failing, "timeout", ranges_only=True)
     polls = (44, 104, 164, 224, 284, 344, *sorted(failing), 764)
     done = [(now, v) for now, v in zip(polls, [fleet.poll(float(now)) for now in polls]) if v != "timeout"]
     (t0, v0), (t1, v1) = done[-2:]
@@ -3257,13 +3261,8 @@ def test_a_pod_down_for_good_while_range_queries_fail_is_never_back_in_service_d
     fleet = _PromtoolFleet(tmp_path, _promtool_series({
         ("a",): ("0+10x250 stale", "1x250 0x1000"),
         ("b",): ("0+10x1250", "1x1250")}))
-    engine, failing = fleet._query, set(range(404, 1005, 60))
-
-    def query(q, t, deadline):
-        if "notup:" not in q and round(fleet.now) in failing:
-            raise ScrapeError("timeout", "simulated")
-        return engine(q, t, deadline)
-    fleet.src._query = query
+    failing = set(range(404, 1005, 60))
+    fleet.fail(failing, "timeout", ranges_only=True)
     with caplog.at_level("INFO", logger="kvhit"):
         total = [fleet.poll(float(now)) for now in range(44, 1200, 60)]
     assert "back in service discovery" not in caplog.text, total
@@ -3279,13 +3278,8 @@ def test_a_prometheus_down_7_min_takes_no_pod_as_back_in_service_discovery(tmp_p
     fleet = _PromtoolFleet(tmp_path, _promtool_series({
         ("a",): ("0+10x100 _x419 5200+10x200", "1x100 _x419 1x200"),
         ("b",): ("0+10x100 _x439 5400+10x200", "1x100 _x439 1x200")}))
-    engine, down = fleet._query, set(range(164, 465, 60))
-
-    def query(q, t, deadline):
-        if round(fleet.now) in down:
-            raise ScrapeError("connection", "simulated: Prometheus down")
-        return engine(q, t, deadline)
-    fleet.src._query = query
+    down = set(range(164, 465, 60))
+    fleet.fail(down, "connection")
     with caplog.at_level("INFO", logger="kvhit"):
         total = {now: fleet.poll(float(now)) for now in (44, 104, *sorted(down), 530, 590, 650, 710)}
     named = [q for q in fleet.queries if "notup:" not in q and 'instance=~"b"' in q]
@@ -3314,13 +3308,7 @@ def test_a_pod_that_left_service_discovery_while_kvhit_did_not_poll_brings_no_ti
     # gone up is looked for over the reach of the range's start. By hand: a step holds at most both
     # pods' 10/s over 60 s plus b's 15-s scrape interval.
     fleet = _PromtoolFleet(tmp_path, _promtool_series(_GONE_110_430))
-    engine = fleet._query
-
-    def query(q, t, deadline):
-        if round(fleet.now) in failing:
-            raise ScrapeError("connection", "simulated: kvhit cannot reach Prometheus")
-        return engine(q, t, deadline)
-    fleet.src._query = query
+    fleet.fail(failing, "connection")  # kvhit cannot reach Prometheus
     total = [v for now, v in ((now, fleet.poll(float(now))) for now in polls) if now >= 414]
     steps = [b - a for a, b in zip(total, total[1:])]
     assert len(steps) >= 2 and max(steps) <= 2 * 10 * (60 + 15), (total, steps)
