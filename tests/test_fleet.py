@@ -1976,15 +1976,20 @@ def _promtool_series(pods: Mapping[tuple[str, ...], tuple[str, str]]) -> dict[st
     return out
 
 
+def _every15(seconds: int) -> tuple[str, str]:
+    """promtool values of a pod Prometheus scrapes every 15 s over ``seconds`` (1-s slots): (its
+    counter at 10/s, its up 1)."""
+    return (" ".join(str(10 * i) if i % 15 == 0 else "_" for i in range(seconds)),
+            " ".join("1" if i % 15 == 0 else "_" for i in range(seconds)))
+
+
 def test_a_pod_gone_just_past_the_lookback_of_the_poll_but_not_of_the_range_start_stays_out(tmp_path):
     # a (10/s) is gone from 100 s to 420 s, serving on; b's 15-s scrapes hold t back from now. At
     # 404 a's last sample is past now's 5-min lookback but within that of the range's start (390):
     # no longer gone, not back, and back before the next poll it counted from 100 s: 4100 in a
     # 60-s step for 1200 (review). The gone scan reaches back to the next range's start.
-    every15 = lambda f: " ".join(str(f(i)) if i % 15 == 0 else "_" for i in range(700))  # noqa: E731
     fleet = _PromtoolFleet(tmp_path, _promtool_series({
-        ("a",): ("0+10x100 stale _x318 4200+10x279", "1x100 stale _x318 1x279"),
-        ("b",): (every15(lambda i: 10 * i), every15(lambda i: 1))}))
+        ("a",): ("0+10x100 stale _x318 4200+10x279", "1x100 stale _x318 1x279"), ("b",): _every15(700)}))
     total = [fleet.poll(float(now)) for now in (44, 104, 164, 224, 284, 344, 404, 464, 524)]
     steps = [b - a for a, b in zip(total, total[1:])]
     assert max(steps) <= 2 * 10 * (60 + 15), (total, steps)
@@ -3290,9 +3295,7 @@ def test_a_prometheus_down_7_min_takes_no_pod_as_back_in_service_discovery(tmp_p
 
 # a (10/s) gone from service discovery from 110 s (staleness markers at 111) to 430 s, serving on;
 # b scraped every 15 s (a range ends up to 15 s before now)
-_EVERY15 = " ".join(str(10 * i) if i % 15 == 0 else "_" for i in range(800)), \
-    " ".join("1" if i % 15 == 0 else "_" for i in range(800))
-_GONE_110_430 = {("a",): ("0+10x110 stale _x318 4300+10x369", "1x110 stale _x318 1x369"), ("b",): _EVERY15}
+_GONE_110_430 = {("a",): ("0+10x110 stale _x318 4300+10x369", "1x110 stale _x318 1x369"), ("b",): _every15(800)}
 
 
 @pytest.mark.parametrize("polls, failing", [
